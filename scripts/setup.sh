@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages omnitron needs to build, test and run the demo.
+# Idempotent: installs only what is missing. Run as root on Debian 12.
+#   scripts/setup.sh             build + tests + demo corpus
+#   scripts/setup.sh --fixtures  also python3-torch, to regenerate tests/fixtures
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev libomp-dev
+          libopenmpi-dev openmpi-bin libgtest-dev bible-kjv bible-kjv-text)
+if [[ "${1:-}" == "--fixtures" ]]; then packages+=(python3-torch); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The demo corpus: the King James Bible, decoded from Debian's bible-kjv-text.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ ! -s "$root/data/kjv.txt" ]]; then
+  mkdir -p "$root/data"
+  bible 'Gen1:1-Rev22:21' > "$root/data/kjv.txt.tmp"
+  mv "$root/data/kjv.txt.tmp" "$root/data/kjv.txt"
+fi
+echo "setup: ok"

@@ -1,0 +1,73 @@
+#include <cmath>
+
+#include "backend/cpu/reduce.h"
+#include "backend/ops.h"
+
+namespace omni::ops {
+
+namespace {
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+}  // namespace
+
+template <typename T>
+void gelu_forward(T* out, const T* x, size_t n) {
+  const T s = T(kSqrt2OverPi), a = T(kGeluCubic);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    T v = x[i];
+    out[i] = T(0.5) * v * (T(1) + std::tanh(s * (v + a * v * v * v)));
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dx, const T* dout, const T* x, size_t n) {
+  const T s = T(kSqrt2OverPi), a = T(kGeluCubic);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    T v = x[i];
+    T t = std::tanh(s * (v + a * v * v * v));
+    T du = s * (T(1) + T(3) * a * v * v);
+    dx[i] = dout[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+  }
+}
+
+template <typename T>
+void swiglu_forward(T* out, const T* x, int N, int F) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* gate = x + static_cast<size_t>(n) * 2 * F;
+    const T* up = gate + F;
+    T* o = out + static_cast<size_t>(n) * F;
+#pragma omp simd
+    for (int f = 0; f < F; ++f) o[f] = gate[f] / (T(1) + std::exp(-gate[f])) * up[f];
+  }
+}
+
+template <typename T>
+void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* gate = x + static_cast<size_t>(n) * 2 * F;
+    const T* up = gate + F;
+    const T* g = dout + static_cast<size_t>(n) * F;
+    T* dgate = dx + static_cast<size_t>(n) * 2 * F;
+    T* dup = dgate + F;
+#pragma omp simd
+    for (int f = 0; f < F; ++f) {
+      T sig = T(1) / (T(1) + std::exp(-gate[f]));
+      T silu = gate[f] * sig;
+      dgate[f] = g[f] * up[f] * sig * (T(1) + gate[f] * (T(1) - sig));
+      dup[f] = g[f] * silu;
+    }
+  }
+}
+
+#define INSTANTIATE(T)                                                 \
+  template void gelu_forward<T>(T*, const T*, size_t);                 \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t);      \
+  template void swiglu_forward<T>(T*, const T*, int, int);             \
+  template void swiglu_backward<T>(T*, const T*, const T*, int, int);
+OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
+
+}  // namespace omni::ops

@@ -1,0 +1,202 @@
+// Causal attention on the CPU. Each (batch, head) pair is independent; its matmuls go
+// through single-threaded gemm calls inside one OpenMP region (OpenBLAS runs serially
+// when called from a parallel region). Rows are processed in blocks of kRowBlock so that
+// a block only touches keys [0, row_end): causality halves the work.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/reduce.h"
+#include "backend/ops.h"
+
+namespace omni::ops {
+
+namespace {
+constexpr int kRowBlock = 64;
+}
+
+template <typename T>
+void qkv_split(T* q, T* k, T* v, const T* qkv, const AttentionDims& d) {
+  const int N = d.batch * d.seq, hd = d.head_dim, hpg = d.heads_per_group();
+  const int W = d.qkv_width(), group_w = (hpg + 2) * hd;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* row = qkv + static_cast<size_t>(n) * W;
+    for (int g = 0; g < d.groups; ++g) {
+      const T* src = row + g * group_w;
+      std::memcpy(q + (static_cast<size_t>(n) * d.heads + g * hpg) * hd, src, hpg * hd * sizeof(T));
+      std::memcpy(k + (static_cast<size_t>(n) * d.groups + g) * hd, src + hpg * hd, hd * sizeof(T));
+      std::memcpy(v + (static_cast<size_t>(n) * d.groups + g) * hd, src + (hpg + 1) * hd,
+                  hd * sizeof(T));
+    }
+  }
+}
+
+template <typename T>
+void qkv_merge(T* qkv, const T* q, const T* k, const T* v, const AttentionDims& d) {
+  const int N = d.batch * d.seq, hd = d.head_dim, hpg = d.heads_per_group();
+  const int W = d.qkv_width(), group_w = (hpg + 2) * hd;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    T* row = qkv + static_cast<size_t>(n) * W;
+    for (int g = 0; g < d.groups; ++g) {
+      T* dst = row + g * group_w;
+      std::memcpy(dst, q + (static_cast<size_t>(n) * d.heads + g * hpg) * hd, hpg * hd * sizeof(T));
+      std::memcpy(dst + hpg * hd, k + (static_cast<size_t>(n) * d.groups + g) * hd, hd * sizeof(T));
+      std::memcpy(dst + (hpg + 1) * hd, v + (static_cast<size_t>(n) * d.groups + g) * hd,
+                  hd * sizeof(T));
+    }
+  }
+}
+
+void rope_tables(double* cos, double* sin, int seq, int head_dim, double base) {
+  const int half = head_dim / 2;
+  for (int p = 0; p < seq; ++p)
+    for (int i = 0; i < half; ++i) {
+      double inv_freq = std::pow(base, -2.0 * i / head_dim);
+      cos[p * half + i] = std::cos(p * inv_freq);
+      sin[p * half + i] = std::sin(p * inv_freq);
+    }
+}
+
+// sign = +1 rotates by the position's angle (forward), -1 by its negative (backward:
+// the Jacobian of a rotation is the rotation, so its transpose rotates back).
+template <typename T>
+static void rope_apply(T* x, const double* cos, const double* sin, int N, int seq, int nheads,
+                       int hd, double sign) {
+  const int half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const double* c = cos + static_cast<size_t>(n % seq) * half;
+    const double* s = sin + static_cast<size_t>(n % seq) * half;
+    for (int h = 0; h < nheads; ++h) {
+      T* r = x + (static_cast<size_t>(n) * nheads + h) * hd;
+      for (int i = 0; i < half; ++i) {
+        T x1 = r[i], x2 = r[i + half];
+        T ci = T(c[i]), si = T(sign * s[i]);
+        r[i] = x1 * ci - x2 * si;
+        r[i + half] = x2 * ci + x1 * si;
+      }
+    }
+  }
+}
+
+template <typename T>
+void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, int nheads, int hd) {
+  rope_apply(x, cos, sin, N, seq, nheads, hd, 1.0);
+}
+template <typename T>
+void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
+                   int hd) {
+  rope_apply(dx, cos, sin, N, seq, nheads, hd, -1.0);
+}
+
+template <typename T>
+void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
+                       const AttentionDims& d) {
+  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim, hpg = d.heads_per_group();
+  const int ldq = H * hd, ldk = G * hd;
+  const T scale = T(1) / std::sqrt(T(hd));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int bh = 0; bh < d.batch * H; ++bh) {
+    const int b = bh / H, h = bh % H, g = h / hpg;
+    const T* qb = q + static_cast<size_t>(b) * S * ldq + h * hd;
+    const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
+    const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
+    T* ob = out + static_cast<size_t>(b) * S * ldq + h * hd;
+    T* P = probs + static_cast<size_t>(bh) * S * S;
+    for (int r0 = 0; r0 < S; r0 += kRowBlock) {
+      const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
+      T* Pb = P + static_cast<size_t>(r0) * S;
+      gemm<T>(false, true, rows, r1, hd, scale, qb + static_cast<size_t>(r0) * ldq, ldq, kb, ldk,
+              T(0), Pb, S);
+      for (int i = r0; i < r1; ++i) {
+        T* row = P + static_cast<size_t>(i) * S;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        const T inv = T(1) / sum;
+#pragma omp simd
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        std::fill(row + i + 1, row + S, T(0));
+      }
+      gemm<T>(false, false, rows, hd, r1, T(1), Pb, S, vb, ldk, T(0),
+              ob + static_cast<size_t>(r0) * ldq, ldq);
+    }
+  }
+}
+
+// Per row i: dS_ij = P_ij (dP_ij - D_i) with D_i = sum_j P_ij dP_ij = dO_i . O_i.
+// Work is split by (batch, group) so the heads sharing a key/value head accumulate into
+// dk/dv from one thread, in a fixed order.
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
+                        const T* q, const T* k, const T* v, const AttentionDims& d) {
+  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim, hpg = d.heads_per_group();
+  const int ldq = H * hd, ldk = G * hd;
+  const T scale = T(1) / std::sqrt(T(hd));
+#pragma omp parallel
+  {
+    std::vector<T> dS(static_cast<size_t>(kRowBlock) * S);
+#pragma omp for schedule(dynamic, 1)
+    for (int bg = 0; bg < d.batch * G; ++bg) {
+      const int b = bg / G, g = bg % G;
+      const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
+      const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
+      T* dkb = dk + static_cast<size_t>(b) * S * ldk + g * hd;
+      T* dvb = dv + static_cast<size_t>(b) * S * ldk + g * hd;
+      for (int s = 0; s < S; ++s) {
+        std::fill(dkb + static_cast<size_t>(s) * ldk, dkb + static_cast<size_t>(s) * ldk + hd, T(0));
+        std::fill(dvb + static_cast<size_t>(s) * ldk, dvb + static_cast<size_t>(s) * ldk + hd, T(0));
+      }
+      for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
+        const size_t qoff = static_cast<size_t>(b) * S * ldq + h * hd;
+        const T* P = probs + (static_cast<size_t>(b) * H + h) * S * S;
+        for (int r0 = 0; r0 < S; r0 += kRowBlock) {
+          const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
+          const T* Pb = P + static_cast<size_t>(r0) * S;
+          const T* dOb = dout + qoff + static_cast<size_t>(r0) * ldq;
+          // dV[0:r1] += P^T dO ; dP = dO V^T
+          gemm<T>(true, false, r1, hd, rows, T(1), Pb, S, dOb, ldq, T(1), dvb, ldk);
+          gemm<T>(false, true, rows, r1, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), S);
+          for (int i = r0; i < r1; ++i) {
+            const T* o = out + qoff + static_cast<size_t>(i) * ldq;
+            const T* go = dout + qoff + static_cast<size_t>(i) * ldq;
+            T D = 0;
+            for (int c = 0; c < hd; ++c) D += go[c] * o[c];
+            const T* p = P + static_cast<size_t>(i) * S;
+            T* ds = dS.data() + static_cast<size_t>(i - r0) * S;
+#pragma omp simd
+            for (int j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
+            std::fill(ds + i + 1, ds + r1, T(0));
+          }
+          // dQ = scale dS K ; dK[0:r1] += scale dS^T Q
+          gemm<T>(false, false, rows, hd, r1, scale, dS.data(), S, kb, ldk, T(0),
+                  dq + qoff + static_cast<size_t>(r0) * ldq, ldq);
+          gemm<T>(true, false, r1, hd, rows, scale, dS.data(), S,
+                  q + qoff + static_cast<size_t>(r0) * ldq, ldq, T(1), dkb, ldk);
+        }
+      }
+    }
+  }
+}
+
+#define INSTANTIATE(T)                                                                         \
+  template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                      \
+  template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);          \
+  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int);         \
+  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int);        \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*,                     \
+                                     const AttentionDims&);                                    \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,      \
+                                      const T*, const T*, const AttentionDims&);
+OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
+
+}  // namespace omni::ops

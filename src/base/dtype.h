@@ -1,0 +1,89 @@
+// Element types of stored tensors, and exact conversions between them.
+//
+// The scalar conversions are constexpr and use only integer operations on the bit patterns, so
+// they round the same way (nearest, ties to even) whatever the caller's floating-point flags:
+// a kernel compiled with -ffast-math may call them and still keep NaN, infinities and signed
+// zeros intact.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace omni {
+
+enum class DType : uint8_t { F32, BF16, F16, F64 };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // "f32", "bf16", "f16", "f64"
+// Accepts f32/fp32/float32, bf16/bfloat16, f16/fp16/float16, f64/float64; throws UsageError.
+DType parse_dtype(std::string_view name);
+
+// bfloat16 is the top half of a float, so rounding is "add just under half an ulp, plus the lsb
+// of the kept part (ties to even), and truncate". The carry may run into the exponent, which is
+// exactly right: it bumps to the next binade or, from the largest finite value, to infinity.
+constexpr uint16_t f32_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    // NaN: truncating could clear every payload bit and leave an infinity, so force the quiet bit.
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+constexpr float bf16_to_f32(uint16_t h) {
+  return std::bit_cast<float>(uint32_t{h} << 16);
+}
+
+constexpr uint16_t f32_to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) {
+    // NaN: keep sign and the top payload bits; the quiet bit keeps it from reading as infinity.
+    return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x01ffu));
+  }
+  // 65520 is halfway between 65504 (largest half, odd significand) and 2^16; ties go to even,
+  // i.e. to infinity, so everything from there up (including inf itself) overflows.
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (a >= 0x38800000u) {
+    // Normal half (|f| >= 2^-14): rebias the exponent 127 -> 15, then round 23 -> 10 mantissa
+    // bits as in f32_to_bf16; a carry into the exponent field is again the correct result.
+    uint32_t r = a - (uint32_t{127 - 15} << 23);
+    r += 0x0fffu + ((r >> 13) & 1u);
+    return static_cast<uint16_t>(sign | (r >> 13));
+  }
+  // Subnormal half: the result counts units of 2^-24. With the implicit bit, the float is
+  // m * 2^(e-150), i.e. m >> (126 - e) units. Below 2^-25 (e < 102) even the rounding is zero;
+  // 2^-25 itself is the tie between 0 and 1 unit and goes to 0.
+  const uint32_t e = a >> 23;
+  if (e < 102) return sign;
+  const uint32_t m = (a & 0x007fffffu) | 0x00800000u;
+  const uint32_t shift = 126 - e;  // 14..24
+  uint32_t q = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (q & 1u))) ++q;  // q == 0x400 is the smallest normal: fine
+  return static_cast<uint16_t>(sign | q);
+}
+
+constexpr float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x03ffu;
+  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e != 0) return std::bit_cast<float>(sign | ((e + (127 - 15)) << 23) | (m << 13));
+  if (m == 0) return std::bit_cast<float>(sign);
+  // Subnormal half m * 2^-24 is a normal float: move the leading bit p of m to the implicit
+  // position, giving exponent p - 24.
+  const auto p = static_cast<uint32_t>(std::bit_width(m) - 1);
+  return std::bit_cast<float>(sign | ((p + 127 - 24) << 23) | ((m << (23 - p)) & 0x007fffffu));
+}
+
+// Converts n elements. Each output is the input's exact value rounded once (nearest, ties to
+// even); NaN stays NaN. Same-type "conversion" copies the bits.
+void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
+
+}  // namespace omni

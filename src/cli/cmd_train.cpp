@@ -1,0 +1,133 @@
+#include <cstdio>
+
+#include "backend/device.h"
+#include "base/error.h"
+#include "checkpoint/weights.h"
+#include "cli/commands.h"
+#include "config/options.h"
+#include "data/dataset.h"
+#include "train/sampler.h"
+#include "train/trainer.h"
+
+namespace omni::cli {
+
+namespace {
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+// --device auto picks a GPU when one is present; GPU training arrives with the GPU backend.
+void check_device(const Options& o) {
+  if (o.device == "cpu") return;
+  const int gpus = gpu_device_count();
+  if (o.device == "auto") {
+    if (gpus > 0)
+      std::printf("note: %d GPU(s) found, but GPU training is not built yet: training on the CPU\n",
+                  gpus);
+    return;
+  }
+  throw UsageError("--device " + o.device + ": GPU training is not built yet in omnitron (" +
+                   std::to_string(gpus) + " GPU(s) visible to " + gpu_backend_name() +
+                   "); use --device cpu");
+}
+
+}  // namespace
+
+int train(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::printf("usage: omnitron train [options]\n%s", options_help().c_str());
+    return 0;
+  }
+  Options opts;
+  std::vector<float> loaded;
+  parse_options(args, opts);
+  if (!opts.load.empty()) {
+    loaded = load_weights(opts.load, opts);
+    parse_options(args, opts);  // flags on the command line still win over stored ones
+  }
+  finalize(opts);
+  check_device(opts);
+
+  std::unique_ptr<TrainingData> data;
+  if (opts.mock_data) {
+    data = make_mock_data(opts.model.vocab_size, opts.seed);
+  } else {
+    if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
+    data = make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
+  }
+
+  const double peak = measure_sgemm_gflops();
+  const TransformerConfig& m = opts.model;
+  std::printf("omnitron train: %lld parameters | %d layers, hidden %d, ffn %d, heads %d/%d, %s, %s%s\n",
+              (long long)m.num_parameters(), m.num_layers, m.hidden_size, m.ffn_size(),
+              m.num_attention_heads, m.query_groups(), to_string(m.normalization),
+              to_string(m.position_embedding_type), m.swiglu ? ", SwiGLU" : ", GELU");
+  std::printf("  data: %s\n", data->describe().c_str());
+  std::printf("  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
+              "lr %g -> %g (%s, %lld warm-up)\n",
+              opts.global_batch_size, m.seq_length, opts.micro_batch_size,
+              opts.grad_accumulation_steps(), (long long)opts.train_iters, opts.lr, opts.min_lr,
+              opts.lr_decay_style.c_str(), (long long)opts.lr_schedule.warmup_iters);
+  std::printf("  device: cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)\n",
+              cpu_threads(), blas_config().c_str(), peak);
+  std::fflush(stdout);
+
+  Trainer trainer(opts, std::move(data), peak);
+  if (!loaded.empty()) assign_weights(trainer.model().params(), loaded, opts.load);
+  MetricsSink sink(opts.metrics_file, opts.progress);
+  TrainResult r = trainer.run(sink);
+  std::printf("done: %lld iterations in %.1f s, %.0f tokens/s", (long long)opts.train_iters,
+              r.seconds, r.tokens_per_sec);
+  if (!r.val_losses.empty()) std::printf(", final validation loss %.4f", r.val_losses.back().second);
+  std::printf("\n");
+  if (!opts.save.empty()) {
+    save_weights(opts.save, opts, trainer.model().params());
+    std::printf("saved weights to %s/model.omw (omnitron generate --load %s)\n", opts.save.c_str(),
+                opts.save.c_str());
+  }
+  if (opts.max_new_tokens > 0 && !opts.mock_data) {
+    SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
+                       static_cast<uint64_t>(opts.seed)};
+    std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,
+                opts.prompt.c_str());
+    std::fflush(stdout);
+    sample_bytes(trainer.model(), opts.prompt, so, [](char c) {
+      std::fputc(c, stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n---\n");
+  }
+  return 0;
+}
+
+int generate(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::printf("usage: omnitron generate --load DIR [--prompt TEXT] [--temperature X] [--top-k N] "
+                "[--max-new-tokens N] [--seed N]\n");
+    return 0;
+  }
+  Options opts;
+  parse_options(args, opts);
+  OMNI_REQUIRE(!opts.load.empty(), "generate needs --load DIR (weights written by train --save)");
+  std::vector<float> values = load_weights(opts.load, opts);
+  opts.model.vocab_size = opts.model.vocab_size ? opts.model.vocab_size : 256;
+  GPTModel<float> model(opts.model, 1, static_cast<uint64_t>(opts.seed));
+  assign_weights(model.params(), values, opts.load);
+  OMNI_REQUIRE(opts.model.vocab_size == 256,
+               "generate decodes byte-level models only for now (this model has vocabulary ",
+               opts.model.vocab_size, ")");
+  SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
+                     static_cast<uint64_t>(opts.seed)};
+  std::fputs(opts.prompt.c_str(), stdout);
+  sample_bytes(model, opts.prompt, so, [](char c) {
+    std::fputc(c, stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace omni::cli

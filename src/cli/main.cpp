@@ -1,0 +1,50 @@
+// The omnitron binary. Library code throws; this is the one place that turns an
+// exception into a one-line message and an exit code (DESIGN.md invariant 7).
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "base/error.h"
+#include "cli/commands.h"
+#include "config/options.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: omnitron <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train      train a model (no options: the byte-level GPT demo on the King James Bible)\n"
+    "  generate   sample text from weights saved by train --save (--load DIR --prompt TEXT)\n"
+    "  info       devices, BLAS, GPU backend and the measured peak used for MFU\n"
+    "  help       this text and every option\n"
+    "\n"
+    "Options use Megatron-LM's spelling (--num-layers, --hidden-size, --lr, ...).\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  omni::ensure_blas_environment(argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const std::string cmd = args.empty() ? "help" : args[0];
+  if (!args.empty()) args.erase(args.begin());
+  try {
+    if (cmd == "train") return omni::cli::train(args);
+    if (cmd == "generate") return omni::cli::generate(args);
+    if (cmd == "info") return omni::cli::info(args);
+    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+      std::printf("%s\noptions:%s", kUsage, omni::options_help().c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "omnitron: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const omni::UsageError& e) {
+    std::fprintf(stderr, "omnitron %s: error: %s\n", cmd.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "omnitron %s: internal error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

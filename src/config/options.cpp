@@ -1,0 +1,366 @@
+#include "config/options.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace omni {
+
+namespace {
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) {
+    throw UsageError(flag + " expects " +
+                     (std::is_integral_v<T> ? "an integer" : "a number") + ", got '" + text + "'");
+  }
+  return value;
+}
+
+// Shortest text that parses back to the same value.
+template <typename T>
+std::string format_number(T v) {
+  char buf[64];
+  auto [ptr, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, ptr);
+}
+
+template <typename T, typename Access>
+OptionDef number(std::string flag, std::string metavar, std::string group, std::string help,
+                 Access access) {
+  return OptionDef{flag, std::move(metavar), std::move(group), std::move(help),
+                   [flag, access](Options& o, const std::string& v) {
+                     access(o) = parse_number<T>(flag, v);
+                   },
+                   [access](const Options& o) {
+                     return format_number(access(const_cast<Options&>(o)));
+                   }};
+}
+
+template <typename Access>
+OptionDef text(std::string flag, std::string metavar, std::string group, std::string help,
+               Access access) {
+  return OptionDef{flag, std::move(metavar), std::move(group), std::move(help),
+                   [access](Options& o, const std::string& v) { access(o) = v; },
+                   [access](const Options& o) { return access(const_cast<Options&>(o)); }};
+}
+
+// A switch: present means `value`.
+template <typename Access>
+OptionDef toggle(std::string flag, std::string group, std::string help, Access access,
+                 bool value = true) {
+  return OptionDef{flag, "", std::move(group), std::move(help),
+                   [access, value](Options& o, const std::string&) { access(o) = value; },
+                   [access, value](const Options& o) {
+                     return access(const_cast<Options&>(o)) == value ? "true" : "";
+                   }};
+}
+
+// Accepted because Megatron launch scripts pass it, but meaningful only where it equals
+// `supported`; anything else is refused with a message saying it is not built yet.
+OptionDef not_built(std::string flag, std::string metavar, std::string supported,
+                    std::string what) {
+  return OptionDef{flag, metavar, "not built yet", what + " (only " + (metavar.empty() ? "absent" : supported) + " for now)",
+                   [flag, supported, what, metavar](Options&, const std::string& v) {
+                     if (metavar.empty() || v != supported)
+                       throw UsageError(flag + ": " + what + " is not built yet in omnitron");
+                   },
+                   [](const Options&) { return std::string(); }};
+}
+
+std::vector<OptionDef> build_table() {
+  const std::string M = "model", T = "training", L = "learning rate", O = "optimizer";
+  const std::string D = "data", G = "logging", W = "weights and device";
+  std::vector<OptionDef> t;
+  t.push_back(number<int>("--num-layers", "N", M, "transformer layers",
+                          [](Options& o) -> int& { return o.model.num_layers; }));
+  t.push_back(number<int>("--hidden-size", "N", M, "model width",
+                          [](Options& o) -> int& { return o.model.hidden_size; }));
+  t.push_back(number<int>("--ffn-hidden-size", "N", M, "MLP width (0: 4 x hidden size)",
+                          [](Options& o) -> int& { return o.model.ffn_hidden_size; }));
+  t.push_back(number<int>("--num-attention-heads", "N", M, "query heads",
+                          [](Options& o) -> int& { return o.model.num_attention_heads; }));
+  t.push_back(toggle("--group-query-attention", M, "grouped-query attention (with --num-query-groups)",
+                     [](Options& o) -> bool& { return o.model.group_query_attention; }));
+  t.push_back(number<int>("--num-query-groups", "N", M, "key/value heads under grouped-query attention",
+                          [](Options& o) -> int& { return o.model.num_query_groups; }));
+  t.push_back(number<int>("--kv-channels", "N", M, "head dimension (0: hidden size / heads)",
+                          [](Options& o) -> int& { return o.model.kv_channels; }));
+  t.push_back(number<int>("--seq-length", "N", M, "tokens per sample",
+                          [](Options& o) -> int& { return o.model.seq_length; }));
+  t.push_back(number<int>("--max-position-embeddings", "N", M,
+                          "rows of the learned position table (0: --seq-length)",
+                          [](Options& o) -> int& { return o.model.max_position_embeddings; }));
+  t.push_back(number<int>("--vocab-size", "N", M, "vocabulary size (mock data; byte-level text is 256)",
+                          [](Options& o) -> int& { return o.model.vocab_size; }));
+  t.push_back(number<int>("--make-vocab-size-divisible-by", "N", M,
+                          "pad the embedding rows to a multiple of N; padded logits are excluded from the loss",
+                          [](Options& o) -> int& { return o.model.make_vocab_size_divisible_by; }));
+  t.push_back(OptionDef{"--normalization", "LayerNorm|RMSNorm", M, "normalisation layers",
+                        [](Options& o, const std::string& v) {
+                          if (v == "LayerNorm") o.model.normalization = Normalization::LayerNorm;
+                          else if (v == "RMSNorm") o.model.normalization = Normalization::RMSNorm;
+                          else throw UsageError("--normalization: '" + v + "' is not one of LayerNorm, RMSNorm");
+                        },
+                        [](const Options& o) { return std::string(to_string(o.model.normalization)); }});
+  t.push_back(number<double>("--norm-epsilon", "X", M, "epsilon of the norms",
+                             [](Options& o) -> double& { return o.model.norm_epsilon; }));
+  t.push_back(toggle("--swiglu", M, "SwiGLU MLP (gate and up projections)",
+                     [](Options& o) -> bool& { return o.model.swiglu; }));
+  t.push_back(OptionDef{"--position-embedding-type", "learned_absolute|rope", M, "position encoding",
+                        [](Options& o, const std::string& v) {
+                          if (v == "learned_absolute") o.model.position_embedding_type = PositionEmbedding::LearnedAbsolute;
+                          else if (v == "rope") o.model.position_embedding_type = PositionEmbedding::Rope;
+                          else throw UsageError("--position-embedding-type: '" + v + "' is not one of learned_absolute, rope");
+                        },
+                        [](const Options& o) { return std::string(to_string(o.model.position_embedding_type)); }});
+  t.push_back(number<double>("--rotary-base", "X", M, "RoPE base (Llama 2: 10000, Llama 3: 500000)",
+                             [](Options& o) -> double& { return o.model.rotary_base; }));
+  t.push_back(toggle("--disable-bias-linear", M, "no biases on the linear layers",
+                     [](Options& o) -> bool& { return o.model.add_bias_linear; }, false));
+  t.push_back(toggle("--add-qkv-bias", M, "bias on the QKV projection even without linear biases (Qwen2.5)",
+                     [](Options& o) -> bool& { return o.model.add_qkv_bias; }));
+  t.push_back(toggle("--qk-layernorm", M, "normalise queries and keys per head",
+                     [](Options& o) -> bool& { return o.model.qk_layernorm; }));
+  t.push_back(toggle("--untie-embeddings-and-output-weights", M, "separate output layer",
+                     [](Options& o) -> bool& { return o.model.untie_embeddings_and_output_weights; }));
+  t.push_back(number<double>("--init-method-std", "X", M, "std of the normal initialisation",
+                             [](Options& o) -> double& { return o.model.init_method_std; }));
+  t.push_back(number<double>("--hidden-dropout", "P", M, "dropout after attention and MLP (0 only for now)",
+                             [](Options& o) -> double& { return o.hidden_dropout; }));
+  t.push_back(number<double>("--attention-dropout", "P", M, "dropout on attention probabilities (0 only for now)",
+                             [](Options& o) -> double& { return o.attention_dropout; }));
+
+  t.push_back(number<int>("--micro-batch-size", "N", T, "samples per forward/backward",
+                          [](Options& o) -> int& { return o.micro_batch_size; }));
+  t.push_back(number<int>("--global-batch-size", "N", T,
+                          "samples per optimizer step (a multiple of the micro batch: gradient accumulation)",
+                          [](Options& o) -> int& { return o.global_batch_size; }));
+  t.push_back(number<int64_t>("--train-iters", "N", T, "optimizer steps",
+                              [](Options& o) -> int64_t& { return o.train_iters; }));
+  t.push_back(number<int64_t>("--seed", "N", T, "seed of initialisation and data order",
+                              [](Options& o) -> int64_t& { return o.seed; }));
+
+  t.push_back(number<double>("--lr", "X", L, "peak learning rate",
+                             [](Options& o) -> double& { return o.lr; }));
+  t.push_back(number<double>("--min-lr", "X", L, "learning rate at the end of the decay",
+                             [](Options& o) -> double& { return o.min_lr; }));
+  t.push_back(text("--lr-decay-style", "STYLE", L, "constant, linear, cosine, inverse-square-root or WSD",
+                   [](Options& o) -> std::string& { return o.lr_decay_style; }));
+  t.push_back(number<int64_t>("--lr-warmup-iters", "N", L, "linear warm-up steps",
+                              [](Options& o) -> int64_t& { return o.lr_warmup_iters; }));
+  t.push_back(number<double>("--lr-warmup-fraction", "X", L, "warm-up as a fraction of --lr-decay-iters",
+                             [](Options& o) -> double& { return o.lr_warmup_fraction; }));
+  t.push_back(number<int64_t>("--lr-decay-iters", "N", L, "iteration where the decay ends (0: --train-iters)",
+                              [](Options& o) -> int64_t& { return o.lr_decay_iters; }));
+  t.push_back(number<int64_t>("--lr-wsd-decay-iters", "N", L, "WSD: length of the final decay",
+                              [](Options& o) -> int64_t& { return o.lr_wsd_decay_iters; }));
+  t.push_back(text("--lr-wsd-decay-style", "STYLE", L, "WSD decay: linear, cosine, exponential, minus_sqrt",
+                   [](Options& o) -> std::string& { return o.lr_wsd_decay_style; }));
+
+  t.push_back(text("--optimizer", "NAME", O, "adamw, adam or sgd",
+                   [](Options& o) -> std::string& { return o.optimizer; }));
+  t.push_back(number<double>("--weight-decay", "X", O, "decoupled weight decay (not on biases and norms)",
+                             [](Options& o) -> double& { return o.optim.weight_decay; }));
+  t.push_back(number<double>("--adam-beta1", "X", O, "Adam beta1",
+                             [](Options& o) -> double& { return o.optim.adam_beta1; }));
+  t.push_back(number<double>("--adam-beta2", "X", O, "Adam beta2",
+                             [](Options& o) -> double& { return o.optim.adam_beta2; }));
+  t.push_back(number<double>("--adam-eps", "X", O, "Adam epsilon",
+                             [](Options& o) -> double& { return o.optim.adam_eps; }));
+  t.push_back(number<double>("--sgd-momentum", "X", O, "SGD momentum",
+                             [](Options& o) -> double& { return o.optim.sgd_momentum; }));
+  t.push_back(number<double>("--clip-grad", "X", O, "clip the global gradient norm to X (0: off)",
+                             [](Options& o) -> double& { return o.optim.clip_grad; }));
+
+  t.push_back(toggle("--mock-data", D, "random tokens (with --vocab-size) instead of a corpus",
+                     [](Options& o) -> bool& { return o.mock_data; }));
+  t.push_back(text("--train-text", "FILE", D,
+                   "plain-text corpus, tokenised byte-level (default: the King James Bible demo corpus)",
+                   [](Options& o) -> std::string& { return o.train_text; }));
+  t.push_back(text("--split", "A,B,C", D, "train, validation, test weights of the corpus",
+                   [](Options& o) -> std::string& { return o.split; }));
+
+  t.push_back(number<int>("--log-interval", "N", G, "console and metrics line every N steps",
+                          [](Options& o) -> int& { return o.log_interval; }));
+  t.push_back(number<int>("--eval-interval", "N", G, "validation every N steps (0: only at the end)",
+                          [](Options& o) -> int& { return o.eval_interval; }));
+  t.push_back(number<int>("--eval-iters", "N", G, "validation micro-batches per evaluation",
+                          [](Options& o) -> int& { return o.eval_iters; }));
+  t.push_back(text("--metrics-file", "PATH", G, "write one JSON object per logged step",
+                   [](Options& o) -> std::string& { return o.metrics_file; }));
+  t.push_back(toggle("--no-progress", G, "no live progress line on a terminal",
+                     [](Options& o) -> bool& { return o.progress; }, false));
+  const std::string S = "sampling (generate, and the sample after training)";
+  t.push_back(text("--prompt", "TEXT", S, "text to continue",
+                   [](Options& o) -> std::string& { return o.prompt; }));
+  t.push_back(number<double>("--temperature", "X", S, "softmax temperature (0: greedy)",
+                             [](Options& o) -> double& { return o.temperature; }));
+  t.push_back(number<int>("--top-k", "N", S, "sample among the N likeliest tokens (0: all)",
+                          [](Options& o) -> int& { return o.top_k; }));
+  t.push_back(number<int>("--max-new-tokens", "N", S, "tokens to generate (0: no sample after training)",
+                          [](Options& o) -> int& { return o.max_new_tokens; }));
+
+  t.push_back(text("--save", "DIR", W, "write the model weights to DIR at the end",
+                   [](Options& o) -> std::string& { return o.save; }));
+  t.push_back(text("--load", "DIR", W, "start from the weights in DIR",
+                   [](Options& o) -> std::string& { return o.load; }));
+  t.push_back(text("--device", "auto|cpu|cuda|hip", W, "where to train (auto: a GPU when present)",
+                   [](Options& o) -> std::string& { return o.device; }));
+
+  t.push_back(not_built("--bf16", "", "", "bf16 mixed precision"));
+  t.push_back(not_built("--fp16", "", "", "fp16 mixed precision"));
+  t.push_back(not_built("--tensor-model-parallel-size", "N", "1", "tensor parallelism"));
+  t.push_back(not_built("--pipeline-model-parallel-size", "N", "1", "pipeline parallelism"));
+  t.push_back(not_built("--context-parallel-size", "N", "1", "context parallelism"));
+  return t;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const OptionDef* find_option(const std::string& flag) {
+  for (const OptionDef& d : option_table())
+    if (d.flag == flag) return &d;
+  return nullptr;
+}
+
+}  // namespace
+
+const std::vector<OptionDef>& option_table() {
+  static const std::vector<OptionDef> table = build_table();
+  return table;
+}
+
+void parse_options(const std::vector<std::string>& args, Options& opts) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    const bool has_inline = flag.rfind("--", 0) == 0 && flag.find('=') != std::string::npos;
+    if (has_inline) {
+      value = flag.substr(flag.find('=') + 1);
+      flag = flag.substr(0, flag.find('='));
+    }
+    if (flag.rfind("--", 0) != 0)
+      throw UsageError("unexpected argument '" + flag + "' (options start with --)");
+    const OptionDef* def = find_option(flag);
+    if (!def) {
+      const OptionDef* best = nullptr;
+      size_t best_d = SIZE_MAX;
+      for (const OptionDef& d : option_table()) {
+        size_t dist = edit_distance(flag, d.flag);
+        if (dist < best_d) best_d = dist, best = &d;
+      }
+      throw UsageError("unknown option " + flag +
+                       (best ? "; did you mean " + best->flag + "?" : std::string()));
+    }
+    if (def->metavar.empty()) {
+      if (has_inline) throw UsageError(flag + " takes no value (got '" + value + "')");
+    } else if (!has_inline) {
+      if (i + 1 >= args.size()) throw UsageError(flag + " needs a value (" + def->metavar + ")");
+      value = args[++i];
+    }
+    def->set(opts, value);
+  }
+}
+
+void finalize(Options& o) {
+  OMNI_REQUIRE(o.mock_data || o.model.vocab_size == 0 || o.model.vocab_size == 256,
+               "--vocab-size applies to --mock-data; byte-level text has 256 tokens");
+  if (!o.mock_data) o.model.vocab_size = 256;
+  OMNI_REQUIRE(!o.mock_data || o.model.vocab_size > 0, "--mock-data needs --vocab-size");
+  o.model.validate();
+  OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",
+               o.micro_batch_size, ")");
+  if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;
+  OMNI_REQUIRE(o.global_batch_size > 0 && o.global_batch_size % o.micro_batch_size == 0,
+               "--global-batch-size (", o.global_batch_size,
+               ") must be a positive multiple of --micro-batch-size (", o.micro_batch_size, ")");
+  OMNI_REQUIRE(o.train_iters > 0, "--train-iters must be positive (got ", o.train_iters, ")");
+  OMNI_REQUIRE(o.lr >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr (", o.min_lr,
+               ") must be between 0 and --lr (", o.lr, ")");
+  OMNI_REQUIRE(o.log_interval > 0, "--log-interval must be positive (got ", o.log_interval, ")");
+  OMNI_REQUIRE(o.eval_interval >= 0, "--eval-interval must be 0 or positive");
+  OMNI_REQUIRE(o.eval_iters >= 0, "--eval-iters must be 0 or positive");
+  OMNI_REQUIRE(o.hidden_dropout == 0 && o.attention_dropout == 0,
+               "--hidden-dropout/--attention-dropout: dropout is not built yet (use 0)");
+  OMNI_REQUIRE(o.optim.clip_grad >= 0, "--clip-grad must be 0 or positive");
+  OMNI_REQUIRE(o.optim.adam_beta1 >= 0 && o.optim.adam_beta1 < 1, "--adam-beta1 must be in [0, 1)");
+  OMNI_REQUIRE(o.optim.adam_beta2 >= 0 && o.optim.adam_beta2 < 1, "--adam-beta2 must be in [0, 1)");
+  OMNI_REQUIRE(o.optim.adam_eps > 0, "--adam-eps must be positive");
+  o.optim.kind = parse_optimizer(o.optimizer);
+
+  LRScheduleConfig& s = o.lr_schedule;
+  s.lr = o.lr;
+  s.min_lr = o.min_lr;
+  s.style = parse_lr_decay_style(o.lr_decay_style);
+  s.wsd_style = parse_wsd_decay_style(o.lr_wsd_decay_style);
+  s.decay_iters = o.lr_decay_iters ? o.lr_decay_iters : o.train_iters;
+  OMNI_REQUIRE(o.lr_warmup_fraction <= 1.0, "--lr-warmup-fraction must be at most 1");
+  s.warmup_iters = o.lr_warmup_iters
+                       ? o.lr_warmup_iters
+                       : (o.lr_warmup_fraction > 0
+                              ? static_cast<int64_t>(o.lr_warmup_fraction * s.decay_iters)
+                              : 0);
+  s.wsd_decay_iters = o.lr_wsd_decay_iters;
+  if (s.style == LRDecayStyle::WSD)
+    OMNI_REQUIRE(s.wsd_decay_iters > 0 && s.wsd_decay_iters <= s.decay_iters - s.warmup_iters,
+                 "--lr-wsd-decay-iters must be positive and fit after the warm-up");
+  OMNI_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda" || o.device == "hip",
+               "--device: '", o.device, "' is not one of auto, cpu, cuda, hip");
+}
+
+std::string options_help() {
+  std::ostringstream os;
+  std::vector<std::string> groups;
+  for (const OptionDef& d : option_table())
+    if (std::find(groups.begin(), groups.end(), d.group) == groups.end()) groups.push_back(d.group);
+  const Options defaults;
+  for (const std::string& g : groups) {
+    os << "\n" << g << ":\n";
+    for (const OptionDef& d : option_table()) {
+      if (d.group != g) continue;
+      std::string left = "  " + d.flag + (d.metavar.empty() ? "" : " " + d.metavar);
+      os << left << std::string(left.size() < 44 ? 44 - left.size() : 1, ' ') << d.help;
+      std::string def = d.get(defaults);
+      if (!d.metavar.empty() && !def.empty() && g != "not built yet") os << " [" << def << "]";
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+std::vector<std::string> options_as_args(const Options& opts, const std::string& group) {
+  std::vector<std::string> args;
+  for (const OptionDef& d : option_table()) {
+    if (d.group != group) continue;
+    std::string v = d.get(opts);
+    if (d.metavar.empty()) {
+      if (!v.empty()) args.push_back(d.flag);
+    } else {
+      args.push_back(d.flag);
+      args.push_back(v);
+    }
+  }
+  return args;
+}
+
+}  // namespace omni

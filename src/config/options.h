@@ -1,0 +1,80 @@
+// One table of options (DESIGN.md invariant 5). Each row names a flag in Megatron's
+// spelling, its help text, and the field it sets; parsing, --help, printing and the
+// "did you mean" hint all come from the table.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/transformer_config.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
+namespace omni {
+
+struct Options {
+  TransformerConfig model;
+  // Batching and length of training.
+  int micro_batch_size = 16;
+  int global_batch_size = 0;  // 0: micro_batch_size
+  int64_t train_iters = 1000;
+  // Learning rate (the schedule's own config is filled in by finalize()).
+  double lr = 2e-3, min_lr = 1e-4;
+  std::string lr_decay_style = "cosine";
+  int64_t lr_warmup_iters = 0;
+  double lr_warmup_fraction = 0.05;  // < 0: unset; used when lr_warmup_iters is 0
+  int64_t lr_decay_iters = 0;        // 0: train_iters
+  int64_t lr_wsd_decay_iters = 0;
+  std::string lr_wsd_decay_style = "exponential";
+  std::string optimizer = "adamw";
+  OptimizerConfig optim;
+  int64_t seed = 1234;
+  // Logging and evaluation.
+  int log_interval = 50;
+  int eval_interval = 250;
+  int eval_iters = 20;
+  std::string metrics_file;
+  bool progress = true;
+  // Data.
+  bool mock_data = false;
+  std::string train_text;  // a plain-text file, tokenised byte-level
+  std::string split = "969,30,1";
+  // Model weights.
+  std::string save, load;
+  std::string device = "auto";
+  double hidden_dropout = 0.0, attention_dropout = 0.0;
+  // Sampling: `omnitron generate`, and the text sample printed at the end of training.
+  std::string prompt = "And it came to pass";
+  double temperature = 0.8;
+  int top_k = 40;
+  int max_new_tokens = 300;
+
+  // Derived by finalize().
+  LRScheduleConfig lr_schedule;
+  int grad_accumulation_steps() const { return global_batch_size / micro_batch_size; }
+};
+
+struct OptionDef {
+  std::string flag;     // "--num-layers"
+  std::string metavar;  // "N"; empty for a switch that takes no value
+  std::string group;
+  std::string help;
+  std::function<void(Options&, const std::string&)> set;
+  std::function<std::string(const Options&)> get;
+};
+
+const std::vector<OptionDef>& option_table();
+
+// Parses `--flag value`, `--flag=value` and switches onto `opts`. Unknown flags raise
+// UsageError naming the closest known flag. Does not finalize.
+void parse_options(const std::vector<std::string>& args, Options& opts);
+// Fills in derived values and validates everything, naming the offending flag.
+void finalize(Options& opts);
+// `--help` text, grouped, generated from the table.
+std::string options_help();
+// The options of `group` as a command line ("--num-layers 4 --hidden-size 256 ..."), to
+// store a model's architecture with its weights and read it back with parse_options.
+std::vector<std::string> options_as_args(const Options& opts, const std::string& group);
+
+}  // namespace omni

@@ -1,0 +1,49 @@
+#include "model/parameters.h"
+
+#include <algorithm>
+
+#include "base/philox.h"
+
+namespace omni {
+
+template <typename T>
+ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos) : infos_(std::move(infos)) {
+  int64_t offset = 0;
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    ParamInfo& p = infos_[i];
+    OMNI_CHECK(index_.emplace(p.name, i).second, "[parameters] duplicate name ", p.name);
+    p.numel = 1;
+    for (int64_t d : p.shape) p.numel *= d;
+    p.offset = offset;
+    offset += (p.numel + 15) / 16 * 16;
+  }
+  values_ = Tensor::zeros({offset}, dtype_of<T>());
+  grads_ = Tensor::zeros({offset}, dtype_of<T>());
+}
+
+template <typename T>
+const ParamInfo& ParameterSet<T>::info(const std::string& name) const {
+  auto it = index_.find(name);
+  OMNI_CHECK(it != index_.end(), "[parameters] no parameter named ", name);
+  return infos_[it->second];
+}
+
+template <typename T>
+void ParameterSet<T>::initialize(uint64_t seed, double std, double scaled_std) {
+  for (const ParamInfo& p : infos_) {
+    T* v = values() + p.offset;
+    switch (p.init) {
+      case ParamInit::Normal: fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, std); break;
+      case ParamInit::ScaledNormal:
+        fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, scaled_std);
+        break;
+      case ParamInit::Ones: std::fill(v, v + p.numel, T(1)); break;
+      case ParamInit::Zeros: std::fill(v, v + p.numel, T(0)); break;
+    }
+  }
+}
+
+template class ParameterSet<float>;
+template class ParameterSet<double>;
+
+}  // namespace omni

@@ -1,0 +1,68 @@
+#include "model/transformer_config.h"
+
+#include "base/error.h"
+
+namespace omni {
+
+const char* to_string(Normalization n) {
+  return n == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm";
+}
+const char* to_string(PositionEmbedding p) {
+  return p == PositionEmbedding::LearnedAbsolute ? "learned_absolute" : "rope";
+}
+
+int TransformerConfig::padded_vocab_size() const {
+  const int m = make_vocab_size_divisible_by;
+  return (vocab_size + m - 1) / m * m;
+}
+
+void TransformerConfig::validate() const {
+  OMNI_REQUIRE(num_layers > 0, "--num-layers must be at least 1 (got ", num_layers, ")");
+  OMNI_REQUIRE(hidden_size > 0, "--hidden-size must be positive (got ", hidden_size, ")");
+  OMNI_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be positive (got ",
+               num_attention_heads, ")");
+  OMNI_REQUIRE(kv_channels > 0 || hidden_size % num_attention_heads == 0,
+               "--num-attention-heads (", num_attention_heads, ") must divide --hidden-size (",
+               hidden_size, "), or set --kv-channels");
+  OMNI_REQUIRE(kv_channels >= 0, "--kv-channels must be positive (got ", kv_channels, ")");
+  if (group_query_attention) {
+    OMNI_REQUIRE(num_query_groups > 0, "--num-query-groups must be positive with "
+                 "--group-query-attention (got ", num_query_groups, ")");
+    OMNI_REQUIRE(num_attention_heads % num_query_groups == 0, "--num-query-groups (",
+                 num_query_groups, ") must divide --num-attention-heads (", num_attention_heads,
+                 ")");
+  }
+  OMNI_REQUIRE(ffn_hidden_size >= 0, "--ffn-hidden-size must be positive (got ", ffn_hidden_size,
+               ")");
+  OMNI_REQUIRE(seq_length > 0, "--seq-length must be positive (got ", seq_length, ")");
+  OMNI_REQUIRE(max_positions() >= seq_length, "--max-position-embeddings (", max_positions(),
+               ") must be at least --seq-length (", seq_length, ")");
+  OMNI_REQUIRE(vocab_size > 0, "the vocabulary size must be positive (got ", vocab_size,
+               "): set --vocab-size or a tokenizer");
+  OMNI_REQUIRE(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be "
+               "positive (got ", make_vocab_size_divisible_by, ")");
+  OMNI_REQUIRE(norm_epsilon > 0, "--norm-epsilon must be positive (got ", norm_epsilon, ")");
+  OMNI_REQUIRE(init_method_std > 0, "--init-method-std must be positive (got ", init_method_std,
+               ")");
+  if (position_embedding_type == PositionEmbedding::Rope) {
+    OMNI_REQUIRE(head_dim() % 2 == 0, "rope needs an even head dimension (got ", head_dim(),
+                 " = --hidden-size / --num-attention-heads)");
+    OMNI_REQUIRE(rotary_base > 0, "--rotary-base must be positive (got ", rotary_base, ")");
+  }
+}
+
+int64_t TransformerConfig::num_parameters() const {
+  const int64_t C = hidden_size, hd = head_dim(), H = num_attention_heads, G = query_groups();
+  const int64_t F = ffn_size(), V = vocab_size;
+  const int64_t norm = norm_has_bias() ? 2 * C : C;
+  int64_t layer = norm * 2 + C * (H + 2 * G) * hd + (qkv_bias() ? (H + 2 * G) * hd : 0) +
+                  H * hd * C + (swiglu ? 3 : 2) * C * F;
+  if (add_bias_linear) layer += C + (swiglu ? 2 * F : F) + C;
+  if (qk_layernorm) layer += 2 * (norm_has_bias() ? 2 * hd : hd);
+  int64_t total = num_layers * layer + norm + V * C;
+  if (position_embedding_type == PositionEmbedding::LearnedAbsolute) total += max_positions() * C;
+  if (untie_embeddings_and_output_weights) total += V * C;
+  return total;
+}
+
+}  // namespace omni

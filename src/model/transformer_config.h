@@ -1,0 +1,57 @@
+// TransformerConfig: the model's shape and features, with Megatron's field names. GPT-2
+// and the Llama family are options of one decoder-only transformer, not two models.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace omni {
+
+enum class Normalization { LayerNorm, RMSNorm };
+enum class PositionEmbedding { LearnedAbsolute, Rope };
+
+const char* to_string(Normalization n);
+const char* to_string(PositionEmbedding p);
+
+struct TransformerConfig {
+  int num_layers = 12;
+  int hidden_size = 768;
+  int ffn_hidden_size = 0;  // 0: 4 * hidden_size
+  int num_attention_heads = 12;
+  bool group_query_attention = false;
+  int num_query_groups = 0;  // 0 (or no --group-query-attention): one group per head
+  int kv_channels = 0;       // head dim; 0: hidden_size / num_attention_heads
+  int seq_length = 1024;
+  int max_position_embeddings = 0;  // 0: seq_length
+  int vocab_size = 0;
+  int make_vocab_size_divisible_by = 128;
+  Normalization normalization = Normalization::LayerNorm;
+  double norm_epsilon = 1e-5;
+  bool swiglu = false;
+  PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
+  double rotary_base = 10000.0;
+  bool add_bias_linear = true;
+  bool add_qkv_bias = false;
+  bool qk_layernorm = false;
+  bool untie_embeddings_and_output_weights = false;
+  double init_method_std = 0.02;
+
+  // Derived values; valid after validate().
+  int head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
+  int query_groups() const {
+    return group_query_attention && num_query_groups ? num_query_groups : num_attention_heads;
+  }
+  int ffn_size() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
+  int max_positions() const { return max_position_embeddings ? max_position_embeddings : seq_length; }
+  int padded_vocab_size() const;
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
+
+  // Throws UsageError naming the offending flag, e.g. "--num-query-groups (3) must divide
+  // --num-attention-heads (8)".
+  void validate() const;
+  // Parameter count (unpadded vocabulary rows included once).
+  int64_t num_parameters() const;
+};
+
+}  // namespace omni

@@ -1,0 +1,47 @@
+// Optimizers over flat parameter buffers. Per Megatron, weight decay is decoupled
+// (AdamW) and applied only to parameters marked weight_decay (not biases or norms).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/parameters.h"
+
+namespace omni {
+
+enum class OptimizerKind { AdamW, Adam, SGD };
+OptimizerKind parse_optimizer(const std::string& s);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double sgd_momentum = 0.9;
+  double clip_grad = 1.0;  // global-norm clipping; 0 disables
+};
+
+// Global L2 norm of all gradients, summed in a fixed order.
+template <typename T>
+double gradient_norm(const ParameterSet<T>& params);
+// Multiplies all gradients by `scale`.
+template <typename T>
+void scale_gradients(ParameterSet<T>& params, double scale);
+
+template <typename T>
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params);
+  // One update with learning rate `lr` from the current gradients (already clipped).
+  void step(ParameterSet<T>& params, double lr);
+  int64_t steps() const { return step_; }
+  // Flat optimizer state (exp_avg and exp_avg_sq for Adam, momentum for SGD) for saving.
+  std::vector<Tensor> state() const { return {m_, v_}; }
+
+ private:
+  OptimizerConfig cfg_;
+  int64_t step_ = 0;
+  Tensor m_, v_;
+};
+
+}  // namespace omni

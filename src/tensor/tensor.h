@@ -1,0 +1,88 @@
+// Tensor: shape, strides, dtype and device over shared storage. No autograd: layers
+// own their forward and backward explicitly (DESIGN.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/error.h"
+
+namespace omni {
+
+enum class DeviceKind : uint8_t { CPU, CUDA, HIP };
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;
+  std::string str() const;
+  bool operator==(const Device&) const = default;
+};
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::F32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::F64; }
+
+// Host memory, 64-byte aligned and zero-filled, so vector loads never straddle lines.
+class Storage {
+ public:
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor zeros(Shape shape, DType dtype, Device device = {});
+
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : i); }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const;
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device{}; }
+  bool defined() const { return storage_ != nullptr; }
+  size_t bytes() const { return numel() * dtype_size(dtype_); }
+
+  template <typename T>
+  T* data() const {
+    OMNI_CHECK(dtype_of<T>() == dtype_, "[tensor] asked for ", dtype_name(dtype_of<T>()),
+               " data of a ", dtype_name(dtype_), " tensor");
+    return reinterpret_cast<T*>(raw());
+  }
+  void* raw() const;
+
+  // A contiguous view of numel(shape) elements starting `offset` elements in.
+  Tensor view(int64_t offset, Shape shape) const;
+  Tensor reshape(Shape shape) const { return view(0, std::move(shape)); }
+  void zero_();
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // in elements
+  Shape shape_, strides_;
+  DType dtype_ = DType::F32;
+};
+
+}  // namespace omni
