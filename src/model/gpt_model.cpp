@@ -314,6 +314,17 @@ double GPTModel<T>::forward_loss(const MicroBatch& mb) {
 }
 
 template <typename T>
+std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int seq) {
+  check_batch(MicroBatch{tokens, nullptr, nullptr, batch, seq});
+  forward(tokens, batch, seq);
+  const int N = batch * seq, C = cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<T> logits(size_t(N) * V);
+  ops::linear_forward<T>(logits.data(), final_norm_.template data<T>(), classifier_weight(false),
+                         nullptr, N, C, V);
+  return logits;
+}
+
+template <typename T>
 std::vector<float> GPTModel<T>::next_token_logits(const int32_t* tokens, int seq) {
   check_batch(MicroBatch{tokens, nullptr, nullptr, 1, seq});
   forward(tokens, 1, seq);

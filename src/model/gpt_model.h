@@ -37,6 +37,9 @@ class GPTModel {
   double forward_backward(const MicroBatch& mb, double grad_scale);
   // Forward only; returns the mean masked loss.
   double forward_loss(const MicroBatch& mb);
+  // Logits [batch * seq, vocab_size] of every position (for tests and tools; training
+  // never materialises them).
+  std::vector<T> forward_logits(const int32_t* tokens, int batch, int seq);
   // Logits [vocab_size] of the last position of a single sequence (batch 1).
   std::vector<float> next_token_logits(const int32_t* tokens, int seq);
 

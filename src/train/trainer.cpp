@@ -75,6 +75,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
     train_seconds += step_seconds;
     window_seconds += step_seconds;
     result.train_losses.push_back(loss);
+    result.step_seconds.push_back(step_seconds);
     window_loss += loss;
     ++window_iters;
     sink.progress(it, opts_.train_iters, loss, step_seconds);

@@ -10,25 +10,28 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCubic = 0.044715;
 }  // namespace
 
+// 0.5 (1 + tanh(u)) = sigmoid(2u): the same function through one exp, which vectorises
+// (libmvec) where tanh does not, and without tanh's cancellation near 0.
 template <typename T>
 void gelu_forward(T* out, const T* x, size_t n) {
-  const T s = T(kSqrt2OverPi), a = T(kGeluCubic);
+  const T s2 = T(2 * kSqrt2OverPi), a = T(kGeluCubic);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     T v = x[i];
-    out[i] = T(0.5) * v * (T(1) + std::tanh(s * (v + a * v * v * v)));
+    out[i] = v / (T(1) + std::exp(-s2 * (v + a * v * v * v)));
   }
 }
 
+// d/dx [x sigmoid(2u)] = sig + x sig (1 - sig) 2u'.
 template <typename T>
 void gelu_backward(T* dx, const T* dout, const T* x, size_t n) {
-  const T s = T(kSqrt2OverPi), a = T(kGeluCubic);
+  const T s2 = T(2 * kSqrt2OverPi), a = T(kGeluCubic);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     T v = x[i];
-    T t = std::tanh(s * (v + a * v * v * v));
-    T du = s * (T(1) + T(3) * a * v * v);
-    dx[i] = dout[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+    T sig = T(1) / (T(1) + std::exp(-s2 * (v + a * v * v * v)));
+    T du2 = s2 * (T(1) + T(3) * a * v * v);
+    dx[i] = dout[i] * (sig + v * sig * (T(1) - sig) * du2);
   }
 }
 

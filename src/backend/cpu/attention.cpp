@@ -114,7 +114,7 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
               T(0), Pb, S);
       for (int i = r0; i < r1; ++i) {
         T* row = P + static_cast<size_t>(i) * S;
-        T mx = -std::numeric_limits<T>::infinity();
+        T mx = std::numeric_limits<T>::lowest();
         for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
         T sum = 0;
 #pragma omp simd reduction(+ : sum)

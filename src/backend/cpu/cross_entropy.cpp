@@ -21,17 +21,21 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
                                 const ClassifierLossArgs& a) {
   const int N = a.rows, C = a.hidden, V = a.vocab;
   const int chunk = static_cast<int>(std::clamp<size_t>(kChunkElements / V, 1, N));
-  std::vector<T> logits(static_cast<size_t>(chunk) * V);
+  // Kept between calls: a fresh buffer of this size would be page-faulted in every step.
+  // (thread_local: the OpenMP workers below must use the caller's buffer through `z0`.)
+  static thread_local std::vector<T> buffer;
+  buffer.resize(static_cast<size_t>(chunk) * V);
+  T* const z0 = buffer.data();
   std::vector<double> row_loss(N);
   for (int r0 = 0; r0 < N; r0 += chunk) {
     const int rows = std::min(chunk, N - r0);
     const T* hb = h + static_cast<size_t>(r0) * C;
-    gemm<T>(false, true, rows, V, C, T(1), hb, C, w, C, T(0), logits.data(), V);
+    gemm<T>(false, true, rows, V, C, T(1), hb, C, w, C, T(0), z0, V);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < rows; ++i) {
       const int n = r0 + i;
       const float m = mask ? mask[n] : 1.0f;
-      T* z = logits.data() + static_cast<size_t>(i) * V;
+      T* z = z0 + static_cast<size_t>(i) * V;
       if (m == 0.0f) {
         row_loss[n] = 0.0;
         if (losses) losses[n] = T(0);
@@ -59,9 +63,9 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
       }
     }
     if (dh) {
-      gemm<T>(false, false, rows, C, V, T(1), logits.data(), V, w, C, T(0),
+      gemm<T>(false, false, rows, C, V, T(1), z0, V, w, C, T(0),
               dh + static_cast<size_t>(r0) * C, C);
-      gemm<T>(true, false, V, C, rows, T(1), logits.data(), V, hb, C, T(1), dw, C);
+      gemm<T>(true, false, V, C, rows, T(1), z0, V, hb, C, T(1), dw, C);
     }
   }
   double total = 0;

@@ -1,0 +1,106 @@
+// Training-step throughput on the CPU: tokens/s and model GFLOP/s (Megatron's formula)
+// for GPT-2 124M and a 6-layer GPT, beside the machine's sgemm rate measured in the
+// same run. Prints figures; never passes or fails on time.
+//
+//   build/bench_train_step [--steps N]
+//
+// Each configuration runs in its own process so that its peak resident memory is its
+// own (and OpenMP never sees a fork after its threads started).
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "config/options.h"
+#include "data/dataset.h"
+#include "train/flops.h"
+#include "train/trainer.h"
+
+namespace {
+
+struct BenchConfig {
+  const char* name;
+  int layers, heads, hidden, seq, micro_batch;
+};
+
+double peak_rss_mib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+template <typename F>
+void in_child(F&& body) {
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    body();
+    std::fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    std::printf("  (child failed with status %d)\n", status);
+}
+
+void run_config(const BenchConfig& b, int steps, double sgemm_gflops) {
+  omni::Options o;
+  std::vector<std::string> args = {
+      "--mock-data", "--vocab-size", "50257", "--num-layers", std::to_string(b.layers),
+      "--num-attention-heads", std::to_string(b.heads), "--hidden-size", std::to_string(b.hidden),
+      "--seq-length", std::to_string(b.seq), "--micro-batch-size", std::to_string(b.micro_batch),
+      "--train-iters", std::to_string(steps + 1), "--eval-iters", "0",
+      "--log-interval", "1000000", "--no-progress"};
+  omni::parse_options(args, o);
+  omni::finalize(o);
+  omni::Trainer trainer(o, omni::make_mock_data(o.model.vocab_size, 1), sgemm_gflops);
+  FILE* devnull = std::fopen("/dev/null", "w");
+  omni::MetricsSink sink("", false, devnull);
+  omni::TrainResult r = trainer.run(sink);
+  // The first step touches every buffer for the first time: time the ones after it.
+  double sec_per_step = 0;
+  for (size_t i = 1; i < r.step_seconds.size(); ++i) sec_per_step += r.step_seconds[i];
+  sec_per_step /= double(r.step_seconds.size() - 1);
+  const double flops = omni::megatron_flops_per_iteration(o.model, o.global_batch_size);
+  const double tokens = double(o.global_batch_size) * o.model.seq_length;
+  const double gflops = flops / sec_per_step / 1e9;
+  std::printf("%-34s %10.0f %12.1f %10.1f %9.1f%% %10.0f\n", b.name, tokens / sec_per_step,
+              sec_per_step * 1000, gflops, 100.0 * gflops / sgemm_gflops, peak_rss_mib());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  omni::ensure_blas_environment(argv);
+  int steps = 4;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--steps") steps = std::atoi(argv[i + 1]);
+
+  // The sgemm rate is measured in a child too: the parent never starts OpenMP threads.
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  in_child([&] {
+    double g = omni::measure_sgemm_gflops(2048, 5);
+    std::printf("cpu: %s, %d threads; %s\n", omni::cpu_model_name().c_str(), omni::cpu_threads(),
+                omni::blas_config().c_str());
+    if (write(fds[1], &g, sizeof g) != sizeof g) _exit(1);
+  });
+  double sgemm = 0;
+  if (read(fds[0], &sgemm, sizeof sgemm) != sizeof sgemm) return 1;
+  std::printf("sgemm 2048^3: %.0f GFLOP/s (best of 5)\n\n", sgemm);
+  std::printf("%-34s %10s %12s %10s %10s %10s\n", "model (vocab 50257, micro batch 4)", "tokens/s",
+              "ms/step", "GFLOP/s", "of sgemm", "peak MiB");
+  const BenchConfig configs[] = {
+      {"GPT-2 124M, seq 64", 12, 12, 768, 64, 4},
+      {"GPT-2 124M, seq 256", 12, 12, 768, 256, 4},
+      {"6 layers, 6 heads, 384, seq 256", 6, 6, 384, 256, 4},
+  };
+  for (const BenchConfig& c : configs) in_child([&] { run_config(c, steps, sgemm); });
+  return 0;
+}

@@ -1,0 +1,106 @@
+// Bad input to the omnitron binary: a one-line error naming the option, a non-zero exit,
+// no crash. The binary is the one the build just made (OMNITRON_BINARY).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct ProcessResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+ProcessResult run_omnitron(const std::string& args) {
+  const std::string cmd = std::string(OMNITRON_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// A tiny mock-data run that would succeed, so each test changes one thing.
+const std::string kTiny =
+    "train --mock-data --vocab-size 50 --num-layers 1 --hidden-size 16 --num-attention-heads 2 "
+    "--seq-length 8 --micro-batch-size 2 --train-iters 2 --eval-iters 0 --no-progress ";
+
+void expect_usage_error(const std::string& args, const std::string& must_mention) {
+  ProcessResult r = run_omnitron(args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(must_mention), std::string::npos) << r.output;
+  // One line: the message ends the output.
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+}
+
+TEST(CliErrors, TinyRunSucceeds) {
+  ProcessResult r = run_omnitron(kTiny);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(CliErrors, UnknownFlagNamesTheClosestKnownOne) {
+  expect_usage_error(kTiny + "--num-layer 2", "did you mean --num-layers?");
+}
+
+TEST(CliErrors, ZeroLayersIsRejected) {
+  expect_usage_error(kTiny + "--num-layers 0", "--num-layers");
+}
+
+TEST(CliErrors, HeadsThatDoNotDivideTheHiddenSizeAreRejected) {
+  expect_usage_error(kTiny + "--num-attention-heads 3", "--num-attention-heads (3) must divide --hidden-size (16)");
+}
+
+TEST(CliErrors, QueryGroupsThatDoNotDivideTheHeadsAreRejected) {
+  expect_usage_error(kTiny + "--num-attention-heads 4 --group-query-attention --num-query-groups 3",
+                     "--num-query-groups (3) must divide --num-attention-heads (4)");
+}
+
+TEST(CliErrors, NonNumericValueNamesTheFlag) {
+  expect_usage_error(kTiny + "--hidden-size big", "--hidden-size expects an integer, got 'big'");
+}
+
+TEST(CliErrors, MissingValueNamesTheFlag) {
+  expect_usage_error(kTiny + "--lr", "--lr needs a value");
+}
+
+TEST(CliErrors, GlobalBatchMustBeAMultipleOfTheMicroBatch) {
+  expect_usage_error(kTiny + "--global-batch-size 3", "--global-batch-size (3)");
+}
+
+TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
+  expect_usage_error(kTiny + "--lr-decay-style triangle", "cosine");
+}
+
+TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
+  expect_usage_error(kTiny + "--bf16", "not built yet");
+  expect_usage_error(kTiny + "--tensor-model-parallel-size 2", "not built yet");
+}
+
+TEST(CliErrors, MissingCorpusFileIsNamed) {
+  expect_usage_error("train --train-text /nonexistent/corpus.txt --num-layers 1", "/nonexistent/corpus.txt");
+}
+
+TEST(CliErrors, GenerateWithoutWeightsSaysWhatItNeeds) {
+  expect_usage_error("generate --load /nonexistent/dir", "/nonexistent/dir/model.omw");
+}
+
+TEST(CliErrors, UnknownCommandExitsNonZero) {
+  ProcessResult r = run_omnitron("trian");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown command 'trian'"), std::string::npos) << r.output;
+}
+
+TEST(CliHelp, ListsOptionsFromTheTable) {
+  ProcessResult r = run_omnitron("train --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--num-layers", "--group-query-attention", "--lr-decay-style",
+                           "--metrics-file", "--untie-embeddings-and-output-weights"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+}
+
+}  // namespace

@@ -1,0 +1,635 @@
+// Every op's backward, and the whole model's forward_backward, checked against central finite
+// differences of the corresponding forward, in double precision (the same templates that train
+// in float, instantiated for double). For an op y = f(x) the objective is L = sum(dout ⊙ y)
+// with a random dout, so dL/dx is exactly what the backward computes from dout. Accumulating
+// outputs start from random "prior" values and overwritten outputs from junk, so the tests also
+// pin down the += / = conventions of ops.h.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "gradient_check.h"
+#include "model/gpt_model.h"
+#include "model/transformer_config.h"
+
+namespace omni {
+namespace {
+
+using gradient_check::difference;
+using gradient_check::dot;
+using gradient_check::gradients_match;
+using gradient_check::numerical_gradient;
+using gradient_check::TestRng;
+using gradient_check::Vec;
+
+// What overwritten gradient buffers hold before the backward runs.
+constexpr double kJunk = 7.0;
+
+// ---------------------------------------------------------------------------------------------
+// linear
+
+void check_linear(bool with_bias, bool accumulate_dx) {
+  // M = 37 rows spans two of the 32-row blocks that the bias reduction sums separately.
+  const int M = 37, K = 6, N = 5;
+  TestRng rng(11);
+  Vec x = rng.normal(size_t(M) * K), w = rng.normal(size_t(N) * K), b = rng.normal(N);
+  const Vec dout = rng.normal(size_t(M) * N);
+  Vec y(size_t(M) * N);
+  auto objective = [&] {
+    ops::linear_forward(y.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, M, K, N);
+    return dot(dout, y);
+  };
+  const Vec dx_prior = accumulate_dx ? rng.normal(x.size()) : Vec(x.size(), kJunk);
+  const Vec dw_prior = rng.normal(w.size()), db_prior = rng.normal(b.size());
+  Vec dx = dx_prior, dw = dw_prior, db = db_prior;
+  ops::linear_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(), x.data(),
+                       w.data(), M, K, N, accumulate_dx);
+
+  EXPECT_TRUE(gradients_match("dx", accumulate_dx ? difference(dx, dx_prior) : dx,
+                              numerical_gradient(x, objective)));
+  EXPECT_TRUE(gradients_match("dw", difference(dw, dw_prior), numerical_gradient(w, objective)));
+  if (with_bias) {
+    EXPECT_TRUE(
+        gradients_match("dbias", difference(db, db_prior), numerical_gradient(b, objective)));
+  }
+}
+
+TEST(LinearBackward, MatchesFiniteDifferencesWithBias) {
+  check_linear(true, false);
+}
+TEST(LinearBackward, MatchesFiniteDifferencesWithoutBias) {
+  check_linear(false, false);
+}
+TEST(LinearBackward, AddsIntoDxWhenAccumulating) {
+  check_linear(true, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+
+void check_embedding(bool with_positions) {
+  const int batch = 2, seq = 4, N = batch * seq, C = 5, vocab = 6, positions = seq + 2;
+  // Token 3 appears three times, across both sequences; tokens 0 and 5 never: their rows, like
+  // the position rows past `seq`, must get no gradient.
+  const std::vector<int32_t> tokens = {3, 1, 3, 2, 4, 3, 1, 2};
+  TestRng rng(12);
+  Vec wte = rng.normal(size_t(vocab) * C), wpe = rng.normal(size_t(positions) * C);
+  const Vec dout = rng.normal(size_t(N) * C);
+  Vec out(size_t(N) * C);
+  auto objective = [&] {
+    ops::embedding_forward(out.data(), tokens.data(), wte.data(),
+                           with_positions ? wpe.data() : nullptr, N, seq, C);
+    return dot(dout, out);
+  };
+  const Vec dwte_prior = rng.normal(wte.size()), dwpe_prior = rng.normal(wpe.size());
+  Vec dwte = dwte_prior, dwpe = dwpe_prior;
+  ops::embedding_backward(dwte.data(), with_positions ? dwpe.data() : nullptr, tokens.data(),
+                          dout.data(), N, seq, C);
+
+  EXPECT_TRUE(
+      gradients_match("dwte", difference(dwte, dwte_prior), numerical_gradient(wte, objective)));
+  if (with_positions) {
+    EXPECT_TRUE(
+        gradients_match("dwpe", difference(dwpe, dwpe_prior), numerical_gradient(wpe, objective)));
+  } else {
+    EXPECT_EQ(dwpe, dwpe_prior);
+  }
+}
+
+TEST(EmbeddingBackward, MatchesFiniteDifferencesWithPositionTable) {
+  check_embedding(true);
+}
+TEST(EmbeddingBackward, MatchesFiniteDifferencesWithoutPositionTable) {
+  check_embedding(false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// normalisation
+
+void check_layernorm(bool with_bias) {
+  const int N = 37, C = 7;  // 37 rows: two blocks of the weight-gradient reduction
+  TestRng rng(13);
+  Vec x = rng.normal(size_t(N) * C, 2.0), w = rng.uniform(C, 0.5, 1.5), b = rng.normal(C);
+  for (int n = 0; n < N; ++n) x[size_t(n) * C] += 3.0;  // rows with a non-zero mean
+  const Vec dout = rng.normal(x.size());
+  Vec out(x.size()), mean(N), rstd(N);
+  auto objective = [&] {
+    ops::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                           with_bias ? b.data() : nullptr, N, C, 1e-5);
+    return dot(dout, out);
+  };
+  objective();
+  const Vec dx_prior = rng.normal(x.size()), dw_prior = rng.normal(C), db_prior = rng.normal(C);
+  Vec dx = dx_prior, dw = dw_prior, db = db_prior;
+  ops::layernorm_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
+                          x.data(), w.data(), mean.data(), rstd.data(), N, C);
+
+  EXPECT_TRUE(gradients_match("dx", difference(dx, dx_prior), numerical_gradient(x, objective)));
+  EXPECT_TRUE(gradients_match("dw", difference(dw, dw_prior), numerical_gradient(w, objective)));
+  if (with_bias) {
+    EXPECT_TRUE(gradients_match("db", difference(db, db_prior), numerical_gradient(b, objective)));
+  }
+}
+
+TEST(LayerNormBackward, MatchesFiniteDifferencesWithBias) {
+  check_layernorm(true);
+}
+TEST(LayerNormBackward, MatchesFiniteDifferencesWithoutBias) {
+  check_layernorm(false);
+}
+
+TEST(RmsNormBackward, MatchesFiniteDifferences) {
+  const int N = 37, C = 7;
+  TestRng rng(14);
+  Vec x = rng.normal(size_t(N) * C, 2.0), w = rng.uniform(C, 0.5, 1.5);
+  const Vec dout = rng.normal(x.size());
+  Vec out(x.size()), rstd(N);
+  auto objective = [&] {
+    ops::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+    return dot(dout, out);
+  };
+  objective();
+  const Vec dx_prior = rng.normal(x.size()), dw_prior = rng.normal(C);
+  Vec dx = dx_prior, dw = dw_prior;
+  ops::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+
+  EXPECT_TRUE(gradients_match("dx", difference(dx, dx_prior), numerical_gradient(x, objective)));
+  EXPECT_TRUE(gradients_match("dw", difference(dw, dw_prior), numerical_gradient(w, objective)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// activations
+
+TEST(GeluBackward, MatchesFiniteDifferences) {
+  const size_t n = 101;
+  TestRng rng(15);
+  Vec x = rng.uniform(n, -5.0, 5.0);
+  const Vec dout = rng.normal(n);
+  Vec out(n);
+  auto objective = [&] {
+    ops::gelu_forward(out.data(), x.data(), n);
+    return dot(dout, out);
+  };
+  Vec dx(n, kJunk);
+  ops::gelu_backward(dx.data(), dout.data(), x.data(), n);
+  EXPECT_TRUE(gradients_match("dx", dx, numerical_gradient(x, objective)));
+}
+
+TEST(SwigluBackward, MatchesFiniteDifferences) {
+  const int N = 9, F = 7;
+  TestRng rng(16);
+  Vec x = rng.uniform(size_t(N) * 2 * F, -5.0, 5.0);
+  const Vec dout = rng.normal(size_t(N) * F);
+  Vec out(dout.size());
+  auto objective = [&] {
+    ops::swiglu_forward(out.data(), x.data(), N, F);
+    return dot(dout, out);
+  };
+  Vec dx(x.size(), kJunk);
+  ops::swiglu_backward(dx.data(), dout.data(), x.data(), N, F);
+  EXPECT_TRUE(gradients_match("dx", dx, numerical_gradient(x, objective)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// qkv split / merge and rope: linear maps whose backward is the transpose of the forward.
+
+TEST(QkvSplitBackward, MergeIsTheAdjointOfSplit) {
+  const ops::AttentionDims d{2, 3, 4, 2, 3};  // two groups of two query heads
+  const size_t N = size_t(d.batch) * d.seq;
+  TestRng rng(17);
+  const Vec x = rng.normal(N * d.qkv_width());
+  const Vec yq = rng.normal(N * d.heads * d.head_dim), yk = rng.normal(N * d.groups * d.head_dim),
+            yv = rng.normal(yk.size());
+  Vec q(yq.size()), k(yk.size()), v(yv.size()), merged(x.size(), kJunk);
+  ops::qkv_split(q.data(), k.data(), v.data(), x.data(), d);
+  ops::qkv_merge(merged.data(), yq.data(), yk.data(), yv.data(), d);
+  // Both sides sum the same products, so they agree to rounding.
+  EXPECT_NEAR(dot(q, yq) + dot(k, yk) + dot(v, yv), dot(x, merged), 1e-12 * x.size());
+}
+
+TEST(QkvSplitBackward, MergeInvertsSplit) {
+  const ops::AttentionDims d{2, 3, 8, 2, 2};  // four query heads per group
+  const size_t N = size_t(d.batch) * d.seq;
+  TestRng rng(18);
+  const Vec x = rng.normal(N * d.qkv_width());
+  Vec q(N * d.heads * d.head_dim), k(N * d.groups * d.head_dim), v(k.size()),
+      merged(x.size(), kJunk);
+  ops::qkv_split(q.data(), k.data(), v.data(), x.data(), d);
+  ops::qkv_merge(merged.data(), q.data(), k.data(), v.data(), d);
+  EXPECT_EQ(merged, x);
+  // Spot-check the interleaved layout: group 1's key is after its two query heads.
+  const int hd = d.head_dim, group_width = (d.heads_per_group() + 2) * hd;
+  EXPECT_EQ(k[size_t(1) * hd], x[size_t(group_width) + d.heads_per_group() * hd]);
+}
+
+struct RopeShape {
+  int batch = 2, seq = 7, heads = 3, head_dim = 8;
+  double base = 10000.0;
+  size_t rows() const { return size_t(batch) * seq; }
+  size_t numel() const { return rows() * heads * head_dim; }
+};
+
+TEST(RopeBackward, IsTheTransposeOfForward) {
+  const RopeShape s;
+  Vec cos(size_t(s.seq) * s.head_dim / 2), sin(cos.size());
+  ops::rope_tables(cos.data(), sin.data(), s.seq, s.head_dim, s.base);
+  TestRng rng(19);
+  const Vec x = rng.normal(s.numel()), y = rng.normal(s.numel());
+  Vec rx = x, rty = y;
+  ops::rope_forward(rx.data(), cos.data(), sin.data(), int(s.rows()), s.seq, s.heads, s.head_dim);
+  ops::rope_backward(rty.data(), cos.data(), sin.data(), int(s.rows()), s.seq, s.heads, s.head_dim);
+  EXPECT_NEAR(dot(rx, y), dot(x, rty), 1e-12 * s.numel());
+}
+
+TEST(RopeForward, RotatesHalfPairsByPositionTimesInverseFrequency) {
+  const RopeShape s;
+  Vec cos(size_t(s.seq) * s.head_dim / 2), sin(cos.size());
+  ops::rope_tables(cos.data(), sin.data(), s.seq, s.head_dim, s.base);
+  TestRng rng(20);
+  const Vec x = rng.normal(s.numel());
+  Vec y = x;
+  ops::rope_forward(y.data(), cos.data(), sin.data(), int(s.rows()), s.seq, s.heads, s.head_dim);
+  // Su et al., RoFormer, eq. 34, in the rotate-half layout: pair (i, i + hd/2) at position p
+  // turns by p * base^(-2i/hd).
+  const int half = s.head_dim / 2;
+  double worst = 0;
+  for (size_t n = 0; n < s.rows(); ++n)
+    for (int h = 0; h < s.heads; ++h)
+      for (int i = 0; i < half; ++i) {
+        const size_t at = (n * s.heads + h) * s.head_dim + i;
+        const double angle = double(n % s.seq) * std::pow(s.base, -2.0 * i / s.head_dim);
+        const double x1 = x[at], x2 = x[at + half];
+        worst = std::max(worst, std::abs(y[at] - (x1 * std::cos(angle) - x2 * std::sin(angle))));
+        worst =
+            std::max(worst, std::abs(y[at + half] - (x2 * std::cos(angle) + x1 * std::sin(angle))));
+      }
+  EXPECT_LT(worst, 1e-12);
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+void check_attention(const ops::AttentionDims& d, uint64_t seed) {
+  const size_t N = size_t(d.batch) * d.seq;
+  TestRng rng(seed);
+  Vec q = rng.normal(N * d.heads * d.head_dim), k = rng.normal(N * d.groups * d.head_dim),
+      v = rng.normal(k.size());
+  const Vec dout = rng.normal(q.size());
+  Vec out(q.size()), probs(size_t(d.batch) * d.heads * d.seq * d.seq);
+  auto objective = [&] {
+    ops::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), d);
+    return dot(dout, out);
+  };
+  objective();
+  Vec dq(q.size(), kJunk), dk(k.size(), kJunk), dv(v.size(), kJunk);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), probs.data(),
+                          q.data(), k.data(), v.data(), d);
+
+  EXPECT_TRUE(gradients_match("dq", dq, numerical_gradient(q, objective)));
+  EXPECT_TRUE(gradients_match("dk", dk, numerical_gradient(k, objective)));
+  EXPECT_TRUE(gradients_match("dv", dv, numerical_gradient(v, objective)));
+}
+
+// AttentionDims: {batch, seq, heads, groups, head_dim}.
+TEST(AttentionBackward, MatchesFiniteDifferencesWithMultiHeadAttention) {
+  check_attention({2, 5, 3, 3, 4}, 21);
+}
+TEST(AttentionBackward, MatchesFiniteDifferencesWithGroupedQueries) {
+  check_attention({2, 5, 4, 2, 4}, 22);
+}
+TEST(AttentionBackward, MatchesFiniteDifferencesWithFourQueryHeadsPerGroup) {
+  check_attention({2, 5, 8, 2, 4}, 23);
+}
+TEST(AttentionBackward, MatchesFiniteDifferencesWithMultiQueryAttention) {
+  check_attention({2, 5, 3, 1, 4}, 24);
+}
+// 70 rows: the implementation works in 64-row blocks, so row block 1 attends to keys that
+// block 0 also produced gradients for.
+TEST(AttentionBackward, MatchesFiniteDifferencesAcrossTheRowBlockBoundary) {
+  check_attention({2, 70, 2, 1, 2}, 25);
+}
+
+// ---------------------------------------------------------------------------------------------
+// output layer + cross-entropy
+
+struct ClassifierCase {
+  int rows = 9, hidden = 5, vocab = 7, w_rows = 7;
+  double grad_scale = 1.0;
+  std::vector<float> mask;  // empty: null mask
+};
+
+struct ClassifierResult {
+  Vec h, w, dh, dw, dw_prior;
+};
+
+ClassifierResult check_classifier(const ClassifierCase& c, uint64_t seed) {
+  TestRng rng(seed);
+  ClassifierResult r;
+  r.h = rng.normal(size_t(c.rows) * c.hidden);
+  r.w = rng.normal(size_t(c.w_rows) * c.hidden);
+  const std::vector<int32_t> targets = rng.ints(c.rows, 0, c.vocab - 1);
+  const float* mask = c.mask.empty() ? nullptr : c.mask.data();
+  const ops::ClassifierLossArgs args{c.rows, c.hidden, c.vocab, c.grad_scale};
+  auto objective = [&] {
+    return c.grad_scale *
+           ops::classifier_cross_entropy<double>(nullptr, nullptr, nullptr, r.h.data(), r.w.data(),
+                                                 targets.data(), mask, {c.rows, c.hidden, c.vocab});
+  };
+  r.dh.assign(r.h.size(), kJunk);
+  r.dw_prior = rng.normal(r.w.size());
+  r.dw = r.dw_prior;
+  const double loss = ops::classifier_cross_entropy<double>(
+      nullptr, r.dh.data(), r.dw.data(), r.h.data(), r.w.data(), targets.data(), mask, args);
+  EXPECT_NEAR(c.grad_scale * loss, objective(), 1e-12 * std::abs(loss));
+
+  EXPECT_TRUE(gradients_match("dh", r.dh, numerical_gradient(r.h, objective)));
+  EXPECT_TRUE(
+      gradients_match("dw", difference(r.dw, r.dw_prior), numerical_gradient(r.w, objective)));
+  return r;
+}
+
+TEST(ClassifierCrossEntropyBackward, MatchesFiniteDifferencesWithLossMask) {
+  ClassifierCase c;
+  c.grad_scale = 0.37;
+  c.mask = {1, 0, 1, 0.5f, 1, 0, 1, 1, 2};
+  check_classifier(c, 31);
+}
+
+TEST(ClassifierCrossEntropyBackward, MatchesFiniteDifferencesWithPaddedVocabulary) {
+  ClassifierCase c;
+  c.w_rows = 12;  // rows 7..11 are padding, outside the softmax
+  check_classifier(c, 32);
+}
+
+TEST(ClassifierCrossEntropyBackward, GivesMaskedRowsAndPaddedVocabularyNoGradient) {
+  ClassifierCase c;
+  c.w_rows = 12;
+  c.mask = {1, 0, 1, 1, 0, 1, 1, 1, 0};
+  const ClassifierResult r = check_classifier(c, 33);
+  for (int n = 0; n < c.rows; ++n) {
+    if (c.mask[n] != 0) continue;
+    for (int j = 0; j < c.hidden; ++j) EXPECT_EQ(r.dh[size_t(n) * c.hidden + j], 0.0);
+  }
+  for (size_t i = size_t(c.vocab) * c.hidden; i < r.dw.size(); ++i)
+    EXPECT_EQ(r.dw[i], r.dw_prior[i]) << "padded element " << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the whole model
+
+constexpr int kModelBatch = 2;
+constexpr uint64_t kModelSeed = 1234;
+
+// Small enough to check every tensor, large enough that every path carries gradient.
+TransformerConfig tiny_gpt2() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.ffn_hidden_size = 32;
+  c.seq_length = 5;
+  c.vocab_size = 11;
+  c.make_vocab_size_divisible_by = 8;  // padded to 16: five rows outside the softmax
+  c.init_method_std = 0.2;
+  return c;  // LayerNorm, learned positions, GELU, biases, tied output layer
+}
+
+TransformerConfig tiny_llama() {
+  TransformerConfig c = tiny_gpt2();
+  c.normalization = Normalization::RMSNorm;
+  c.position_embedding_type = PositionEmbedding::Rope;
+  c.swiglu = true;
+  c.ffn_hidden_size = 24;
+  c.group_query_attention = true;
+  c.num_query_groups = 2;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+  return c;
+}
+
+// The initialiser sets norm weights to 1 and biases to 0, where some gradient terms vanish or
+// cancel; move them off those points.
+template <typename T>
+void perturb_ones_and_zeros(ParameterSet<T>& params, TestRng& rng) {
+  for (const ParamInfo& p : params.infos()) {
+    if (p.init != ParamInit::Ones && p.init != ParamInit::Zeros) continue;
+    const Vec noise = rng.normal(p.numel, 0.2);
+    T* v = params.value(p.name);
+    for (int64_t i = 0; i < p.numel; ++i) v[i] += T(noise[i]);
+  }
+}
+
+struct ModelBatch {
+  std::vector<int32_t> tokens, labels;
+  std::vector<float> mask;
+  MicroBatch micro_batch(int seq) const {
+    return MicroBatch{tokens.data(), labels.data(), mask.empty() ? nullptr : mask.data(),
+                      kModelBatch, seq};
+  }
+};
+
+ModelBatch random_batch(const TransformerConfig& cfg, TestRng& rng) {
+  const size_t n = size_t(kModelBatch) * cfg.seq_length;
+  ModelBatch b{rng.ints(n, 0, cfg.vocab_size - 1), rng.ints(n, 0, cfg.vocab_size - 1), {}};
+  b.tokens[n - 1] = b.tokens[0];  // a repeated token, across the two sequences
+  return b;
+}
+
+// Every parameter tensor's gradient from forward_backward against central differences of
+// forward_loss, on up to 8 elements per tensor (always the first and the last).
+void check_model_gradients(const TransformerConfig& cfg, std::vector<float> mask = {},
+                           double grad_scale = 1.0) {
+  GPTModel<double> model(cfg, kModelBatch, kModelSeed);
+  ParameterSet<double>& params = model.params();
+  TestRng rng(kModelSeed);
+  perturb_ones_and_zeros(params, rng);
+  ModelBatch batch = random_batch(cfg, rng);
+  batch.mask = std::move(mask);
+  const MicroBatch mb = batch.micro_batch(cfg.seq_length);
+
+  // Gradients accumulate: start from random values and take the difference.
+  const Vec prior = rng.normal(params.size());
+  std::copy(prior.begin(), prior.end(), params.grads());
+  const double loss = model.forward_backward(mb, grad_scale);
+  auto objective = [&] { return grad_scale * model.forward_loss(mb); };
+  EXPECT_NEAR(grad_scale * loss, objective(), 1e-12 * std::abs(grad_scale * loss));
+
+  // Some tensors have a gradient of exactly zero by symmetry: a bias added to every key before
+  // the softmax (the k-LayerNorm bias without rope) shifts each row's scores by a constant. They
+  // are measured against a millionth of the model's largest gradient instead of their own zero.
+  double largest = 0;
+  for (int64_t i = 0; i < params.size(); ++i)
+    largest = std::max(largest, std::abs(params.grads()[i] - prior[i]));
+  for (const ParamInfo& p : params.infos()) {
+    const std::vector<size_t> picked = rng.sample_indices(p.numel, 8);
+    Vec analytic;
+    for (size_t i : picked) analytic.push_back(params.grads()[p.offset + i] - prior[p.offset + i]);
+    EXPECT_TRUE(gradients_match(
+        p.name, analytic, numerical_gradient(params.value(p.name), p.numel, objective, picked),
+        gradient_check::kGradientTolerance, 1e-6 * largest));
+  }
+  // Rows of the (padded) vocabulary past vocab_size take part in nothing.
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    if (!params.has(name)) continue;
+    const ParamInfo& p = params.info(name);
+    for (int64_t i = int64_t(cfg.vocab_size) * cfg.hidden_size; i < p.numel; ++i)
+      ASSERT_EQ(params.grads()[p.offset + i], prior[p.offset + i]) << name << " element " << i;
+  }
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesForGpt2) {
+  check_model_gradients(tiny_gpt2());
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesForLlama) {
+  check_model_gradients(tiny_llama());
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithQkvBiasAndQkLayerNorm) {
+  TransformerConfig c = tiny_llama();
+  c.add_qkv_bias = true;
+  c.qk_layernorm = true;
+  c.kv_channels = 6;  // heads * head_dim (24) differs from hidden_size (16)
+  check_model_gradients(c);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithQkLayerNormUnderLayerNorm) {
+  TransformerConfig c = tiny_gpt2();
+  c.qk_layernorm = true;  // q/k LayerNorms with biases
+  check_model_gradients(c);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithoutLinearBiases) {
+  TransformerConfig c = tiny_gpt2();
+  c.add_bias_linear = false;
+  check_model_gradients(c);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithLinearBiasesUnderRmsNorm) {
+  TransformerConfig c = tiny_llama();
+  c.add_bias_linear = true;
+  check_model_gradients(c);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiQueryAttention) {
+  TransformerConfig c = tiny_llama();
+  c.num_query_groups = 1;
+  check_model_gradients(c);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithLossMaskAndGradScale) {
+  check_model_gradients(tiny_gpt2(), {1, 0, 1, 1, 0.5f, 0, 1, 1, 1, 1}, 0.25);
+}
+
+// ---------------------------------------------------------------------------------------------
+// float against double: the float instantiation runs the same templates, but BLAS, the
+// vectorised math and any float-only branch differ. Same inputs, gradients equal to ~1e-5.
+
+constexpr double kFloatTolerance = 1e-5;
+
+Vec to_double(const std::vector<float>& v) {
+  return Vec(v.begin(), v.end());
+}
+
+TEST(FloatGradient, AttentionMatchesDouble) {
+  const ops::AttentionDims d{2, 70, 4, 2, 8};
+  const size_t N = size_t(d.batch) * d.seq;
+  TestRng rng(41);
+  auto rounded = [](Vec v) {
+    for (double& x : v) x = double(float(x));
+    return v;
+  };
+  const Vec q = rounded(rng.normal(N * d.heads * d.head_dim)),
+            k = rounded(rng.normal(N * d.groups * d.head_dim)), v = rounded(rng.normal(k.size())),
+            dout = rounded(rng.normal(q.size()));
+  const size_t nprobs = size_t(d.batch) * d.heads * d.seq * d.seq;
+
+  Vec out(q.size()), probs(nprobs), dq(q.size()), dk(k.size()), dv(v.size());
+  ops::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), d);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), probs.data(),
+                          q.data(), k.data(), v.data(), d);
+
+  auto f = [](const Vec& x) { return std::vector<float>(x.begin(), x.end()); };
+  const std::vector<float> qf = f(q), kf = f(k), vf = f(v), doutf = f(dout);
+  std::vector<float> outf(q.size()), probsf(nprobs), dqf(q.size()), dkf(k.size()), dvf(v.size());
+  ops::attention_forward(outf.data(), probsf.data(), qf.data(), kf.data(), vf.data(), d);
+  ops::attention_backward(dqf.data(), dkf.data(), dvf.data(), doutf.data(), outf.data(),
+                          probsf.data(), qf.data(), kf.data(), vf.data(), d);
+
+  EXPECT_TRUE(gradients_match("out", to_double(outf), out, kFloatTolerance));
+  EXPECT_TRUE(gradients_match("dq", to_double(dqf), dq, kFloatTolerance));
+  EXPECT_TRUE(gradients_match("dk", to_double(dkf), dk, kFloatTolerance));
+  EXPECT_TRUE(gradients_match("dv", to_double(dvf), dv, kFloatTolerance));
+}
+
+// Float's exp overflows from about 88: large negative inputs saturate the sigmoid inside GELU
+// and SiLU, where a float-only inf or NaN would appear.
+TEST(FloatGradient, ActivationsMatchDoubleIncludingSaturatedInputs) {
+  const int N = 4, F = 50;
+  TestRng rng(42);
+  Vec x = rng.uniform(size_t(N) * 2 * F, -3.0, 3.0);
+  for (size_t i = 0; i < x.size(); i += 5) x[i] *= 40.0;  // some inputs up to +-120
+  for (double& v : x) v = double(float(v));
+  const Vec dout = rng.normal(size_t(N) * F);
+  const std::vector<float> xf(x.begin(), x.end()), doutf(dout.begin(), dout.end());
+  const size_t n = dout.size();
+
+  Vec y(n), dx(x.size());
+  std::vector<float> yf(n), dxf(x.size());
+  ops::gelu_forward(y.data(), x.data(), n);
+  ops::gelu_backward(dx.data(), dout.data(), x.data(), n);
+  ops::gelu_forward(yf.data(), xf.data(), n);
+  ops::gelu_backward(dxf.data(), doutf.data(), xf.data(), n);
+  EXPECT_TRUE(gradients_match("gelu out", to_double(yf), y, kFloatTolerance));
+  EXPECT_TRUE(gradients_match("gelu dx", Vec(dxf.begin(), dxf.begin() + n),
+                              Vec(dx.begin(), dx.begin() + n), kFloatTolerance));
+
+  ops::swiglu_forward(y.data(), x.data(), N, F);
+  ops::swiglu_backward(dx.data(), dout.data(), x.data(), N, F);
+  ops::swiglu_forward(yf.data(), xf.data(), N, F);
+  ops::swiglu_backward(dxf.data(), doutf.data(), xf.data(), N, F);
+  EXPECT_TRUE(gradients_match("swiglu out", to_double(yf), y, kFloatTolerance));
+  EXPECT_TRUE(gradients_match("swiglu dx", to_double(dxf), dx, kFloatTolerance));
+}
+
+void check_float_model_matches_double(const TransformerConfig& cfg) {
+  GPTModel<double> md(cfg, kModelBatch, kModelSeed);
+  GPTModel<float> mf(cfg, kModelBatch, kModelSeed);
+  TestRng rng(kModelSeed);
+  perturb_ones_and_zeros(md.params(), rng);
+  // Identical inputs: the double model takes the float-rounded values.
+  for (int64_t i = 0; i < md.params().size(); ++i) {
+    const float x = float(md.params().values()[i]);
+    mf.params().values()[i] = x;
+    md.params().values()[i] = double(x);
+  }
+  const ModelBatch batch = random_batch(cfg, rng);
+  const MicroBatch mb = batch.micro_batch(cfg.seq_length);
+  const double loss_d = md.forward_backward(mb, 1.0), loss_f = mf.forward_backward(mb, 1.0);
+  EXPECT_NEAR(loss_f, loss_d, kFloatTolerance * std::abs(loss_d));
+  for (const ParamInfo& p : md.params().infos()) {
+    const double* gd = md.params().grad(p.name);
+    const float* gf = mf.params().grad(p.name);
+    EXPECT_TRUE(
+        gradients_match(p.name, Vec(gf, gf + p.numel), Vec(gd, gd + p.numel), kFloatTolerance));
+  }
+}
+
+TEST(FloatGradient, Gpt2ModelMatchesDouble) {
+  check_float_model_matches_double(tiny_gpt2());
+}
+
+TEST(FloatGradient, LlamaModelMatchesDouble) {
+  TransformerConfig c = tiny_llama();
+  c.add_qkv_bias = true;
+  c.qk_layernorm = true;
+  check_float_model_matches_double(c);
+}
+
+}  // namespace
+}  // namespace omni

@@ -1,0 +1,124 @@
+// LR schedules against Megatron's formulas, and the optimizers against hand-computed
+// updates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
+namespace {
+
+using omni::LRDecayStyle;
+using omni::LRScheduleConfig;
+
+LRScheduleConfig schedule(LRDecayStyle style) {
+  LRScheduleConfig c;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.warmup_iters = 10;
+  c.decay_iters = 110;
+  c.style = style;
+  return c;
+}
+
+TEST(LRSchedule, WarmupIsLinearFromZero) {
+  auto c = schedule(LRDecayStyle::Cosine);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 0), 0.0);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 5), 0.5);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 10), 1.0);
+}
+
+TEST(LRSchedule, CosineReachesMinLrAtTheEndOfDecay) {
+  auto c = schedule(LRDecayStyle::Cosine);
+  EXPECT_NEAR(omni::learning_rate(c, 60), 0.1 + 0.9 * 0.5, 1e-12);  // halfway: cos(pi/2) = 0
+  EXPECT_NEAR(omni::learning_rate(c, 35), 0.1 + 0.9 * 0.5 * (std::cos(std::numbers::pi / 4) + 1), 1e-12);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 110), 0.1);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 500), 0.1);
+}
+
+TEST(LRSchedule, LinearDecaysProportionally) {
+  auto c = schedule(LRDecayStyle::Linear);
+  EXPECT_NEAR(omni::learning_rate(c, 35), 0.1 + 0.9 * 0.75, 1e-12);
+}
+
+TEST(LRSchedule, ConstantStaysAtLrAfterWarmup) {
+  auto c = schedule(LRDecayStyle::Constant);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 1000), 1.0);
+}
+
+TEST(LRSchedule, InverseSquareRootScalesBySqrtWarmupOverStep) {
+  auto c = schedule(LRDecayStyle::InverseSquareRoot);
+  EXPECT_NEAR(omni::learning_rate(c, 40), std::sqrt(10.0 / 40.0), 1e-12);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 100000), 0.1);  // floored at min_lr
+}
+
+TEST(LRSchedule, WsdHoldsThenDecaysOverTheLastIterations) {
+  auto c = schedule(LRDecayStyle::WSD);
+  c.wsd_decay_iters = 20;
+  c.wsd_style = omni::WSDDecayStyle::Linear;
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 90), 1.0);
+  EXPECT_NEAR(omni::learning_rate(c, 100), 0.1 + 0.9 * 0.5, 1e-12);
+  c.wsd_style = omni::WSDDecayStyle::Exponential;
+  EXPECT_NEAR(omni::learning_rate(c, 100), 0.1 + 0.9 * (2 * std::pow(0.5, 0.5) - 1), 1e-12);
+  EXPECT_NEAR(omni::learning_rate(c, 110), 0.1, 1e-12);
+}
+
+omni::ParameterSet<double> two_params() {
+  omni::ParameterSet<double> p({{"w", {2}, 0, 0, omni::ParamInit::Zeros, true},
+                                {"b", {1}, 0, 0, omni::ParamInit::Zeros, false}});
+  p.value("w")[0] = 1.0, p.value("w")[1] = -2.0, p.value("b")[0] = 0.5;
+  p.grad("w")[0] = 0.1, p.grad("w")[1] = 0.2, p.grad("b")[0] = -0.3;
+  return p;
+}
+
+TEST(Optimizer, AdamWFirstStepMovesByLrTimesSignPlusDecoupledDecay) {
+  auto p = two_params();
+  omni::OptimizerConfig c;
+  c.weight_decay = 0.1;
+  c.adam_eps = 0;
+  omni::Optimizer<double> opt(c, p);
+  opt.step(p, 0.01);
+  // Step 1: m_hat = g, v_hat = g^2, so the Adam step is lr * sign(g); decay lr*wd*w first.
+  EXPECT_NEAR(p.value("w")[0], 1.0 - 0.01 * 0.1 * 1.0 - 0.01, 1e-15);
+  EXPECT_NEAR(p.value("w")[1], -2.0 + 0.01 * 0.1 * 2.0 - 0.01, 1e-15);
+  EXPECT_NEAR(p.value("b")[0], 0.5 + 0.01, 1e-15);  // no decay on a bias
+}
+
+TEST(Optimizer, AdamWSecondStepUsesBiasCorrectedMoments) {
+  auto p = two_params();
+  omni::OptimizerConfig c;
+  c.weight_decay = 0;
+  c.adam_beta1 = 0.9, c.adam_beta2 = 0.99, c.adam_eps = 1e-8;
+  omni::Optimizer<double> opt(c, p);
+  opt.step(p, 0.01);
+  const double w1 = p.value("w")[0];
+  p.grad("w")[0] = 0.3;
+  opt.step(p, 0.01);
+  const double m = 0.9 * (0.1 * 0.1) + 0.1 * 0.3, v = 0.99 * (0.01 * 0.01) + 0.01 * 0.09;
+  const double m_hat = m / (1 - 0.81), v_hat = v / (1 - 0.99 * 0.99);
+  EXPECT_NEAR(p.value("w")[0], w1 - 0.01 * m_hat / (std::sqrt(v_hat) + 1e-8), 1e-14);
+}
+
+TEST(Optimizer, SgdWithMomentumAccumulatesVelocity) {
+  auto p = two_params();
+  omni::OptimizerConfig c;
+  c.kind = omni::OptimizerKind::SGD;
+  c.weight_decay = 0;
+  c.sgd_momentum = 0.5;
+  omni::Optimizer<double> opt(c, p);
+  opt.step(p, 0.1);
+  opt.step(p, 0.1);
+  // v1 = g, v2 = 0.5 g + g: w = w0 - 0.1 (g + 1.5 g).
+  EXPECT_NEAR(p.value("w")[0], 1.0 - 0.1 * 2.5 * 0.1, 1e-15);
+}
+
+TEST(GradientClipping, NormIsTheGlobalL2NormOverAllParameters) {
+  auto p = two_params();
+  EXPECT_NEAR(omni::gradient_norm(p), std::sqrt(0.01 + 0.04 + 0.09), 1e-15);
+  omni::scale_gradients(p, 0.5);
+  EXPECT_NEAR(omni::gradient_norm(p), 0.5 * std::sqrt(0.14), 1e-15);
+}
+
+}  // namespace

@@ -1,0 +1,116 @@
+// The training loop's contracts: determinism, the metrics file, gradient accumulation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "config/options.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+namespace {
+
+omni::Options tiny_options(const std::vector<std::string>& extra = {}) {
+  omni::Options o;
+  std::vector<std::string> args = {"--mock-data", "--vocab-size", "97", "--num-layers", "2",
+                                   "--hidden-size", "32", "--num-attention-heads", "4",
+                                   "--seq-length", "16", "--micro-batch-size", "2",
+                                   "--train-iters", "6", "--eval-iters", "0", "--lr", "1e-2",
+                                   "--log-interval", "2", "--no-progress"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  omni::parse_options(args, o);
+  omni::finalize(o);
+  return o;
+}
+
+omni::TrainResult train(const omni::Options& o, const std::string& metrics = "") {
+  omni::Trainer t(o, omni::make_mock_data(o.model.vocab_size, static_cast<uint64_t>(o.seed)));
+  FILE* devnull = std::fopen("/dev/null", "w");
+  omni::MetricsSink sink(metrics, false, devnull);
+  omni::TrainResult r = t.run(sink);
+  std::fclose(devnull);
+  return r;
+}
+
+const std::vector<std::string> kLlama = {"--normalization", "RMSNorm", "--swiglu",
+                                         "--position-embedding-type", "rope",
+                                         "--disable-bias-linear", "--group-query-attention",
+                                         "--num-query-groups", "2",
+                                         "--untie-embeddings-and-output-weights"};
+
+TEST(Determinism, SameSeedGivesBitIdenticalLossesGpt2) {
+  const omni::Options o = tiny_options();
+  EXPECT_EQ(train(o).train_losses, train(o).train_losses);
+}
+
+TEST(Determinism, SameSeedGivesBitIdenticalLossesLlama) {
+  const omni::Options o = tiny_options(kLlama);
+  EXPECT_EQ(train(o).train_losses, train(o).train_losses);
+}
+
+TEST(Determinism, DifferentSeedsGiveDifferentLosses) {
+  std::vector<std::string> seed = {"--seed", "7"};
+  EXPECT_NE(train(tiny_options()).train_losses, train(tiny_options(seed)).train_losses);
+}
+
+TEST(Training, LearnsARepetitiveText) {
+  // Byte-level text that repeats one sentence: the loss must fall from ln(256) ~ 5.5 to
+  // under 1 nat per byte within 100 steps.
+  const std::string path = ::testing::TempDir() + "omnitron_repetitive.txt";
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+  }
+  omni::Options o;
+  omni::parse_options({"--train-text", path, "--num-layers", "2", "--hidden-size", "32",
+                       "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size",
+                       "8", "--train-iters", "100", "--lr", "1e-2", "--eval-iters", "2",
+                       "--eval-interval", "0", "--no-progress"},
+                      o);
+  omni::finalize(o);
+  omni::Trainer t(o, omni::make_byte_text_data(path, o.split, o.model.seq_length, 1));
+  FILE* devnull = std::fopen("/dev/null", "w");
+  omni::MetricsSink sink("", false, devnull);
+  omni::TrainResult r = t.run(sink);
+  std::fclose(devnull);
+  EXPECT_NEAR(r.train_losses.front(), std::log(256.0), 0.2);
+  ASSERT_EQ(r.val_losses.size(), 1u);
+  EXPECT_LT(r.val_losses.back().second, 1.0);
+}
+
+TEST(Training, GradientAccumulationEqualsTheLargerMicroBatch) {
+  // Global batch 4 as 2 micro-batches of 2, or as 1 micro-batch of 4: same samples, same
+  // mean loss, so the same update up to float rounding.
+  omni::TrainResult two = train(tiny_options({"--global-batch-size", "4"}));
+  omni::TrainResult one =
+      train(tiny_options({"--micro-batch-size", "4", "--global-batch-size", "4"}));
+  ASSERT_EQ(two.train_losses.size(), one.train_losses.size());
+  for (size_t i = 0; i < one.train_losses.size(); ++i)
+    EXPECT_NEAR(two.train_losses[i], one.train_losses[i], 1e-5 * one.train_losses[i]) << i;
+}
+
+TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {
+  const std::string path = ::testing::TempDir() + "omnitron_metrics.jsonl";
+  omni::Options o = tiny_options({"--eval-iters", "1", "--eval-interval", "3"});
+  train(o, path);
+  std::ifstream in(path);
+  std::string line;
+  int train_lines = 0, val_lines = 0;
+  while (std::getline(in, line)) {
+    ASSERT_EQ(line.front(), '{');
+    ASSERT_EQ(line.back(), '}');
+    if (line.find("\"lm_loss\"") != std::string::npos) {
+      ++train_lines;
+      for (const char* key : {"\"iteration\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_sec\"",
+                              "\"tflops\""})
+        EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+    }
+    if (line.find("\"val_loss\"") != std::string::npos) ++val_lines;
+  }
+  EXPECT_EQ(train_lines, 3);  // iterations 2, 4, 6
+  EXPECT_EQ(val_lines, 2);    // iterations 3, 6
+}
+
+}  // namespace
