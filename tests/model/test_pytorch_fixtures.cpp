@@ -168,7 +168,9 @@ double relative_error(const T* ours, const std::vector<double>& torch) {
   return scale > 0 ? diff / scale : diff;
 }
 
-double relative_error(double ours, double torch) { return std::abs(ours - torch) / std::abs(torch); }
+double relative_error(double ours, double torch) {
+  return std::abs(ours - torch) / std::abs(torch);
+}
 
 // Tolerances per quantity: float64 agrees to rounding (~1e-15 here, with margin for the
 // optimizer steps); float32 to its own rounding accumulated over two or three layers.
@@ -176,9 +178,8 @@ struct Tolerances {
   double logits, loss, grads, steps;
 };
 template <typename T>
-constexpr Tolerances kTolerance = std::is_same_v<T, double>
-                                      ? Tolerances{1e-10, 1e-10, 1e-10, 1e-10}
-                                      : Tolerances{1e-5, 1e-5, 1e-5, 1e-5};
+constexpr Tolerances kTolerance = std::is_same_v<T, double> ? Tolerances{1e-10, 1e-10, 1e-10, 1e-10}
+                                                            : Tolerances{1e-5, 1e-5, 1e-5, 1e-5};
 
 template <typename T>
 const char* dtype_label() {
@@ -263,6 +264,30 @@ TEST_P(PyTorchFixture, LogitsMatchPyTorch) {
   });
 }
 
+// Attention is causal: a batch of the first few tokens of each sequence gives the first rows
+// of the full sequences' logits (and runs with fewer tokens than --seq-length).
+TEST_P(PyTorchFixture, PrefixLogitsMatchPyTorch) {
+  for_precision([&](auto m) {
+    using T = typename decltype(m)::value_type;
+    const int prefix = m.seq / 2 + 1;
+    std::vector<int32_t> tokens;
+    std::vector<double> expected;
+    const std::vector<double>& full = fix().at("logits").data;
+    const size_t vocab = full.size() / (size_t(m.batch) * m.seq);
+    for (int b = 0; b < m.batch; ++b)
+      for (int s = 0; s < prefix; ++s) {
+        tokens.push_back(m.tokens[size_t(b) * m.seq + s]);
+        const size_t row = size_t(b) * m.seq + s;
+        expected.insert(expected.end(), full.begin() + row * vocab,
+                        full.begin() + (row + 1) * vocab);
+      }
+    const std::vector<T> logits = m.model->forward_logits(tokens.data(), m.batch, prefix);
+    ASSERT_EQ(logits.size(), expected.size());
+    expect_within<T>(config(), "prefix logits", relative_error(logits.data(), expected), "",
+                     kTolerance<T>.logits);
+  });
+}
+
 TEST_P(PyTorchFixture, TrainingLossMatchesPyTorch) {
   for_precision([&](auto m) {
     using T = typename decltype(m)::value_type;
@@ -295,6 +320,25 @@ TEST_P(PyTorchFixture, EveryParameterGradientMatchesPyTorch) {
       if (err >= worst) worst = err, worst_name = p.name;
     }
     expect_within<T>(config(), "grads", worst, worst_name, kTolerance<T>.grads);
+  });
+}
+
+// Gradient accumulation: two micro-batches with grad_scale 1/2 each add up to the gradient.
+TEST_P(PyTorchFixture, HalfScaledGradientsAccumulateToPyTorch) {
+  for_precision([&](auto m) {
+    using T = typename decltype(m)::value_type;
+    ParameterSet<T>& params = m.model->params();
+    params.zero_grads();
+    m.model->forward_backward(m.micro_batch(), 0.5);
+    m.model->forward_backward(m.micro_batch(), 0.5);
+    double worst = 0;
+    std::string worst_name;
+    for (const ParamInfo& p : params.infos()) {
+      const double err = relative_error(params.grad(p.name), fix().at("grad/" + p.name).data);
+      EXPECT_LE(err, kTolerance<T>.grads) << "accumulated gradient of " << p.name;
+      if (err >= worst) worst = err, worst_name = p.name;
+    }
+    expect_within<T>(config(), "accum grads", worst, worst_name, kTolerance<T>.grads);
   });
 }
 
@@ -353,8 +397,8 @@ TEST_P(PyTorchFixture, AdamWUpdatesMatchPyTorch) {
       }
       const double expected = fix().at(reference + p.name).data[0];
       const double err = relative_error(std::sqrt(sq), expected);
-      EXPECT_LE(err, kTolerance<T>.steps) << "AdamW update of " << p.name << ": ours "
-                                          << std::sqrt(sq) << ", torch " << expected;
+      EXPECT_LE(err, kTolerance<T>.steps)
+          << "AdamW update of " << p.name << ": ours " << std::sqrt(sq) << ", torch " << expected;
       if (err >= worst) worst = err, worst_name = p.name;
     }
     expect_within<T>(config(), "step updates", worst, worst_name, kTolerance<T>.steps);
@@ -385,9 +429,9 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllConfigs, PyTorchFixture, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.config +
-                                  (info.param.precision == Precision::F64 ? "_float64"
-                                                                          : "_float32");
+                           return info.param.config + (info.param.precision == Precision::F64
+                                                           ? "_float64"
+                                                           : "_float32");
                          });
 
 }  // namespace
