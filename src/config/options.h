@@ -15,25 +15,25 @@ namespace omni {
 
 struct Options {
   TransformerConfig model;
-  // Batching and length of training.
-  int micro_batch_size = 16;
+  // Batching and length of training. Defaults are Megatron's where it has one.
+  int micro_batch_size = 1;
   int global_batch_size = 0;  // 0: micro_batch_size
   int64_t train_iters = 1000;
   // Learning rate (the schedule's own config is filled in by finalize()).
-  double lr = 2e-3, min_lr = 1e-4;
-  std::string lr_decay_style = "cosine";
+  double lr = 1e-4, min_lr = 0.0;
+  std::string lr_decay_style = "linear";
   int64_t lr_warmup_iters = 0;
-  double lr_warmup_fraction = 0.05;  // < 0: unset; used when lr_warmup_iters is 0
-  int64_t lr_decay_iters = 0;        // 0: train_iters
+  double lr_warmup_fraction = -1;  // < 0: unset; used when lr_warmup_iters is 0
+  int64_t lr_decay_iters = 0;      // 0: train_iters
   int64_t lr_wsd_decay_iters = 0;
   std::string lr_wsd_decay_style = "exponential";
   std::string optimizer = "adamw";
   OptimizerConfig optim;
   int64_t seed = 1234;
   // Logging and evaluation.
-  int log_interval = 50;
-  int eval_interval = 250;
-  int eval_iters = 20;
+  int log_interval = 100;
+  int eval_interval = 1000;
+  int eval_iters = 100;
   std::string metrics_file;
   bool progress = true;
   // Data.

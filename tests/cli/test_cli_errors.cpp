@@ -1,28 +1,12 @@
 // Bad input to the omnitron binary: a one-line error naming the option, a non-zero exit,
 // no crash. The binary is the one the build just made (OMNITRON_BINARY).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 
+#include "cli/process.h"
+
 namespace {
-
-struct ProcessResult {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-ProcessResult run_omnitron(const std::string& args) {
-  const std::string cmd = std::string(OMNITRON_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
 
 // A tiny mock-data run that would succeed, so each test changes one thing.
 const std::string kTiny =

@@ -227,6 +227,11 @@ struct Case {
   Precision precision;
 };
 
+// Names the case in CTest's listing instead of gtest's byte dump.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.config << (c.precision == Precision::F64 ? " float64" : " float32");
+}
+
 class PyTorchFixture : public ::testing::TestWithParam<Case> {
  protected:
   const Fixture& fix() const { return fixture(GetParam().config); }
