@@ -67,7 +67,8 @@ OptionDef toggle(std::string flag, std::string group, std::string help, Access a
 // `supported`; anything else is refused with a message saying it is not built yet.
 OptionDef not_built(std::string flag, std::string metavar, std::string supported,
                     std::string what) {
-  return OptionDef{flag, metavar, "not built yet", what + " (only " + (metavar.empty() ? "absent" : supported) + " for now)",
+  std::string help = what + (metavar.empty() ? "" : " (" + supported + " works)");
+  return OptionDef{flag, metavar, "not built yet", std::move(help),
                    [flag, supported, what, metavar](Options&, const std::string& v) {
                      if (metavar.empty() || v != supported)
                        throw UsageError(flag + ": " + what + " is not built yet in omnitron");

@@ -1,0 +1,39 @@
+// Where training samples come from. A sample is seq + 1 consecutive tokens: the first
+// seq are the inputs and the last seq the labels. Samples are addressed by their global
+// index (consumed samples), so the order is a pure function of the seed and can resume.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace omni {
+
+class TrainingData {
+ public:
+  virtual ~TrainingData() = default;
+  // Fills tokens and labels [count, seq] with training samples first..first+count-1.
+  virtual void train_samples(int64_t first, int count, int seq, int32_t* tokens,
+                             int32_t* labels) const = 0;
+  // Validation samples are a fixed sequence; index wraps around what the split holds.
+  virtual void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
+                             int32_t* labels) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Random tokens in [0, vocab) (Megatron's --mock-data).
+std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed);
+
+// Bytes of a text file as tokens (vocabulary 256). The file is cut into train and
+// validation parts by the --split weights ("969,30,1": the first 96.9% trains).
+std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path,
+                                                  const std::string& split, int seq,
+                                                  uint64_t seed);
+
+// The demo corpus: the King James Bible from Debian's bible-kjv-text. Looks for
+// $OMNITRON_DATA_DIR/kjv.txt, then data/kjv.txt beside the build directory; when absent,
+// decodes it there with the package's `bible` program. Throws with what to install.
+std::string demo_corpus_path();
+
+}  // namespace omni

@@ -1,0 +1,161 @@
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/philox.h"
+#include "data/dataset.h"
+
+namespace omni {
+
+namespace {
+
+class MockData final : public TrainingData {
+ public:
+  MockData(int vocab, uint64_t seed) : vocab_(vocab), seed_(seed) {}
+  void train_samples(int64_t first, int count, int seq, int32_t* tokens,
+                     int32_t* labels) const override {
+    fill(first, count, seq, tokens, labels, 0);
+  }
+  void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
+                     int32_t* labels) const override {
+    fill(first, count, seq, tokens, labels, 1);
+  }
+  std::string describe() const override {
+    return "mock data: uniform random tokens, vocabulary " + std::to_string(vocab_);
+  }
+
+ private:
+  void fill(int64_t first, int count, int seq, int32_t* tokens, int32_t* labels,
+            uint64_t stream) const {
+    for (int s = 0; s < count; ++s) {
+      PhiloxStream rng(seed_ ^ (stream << 62), static_cast<uint64_t>(first + s));
+      int32_t prev = static_cast<int32_t>(rng.next_below(vocab_));
+      for (int t = 0; t < seq; ++t) {
+        int32_t next = static_cast<int32_t>(rng.next_below(vocab_));
+        tokens[size_t(s) * seq + t] = prev;
+        labels[size_t(s) * seq + t] = next;
+        prev = next;
+      }
+    }
+  }
+  int vocab_;
+  uint64_t seed_;
+};
+
+class ByteTextData final : public TrainingData {
+ public:
+  ByteTextData(std::string path, std::string bytes, size_t train_end, size_t valid_end,
+               uint64_t seed)
+      : path_(std::move(path)), bytes_(std::move(bytes)), train_end_(train_end),
+        valid_end_(valid_end), seed_(seed) {}
+
+  // Training sample i starts at a position drawn from (seed, i) alone.
+  void train_samples(int64_t first, int count, int seq, int32_t* tokens,
+                     int32_t* labels) const override {
+    for (int s = 0; s < count; ++s) {
+      PhiloxStream rng(seed_, static_cast<uint64_t>(first + s));
+      size_t start = rng.next_below(train_end_ - seq);
+      copy(start, seq, tokens + size_t(s) * seq, labels + size_t(s) * seq);
+    }
+  }
+  // Validation sample i is the i-th consecutive window of the validation part.
+  void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
+                     int32_t* labels) const override {
+    const size_t windows = (valid_end_ - train_end_ - 1) / seq;
+    for (int s = 0; s < count; ++s) {
+      size_t start = train_end_ + (static_cast<size_t>(first + s) % windows) * seq;
+      copy(start, seq, tokens + size_t(s) * seq, labels + size_t(s) * seq);
+    }
+  }
+  std::string describe() const override {
+    std::ostringstream os;
+    os << path_ << ": " << bytes_.size() << " bytes, byte-level tokens; " << train_end_
+       << " train, " << valid_end_ - train_end_ << " validation";
+    return os.str();
+  }
+
+ private:
+  void copy(size_t start, int seq, int32_t* tokens, int32_t* labels) const {
+    const auto* b = reinterpret_cast<const unsigned char*>(bytes_.data()) + start;
+    for (int t = 0; t < seq; ++t) {
+      tokens[t] = b[t];
+      labels[t] = b[t + 1];
+    }
+  }
+  std::string path_, bytes_;
+  size_t train_end_, valid_end_;
+  uint64_t seed_;
+};
+
+std::vector<double> parse_split(const std::string& split) {
+  std::vector<double> w;
+  std::stringstream ss(split);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    char* end = nullptr;
+    double v = std::strtod(part.c_str(), &end);
+    OMNI_REQUIRE(!part.empty() && *end == '\0' && v >= 0, "--split: '", split,
+                 "' is not a comma-separated list of non-negative weights");
+    w.push_back(v);
+  }
+  while (w.size() < 3) w.push_back(0.0);
+  OMNI_REQUIRE(w.size() == 3 && w[0] + w[1] + w[2] > 0, "--split: '", split,
+               "' needs up to three weights (train, validation, test) with a positive sum");
+  return w;
+}
+
+}  // namespace
+
+std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed) {
+  return std::make_unique<MockData>(vocab, seed);
+}
+
+std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path,
+                                                  const std::string& split, int seq,
+                                                  uint64_t seed) {
+  std::ifstream in(path, std::ios::binary);
+  OMNI_REQUIRE(in, "--train-text: cannot open '", path, "'");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<double> w = parse_split(split);
+  const double total = w[0] + w[1] + w[2];
+  const size_t train_end = static_cast<size_t>(bytes.size() * (w[0] / total));
+  const size_t valid_end = static_cast<size_t>(bytes.size() * ((w[0] + w[1]) / total));
+  OMNI_REQUIRE(train_end > size_t(seq) + 1, "--train-text: '", path, "' has ", train_end,
+               " training bytes, fewer than one sample of --seq-length ", seq, " + 1");
+  OMNI_REQUIRE(valid_end - train_end > size_t(seq) + 1, "--train-text: the validation part of '",
+               path, "' (", valid_end - train_end, " bytes by --split ", split,
+               ") is shorter than one sample of --seq-length ", seq, " + 1");
+  return std::make_unique<ByteTextData>(path, std::move(bytes), train_end, valid_end, seed);
+}
+
+std::string demo_corpus_path() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates;
+  if (const char* dir = std::getenv("OMNITRON_DATA_DIR")) candidates.push_back(fs::path(dir) / "kjv.txt");
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path data_dir = ec ? fs::current_path() / "data" : exe.parent_path().parent_path() / "data";
+  candidates.push_back(data_dir / "kjv.txt");
+  for (const fs::path& p : candidates)
+    if (fs::exists(p) && fs::file_size(p) > 0) return p.string();
+
+  // Decode it from Debian's bible-kjv-text with the package's reader.
+  const fs::path target = candidates.back();
+  OMNI_REQUIRE(std::system("command -v bible >/dev/null 2>&1") == 0,
+               "the demo corpus is missing (", target.string(),
+               ") and Debian's `bible` program is not installed: run scripts/setup.sh "
+               "(apt-get install bible-kjv bible-kjv-text), or pass --train-text FILE");
+  fs::create_directories(target.parent_path());
+  const fs::path tmp = target.string() + ".tmp";
+  const std::string cmd = "bible 'Gen1:1-Rev22:21' > '" + tmp.string() + "'";
+  OMNI_REQUIRE(std::system(cmd.c_str()) == 0 && fs::file_size(tmp) > 1000000,
+               "decoding the demo corpus with `", cmd, "` failed");
+  fs::rename(tmp, target);
+  return target.string();
+}
+
+}  // namespace omni
