@@ -60,11 +60,11 @@ int train(const std::vector<std::string>& args) {
   Options opts;
   std::vector<float> loaded;
   parse_options(args, opts);
-  if (!opts.mock_data && opts.train_text.empty() && opts.load.empty()) {
+  if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() && opts.load.empty()) {
     // No data named: the demo. Its preset goes first, so any flag given still wins.
     std::string line;
     for (const std::string& a : demo_args()) line += " " + a;
-    std::printf("no --train-text or --mock-data: training the demo, as omnitron train%s ...\n",
+    std::printf("no --train-text, --data-path or --mock-data: training the demo, as omnitron train%s ...\n",
                 line.c_str());
     opts = Options();
     parse_options(demo_args(), opts);
@@ -80,6 +80,9 @@ int train(const std::vector<std::string>& args) {
   std::unique_ptr<TrainingData> data;
   if (opts.mock_data) {
     data = make_mock_data(opts.model.vocab_size, opts.seed);
+  } else if (!opts.data_path.empty()) {
+    data = make_megatron_data(opts.data_path, opts.split, opts.model.seq_length, opts.seed,
+                              opts.train_samples(), opts.valid_samples());
   } else {
     if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
     data = make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
@@ -114,7 +117,8 @@ int train(const std::vector<std::string>& args) {
     std::printf("saved weights to %s/model.omw (omnitron generate --load %s)\n", opts.save.c_str(),
                 opts.save.c_str());
   }
-  if (opts.max_new_tokens > 0 && !opts.mock_data) {
+  if (opts.max_new_tokens > 0 && opts.model.vocab_size == 256 && opts.data_path.empty() &&
+      !opts.mock_data) {
     SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
                        static_cast<uint64_t>(opts.seed)};
     std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,

@@ -186,6 +186,10 @@ std::vector<OptionDef> build_table() {
   t.push_back(text("--train-text", "FILE", D,
                    "plain-text corpus, tokenised byte-level (default: the King James Bible demo corpus)",
                    [](Options& o) -> std::string& { return o.train_text; }));
+  t.push_back(text("--data-path", "PREFIX", D,
+                   "Megatron indexed dataset PREFIX.bin/.idx (one prefix; set --vocab-size until "
+                   "tokenizers arrive)",
+                   [](Options& o) -> std::string& { return o.data_path; }));
   t.push_back(text("--split", "A,B,C", D, "train, validation, test weights of the corpus",
                    [](Options& o) -> std::string& { return o.split; }));
 
@@ -284,10 +288,17 @@ void parse_options(const std::vector<std::string>& args, Options& opts) {
 }
 
 void finalize(Options& o) {
-  OMNI_REQUIRE(o.mock_data || o.model.vocab_size == 0 || o.model.vocab_size == 256,
-               "--vocab-size applies to --mock-data; byte-level text has 256 tokens");
-  if (!o.mock_data) o.model.vocab_size = 256;
-  OMNI_REQUIRE(!o.mock_data || o.model.vocab_size > 0, "--mock-data needs --vocab-size");
+  OMNI_REQUIRE(int(o.mock_data) + int(!o.data_path.empty()) + int(!o.train_text.empty()) <= 1,
+               "choose one data source: --mock-data, --data-path or --train-text");
+  if (o.mock_data || !o.data_path.empty()) {
+    OMNI_REQUIRE(o.model.vocab_size > 0, o.mock_data ? "--mock-data" : "--data-path",
+                 " needs --vocab-size (tokenizers are not built yet)");
+  } else {
+    OMNI_REQUIRE(o.model.vocab_size == 0 || o.model.vocab_size == 256,
+                 "--vocab-size applies to --mock-data and --data-path; byte-level text has 256 "
+                 "tokens");
+    o.model.vocab_size = 256;
+  }
   o.model.validate();
   OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",
                o.micro_batch_size, ")");

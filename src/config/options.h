@@ -39,6 +39,7 @@ struct Options {
   // Data.
   bool mock_data = false;
   std::string train_text;  // a plain-text file, tokenised byte-level
+  std::string data_path;   // a Megatron indexed dataset prefix
   std::string split = "969,30,1";
   // Model weights.
   std::string save, load;
@@ -53,6 +54,12 @@ struct Options {
   // Derived by finalize().
   LRScheduleConfig lr_schedule;
   int grad_accumulation_steps() const { return global_batch_size / micro_batch_size; }
+  // Megatron's sample counts: what the train and validation datasets must hold.
+  int64_t train_samples() const { return train_iters * global_batch_size; }
+  int64_t valid_samples() const {
+    return eval_interval ? (train_iters / eval_interval + 1) * eval_iters * global_batch_size
+                         : int64_t(eval_iters) * global_batch_size;
+  }
 };
 
 struct OptionDef {
