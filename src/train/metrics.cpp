@@ -10,7 +10,7 @@ namespace omni {
 
 MetricsSink::MetricsSink(const std::string& metrics_file, bool progress, FILE* out)
     : out_(out), jsonl_path_(metrics_file) {
-  live_ = progress && isatty(fileno(out));
+  live_ = progress && out && isatty(fileno(out));
   if (!metrics_file.empty()) {
     jsonl_.open(metrics_file, std::ios::out | std::ios::trunc);
     OMNI_REQUIRE(jsonl_, "--metrics-file: cannot write '", metrics_file, "'");
@@ -23,6 +23,7 @@ void MetricsSink::clear_progress() {
 }
 
 void MetricsSink::message(const std::string& line) {
+  if (!out_) return;
   clear_progress();
   std::fprintf(out_, "%s\n", line.c_str());
   std::fflush(out_);

@@ -21,6 +21,7 @@ struct StepMetrics {
 
 class MetricsSink {
  public:
+  // out = nullptr: no console output (the metrics file is still written).
   MetricsSink(const std::string& metrics_file, bool progress, FILE* out = stdout);
   // A logged step (console line + JSON object).
   void log(const StepMetrics& m);

@@ -66,10 +66,8 @@ TEST(MegatronTraining, ModelLearnsFromIndexedData) {
   const omni::Options o = options(prefix);
   omni::Trainer t(o, omni::make_megatron_data(prefix, o.split, o.model.seq_length, o.seed,
                                               o.train_samples(), o.valid_samples()));
-  FILE* devnull = std::fopen("/dev/null", "w");
-  omni::MetricsSink sink("", false, devnull);
+  omni::MetricsSink sink("", false, nullptr);
   omni::TrainResult r = t.run(sink);
-  std::fclose(devnull);
   EXPECT_NEAR(r.train_losses.front(), std::log(10.0), 0.3);
   ASSERT_EQ(r.val_losses.size(), 1u);
   // Labels cross document boundaries (where the cycle jumps), so a little loss remains.
