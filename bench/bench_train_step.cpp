@@ -52,12 +52,26 @@ void in_child(F&& body) {
 
 void run_config(const BenchConfig& b, int steps, double sgemm_gflops) {
   omni::Options o;
-  std::vector<std::string> args = {
-      "--mock-data", "--vocab-size", "50257", "--num-layers", std::to_string(b.layers),
-      "--num-attention-heads", std::to_string(b.heads), "--hidden-size", std::to_string(b.hidden),
-      "--seq-length", std::to_string(b.seq), "--micro-batch-size", std::to_string(b.micro_batch),
-      "--train-iters", std::to_string(steps + 1), "--eval-iters", "0",
-      "--log-interval", "1000000", "--no-progress"};
+  std::vector<std::string> args = {"--mock-data",
+                                   "--vocab-size",
+                                   "50257",
+                                   "--num-layers",
+                                   std::to_string(b.layers),
+                                   "--num-attention-heads",
+                                   std::to_string(b.heads),
+                                   "--hidden-size",
+                                   std::to_string(b.hidden),
+                                   "--seq-length",
+                                   std::to_string(b.seq),
+                                   "--micro-batch-size",
+                                   std::to_string(b.micro_batch),
+                                   "--train-iters",
+                                   std::to_string(steps + 1),
+                                   "--eval-iters",
+                                   "0",
+                                   "--log-interval",
+                                   "1000000",
+                                   "--no-progress"};
   omni::parse_options(args, o);
   omni::finalize(o);
   omni::Trainer trainer(o, omni::make_mock_data(o.model.vocab_size, 1), sgemm_gflops);

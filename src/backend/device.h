@@ -13,8 +13,8 @@ namespace omni {
 void ensure_blas_environment(char** argv);
 
 std::string cpu_model_name();
-int cpu_threads();           // OpenMP threads a parallel region uses
-std::string blas_config();   // e.g. "OpenBLAS 0.3.21 ... SkylakeX MAX_THREADS=64"
+int cpu_threads();          // OpenMP threads a parallel region uses
+std::string blas_config();  // e.g. "OpenBLAS 0.3.21 ... SkylakeX MAX_THREADS=64"
 // Best sgemm rate over a few n x n x n products, in GFLOP/s (the CPU's achievable peak).
 double measure_sgemm_gflops(int n = 2048, int reps = 3);
 

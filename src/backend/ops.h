@@ -15,8 +15,8 @@ namespace omni::ops {
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, every matmul goes through BLAS gemm.
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
-          const T* B, int ldb, T beta, T* C, int ldc);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
+          int ldb, T beta, T* C, int ldc);
 
 // y[M,N] = x[M,K] w[N,K]^T + bias[N] (bias may be null).
 template <typename T>

@@ -37,15 +37,15 @@ std::string concat(Args&&... args) {
 
 // OMNI_CHECK(cond, "message ", value, ...) throws InternalError naming the condition,
 // file and line. Use it for invariants; use OMNI_REQUIRE for user input.
-#define OMNI_CHECK(cond, ...)                                                               \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      ::omni::detail::throw_check_failure(#cond, __FILE__, __LINE__,                        \
+#define OMNI_CHECK(cond, ...)                                                                     \
+  do {                                                                                            \
+    if (!(cond))                                                                                  \
+      ::omni::detail::throw_check_failure(#cond, __FILE__, __LINE__,                              \
                                           ::omni::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
 // OMNI_REQUIRE(cond, "--flag must be ...") throws UsageError with just the message.
-#define OMNI_REQUIRE(cond, ...)                                                       \
-  do {                                                                                \
-    if (!(cond)) throw ::omni::UsageError(::omni::detail::concat(__VA_ARGS__));       \
+#define OMNI_REQUIRE(cond, ...)                                                 \
+  do {                                                                          \
+    if (!(cond)) throw ::omni::UsageError(::omni::detail::concat(__VA_ARGS__)); \
   } while (0)

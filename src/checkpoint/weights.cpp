@@ -11,7 +11,9 @@ namespace omni {
 
 namespace {
 constexpr const char* kMagic = "omnitron-weights 1";
-std::string weights_file(const std::string& dir) { return dir + "/model.omw"; }
+std::string weights_file(const std::string& dir) {
+  return dir + "/model.omw";
+}
 }  // namespace
 
 void save_weights(const std::string& dir, const Options& opts, const ParameterSet<float>& params) {
@@ -68,9 +70,8 @@ std::vector<float> load_weights(const std::string& dir, Options& opts) {
 
 void assign_weights(ParameterSet<float>& params, const std::vector<float>& values,
                     const std::string& dir) {
-  OMNI_REQUIRE(static_cast<int64_t>(values.size()) == params.size(), "--load: '",
-               weights_file(dir), "' holds ", values.size(), " values but the model needs ",
-               params.size());
+  OMNI_REQUIRE(static_cast<int64_t>(values.size()) == params.size(), "--load: '", weights_file(dir),
+               "' holds ", values.size(), " values but the model needs ", params.size());
   std::memcpy(params.values(), values.data(), values.size() * sizeof(float));
 }
 

@@ -42,12 +42,40 @@ std::vector<std::string> demo_args() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string save = ec ? "demo-model" : (exe.parent_path() / "demo-model").string();
-  return {"--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
-          "--seq-length", "256", "--position-embedding-type", "rope", "--micro-batch-size", "16",
-          "--train-iters", "700", "--lr", "2e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
-          "--lr-warmup-iters", "40", "--adam-beta2", "0.95", "--weight-decay", "0.1",
-          "--log-interval", "50", "--eval-interval", "100", "--eval-iters", "20",
-          "--save", save};
+  return {"--num-layers",
+          "4",
+          "--hidden-size",
+          "256",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "256",
+          "--position-embedding-type",
+          "rope",
+          "--micro-batch-size",
+          "16",
+          "--train-iters",
+          "700",
+          "--lr",
+          "2e-3",
+          "--min-lr",
+          "1e-4",
+          "--lr-decay-style",
+          "cosine",
+          "--lr-warmup-iters",
+          "40",
+          "--adam-beta2",
+          "0.95",
+          "--weight-decay",
+          "0.1",
+          "--log-interval",
+          "50",
+          "--eval-interval",
+          "100",
+          "--eval-iters",
+          "20",
+          "--save",
+          save};
 }
 
 }  // namespace
@@ -64,8 +92,9 @@ int train(const std::vector<std::string>& args) {
     // No data named: the demo. Its preset goes first, so any flag given still wins.
     std::string line;
     for (const std::string& a : demo_args()) line += " " + a;
-    std::printf("no --train-text, --data-path or --mock-data: training the demo, as omnitron train%s ...\n",
-                line.c_str());
+    std::printf(
+        "no --train-text, --data-path or --mock-data: training the demo, as omnitron train%s ...\n",
+        line.c_str());
     opts = Options();
     parse_options(demo_args(), opts);
   }
@@ -90,16 +119,18 @@ int train(const std::vector<std::string>& args) {
 
   const double peak = measure_sgemm_gflops();
   const TransformerConfig& m = opts.model;
-  std::printf("omnitron train: %lld parameters | %d layers, hidden %d, ffn %d, heads %d/%d, %s, %s%s\n",
-              (long long)m.num_parameters(), m.num_layers, m.hidden_size, m.ffn_size(),
-              m.num_attention_heads, m.query_groups(), to_string(m.normalization),
-              to_string(m.position_embedding_type), m.swiglu ? ", SwiGLU" : ", GELU");
+  std::printf(
+      "omnitron train: %lld parameters | %d layers, hidden %d, ffn %d, heads %d/%d, %s, %s%s\n",
+      (long long)m.num_parameters(), m.num_layers, m.hidden_size, m.ffn_size(),
+      m.num_attention_heads, m.query_groups(), to_string(m.normalization),
+      to_string(m.position_embedding_type), m.swiglu ? ", SwiGLU" : ", GELU");
   std::printf("  data: %s\n", data->describe().c_str());
-  std::printf("  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
-              "lr %g -> %g (%s, %lld warm-up)\n",
-              opts.global_batch_size, m.seq_length, opts.micro_batch_size,
-              opts.grad_accumulation_steps(), (long long)opts.train_iters, opts.lr, opts.min_lr,
-              opts.lr_decay_style.c_str(), (long long)opts.lr_schedule.warmup_iters);
+  std::printf(
+      "  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
+      "lr %g -> %g (%s, %lld warm-up)\n",
+      opts.global_batch_size, m.seq_length, opts.micro_batch_size, opts.grad_accumulation_steps(),
+      (long long)opts.train_iters, opts.lr, opts.min_lr, opts.lr_decay_style.c_str(),
+      (long long)opts.lr_schedule.warmup_iters);
   std::printf("  device: cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)\n",
               cpu_threads(), blas_config().c_str(), peak);
   std::fflush(stdout);
@@ -110,7 +141,8 @@ int train(const std::vector<std::string>& args) {
   TrainResult r = trainer.run(sink);
   std::printf("done: %lld iterations in %.1f s, %.0f tokens/s", (long long)opts.train_iters,
               r.seconds, r.tokens_per_sec);
-  if (!r.val_losses.empty()) std::printf(", final validation loss %.4f", r.val_losses.back().second);
+  if (!r.val_losses.empty())
+    std::printf(", final validation loss %.4f", r.val_losses.back().second);
   std::printf("\n");
   if (!opts.save.empty()) {
     save_weights(opts.save, opts, trainer.model().params());
@@ -135,8 +167,9 @@ int train(const std::vector<std::string>& args) {
 
 int generate(const std::vector<std::string>& args) {
   if (wants_help(args)) {
-    std::printf("usage: omnitron generate --load DIR [--prompt TEXT] [--temperature X] [--top-k N] "
-                "[--max-new-tokens N] [--seed N]\n");
+    std::printf(
+        "usage: omnitron generate --load DIR [--prompt TEXT] [--temperature X] [--top-k N] "
+        "[--max-new-tokens N] [--seed N]\n");
     return 0;
   }
   Options opts;

@@ -18,8 +18,8 @@ T parse_number(const std::string& flag, const std::string& text) {
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (ec != std::errc() || ptr != end) {
-    throw UsageError(flag + " expects " +
-                     (std::is_integral_v<T> ? "an integer" : "a number") + ", got '" + text + "'");
+    throw UsageError(flag + " expects " + (std::is_integral_v<T> ? "an integer" : "a number") +
+                     ", got '" + text + "'");
   }
   return value;
 }
@@ -35,19 +35,22 @@ std::string format_number(T v) {
 template <typename T, typename Access>
 OptionDef number(std::string flag, std::string metavar, std::string group, std::string help,
                  Access access) {
-  return OptionDef{flag, std::move(metavar), std::move(group), std::move(help),
-                   [flag, access](Options& o, const std::string& v) {
-                     access(o) = parse_number<T>(flag, v);
-                   },
-                   [access](const Options& o) {
-                     return format_number(access(const_cast<Options&>(o)));
-                   }};
+  return OptionDef{
+      flag,
+      std::move(metavar),
+      std::move(group),
+      std::move(help),
+      [flag, access](Options& o, const std::string& v) { access(o) = parse_number<T>(flag, v); },
+      [access](const Options& o) { return format_number(access(const_cast<Options&>(o))); }};
 }
 
 template <typename Access>
 OptionDef text(std::string flag, std::string metavar, std::string group, std::string help,
                Access access) {
-  return OptionDef{flag, std::move(metavar), std::move(group), std::move(help),
+  return OptionDef{flag,
+                   std::move(metavar),
+                   std::move(group),
+                   std::move(help),
                    [access](Options& o, const std::string& v) { access(o) = v; },
                    [access](const Options& o) { return access(const_cast<Options&>(o)); }};
 }
@@ -56,7 +59,10 @@ OptionDef text(std::string flag, std::string metavar, std::string group, std::st
 template <typename Access>
 OptionDef toggle(std::string flag, std::string group, std::string help, Access access,
                  bool value = true) {
-  return OptionDef{flag, "", std::move(group), std::move(help),
+  return OptionDef{flag,
+                   "",
+                   std::move(group),
+                   std::move(help),
                    [access, value](Options& o, const std::string&) { access(o) = value; },
                    [access, value](const Options& o) {
                      return access(const_cast<Options&>(o)) == value ? "true" : "";
@@ -68,7 +74,10 @@ OptionDef toggle(std::string flag, std::string group, std::string help, Access a
 OptionDef not_built(std::string flag, std::string metavar, std::string supported,
                     std::string what) {
   std::string help = what + (metavar.empty() ? "" : " (" + supported + " works)");
-  return OptionDef{flag, metavar, "not built yet", std::move(help),
+  return OptionDef{flag,
+                   metavar,
+                   "not built yet",
+                   std::move(help),
                    [flag, supported, what, metavar](Options&, const std::string& v) {
                      if (metavar.empty() || v != supported)
                        throw UsageError(flag + ": " + what + " is not built yet in omnitron");
@@ -88,9 +97,11 @@ std::vector<OptionDef> build_table() {
                           [](Options& o) -> int& { return o.model.ffn_hidden_size; }));
   t.push_back(number<int>("--num-attention-heads", "N", M, "query heads",
                           [](Options& o) -> int& { return o.model.num_attention_heads; }));
-  t.push_back(toggle("--group-query-attention", M, "grouped-query attention (with --num-query-groups)",
+  t.push_back(toggle("--group-query-attention", M,
+                     "grouped-query attention (with --num-query-groups)",
                      [](Options& o) -> bool& { return o.model.group_query_attention; }));
-  t.push_back(number<int>("--num-query-groups", "N", M, "key/value heads under grouped-query attention",
+  t.push_back(number<int>("--num-query-groups", "N", M,
+                          "key/value heads under grouped-query attention",
                           [](Options& o) -> int& { return o.model.num_query_groups; }));
   t.push_back(number<int>("--kv-channels", "N", M, "head dimension (0: hidden size / heads)",
                           [](Options& o) -> int& { return o.model.kv_channels; }));
@@ -99,51 +110,68 @@ std::vector<OptionDef> build_table() {
   t.push_back(number<int>("--max-position-embeddings", "N", M,
                           "rows of the learned position table (0: --seq-length)",
                           [](Options& o) -> int& { return o.model.max_position_embeddings; }));
-  t.push_back(number<int>("--vocab-size", "N", M, "vocabulary size (mock data; byte-level text is 256)",
+  t.push_back(number<int>("--vocab-size", "N", M,
+                          "vocabulary size (mock data; byte-level text is 256)",
                           [](Options& o) -> int& { return o.model.vocab_size; }));
-  t.push_back(number<int>("--make-vocab-size-divisible-by", "N", M,
-                          "pad the embedding rows to a multiple of N; padded logits are excluded from the loss",
-                          [](Options& o) -> int& { return o.model.make_vocab_size_divisible_by; }));
-  t.push_back(OptionDef{"--normalization", "LayerNorm|RMSNorm", M, "normalisation layers",
-                        [](Options& o, const std::string& v) {
-                          if (v == "LayerNorm") o.model.normalization = Normalization::LayerNorm;
-                          else if (v == "RMSNorm") o.model.normalization = Normalization::RMSNorm;
-                          else throw UsageError("--normalization: '" + v + "' is not one of LayerNorm, RMSNorm");
-                        },
-                        [](const Options& o) { return std::string(to_string(o.model.normalization)); }});
+  t.push_back(number<int>(
+      "--make-vocab-size-divisible-by", "N", M,
+      "pad the embedding rows to a multiple of N; padded logits are excluded from the loss",
+      [](Options& o) -> int& { return o.model.make_vocab_size_divisible_by; }));
+  t.push_back(OptionDef{
+      "--normalization", "LayerNorm|RMSNorm", M, "normalisation layers",
+      [](Options& o, const std::string& v) {
+        if (v == "LayerNorm")
+          o.model.normalization = Normalization::LayerNorm;
+        else if (v == "RMSNorm")
+          o.model.normalization = Normalization::RMSNorm;
+        else
+          throw UsageError("--normalization: '" + v + "' is not one of LayerNorm, RMSNorm");
+      },
+      [](const Options& o) { return std::string(to_string(o.model.normalization)); }});
   t.push_back(number<double>("--norm-epsilon", "X", M, "epsilon of the norms",
                              [](Options& o) -> double& { return o.model.norm_epsilon; }));
   t.push_back(toggle("--swiglu", M, "SwiGLU MLP (gate and up projections)",
                      [](Options& o) -> bool& { return o.model.swiglu; }));
-  t.push_back(OptionDef{"--position-embedding-type", "learned_absolute|rope", M, "position encoding",
-                        [](Options& o, const std::string& v) {
-                          if (v == "learned_absolute") o.model.position_embedding_type = PositionEmbedding::LearnedAbsolute;
-                          else if (v == "rope") o.model.position_embedding_type = PositionEmbedding::Rope;
-                          else throw UsageError("--position-embedding-type: '" + v + "' is not one of learned_absolute, rope");
-                        },
-                        [](const Options& o) { return std::string(to_string(o.model.position_embedding_type)); }});
+  t.push_back(OptionDef{
+      "--position-embedding-type", "learned_absolute|rope", M, "position encoding",
+      [](Options& o, const std::string& v) {
+        if (v == "learned_absolute")
+          o.model.position_embedding_type = PositionEmbedding::LearnedAbsolute;
+        else if (v == "rope")
+          o.model.position_embedding_type = PositionEmbedding::Rope;
+        else
+          throw UsageError("--position-embedding-type: '" + v +
+                           "' is not one of learned_absolute, rope");
+      },
+      [](const Options& o) { return std::string(to_string(o.model.position_embedding_type)); }});
   t.push_back(number<double>("--rotary-base", "X", M, "RoPE base (Llama 2: 10000, Llama 3: 500000)",
                              [](Options& o) -> double& { return o.model.rotary_base; }));
-  t.push_back(toggle("--disable-bias-linear", M, "no biases on the linear layers",
-                     [](Options& o) -> bool& { return o.model.add_bias_linear; }, false));
-  t.push_back(toggle("--add-qkv-bias", M, "bias on the QKV projection even without linear biases (Qwen2.5)",
+  t.push_back(toggle(
+      "--disable-bias-linear", M, "no biases on the linear layers",
+      [](Options& o) -> bool& { return o.model.add_bias_linear; }, false));
+  t.push_back(toggle("--add-qkv-bias", M,
+                     "bias on the QKV projection even without linear biases (Qwen2.5)",
                      [](Options& o) -> bool& { return o.model.add_qkv_bias; }));
   t.push_back(toggle("--qk-layernorm", M, "normalise queries and keys per head",
                      [](Options& o) -> bool& { return o.model.qk_layernorm; }));
-  t.push_back(toggle("--untie-embeddings-and-output-weights", M, "separate output layer",
-                     [](Options& o) -> bool& { return o.model.untie_embeddings_and_output_weights; }));
+  t.push_back(
+      toggle("--untie-embeddings-and-output-weights", M, "separate output layer",
+             [](Options& o) -> bool& { return o.model.untie_embeddings_and_output_weights; }));
   t.push_back(number<double>("--init-method-std", "X", M, "std of the normal initialisation",
                              [](Options& o) -> double& { return o.model.init_method_std; }));
-  t.push_back(number<double>("--hidden-dropout", "P", M, "dropout after attention and MLP (0 only for now)",
+  t.push_back(number<double>("--hidden-dropout", "P", M,
+                             "dropout after attention and MLP (0 only for now)",
                              [](Options& o) -> double& { return o.hidden_dropout; }));
-  t.push_back(number<double>("--attention-dropout", "P", M, "dropout on attention probabilities (0 only for now)",
+  t.push_back(number<double>("--attention-dropout", "P", M,
+                             "dropout on attention probabilities (0 only for now)",
                              [](Options& o) -> double& { return o.attention_dropout; }));
 
   t.push_back(number<int>("--micro-batch-size", "N", T, "samples per forward/backward",
                           [](Options& o) -> int& { return o.micro_batch_size; }));
-  t.push_back(number<int>("--global-batch-size", "N", T,
-                          "samples per optimizer step (a multiple of the micro batch: gradient accumulation)",
-                          [](Options& o) -> int& { return o.global_batch_size; }));
+  t.push_back(number<int>(
+      "--global-batch-size", "N", T,
+      "samples per optimizer step (a multiple of the micro batch: gradient accumulation)",
+      [](Options& o) -> int& { return o.global_batch_size; }));
   t.push_back(number<int64_t>("--train-iters", "N", T, "optimizer steps",
                               [](Options& o) -> int64_t& { return o.train_iters; }));
   t.push_back(number<int64_t>("--seed", "N", T, "seed of initialisation and data order",
@@ -153,22 +181,27 @@ std::vector<OptionDef> build_table() {
                              [](Options& o) -> double& { return o.lr; }));
   t.push_back(number<double>("--min-lr", "X", L, "learning rate at the end of the decay",
                              [](Options& o) -> double& { return o.min_lr; }));
-  t.push_back(text("--lr-decay-style", "STYLE", L, "constant, linear, cosine, inverse-square-root or WSD",
+  t.push_back(text("--lr-decay-style", "STYLE", L,
+                   "constant, linear, cosine, inverse-square-root or WSD",
                    [](Options& o) -> std::string& { return o.lr_decay_style; }));
   t.push_back(number<int64_t>("--lr-warmup-iters", "N", L, "linear warm-up steps",
                               [](Options& o) -> int64_t& { return o.lr_warmup_iters; }));
-  t.push_back(number<double>("--lr-warmup-fraction", "X", L, "warm-up as a fraction of --lr-decay-iters",
+  t.push_back(number<double>("--lr-warmup-fraction", "X", L,
+                             "warm-up as a fraction of --lr-decay-iters",
                              [](Options& o) -> double& { return o.lr_warmup_fraction; }));
-  t.push_back(number<int64_t>("--lr-decay-iters", "N", L, "iteration where the decay ends (0: --train-iters)",
+  t.push_back(number<int64_t>("--lr-decay-iters", "N", L,
+                              "iteration where the decay ends (0: --train-iters)",
                               [](Options& o) -> int64_t& { return o.lr_decay_iters; }));
   t.push_back(number<int64_t>("--lr-wsd-decay-iters", "N", L, "WSD: length of the final decay",
                               [](Options& o) -> int64_t& { return o.lr_wsd_decay_iters; }));
-  t.push_back(text("--lr-wsd-decay-style", "STYLE", L, "WSD decay: linear, cosine, exponential, minus_sqrt",
+  t.push_back(text("--lr-wsd-decay-style", "STYLE", L,
+                   "WSD decay: linear, cosine, exponential, minus_sqrt",
                    [](Options& o) -> std::string& { return o.lr_wsd_decay_style; }));
 
   t.push_back(text("--optimizer", "NAME", O, "adamw, adam or sgd",
                    [](Options& o) -> std::string& { return o.optimizer; }));
-  t.push_back(number<double>("--weight-decay", "X", O, "decoupled weight decay (not on biases and norms)",
+  t.push_back(number<double>("--weight-decay", "X", O,
+                             "decoupled weight decay (not on biases and norms)",
                              [](Options& o) -> double& { return o.optim.weight_decay; }));
   t.push_back(number<double>("--adam-beta1", "X", O, "Adam beta1",
                              [](Options& o) -> double& { return o.optim.adam_beta1; }));
@@ -183,9 +216,10 @@ std::vector<OptionDef> build_table() {
 
   t.push_back(toggle("--mock-data", D, "random tokens (with --vocab-size) instead of a corpus",
                      [](Options& o) -> bool& { return o.mock_data; }));
-  t.push_back(text("--train-text", "FILE", D,
-                   "plain-text corpus, tokenised byte-level (default: the King James Bible demo corpus)",
-                   [](Options& o) -> std::string& { return o.train_text; }));
+  t.push_back(
+      text("--train-text", "FILE", D,
+           "plain-text corpus, tokenised byte-level (default: the King James Bible demo corpus)",
+           [](Options& o) -> std::string& { return o.train_text; }));
   t.push_back(text("--data-path", "PREFIX", D,
                    "Megatron indexed dataset PREFIX.bin/.idx (one prefix; set --vocab-size until "
                    "tokenizers arrive)",
@@ -195,14 +229,16 @@ std::vector<OptionDef> build_table() {
 
   t.push_back(number<int>("--log-interval", "N", G, "console and metrics line every N steps",
                           [](Options& o) -> int& { return o.log_interval; }));
-  t.push_back(number<int>("--eval-interval", "N", G, "validation every N steps (0: only at the end)",
+  t.push_back(number<int>("--eval-interval", "N", G,
+                          "validation every N steps (0: only at the end)",
                           [](Options& o) -> int& { return o.eval_interval; }));
   t.push_back(number<int>("--eval-iters", "N", G, "validation micro-batches per evaluation",
                           [](Options& o) -> int& { return o.eval_iters; }));
   t.push_back(text("--metrics-file", "PATH", G, "write one JSON object per logged step",
                    [](Options& o) -> std::string& { return o.metrics_file; }));
-  t.push_back(toggle("--no-progress", G, "no live progress line on a terminal",
-                     [](Options& o) -> bool& { return o.progress; }, false));
+  t.push_back(toggle(
+      "--no-progress", G, "no live progress line on a terminal",
+      [](Options& o) -> bool& { return o.progress; }, false));
   const std::string S = "sampling (generate, and the sample after training)";
   t.push_back(text("--prompt", "TEXT", S, "text to continue",
                    [](Options& o) -> std::string& { return o.prompt; }));
@@ -210,7 +246,8 @@ std::vector<OptionDef> build_table() {
                              [](Options& o) -> double& { return o.temperature; }));
   t.push_back(number<int>("--top-k", "N", S, "sample among the N likeliest tokens (0: all)",
                           [](Options& o) -> int& { return o.top_k; }));
-  t.push_back(number<int>("--max-new-tokens", "N", S, "tokens to generate (0: no sample after training)",
+  t.push_back(number<int>("--max-new-tokens", "N", S,
+                          "tokens to generate (0: no sample after training)",
                           [](Options& o) -> int& { return o.max_new_tokens; }));
 
   t.push_back(text("--save", "DIR", W, "write the model weights to DIR at the end",
@@ -327,11 +364,11 @@ void finalize(Options& o) {
   s.wsd_style = parse_wsd_decay_style(o.lr_wsd_decay_style);
   s.decay_iters = o.lr_decay_iters ? o.lr_decay_iters : o.train_iters;
   OMNI_REQUIRE(o.lr_warmup_fraction <= 1.0, "--lr-warmup-fraction must be at most 1");
-  s.warmup_iters = o.lr_warmup_iters
-                       ? o.lr_warmup_iters
-                       : (o.lr_warmup_fraction > 0
-                              ? static_cast<int64_t>(o.lr_warmup_fraction * s.decay_iters)
-                              : 0);
+  s.warmup_iters =
+      o.lr_warmup_iters
+          ? o.lr_warmup_iters
+          : (o.lr_warmup_fraction > 0 ? static_cast<int64_t>(o.lr_warmup_fraction * s.decay_iters)
+                                      : 0);
   s.wsd_decay_iters = o.lr_wsd_decay_iters;
   if (s.style == LRDecayStyle::WSD)
     OMNI_REQUIRE(s.wsd_decay_iters > 0 && s.wsd_decay_iters <= s.decay_iters - s.warmup_iters,

@@ -27,16 +27,14 @@ std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed);
 
 // Bytes of a text file as tokens (vocabulary 256). The file is cut into train and
 // validation parts by the --split weights ("969,30,1": the first 96.9% trains).
-std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path,
-                                                  const std::string& split, int seq,
-                                                  uint64_t seed);
+std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path, const std::string& split,
+                                                  int seq, uint64_t seed);
 
 // A Megatron indexed dataset (`{prefix}.bin/.idx`) cut by --split; train and validation
 // samples as Megatron-Core's GPTDataset orders them for the same seed and sample counts.
 std::unique_ptr<TrainingData> make_megatron_data(const std::string& prefix,
-                                                 const std::string& split, int seq,
-                                                 uint64_t seed, int64_t train_samples,
-                                                 int64_t valid_samples);
+                                                 const std::string& split, int seq, uint64_t seed,
+                                                 int64_t train_samples, int64_t valid_samples);
 
 // The demo corpus: the King James Bible from Debian's bible-kjv-text. Looks for
 // $OMNITRON_DATA_DIR/kjv.txt, then data/kjv.txt beside the build directory; when absent,

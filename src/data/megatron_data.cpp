@@ -19,8 +19,9 @@ class MegatronData final : public TrainingData {
 
   void train_samples(int64_t first, int count, int seq, int32_t* tokens,
                      int32_t* labels) const override {
-    OMNI_REQUIRE(first + count <= train_->size(), "--data-path ", prefix_, ": training needs sample ",
-                 first + count - 1, " but the train split holds ", train_->size());
+    OMNI_REQUIRE(first + count <= train_->size(), "--data-path ", prefix_,
+                 ": training needs sample ", first + count - 1, " but the train split holds ",
+                 train_->size());
     read(*train_, first, count, seq, tokens, labels);
   }
   void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
@@ -54,11 +55,12 @@ class MegatronData final : public TrainingData {
 }  // namespace
 
 std::unique_ptr<TrainingData> make_megatron_data(const std::string& prefix,
-                                                 const std::string& split, int seq,
-                                                 uint64_t seed, int64_t train_samples,
-                                                 int64_t valid_samples) {
-  OMNI_REQUIRE(seed <= 0xffffffffull, "--seed must be in [0, 2^32) for Megatron data (numpy's "
-               "RandomState takes 32-bit seeds); got ", seed);
+                                                 const std::string& split, int seq, uint64_t seed,
+                                                 int64_t train_samples, int64_t valid_samples) {
+  OMNI_REQUIRE(seed <= 0xffffffffull,
+               "--seed must be in [0, 2^32) for Megatron data (numpy's "
+               "RandomState takes 32-bit seeds); got ",
+               seed);
   auto data = std::make_shared<const IndexedDataset>(prefix);
   const auto ranges = split_document_ranges(split, data->num_sequences());
   OMNI_REQUIRE(ranges[0], "--split ", split, " leaves no training documents in ", prefix);

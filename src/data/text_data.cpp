@@ -50,8 +50,11 @@ class ByteTextData final : public TrainingData {
  public:
   ByteTextData(std::string path, std::string bytes, size_t train_end, size_t valid_end,
                uint64_t seed)
-      : path_(std::move(path)), bytes_(std::move(bytes)), train_end_(train_end),
-        valid_end_(valid_end), seed_(seed) {}
+      : path_(std::move(path)),
+        bytes_(std::move(bytes)),
+        train_end_(train_end),
+        valid_end_(valid_end),
+        seed_(seed) {}
 
   // Training sample i starts at a position drawn from (seed, i) alone.
   void train_samples(int64_t first, int count, int seq, int32_t* tokens,
@@ -114,9 +117,8 @@ std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed) {
   return std::make_unique<MockData>(vocab, seed);
 }
 
-std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path,
-                                                  const std::string& split, int seq,
-                                                  uint64_t seed) {
+std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path, const std::string& split,
+                                                  int seq, uint64_t seed) {
   std::ifstream in(path, std::ios::binary);
   OMNI_REQUIRE(in, "--train-text: cannot open '", path, "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -135,7 +137,8 @@ std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path,
 std::string demo_corpus_path() {
   namespace fs = std::filesystem;
   std::vector<fs::path> candidates;
-  if (const char* dir = std::getenv("OMNITRON_DATA_DIR")) candidates.push_back(fs::path(dir) / "kjv.txt");
+  if (const char* dir = std::getenv("OMNITRON_DATA_DIR"))
+    candidates.push_back(fs::path(dir) / "kjv.txt");
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   fs::path data_dir = ec ? fs::current_path() / "data" : exe.parent_path().parent_path() / "data";
@@ -145,8 +148,8 @@ std::string demo_corpus_path() {
 
   // Decode it from Debian's bible-kjv-text with the package's reader.
   const fs::path target = candidates.back();
-  OMNI_REQUIRE(std::system("command -v bible >/dev/null 2>&1") == 0,
-               "the demo corpus is missing (", target.string(),
+  OMNI_REQUIRE(std::system("command -v bible >/dev/null 2>&1") == 0, "the demo corpus is missing (",
+               target.string(),
                ") and Debian's `bible` program is not installed: run scripts/setup.sh "
                "(apt-get install bible-kjv bible-kjv-text), or pass --train-text FILE");
   fs::create_directories(target.parent_path());

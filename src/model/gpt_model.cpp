@@ -8,7 +8,9 @@
 namespace omni {
 
 namespace {
-std::string layer_prefix(int i) { return "decoder.layers." + std::to_string(i) + "."; }
+std::string layer_prefix(int i) {
+  return "decoder.layers." + std::to_string(i) + ".";
+}
 }  // namespace
 
 template <typename T>
@@ -31,7 +33,8 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout() const {
     const std::string l = layer_prefix(i);
     add_norm(l + "input_layernorm", C);
     add(l + "self_attention.linear_qkv.weight", {qkv_w, C}, ParamInit::Normal, true);
-    if (cfg_.qkv_bias()) add(l + "self_attention.linear_qkv.bias", {qkv_w}, ParamInit::Zeros, false);
+    if (cfg_.qkv_bias())
+      add(l + "self_attention.linear_qkv.bias", {qkv_w}, ParamInit::Zeros, false);
     if (cfg_.qk_layernorm) {
       add_norm(l + "self_attention.q_layernorm", hd);
       add_norm(l + "self_attention.k_layernorm", hd);
@@ -88,7 +91,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   final_norm_ = buf({N, C}), final_mean_ = buf({N}), final_rstd_ = buf({N});
   qkv_ = buf({N, (H + 2 * G) * hd});
   d_resid_ = buf({N, C}), d_hidden_ = buf({N, C}), d_ffn_ = buf({N, F}), d_fc1_ = buf({N, fc1_out});
-  d_attn_ = buf({N, H * hd}), dq_ = buf({N, H * hd}), dk_ = buf({N, G * hd}), dv_ = buf({N, G * hd});
+  d_attn_ = buf({N, H * hd}), dq_ = buf({N, H * hd}), dk_ = buf({N, G * hd}),
+  dv_ = buf({N, G * hd});
   if (cfg_.qk_layernorm) dq_raw_ = buf({N, H * hd}), dk_raw_ = buf({N, G * hd});
 }
 
@@ -98,20 +102,28 @@ typename GPTModel<T>::LayerParams GPTModel<T>::layer_params(int i, bool grads) c
   auto get = [&](const std::string& name) {
     return grads ? params_.grad_or_null(l + name) : params_.value_or_null(l + name);
   };
-  return LayerParams{get("input_layernorm.weight"), get("input_layernorm.bias"),
-                     get("self_attention.linear_qkv.weight"), get("self_attention.linear_qkv.bias"),
-                     get("self_attention.q_layernorm.weight"), get("self_attention.q_layernorm.bias"),
-                     get("self_attention.k_layernorm.weight"), get("self_attention.k_layernorm.bias"),
-                     get("self_attention.linear_proj.weight"), get("self_attention.linear_proj.bias"),
-                     get("pre_mlp_layernorm.weight"), get("pre_mlp_layernorm.bias"),
-                     get("mlp.linear_fc1.weight"), get("mlp.linear_fc1.bias"),
-                     get("mlp.linear_fc2.weight"), get("mlp.linear_fc2.bias")};
+  return LayerParams{get("input_layernorm.weight"),
+                     get("input_layernorm.bias"),
+                     get("self_attention.linear_qkv.weight"),
+                     get("self_attention.linear_qkv.bias"),
+                     get("self_attention.q_layernorm.weight"),
+                     get("self_attention.q_layernorm.bias"),
+                     get("self_attention.k_layernorm.weight"),
+                     get("self_attention.k_layernorm.bias"),
+                     get("self_attention.linear_proj.weight"),
+                     get("self_attention.linear_proj.bias"),
+                     get("pre_mlp_layernorm.weight"),
+                     get("pre_mlp_layernorm.bias"),
+                     get("mlp.linear_fc1.weight"),
+                     get("mlp.linear_fc1.bias"),
+                     get("mlp.linear_fc2.weight"),
+                     get("mlp.linear_fc2.bias")};
 }
 
 template <typename T>
 T* GPTModel<T>::classifier_weight(bool grads) const {
   const char* name = cfg_.untie_embeddings_and_output_weights ? "output_layer.weight"
-                                                               : "embedding.word_embeddings.weight";
+                                                              : "embedding.word_embeddings.weight";
   return grads ? params_.grad(name) : params_.value(name);
 }
 
@@ -140,8 +152,8 @@ void GPTModel<T>::norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, 
 
 template <typename T>
 void GPTModel<T>::check_batch(const MicroBatch& mb) const {
-  OMNI_CHECK(mb.batch > 0 && mb.batch <= max_batch_, "[gpt] batch ", mb.batch,
-             " outside 1..", max_batch_);
+  OMNI_CHECK(mb.batch > 0 && mb.batch <= max_batch_, "[gpt] batch ", mb.batch, " outside 1..",
+             max_batch_);
   OMNI_CHECK(mb.seq > 0 && mb.seq <= cfg_.seq_length, "[gpt] sequence ", mb.seq, " outside 1..",
              cfg_.seq_length);
   const int64_t N = int64_t(mb.batch) * mb.seq;
@@ -149,8 +161,8 @@ void GPTModel<T>::check_batch(const MicroBatch& mb) const {
     OMNI_REQUIRE(mb.tokens[n] >= 0 && mb.tokens[n] < cfg_.vocab_size, "token id ", mb.tokens[n],
                  " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
     if (mb.labels && (!mb.loss_mask || mb.loss_mask[n] != 0.0f))
-      OMNI_REQUIRE(mb.labels[n] >= 0 && mb.labels[n] < cfg_.vocab_size, "label id ",
-                   mb.labels[n], " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
+      OMNI_REQUIRE(mb.labels[n] >= 0 && mb.labels[n] < cfg_.vocab_size, "label id ", mb.labels[n],
+                   " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
   }
 }
 
@@ -307,9 +319,8 @@ double GPTModel<T>::forward_loss(const MicroBatch& mb) {
   forward(mb.tokens, mb.batch, mb.seq);
   if (denom == 0) return 0.0;
   ops::ClassifierLossArgs ca{mb.batch * mb.seq, cfg_.hidden_size, cfg_.vocab_size, 1.0};
-  return ops::classifier_cross_entropy<T>(nullptr, nullptr, nullptr,
-                                          final_norm_.template data<T>(), classifier_weight(false),
-                                          mb.labels, mb.loss_mask, ca) /
+  return ops::classifier_cross_entropy<T>(nullptr, nullptr, nullptr, final_norm_.template data<T>(),
+                                          classifier_weight(false), mb.labels, mb.loss_mask, ca) /
          denom;
 }
 

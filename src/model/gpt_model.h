@@ -46,10 +46,10 @@ class GPTModel {
  private:
   struct LayerActivations {
     Tensor ln1, ln1_mean, ln1_rstd;
-    Tensor q, k, v;                             // after qk-layernorm and rope
+    Tensor q, k, v;                                           // after qk-layernorm and rope
     Tensor q_raw, k_raw, qn_mean, qn_rstd, kn_mean, kn_rstd;  // qk-layernorm only
     Tensor probs, attn;
-    Tensor mid;                                 // residual stream after attention
+    Tensor mid;  // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd;
     Tensor fc1, act;
   };

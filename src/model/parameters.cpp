@@ -33,12 +33,18 @@ void ParameterSet<T>::initialize(uint64_t seed, double std, double scaled_std) {
   for (const ParamInfo& p : infos_) {
     T* v = values() + p.offset;
     switch (p.init) {
-      case ParamInit::Normal: fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, std); break;
+      case ParamInit::Normal:
+        fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, std);
+        break;
       case ParamInit::ScaledNormal:
         fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, scaled_std);
         break;
-      case ParamInit::Ones: std::fill(v, v + p.numel, T(1)); break;
-      case ParamInit::Zeros: std::fill(v, v + p.numel, T(0)); break;
+      case ParamInit::Ones:
+        std::fill(v, v + p.numel, T(1));
+        break;
+      case ParamInit::Zeros:
+        std::fill(v, v + p.numel, T(0));
+        break;
     }
   }
 }

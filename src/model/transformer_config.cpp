@@ -21,13 +21,15 @@ void TransformerConfig::validate() const {
   OMNI_REQUIRE(hidden_size > 0, "--hidden-size must be positive (got ", hidden_size, ")");
   OMNI_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be positive (got ",
                num_attention_heads, ")");
-  OMNI_REQUIRE(kv_channels > 0 || hidden_size % num_attention_heads == 0,
-               "--num-attention-heads (", num_attention_heads, ") must divide --hidden-size (",
-               hidden_size, "), or set --kv-channels");
+  OMNI_REQUIRE(kv_channels > 0 || hidden_size % num_attention_heads == 0, "--num-attention-heads (",
+               num_attention_heads, ") must divide --hidden-size (", hidden_size,
+               "), or set --kv-channels");
   OMNI_REQUIRE(kv_channels >= 0, "--kv-channels must be positive (got ", kv_channels, ")");
   if (group_query_attention) {
-    OMNI_REQUIRE(num_query_groups > 0, "--num-query-groups must be positive with "
-                 "--group-query-attention (got ", num_query_groups, ")");
+    OMNI_REQUIRE(num_query_groups > 0,
+                 "--num-query-groups must be positive with "
+                 "--group-query-attention (got ",
+                 num_query_groups, ")");
     OMNI_REQUIRE(num_attention_heads % num_query_groups == 0, "--num-query-groups (",
                  num_query_groups, ") must divide --num-attention-heads (", num_attention_heads,
                  ")");
@@ -39,8 +41,10 @@ void TransformerConfig::validate() const {
                ") must be at least --seq-length (", seq_length, ")");
   OMNI_REQUIRE(vocab_size > 0, "the vocabulary size must be positive (got ", vocab_size,
                "): set --vocab-size or a tokenizer");
-  OMNI_REQUIRE(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be "
-               "positive (got ", make_vocab_size_divisible_by, ")");
+  OMNI_REQUIRE(make_vocab_size_divisible_by > 0,
+               "--make-vocab-size-divisible-by must be "
+               "positive (got ",
+               make_vocab_size_divisible_by, ")");
   OMNI_REQUIRE(norm_epsilon > 0, "--norm-epsilon must be positive (got ", norm_epsilon, ")");
   OMNI_REQUIRE(init_method_std > 0, "--init-method-std must be positive (got ", init_method_std,
                ")");

@@ -42,7 +42,9 @@ struct TransformerConfig {
     return group_query_attention && num_query_groups ? num_query_groups : num_attention_heads;
   }
   int ffn_size() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
-  int max_positions() const { return max_position_embeddings ? max_position_embeddings : seq_length; }
+  int max_positions() const {
+    return max_position_embeddings ? max_position_embeddings : seq_length;
+  }
   int padded_vocab_size() const;
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }

@@ -33,7 +33,8 @@ double learning_rate(const LRScheduleConfig& c, int64_t it) {
   if (c.style == LRDecayStyle::Constant) return c.lr;
   if (c.style == LRDecayStyle::InverseSquareRoot) {
     const double w = static_cast<double>(std::max<int64_t>(c.warmup_iters, 1));
-    return std::max(c.min_lr, c.lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
+    return std::max(c.min_lr,
+                    c.lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
   }
   if (it > c.decay_iters) return c.min_lr;
   const double delta = c.lr - c.min_lr;
@@ -43,18 +44,25 @@ double learning_rate(const LRScheduleConfig& c, int64_t it) {
     const double r = static_cast<double>(it - decay_start) / static_cast<double>(c.wsd_decay_iters);
     double coeff = 0;
     switch (c.wsd_style) {
-      case WSDDecayStyle::Linear: coeff = 1.0 - r; break;
-      case WSDDecayStyle::Cosine: coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0); break;
-      case WSDDecayStyle::Exponential: coeff = 2.0 * std::pow(0.5, r) - 1.0; break;
-      case WSDDecayStyle::MinusSqrt: coeff = 1.0 - std::sqrt(r); break;
+      case WSDDecayStyle::Linear:
+        coeff = 1.0 - r;
+        break;
+      case WSDDecayStyle::Cosine:
+        coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+        break;
+      case WSDDecayStyle::Exponential:
+        coeff = 2.0 * std::pow(0.5, r) - 1.0;
+        break;
+      case WSDDecayStyle::MinusSqrt:
+        coeff = 1.0 - std::sqrt(r);
+        break;
     }
     return c.min_lr + coeff * delta;
   }
   const double span = static_cast<double>(c.decay_iters - c.warmup_iters);
   const double r = span > 0 ? static_cast<double>(it - c.warmup_iters) / span : 1.0;
-  const double coeff = c.style == LRDecayStyle::Linear
-                           ? 1.0 - r
-                           : 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+  const double coeff =
+      c.style == LRDecayStyle::Linear ? 1.0 - r : 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
   return c.min_lr + coeff * delta;
 }
 

@@ -9,9 +9,12 @@ namespace omni {
 
 std::string Device::str() const {
   switch (kind) {
-    case DeviceKind::CPU: return "cpu";
-    case DeviceKind::CUDA: return "cuda:" + std::to_string(index);
-    case DeviceKind::HIP: return "hip:" + std::to_string(index);
+    case DeviceKind::CPU:
+      return "cpu";
+    case DeviceKind::CUDA:
+      return "cuda:" + std::to_string(index);
+    case DeviceKind::HIP:
+      return "hip:" + std::to_string(index);
   }
   return "?";
 }
@@ -25,7 +28,9 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   std::memset(data_, 0, rounded);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  std::free(data_);
+}
 
 std::string shape_str(const Shape& shape) {
   std::ostringstream os;
@@ -61,7 +66,9 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   return t;
 }
 
-int64_t Tensor::numel() const { return product(shape_); }
+int64_t Tensor::numel() const {
+  return product(shape_);
+}
 
 void* Tensor::raw() const {
   OMNI_CHECK(storage_, "[tensor] data of an undefined tensor");
@@ -81,6 +88,8 @@ Tensor Tensor::view(int64_t offset, Shape shape) const {
   return t;
 }
 
-void Tensor::zero_() { std::memset(raw(), 0, bytes()); }
+void Tensor::zero_() {
+  std::memset(raw(), 0, bytes());
+}
 
 }  // namespace omni

@@ -26,9 +26,13 @@ struct Device {
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::F32; }
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::F64; }
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
 
 // Host memory, 64-byte aligned and zero-filled, so vector loads never straddle lines.
 class Storage {

@@ -60,8 +60,8 @@ void MetricsSink::log(const StepMetrics& m) {
                 "(ms): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
                 "grad norm: %.3f | tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.1f%% |",
                 (long long)m.iteration, (long long)m.train_iters, (long long)m.consumed_samples,
-                m.ms_per_iter, m.lr, m.global_batch_size, m.lm_loss, m.grad_norm,
-                m.tokens_per_sec, m.tflops, 100.0 * m.mfu);
+                m.ms_per_iter, m.lr, m.global_batch_size, m.lm_loss, m.grad_norm, m.tokens_per_sec,
+                m.tflops, 100.0 * m.mfu);
   message(line);
   write_json(m, true);
 }

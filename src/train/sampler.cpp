@@ -39,7 +39,10 @@ std::string sample_bytes(GPTModel<float>& model, const std::string& prompt,
       double u = rng.next_double() * sum;
       next = order[k - 1];
       for (int j = 0; j < k; ++j)
-        if ((u -= p[j]) <= 0) { next = order[j]; break; }
+        if ((u -= p[j]) <= 0) {
+          next = order[j];
+          break;
+        }
     }
     tokens.push_back(next);
     out.push_back(static_cast<char>(next));

@@ -30,8 +30,8 @@ double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
                          labels_.data());
     // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is
     // that of the global batch's mean loss.
-    loss += model_.forward_backward({tokens_.data(), labels_.data(), nullptr, mb, seq},
-                                    1.0 / accum);
+    loss +=
+        model_.forward_backward({tokens_.data(), labels_.data(), nullptr, mb, seq}, 1.0 / accum);
   }
   consumed_samples_ += opts_.global_batch_size;
   loss /= accum;
@@ -98,9 +98,9 @@ TrainResult Trainer::run(MetricsSink& sink) {
       window_loss = window_seconds = 0;
       window_iters = 0;
     }
-    const bool eval_now = opts_.eval_iters > 0 &&
-                          ((opts_.eval_interval > 0 && it % opts_.eval_interval == 0) ||
-                           it == opts_.train_iters);
+    const bool eval_now =
+        opts_.eval_iters > 0 &&
+        ((opts_.eval_interval > 0 && it % opts_.eval_interval == 0) || it == opts_.train_iters);
     if (eval_now) {
       m.val_loss = evaluate();
       result.val_losses.emplace_back(it, *m.val_loss);

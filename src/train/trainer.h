@@ -15,10 +15,10 @@
 namespace omni {
 
 struct TrainResult {
-  std::vector<double> train_losses;                      // one per iteration
-  std::vector<double> step_seconds;                      // one per iteration
-  std::vector<std::pair<int64_t, double>> val_losses;    // (iteration, loss)
-  double tokens_per_sec = 0;                             // over the whole run
+  std::vector<double> train_losses;                    // one per iteration
+  std::vector<double> step_seconds;                    // one per iteration
+  std::vector<std::pair<int64_t, double>> val_losses;  // (iteration, loss)
+  double tokens_per_sec = 0;                           // over the whole run
   double seconds = 0;
 };
 

@@ -36,7 +36,8 @@ TEST(CliErrors, ZeroLayersIsRejected) {
 }
 
 TEST(CliErrors, HeadsThatDoNotDivideTheHiddenSizeAreRejected) {
-  expect_usage_error(kTiny + "--num-attention-heads 3", "--num-attention-heads (3) must divide --hidden-size (16)");
+  expect_usage_error(kTiny + "--num-attention-heads 3",
+                     "--num-attention-heads (3) must divide --hidden-size (16)");
 }
 
 TEST(CliErrors, QueryGroupsThatDoNotDivideTheHeadsAreRejected) {
@@ -66,7 +67,8 @@ TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
 }
 
 TEST(CliErrors, MissingCorpusFileIsNamed) {
-  expect_usage_error("train --train-text /nonexistent/corpus.txt --num-layers 1", "/nonexistent/corpus.txt");
+  expect_usage_error("train --train-text /nonexistent/corpus.txt --num-layers 1",
+                     "/nonexistent/corpus.txt");
 }
 
 TEST(CliErrors, GenerateWithoutWeightsSaysWhatItNeeds) {

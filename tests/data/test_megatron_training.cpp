@@ -31,10 +31,30 @@ std::string write_cyclic_dataset() {
 
 omni::Options options(const std::string& prefix) {
   omni::Options o;
-  omni::parse_options({"--data-path", prefix, "--vocab-size", "10", "--num-layers", "1",
-                       "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
-                       "--micro-batch-size", "4", "--train-iters", "40", "--lr", "1e-2",
-                       "--split", "90,10,0", "--eval-iters", "2", "--eval-interval", "0",
+  omni::parse_options({"--data-path",
+                       prefix,
+                       "--vocab-size",
+                       "10",
+                       "--num-layers",
+                       "1",
+                       "--hidden-size",
+                       "32",
+                       "--num-attention-heads",
+                       "2",
+                       "--seq-length",
+                       "16",
+                       "--micro-batch-size",
+                       "4",
+                       "--train-iters",
+                       "40",
+                       "--lr",
+                       "1e-2",
+                       "--split",
+                       "90,10,0",
+                       "--eval-iters",
+                       "2",
+                       "--eval-interval",
+                       "0",
                        "--no-progress"},
                       o);
   omni::finalize(o);
@@ -44,8 +64,8 @@ omni::Options options(const std::string& prefix) {
 TEST(MegatronTraining, TrainSamplesAreGPTDatasetSamplesInOrder) {
   const std::string prefix = write_cyclic_dataset();
   const omni::Options o = options(prefix);
-  auto data = omni::make_megatron_data(prefix, o.split, 16, o.seed, o.train_samples(),
-                                       o.valid_samples());
+  auto data =
+      omni::make_megatron_data(prefix, o.split, 16, o.seed, o.train_samples(), o.valid_samples());
   auto indexed = std::make_shared<const omni::IndexedDataset>(prefix);
   auto ranges = omni::split_document_ranges(o.split, indexed->num_sequences());
   omni::GPTDataset reference(indexed, *ranges[0], o.train_samples(), 16,

@@ -33,7 +33,8 @@ TEST(LRSchedule, WarmupIsLinearFromZero) {
 TEST(LRSchedule, CosineReachesMinLrAtTheEndOfDecay) {
   auto c = schedule(LRDecayStyle::Cosine);
   EXPECT_NEAR(omni::learning_rate(c, 60), 0.1 + 0.9 * 0.5, 1e-12);  // halfway: cos(pi/2) = 0
-  EXPECT_NEAR(omni::learning_rate(c, 35), 0.1 + 0.9 * 0.5 * (std::cos(std::numbers::pi / 4) + 1), 1e-12);
+  EXPECT_NEAR(omni::learning_rate(c, 35), 0.1 + 0.9 * 0.5 * (std::cos(std::numbers::pi / 4) + 1),
+              1e-12);
   EXPECT_DOUBLE_EQ(omni::learning_rate(c, 110), 0.1);
   EXPECT_DOUBLE_EQ(omni::learning_rate(c, 500), 0.1);
 }

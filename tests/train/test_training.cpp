@@ -14,11 +14,11 @@ namespace {
 
 omni::Options tiny_options(const std::vector<std::string>& extra = {}) {
   omni::Options o;
-  std::vector<std::string> args = {"--mock-data", "--vocab-size", "97", "--num-layers", "2",
-                                   "--hidden-size", "32", "--num-attention-heads", "4",
-                                   "--seq-length", "16", "--micro-batch-size", "2",
-                                   "--train-iters", "6", "--eval-iters", "0", "--lr", "1e-2",
-                                   "--log-interval", "2", "--no-progress"};
+  std::vector<std::string> args = {
+      "--mock-data", "--vocab-size",          "97", "--num-layers", "2",  "--hidden-size",
+      "32",          "--num-attention-heads", "4",  "--seq-length", "16", "--micro-batch-size",
+      "2",           "--train-iters",         "6",  "--eval-iters", "0",  "--lr",
+      "1e-2",        "--log-interval",        "2",  "--no-progress"};
   args.insert(args.end(), extra.begin(), extra.end());
   omni::parse_options(args, o);
   omni::finalize(o);
@@ -32,10 +32,15 @@ omni::TrainResult train(const omni::Options& o, const std::string& metrics = "")
   return r;
 }
 
-const std::vector<std::string> kLlama = {"--normalization", "RMSNorm", "--swiglu",
-                                         "--position-embedding-type", "rope",
-                                         "--disable-bias-linear", "--group-query-attention",
-                                         "--num-query-groups", "2",
+const std::vector<std::string> kLlama = {"--normalization",
+                                         "RMSNorm",
+                                         "--swiglu",
+                                         "--position-embedding-type",
+                                         "rope",
+                                         "--disable-bias-linear",
+                                         "--group-query-attention",
+                                         "--num-query-groups",
+                                         "2",
                                          "--untie-embeddings-and-output-weights"};
 
 TEST(Determinism, SameSeedGivesBitIdenticalLossesGpt2) {
@@ -62,11 +67,12 @@ TEST(Training, LearnsARepetitiveText) {
     for (int i = 0; i < 400; ++i) out << "the quick brown fox jumps over the lazy dog. ";
   }
   omni::Options o;
-  omni::parse_options({"--train-text", path, "--num-layers", "2", "--hidden-size", "32",
-                       "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size",
-                       "8", "--train-iters", "100", "--lr", "1e-2", "--eval-iters", "2",
-                       "--eval-interval", "0", "--no-progress"},
-                      o);
+  omni::parse_options(
+      {"--train-text",          path,  "--num-layers", "2",    "--hidden-size",      "32",
+       "--num-attention-heads", "4",   "--seq-length", "32",   "--micro-batch-size", "8",
+       "--train-iters",         "100", "--lr",         "1e-2", "--eval-iters",       "2",
+       "--eval-interval",       "0",   "--no-progress"},
+      o);
   omni::finalize(o);
   omni::Trainer t(o, omni::make_byte_text_data(path, o.split, o.model.seq_length, 1));
   omni::MetricsSink sink("", false, nullptr);
@@ -99,8 +105,8 @@ TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {
     ASSERT_EQ(line.back(), '}');
     if (line.find("\"lm_loss\"") != std::string::npos) {
       ++train_lines;
-      for (const char* key : {"\"iteration\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_sec\"",
-                              "\"tflops\""})
+      for (const char* key :
+           {"\"iteration\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_sec\"", "\"tflops\""})
         EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
     }
     if (line.find("\"val_loss\"") != std::string::npos) ++val_lines;

@@ -66,10 +66,10 @@ void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F) {
   }
 }
 
-#define INSTANTIATE(T)                                                 \
-  template void gelu_forward<T>(T*, const T*, size_t);                 \
-  template void gelu_backward<T>(T*, const T*, const T*, size_t);      \
-  template void swiglu_forward<T>(T*, const T*, int, int);             \
+#define INSTANTIATE(T)                                            \
+  template void gelu_forward<T>(T*, const T*, size_t);            \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t); \
+  template void swiglu_forward<T>(T*, const T*, int, int);        \
   template void swiglu_backward<T>(T*, const T*, const T*, int, int);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 

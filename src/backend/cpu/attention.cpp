@@ -153,8 +153,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       T* dkb = dk + static_cast<size_t>(b) * S * ldk + g * hd;
       T* dvb = dv + static_cast<size_t>(b) * S * ldk + g * hd;
       for (int s = 0; s < S; ++s) {
-        std::fill(dkb + static_cast<size_t>(s) * ldk, dkb + static_cast<size_t>(s) * ldk + hd, T(0));
-        std::fill(dvb + static_cast<size_t>(s) * ldk, dvb + static_cast<size_t>(s) * ldk + hd, T(0));
+        std::fill(dkb + static_cast<size_t>(s) * ldk, dkb + static_cast<size_t>(s) * ldk + hd,
+                  T(0));
+        std::fill(dvb + static_cast<size_t>(s) * ldk, dvb + static_cast<size_t>(s) * ldk + hd,
+                  T(0));
       }
       for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
         const size_t qoff = static_cast<size_t>(b) * S * ldq + h * hd;
@@ -188,14 +190,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   }
 }
 
-#define INSTANTIATE(T)                                                                         \
-  template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                      \
-  template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);          \
-  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int);         \
-  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int);        \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*,                     \
-                                     const AttentionDims&);                                    \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,      \
+#define INSTANTIATE(T)                                                                            \
+  template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                         \
+  template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);             \
+  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int);            \
+  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int);           \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&); \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, const T*, const AttentionDims&);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 

@@ -63,8 +63,8 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
       }
     }
     if (dh) {
-      gemm<T>(false, false, rows, C, V, T(1), z0, V, w, C, T(0),
-              dh + static_cast<size_t>(r0) * C, C);
+      gemm<T>(false, false, rows, C, V, T(1), z0, V, w, C, T(0), dh + static_cast<size_t>(r0) * C,
+              C);
       gemm<T>(true, false, V, C, rows, T(1), z0, V, hb, C, T(1), dw, C);
     }
   }
@@ -73,7 +73,7 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
   return total;
 }
 
-#define INSTANTIATE(T)                                                                      \
+#define INSTANTIATE(T)                                                                        \
   template double classifier_cross_entropy<T>(T*, T*, T*, const T*, const T*, const int32_t*, \
                                               const float*, const ClassifierLossArgs&);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)

@@ -40,7 +40,9 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
-int cpu_threads() { return omp_get_max_threads(); }
+int cpu_threads() {
+  return omp_get_max_threads();
+}
 
 std::string blas_config() {
   return std::string(openblas_get_config()) + " (kernels: " + openblas_get_corename() + ")";
@@ -53,7 +55,8 @@ double measure_sgemm_gflops(int n, int reps) {
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     ops::gemm<float>(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * n * n * double(n) / best / 1e9;
 }

@@ -44,7 +44,7 @@ void embedding_backward(T* dwte, T* dwpe, const int32_t* tokens, const T* dout, 
   }
 }
 
-#define INSTANTIATE(T)                                                                        \
+#define INSTANTIATE(T)                                                                       \
   template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int); \
   template void embedding_backward<T>(T*, T*, const int32_t*, const T*, int, int, int);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)

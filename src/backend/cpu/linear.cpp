@@ -69,11 +69,10 @@ double sum_squares(const T* x, size_t n) {
   return s;
 }
 
-#define INSTANTIATE(T)                                                                       \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);          \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, \
-                                   bool);                                                    \
-  template void add<T>(T*, const T*, const T*, size_t);                                      \
+#define INSTANTIATE(T)                                                                             \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);                \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, bool); \
+  template void add<T>(T*, const T*, const T*, size_t);                                            \
   template double sum_squares<T>(const T*, size_t);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 

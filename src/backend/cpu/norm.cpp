@@ -97,12 +97,11 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
   });
 }
 
-#define INSTANTIATE(T)                                                                        \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int,     \
-                                     double);                                                 \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,    \
-                                      const T*, int, int);                                    \
-  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, double);             \
+#define INSTANTIATE(T)                                                                            \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, double); \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
+                                      const T*, int, int);                                        \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, double);                 \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 

@@ -25,16 +25,18 @@
 #define OMNI_GPU_RUNTIME "CUDA"
 #endif
 
-#if defined(__HIP_PLATFORM_AMD__) && (defined(__gfx90a__) || defined(__gfx908__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
+#if defined(__HIP_PLATFORM_AMD__) &&                                                             \
+    (defined(__gfx90a__) || defined(__gfx908__) || defined(__gfx940__) || defined(__gfx941__) || \
+     defined(__gfx942__))
 constexpr int kWarpSize = 64;
 #else
 constexpr int kWarpSize = 32;
 #endif
 
-#define OMNI_GPU_CHECK(call)                                                              \
-  do {                                                                                    \
-    gpuError_t err_ = (call);                                                             \
-    if (err_ != gpuSuccess)                                                               \
+#define OMNI_GPU_CHECK(call)                                                                   \
+  do {                                                                                         \
+    gpuError_t err_ = (call);                                                                  \
+    if (err_ != gpuSuccess)                                                                    \
       throw ::omni::InternalError(std::string(#call) + " failed: " + gpuGetErrorString(err_) + \
-                                  " at " __FILE__ ":" + std::to_string(__LINE__));        \
+                                  " at " __FILE__ ":" + std::to_string(__LINE__));             \
   } while (0)

@@ -4,11 +4,16 @@
 
 namespace omni {
 
-int gpu_device_count() { return 0; }
-std::string gpu_backend_name() { return "none (built without OMNITRON_CUDA or OMNITRON_HIP)"; }
+int gpu_device_count() {
+  return 0;
+}
+std::string gpu_backend_name() {
+  return "none (built without OMNITRON_CUDA or OMNITRON_HIP)";
+}
 std::string gpu_device_name(int) {
-  throw UsageError("this omnitron was built without a GPU backend (rebuild with -DOMNITRON_CUDA=ON "
-                   "or -DOMNITRON_HIP=ON)");
+  throw UsageError(
+      "this omnitron was built without a GPU backend (rebuild with -DOMNITRON_CUDA=ON "
+      "or -DOMNITRON_HIP=ON)");
 }
 
 }  // namespace omni
