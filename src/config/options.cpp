@@ -224,6 +224,19 @@ std::vector<OptionDef> build_table() {
                    "Megatron indexed dataset PREFIX.bin/.idx (one prefix; set --vocab-size until "
                    "tokenizers arrive)",
                    [](Options& o) -> std::string& { return o.data_path; }));
+  t.push_back(text("--tokenizer-type", "NAME", D,
+                   "GPT2BPETokenizer, TikTokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+                   "Llama2Tokenizer, NullTokenizer or ByteLevelTokenizer",
+                   [](Options& o) -> std::string& { return o.tokenizer.type; }));
+  t.push_back(text("--vocab-file", "FILE", D, "GPT-2 vocab.json",
+                   [](Options& o) -> std::string& { return o.tokenizer.vocab_file; }));
+  t.push_back(text("--merge-file", "FILE", D, "GPT-2 merges.txt",
+                   [](Options& o) -> std::string& { return o.tokenizer.merge_file; }));
+  t.push_back(text("--tokenizer-model", "FILE", D,
+                   "*.tiktoken ranks, Hugging Face tokenizer.json or SentencePiece .model",
+                   [](Options& o) -> std::string& { return o.tokenizer.tokenizer_model; }));
+  t.push_back(text("--tiktoken-pattern", "v1|v2", D, "TikTokenizer pre-tokenisation pattern",
+                   [](Options& o) -> std::string& { return o.tokenizer.tiktoken_pattern; }));
   t.push_back(text("--split", "A,B,C", D, "train, validation, test weights of the corpus",
                    [](Options& o) -> std::string& { return o.split; }));
 
@@ -239,6 +252,17 @@ std::vector<OptionDef> build_table() {
   t.push_back(toggle(
       "--no-progress", G, "no live progress line on a terminal",
       [](Options& o) -> bool& { return o.progress; }, false));
+  const std::string P = "preprocess (omnitron preprocess, as Megatron's preprocess_data.py)";
+  t.push_back(text("--input", "FILE", P, "jsonl, .jsonl.zst or plain text (one document per line)",
+                   [](Options& o) -> std::string& { return o.input; }));
+  t.push_back(text("--json-keys", "K[,K]", P, "jsonl fields to tokenise, one output each",
+                   [](Options& o) -> std::string& { return o.json_keys; }));
+  t.push_back(text("--output-prefix", "PREFIX", P, "writes PREFIX_{key}_document.bin/.idx",
+                   [](Options& o) -> std::string& { return o.output_prefix; }));
+  t.push_back(toggle("--append-eod", P, "end every document with the tokenizer's eod",
+                     [](Options& o) -> bool& { return o.append_eod; }));
+  t.push_back(number<int>("--workers", "N", P, "tokenising threads (0: all cores)",
+                          [](Options& o) -> int& { return o.workers; }));
   const std::string S = "sampling (generate, and the sample after training)";
   t.push_back(text("--prompt", "TEXT", S, "text to continue",
                    [](Options& o) -> std::string& { return o.prompt; }));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "model/transformer_config.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -41,6 +42,11 @@ struct Options {
   std::string train_text;  // a plain-text file, tokenised byte-level
   std::string data_path;   // a Megatron indexed dataset prefix
   std::string split = "969,30,1";
+  TokenizerOptions tokenizer;  // --tokenizer-type and its files
+  // `omnitron preprocess` (Megatron's tools/preprocess_data.py flags).
+  std::string input, output_prefix, json_keys = "text";
+  bool append_eod = false;
+  int workers = 0;  // 0: all cores
   // Model weights.
   std::string save, load;
   std::string device = "auto";
