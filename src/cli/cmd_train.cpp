@@ -88,7 +88,8 @@ int train(const std::vector<std::string>& args) {
   Options opts;
   std::vector<float> loaded;
   parse_options(args, opts);
-  if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() && opts.load.empty()) {
+  if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() &&
+      opts.data_file_list.empty() && opts.load.empty()) {
     // No data named: the demo. Its preset goes first, so any flag given still wins.
     std::string line;
     for (const std::string& a : demo_args()) line += " " + a;
@@ -109,8 +110,12 @@ int train(const std::vector<std::string>& args) {
   std::unique_ptr<TrainingData> data;
   if (opts.mock_data) {
     data = make_mock_data(opts.model.vocab_size, opts.seed);
-  } else if (!opts.data_path.empty()) {
-    data = make_megatron_data(opts.data_path, opts.split, opts.model.seq_length, opts.seed,
+  } else if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
+    bool weighted = true;
+    const std::vector<WeightedPrefix> prefixes =
+        opts.data_file_list.empty() ? parse_data_path(opts.data_path, &weighted)
+                                    : read_data_file_list(opts.data_file_list);
+    data = make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
                               opts.train_samples(), opts.valid_samples());
   } else {
     if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
@@ -149,8 +154,7 @@ int train(const std::vector<std::string>& args) {
     std::printf("saved weights to %s/model.omw (omnitron generate --load %s)\n", opts.save.c_str(),
                 opts.save.c_str());
   }
-  if (opts.max_new_tokens > 0 && opts.model.vocab_size == 256 && opts.data_path.empty() &&
-      !opts.mock_data) {
+  if (opts.max_new_tokens > 0 && !opts.train_text.empty()) {
     SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
                        static_cast<uint64_t>(opts.seed)};
     std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,

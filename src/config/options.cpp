@@ -220,10 +220,14 @@ std::vector<OptionDef> build_table() {
       text("--train-text", "FILE", D,
            "plain-text corpus, tokenised byte-level (default: the King James Bible demo corpus)",
            [](Options& o) -> std::string& { return o.train_text; }));
-  t.push_back(text("--data-path", "PREFIX", D,
-                   "Megatron indexed dataset PREFIX.bin/.idx (one prefix; set --vocab-size until "
-                   "tokenizers arrive)",
-                   [](Options& o) -> std::string& { return o.data_path; }));
+  OptionDef data_path = text("--data-path", "[W] PREFIX ...", D,
+                             "Megatron indexed data: PREFIX, or weights and prefixes to blend",
+                             [](Options& o) -> std::string& { return o.data_path; });
+  data_path.many = true;
+  t.push_back(std::move(data_path));
+  t.push_back(text("--data-file-list", "FILE", D,
+                   "Megatron-DeepSpeed data list: one 'weight prefix corpus' line per dataset",
+                   [](Options& o) -> std::string& { return o.data_file_list; }));
   t.push_back(text("--tokenizer-type", "NAME", D,
                    "GPT2BPETokenizer, TikTokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
                    "Llama2Tokenizer, NullTokenizer or ByteLevelTokenizer",
@@ -343,15 +347,19 @@ void parse_options(const std::vector<std::string>& args, Options& opts) {
     } else if (!has_inline) {
       if (i + 1 >= args.size()) throw UsageError(flag + " needs a value (" + def->metavar + ")");
       value = args[++i];
+      while (def->many && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
+        value += " " + args[++i];
     }
     def->set(opts, value);
   }
 }
 
 void finalize(Options& o) {
-  OMNI_REQUIRE(int(o.mock_data) + int(!o.data_path.empty()) + int(!o.train_text.empty()) <= 1,
-               "choose one data source: --mock-data, --data-path or --train-text");
-  if (o.mock_data || !o.data_path.empty()) {
+  const bool indexed = !o.data_path.empty() || !o.data_file_list.empty();
+  OMNI_REQUIRE(int(o.mock_data) + int(!o.data_path.empty()) + int(!o.data_file_list.empty()) +
+                       int(!o.train_text.empty()) <= 1,
+               "choose one data source: --mock-data, --data-path, --data-file-list or --train-text");
+  if (o.mock_data || indexed) {
     OMNI_REQUIRE(o.model.vocab_size > 0, o.mock_data ? "--mock-data" : "--data-path",
                  " needs --vocab-size (tokenizers are not built yet)");
   } else {

@@ -40,7 +40,8 @@ struct Options {
   // Data.
   bool mock_data = false;
   std::string train_text;  // a plain-text file, tokenised byte-level
-  std::string data_path;   // a Megatron indexed dataset prefix
+  std::string data_path;       // Megatron indexed data: "PREFIX" or "w1 p1 w2 p2 ..."
+  std::string data_file_list;  // Megatron-DeepSpeed's "weight prefix corpus" lines
   std::string split = "969,30,1";
   TokenizerOptions tokenizer;  // --tokenizer-type and its files
   // `omnitron preprocess` (Megatron's tools/preprocess_data.py flags).
@@ -75,6 +76,7 @@ struct OptionDef {
   std::string help;
   std::function<void(Options&, const std::string&)> set;
   std::function<std::string(const Options&)> get;
+  bool many = false;  // takes every following value up to the next --flag (space-joined)
 };
 
 const std::vector<OptionDef>& option_table();

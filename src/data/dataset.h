@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "data/blended_dataset.h"
+
 namespace omni {
 
 class TrainingData {
@@ -30,11 +32,13 @@ std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed);
 std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path, const std::string& split,
                                                   int seq, uint64_t seed);
 
-// A Megatron indexed dataset (`{prefix}.bin/.idx`) cut by --split; train and validation
-// samples as Megatron-Core's GPTDataset orders them for the same seed and sample counts.
-std::unique_ptr<TrainingData> make_megatron_data(const std::string& prefix,
-                                                 const std::string& split, int seq, uint64_t seed,
-                                                 int64_t train_samples, int64_t valid_samples);
+// Megatron indexed datasets (`{prefix}.bin/.idx`) cut by --split; train and validation
+// samples as Megatron-Core orders them for the same seed and sample counts: one prefix
+// through GPTDataset, a weighted list through BlendedDataset's interleave.
+std::unique_ptr<TrainingData> make_megatron_data(const std::vector<WeightedPrefix>& prefixes,
+                                                 bool weighted, const std::string& split, int seq,
+                                                 uint64_t seed, int64_t train_samples,
+                                                 int64_t valid_samples);
 
 // The demo corpus: the King James Bible from Debian's bible-kjv-text. Looks for
 // $OMNITRON_DATA_DIR/kjv.txt, then data/kjv.txt beside the build directory; when absent,

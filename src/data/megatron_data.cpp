@@ -1,8 +1,10 @@
-// Training data from a Megatron indexed dataset: the samples Megatron-Core's GPTDataset
-// would give for the same prefix, --split, --seed and sample counts.
+// Training data from Megatron indexed datasets: the samples Megatron-Core's GPTDataset (and
+// BlendedDataset, for weighted lists) would give for the same prefixes, --split, --seed and
+// sample counts.
 #include <memory>
 
 #include "base/error.h"
+#include "data/blended_dataset.h"
 #include "data/dataset.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
@@ -11,66 +13,107 @@ namespace omni {
 
 namespace {
 
+// One split (train or validation) of one dataset, or a blend of several.
+class SplitSamples {
+ public:
+  SplitSamples(std::vector<std::unique_ptr<GPTDataset>> datasets, BlendPlan plan)
+      : datasets_(std::move(datasets)), plan_(std::move(plan)) {}
+  int64_t size() const {
+    return plan_.dataset_index.empty() ? datasets_[0]->size()
+                                       : static_cast<int64_t>(plan_.dataset_index.size());
+  }
+  void sample(int64_t k, int32_t* tokens) const {
+    if (plan_.dataset_index.empty()) return datasets_[0]->sample(k, tokens);
+    datasets_[plan_.dataset_index[k]]->sample(plan_.dataset_sample_index[k], tokens);
+  }
+
+ private:
+  std::vector<std::unique_ptr<GPTDataset>> datasets_;
+  BlendPlan plan_;
+};
+
 class MegatronData final : public TrainingData {
  public:
-  MegatronData(std::string prefix, std::unique_ptr<GPTDataset> train,
-               std::unique_ptr<GPTDataset> valid)
-      : prefix_(std::move(prefix)), train_(std::move(train)), valid_(std::move(valid)) {}
+  MegatronData(std::string name, std::unique_ptr<SplitSamples> train,
+               std::unique_ptr<SplitSamples> valid)
+      : name_(std::move(name)), train_(std::move(train)), valid_(std::move(valid)) {}
 
   void train_samples(int64_t first, int count, int seq, int32_t* tokens,
                      int32_t* labels) const override {
-    OMNI_REQUIRE(first + count <= train_->size(), "--data-path ", prefix_,
-                 ": training needs sample ", first + count - 1, " but the train split holds ",
-                 train_->size());
-    read(*train_, first, count, seq, tokens, labels);
+    OMNI_REQUIRE(first + count <= train_->size(), name_, ": training needs sample ",
+                 first + count - 1, " but the train split holds ", train_->size());
+    for (int s = 0; s < count; ++s) read(*train_, first + s, seq, tokens, labels, s);
   }
   void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
                      int32_t* labels) const override {
-    OMNI_REQUIRE(valid_, "--data-path ", prefix_,
+    OMNI_REQUIRE(valid_, name_,
                  ": --split gives no validation documents; set --eval-iters 0 or change --split");
-    for (int s = 0; s < count; ++s)
-      read(*valid_, (first + s) % valid_->size(), 1, seq, tokens + size_t(s) * seq,
-           labels + size_t(s) * seq);
+    for (int s = 0; s < count; ++s) read(*valid_, (first + s) % valid_->size(), seq, tokens, labels, s);
   }
   std::string describe() const override {
-    return prefix_ + ": Megatron indexed dataset, " + std::to_string(train_->size()) +
+    return name_ + ": Megatron indexed data, " + std::to_string(train_->size()) +
            " train samples" +
            (valid_ ? ", " + std::to_string(valid_->size()) + " validation samples" : "");
   }
 
  private:
-  static void read(const GPTDataset& d, int64_t first, int count, int seq, int32_t* tokens,
-                   int32_t* labels) {
+  static void read(const SplitSamples& d, int64_t k, int seq, int32_t* tokens, int32_t* labels,
+                   int row) {
     std::vector<int32_t> buf(seq + 1);
-    for (int s = 0; s < count; ++s) {
-      d.sample(first + s, buf.data());
-      std::copy(buf.begin(), buf.end() - 1, tokens + size_t(s) * seq);
-      std::copy(buf.begin() + 1, buf.end(), labels + size_t(s) * seq);
-    }
+    d.sample(k, buf.data());
+    std::copy(buf.begin(), buf.end() - 1, tokens + size_t(row) * seq);
+    std::copy(buf.begin() + 1, buf.end(), labels + size_t(row) * seq);
   }
-  std::string prefix_;
-  std::unique_ptr<GPTDataset> train_, valid_;
+  std::string name_;
+  std::unique_ptr<SplitSamples> train_, valid_;
 };
+
+// Builds split `which` (0 train, 1 validation) for num_samples; null when absent.
+std::unique_ptr<SplitSamples> build_split(
+    const std::vector<std::shared_ptr<const IndexedDataset>>& data,
+    const std::vector<WeightedPrefix>& prefixes, bool weighted, const std::string& split,
+    int which, int64_t num_samples, int seq, uint32_t seed) {
+  if (num_samples <= 0) return nullptr;
+  BlendPlan plan;
+  if (weighted) {
+    std::vector<double> w;
+    for (const WeightedPrefix& p : prefixes) w.push_back(p.weight);
+    plan = plan_blend(w, num_samples);
+  }
+  std::vector<std::unique_ptr<GPTDataset>> datasets;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto ranges = split_document_ranges(split, data[i]->num_sequences());
+    if (!ranges[which]) {
+      OMNI_REQUIRE(which != 0, "--split ", split, " leaves no training documents in ",
+                   prefixes[i].prefix);
+      return nullptr;
+    }
+    const int64_t n = weighted ? plan.dataset_sizes[i] : num_samples;
+    datasets.push_back(std::make_unique<GPTDataset>(data[i], *ranges[which], n, seq, seed));
+  }
+  return std::make_unique<SplitSamples>(std::move(datasets), std::move(plan));
+}
 
 }  // namespace
 
-std::unique_ptr<TrainingData> make_megatron_data(const std::string& prefix,
-                                                 const std::string& split, int seq, uint64_t seed,
-                                                 int64_t train_samples, int64_t valid_samples) {
-  OMNI_REQUIRE(seed <= 0xffffffffull,
-               "--seed must be in [0, 2^32) for Megatron data (numpy's "
-               "RandomState takes 32-bit seeds); got ",
-               seed);
-  auto data = std::make_shared<const IndexedDataset>(prefix);
-  const auto ranges = split_document_ranges(split, data->num_sequences());
-  OMNI_REQUIRE(ranges[0], "--split ", split, " leaves no training documents in ", prefix);
-  auto train = std::make_unique<GPTDataset>(data, *ranges[0], train_samples, seq,
-                                            static_cast<uint32_t>(seed));
-  std::unique_ptr<GPTDataset> valid;
-  if (ranges[1] && valid_samples > 0)
-    valid = std::make_unique<GPTDataset>(data, *ranges[1], valid_samples, seq,
-                                         static_cast<uint32_t>(seed));
-  return std::make_unique<MegatronData>(prefix, std::move(train), std::move(valid));
+std::unique_ptr<TrainingData> make_megatron_data(const std::vector<WeightedPrefix>& prefixes,
+                                                 bool weighted, const std::string& split, int seq,
+                                                 uint64_t seed, int64_t train_samples,
+                                                 int64_t valid_samples) {
+  OMNI_REQUIRE(seed <= 0xffffffffull, "--seed must be in [0, 2^32) for Megatron data (numpy's "
+               "RandomState takes 32-bit seeds); got ", seed);
+  OMNI_REQUIRE(weighted || prefixes.size() == 1,
+               "several datasets need weights: --data-path w1 p1 w2 p2 ...");
+  std::vector<std::shared_ptr<const IndexedDataset>> data;
+  std::string name;
+  for (const WeightedPrefix& p : prefixes) {
+    data.push_back(std::make_shared<const IndexedDataset>(p.prefix));
+    name += (name.empty() ? "" : " + ") + p.prefix;
+  }
+  const uint32_t s = static_cast<uint32_t>(seed);
+  auto train = build_split(data, prefixes, weighted, split, 0, train_samples, seq, s);
+  auto valid = build_split(data, prefixes, weighted, split, 1, valid_samples, seq, s);
+  return std::make_unique<MegatronData>(name, std::move(train), std::move(valid));
 }
 
 }  // namespace omni

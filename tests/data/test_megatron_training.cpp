@@ -9,6 +9,7 @@
 
 #include "config/options.h"
 #include "data/dataset.h"
+#include "data/blended_dataset.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "train/trainer.h"
@@ -65,7 +66,8 @@ TEST(MegatronTraining, TrainSamplesAreGPTDatasetSamplesInOrder) {
   const std::string prefix = write_cyclic_dataset();
   const omni::Options o = options(prefix);
   auto data =
-      omni::make_megatron_data(prefix, o.split, 16, o.seed, o.train_samples(), o.valid_samples());
+      omni::make_megatron_data({{1.0, prefix}}, false, o.split, 16, o.seed, o.train_samples(),
+                               o.valid_samples());
   auto indexed = std::make_shared<const omni::IndexedDataset>(prefix);
   auto ranges = omni::split_document_ranges(o.split, indexed->num_sequences());
   omni::GPTDataset reference(indexed, *ranges[0], o.train_samples(), 16,
@@ -81,11 +83,34 @@ TEST(MegatronTraining, TrainSamplesAreGPTDatasetSamplesInOrder) {
   }
 }
 
+TEST(MegatronTraining, WeightedPrefixesInterleaveAsTheBlendPlanSays) {
+  // Two prefixes of the same data with weights 1:3: blend sample k is sample
+  // dataset_sample_index[k] of dataset dataset_index[k], each built for its own size.
+  const std::string prefix = write_cyclic_dataset();
+  const omni::Options o = options(prefix);
+  auto data = omni::make_megatron_data({{1.0, prefix}, {3.0, prefix}}, true, o.split, 16, o.seed,
+                                       o.train_samples(), o.valid_samples());
+  const std::vector<double> w = {1.0, 3.0};
+  const omni::BlendPlan plan = omni::plan_blend(w, o.train_samples());
+  auto indexed = std::make_shared<const omni::IndexedDataset>(prefix);
+  auto ranges = omni::split_document_ranges(o.split, indexed->num_sequences());
+  std::vector<int32_t> tokens(16), labels(16), expected(17);
+  for (int64_t k : {0, 1, 2, 7, 100}) {
+    const int i = plan.dataset_index[k];
+    omni::GPTDataset reference(indexed, *ranges[0], plan.dataset_sizes[i], 16,
+                               static_cast<uint32_t>(o.seed));
+    reference.sample(plan.dataset_sample_index[k], expected.data());
+    data->train_samples(k, 1, 16, tokens.data(), labels.data());
+    EXPECT_EQ(tokens, std::vector<int32_t>(expected.begin(), expected.end() - 1)) << k;
+  }
+}
+
 TEST(MegatronTraining, ModelLearnsFromIndexedData) {
   const std::string prefix = write_cyclic_dataset();
   const omni::Options o = options(prefix);
-  omni::Trainer t(o, omni::make_megatron_data(prefix, o.split, o.model.seq_length, o.seed,
-                                              o.train_samples(), o.valid_samples()));
+  omni::Trainer t(o, omni::make_megatron_data({{1.0, prefix}}, false, o.split,
+                                              o.model.seq_length, o.seed, o.train_samples(),
+                                              o.valid_samples()));
   omni::MetricsSink sink("", false, nullptr);
   omni::TrainResult r = t.run(sink);
   EXPECT_NEAR(r.train_losses.front(), std::log(10.0), 0.3);
@@ -102,7 +127,7 @@ TEST(MegatronTraining, DataPathNeedsAVocabularySize) {
 
 TEST(MegatronTraining, MissingPrefixIsNamed) {
   try {
-    omni::make_megatron_data("/nonexistent/prefix", "969,30,1", 8, 1, 10, 0);
+    omni::make_megatron_data({{1.0, "/nonexistent/prefix"}}, false, "969,30,1", 8, 1, 10, 0);
     FAIL() << "no error for a missing dataset";
   } catch (const omni::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/prefix"), std::string::npos) << e.what();
