@@ -80,6 +80,45 @@ std::vector<std::string> demo_args() {
 
 }  // namespace
 
+std::unique_ptr<TrainingData> open_training_data(Options& opts) {
+  if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed);
+  if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
+    bool weighted = true;
+    const std::vector<WeightedPrefix> prefixes =
+        opts.data_file_list.empty() ? parse_data_path(opts.data_path, &weighted)
+                                    : read_data_file_list(opts.data_file_list);
+    return make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
+                              opts.train_samples(), opts.valid_samples());
+  }
+  if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
+  return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
+}
+
+int data_samples(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::printf("usage: omnitron data-samples --data-path ... --seq-length N --global-batch-size N "
+                "--train-iters N [--split A,B,C] [--seed N] [--print-samples N]\n"
+                "Prints the first training samples in order with their token ids, to compare "
+                "with a Megatron run on the same data and flags.\n");
+    return 0;
+  }
+  Options opts;
+  parse_options(args, opts);
+  finalize(opts);
+  std::unique_ptr<TrainingData> data = open_training_data(opts);
+  std::printf("# %s\n", data->describe().c_str());
+  const int seq = opts.model.seq_length;
+  std::vector<int32_t> tokens(seq), labels(seq);
+  for (int64_t k = 0; k < opts.print_samples; ++k) {
+    data->train_samples(k, 1, seq, tokens.data(), labels.data());
+    std::string origin = data->train_sample_origin(k);
+    std::printf("sample %lld%s%s:", (long long)k, origin.empty() ? "" : " | ", origin.c_str());
+    for (int t = 0; t < seq; ++t) std::printf(" %d", tokens[t]);
+    std::printf(" %d\n", labels[seq - 1]);  // the extra (label) token shared with sample k+1
+  }
+  return 0;
+}
+
 int train(const std::vector<std::string>& args) {
   if (wants_help(args)) {
     std::printf("usage: omnitron train [options]\n%s", options_help().c_str());
@@ -107,20 +146,7 @@ int train(const std::vector<std::string>& args) {
   finalize(opts);
   check_device(opts);
 
-  std::unique_ptr<TrainingData> data;
-  if (opts.mock_data) {
-    data = make_mock_data(opts.model.vocab_size, opts.seed);
-  } else if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
-    bool weighted = true;
-    const std::vector<WeightedPrefix> prefixes =
-        opts.data_file_list.empty() ? parse_data_path(opts.data_path, &weighted)
-                                    : read_data_file_list(opts.data_file_list);
-    data = make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
-                              opts.train_samples(), opts.valid_samples());
-  } else {
-    if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
-    data = make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
-  }
+  std::unique_ptr<TrainingData> data = open_training_data(opts);
 
   const double peak = measure_sgemm_gflops();
   const TransformerConfig& m = opts.model;

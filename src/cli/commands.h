@@ -1,9 +1,18 @@
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "config/options.h"
+#include "data/dataset.h"
+
 namespace omni::cli {
+
+// The training data the options name: --mock-data, --data-path/--data-file-list, or
+// --train-text (the demo corpus when none is given).
+std::unique_ptr<TrainingData> open_training_data(Options& opts);
+int data_samples(const std::vector<std::string>& args);
 
 int train(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);

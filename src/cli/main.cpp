@@ -19,6 +19,7 @@ const char* kUsage =
     "  train      train a model (without --train-text or --mock-data: the demo, a byte-level\n"
     "             GPT on the King James Bible; flags given override its preset)\n"
     "  generate   sample text from weights saved by train --save (--load DIR --prompt TEXT)\n"
+    "  data-samples  the first training samples and their token ids, in training order\n"
     "  info       devices, BLAS, GPU backend and the measured peak used for MFU\n"
     "  help       this text and every option\n"
     "\n"
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return omni::cli::train(args);
     if (cmd == "generate") return omni::cli::generate(args);
     if (cmd == "info") return omni::cli::info(args);
+    if (cmd == "data-samples") return omni::cli::data_samples(args);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::printf("%s\noptions:%s", kUsage, omni::options_help().c_str());
       return 0;

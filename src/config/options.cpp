@@ -267,6 +267,9 @@ std::vector<OptionDef> build_table() {
                      [](Options& o) -> bool& { return o.append_eod; }));
   t.push_back(number<int>("--workers", "N", P, "tokenising threads (0: all cores)",
                           [](Options& o) -> int& { return o.workers; }));
+  t.push_back(number<int>("--print-samples", "N", D,
+                          "omnitron data-samples: how many training samples to print",
+                          [](Options& o) -> int& { return o.print_samples; }));
   const std::string S = "sampling (generate, and the sample after training)";
   t.push_back(text("--prompt", "TEXT", S, "text to continue",
                    [](Options& o) -> std::string& { return o.prompt; }));

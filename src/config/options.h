@@ -48,6 +48,7 @@ struct Options {
   std::string input, output_prefix, json_keys = "text";
   bool append_eod = false;
   int workers = 0;  // 0: all cores
+  int print_samples = 10;  // `omnitron data-samples`
   // Model weights.
   std::string save, load;
   std::string device = "auto";

@@ -22,6 +22,9 @@ class TrainingData {
   virtual void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
                              int32_t* labels) const = 0;
   virtual std::string describe() const = 0;
+  // Where training sample k comes from, for `omnitron data-samples` (e.g. "dataset 1,
+  // sample 12 = shuffle row 40: doc_idx 7 offset 113"); empty when there is nothing to add.
+  virtual std::string train_sample_origin(int64_t k) const { return {}; }
 };
 
 // Random tokens in [0, vocab) (Megatron's --mock-data).

@@ -61,12 +61,18 @@ std::array<std::optional<DocumentRange>, 3> split_document_ranges(const std::str
     // Python's round() is round-half-to-even, which nearbyint is in the default mode.
     const auto begin = static_cast<int64_t>(std::nearbyint(bookends[k] * n));
     const auto end = static_cast<int64_t>(std::nearbyint(bookends[k + 1] * n));
-    OMNI_REQUIRE(end > begin, "--split \"", split, "\" gives the ", kSplitNames[k],
-                 " split no documents out of ", num_sequences,
-                 "; give it a larger weight, a weight of 0, or use more data");
-    ranges[k] = DocumentRange{begin, end};
+    ranges[k] = DocumentRange{begin, end};  // may be empty: see require_documents
   }
   return ranges;
+}
+
+const DocumentRange& require_documents(const std::optional<DocumentRange>& range,
+                                        const std::string& split, int which,
+                                        const std::string& prefix) {
+  OMNI_REQUIRE(range && range->size() > 0, "--split \"", split, "\" gives the ",
+               kSplitNames[which], " split no documents of ", prefix,
+               "; give it a larger weight, or use more data");
+  return *range;
 }
 
 GPTDatasetIndices build_gpt_dataset_indices(std::span<const int32_t> sequence_lengths,

@@ -24,9 +24,15 @@ struct DocumentRange {
 };
 
 // --split "969,30,1" over num_sequences: train, valid and test ranges. A split of weight zero
-// is absent (nullopt); a present split that rounds to no sequences is a UsageError.
+// is absent (nullopt); a present split may round to no sequences (an empty range), which is
+// only an error where that split is used (require_documents).
 std::array<std::optional<DocumentRange>, 3> split_document_ranges(const std::string& split,
                                                                   int64_t num_sequences);
+// The range of split `which` (0 train, 1 valid, 2 test); a UsageError naming the split and
+// the dataset when it is absent or empty (where Megatron would hang).
+const DocumentRange& require_documents(const std::optional<DocumentRange>& range,
+                                       const std::string& split, int which,
+                                       const std::string& prefix);
 
 struct GPTDatasetIndices {
   int64_t num_epochs = 0;

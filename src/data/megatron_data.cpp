@@ -26,6 +26,22 @@ class SplitSamples {
     if (plan_.dataset_index.empty()) return datasets_[0]->sample(k, tokens);
     datasets_[plan_.dataset_index[k]]->sample(plan_.dataset_sample_index[k], tokens);
   }
+  std::string origin(int64_t k) const {
+    std::string out;
+    int64_t j = k;
+    const GPTDataset* d = datasets_[0].get();
+    if (!plan_.dataset_index.empty()) {
+      j = plan_.dataset_sample_index[k];
+      d = datasets_[plan_.dataset_index[k]].get();
+      out = "dataset " + std::to_string(plan_.dataset_index[k]) + " sample " + std::to_string(j) +
+            ", ";
+    }
+    const GPTDatasetIndices& ix = d->indices();
+    const int64_t row = ix.shuffle_idx[j];
+    return out + "shuffle_idx -> sample_idx row " + std::to_string(row) + " (doc_idx position " +
+           std::to_string(ix.sample_idx[2 * row]) + ", offset " +
+           std::to_string(ix.sample_idx[2 * row + 1]) + ")";
+  }
 
  private:
   std::vector<std::unique_ptr<GPTDataset>> datasets_;
@@ -50,6 +66,7 @@ class MegatronData final : public TrainingData {
                  ": --split gives no validation documents; set --eval-iters 0 or change --split");
     for (int s = 0; s < count; ++s) read(*valid_, (first + s) % valid_->size(), seq, tokens, labels, s);
   }
+  std::string train_sample_origin(int64_t k) const override { return train_->origin(k); }
   std::string describe() const override {
     return name_ + ": Megatron indexed data, " + std::to_string(train_->size()) +
            " train samples" +
@@ -83,13 +100,10 @@ std::unique_ptr<SplitSamples> build_split(
   std::vector<std::unique_ptr<GPTDataset>> datasets;
   for (size_t i = 0; i < data.size(); ++i) {
     const auto ranges = split_document_ranges(split, data[i]->num_sequences());
-    if (!ranges[which]) {
-      OMNI_REQUIRE(which != 0, "--split ", split, " leaves no training documents in ",
-                   prefixes[i].prefix);
-      return nullptr;
-    }
+    if (!ranges[which] && which != 0) return nullptr;  // e.g. --split 100,0,0: no validation
+    const DocumentRange& docs = require_documents(ranges[which], split, which, prefixes[i].prefix);
     const int64_t n = weighted ? plan.dataset_sizes[i] : num_samples;
-    datasets.push_back(std::make_unique<GPTDataset>(data[i], *ranges[which], n, seq, seed));
+    datasets.push_back(std::make_unique<GPTDataset>(data[i], docs, n, seq, seed));
   }
   return std::make_unique<SplitSamples>(std::move(datasets), std::move(plan));
 }

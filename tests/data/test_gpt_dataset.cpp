@@ -135,8 +135,12 @@ TEST(Split, ReadsAnyNumbersBetweenSeparators) {
   EXPECT_EQ(ranges[2]->end, 7);
 }
 
-TEST(Split, RejectsAPresentSplitWithNoDocuments) {
-  EXPECT_THROW(split_document_ranges("100,1", 10), UsageError);  // Megatron would hang
+TEST(Split, APresentSplitWithNoDocumentsIsEmptyAndRefusedWhereUsed) {
+  const auto ranges = split_document_ranges("100,1", 10);
+  ASSERT_TRUE(ranges[1].has_value());
+  EXPECT_EQ(ranges[1]->size(), 0);
+  EXPECT_THROW(require_documents(ranges[1], "100,1", 1, "data"), UsageError);  // Megatron hangs
+  EXPECT_EQ(require_documents(ranges[0], "100,1", 0, "data").size(), 10);
 }
 
 TEST(Split, RejectsMalformedStrings) {
