@@ -27,13 +27,14 @@ template <typename T>
 void linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w, int M, int K,
                      int N, bool accumulate_dx = false);
 
-// out[n] = wte[tokens[n]] + wpe[n % seq] (wpe may be null).
+// out[n] = wte[tokens[n]] + wpe[position(n)] (wpe may be null), where position(n) is
+// positions[n], or n % seq when positions is null.
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N, int seq,
-                       int C);
+                       int C, const int32_t* positions = nullptr);
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const int32_t* tokens, const T* dout, int N, int seq,
-                        int C);
+                        int C, const int32_t* positions = nullptr);
 
 // LayerNorm over the last dimension; saves mean and rstd per row for backward. bias may be null.
 template <typename T>
@@ -68,6 +69,9 @@ void add(T* out, const T* a, const T* b, size_t n);
 // `groups` key/value heads, heads / groups query heads per group.
 struct AttentionDims {
   int batch, seq, heads, groups, head_dim;
+  // Optional [batch * seq]: row n attends keys key_start[n] .. n of its sequence (documents
+  // packed in one sample, Megatron's --reset-attention-mask); null: keys 0 .. n.
+  const int32_t* key_start = nullptr;
   int heads_per_group() const { return heads / groups; }
   int qkv_width() const { return (heads + 2 * groups) * head_dim; }
 };
@@ -81,18 +85,19 @@ template <typename T>
 void qkv_merge(T* qkv, const T* q, const T* k, const T* v, const AttentionDims& d);
 
 // Rotary position embedding (non-interleaved halves, as Megatron and Hugging Face Llama)
-// applied in place to x [N, nheads, head_dim] at positions n % seq; cos/sin are
-// [seq, head_dim/2] tables from rope_tables. backward = rotation by the negative angle.
+// applied in place to x [N, nheads, head_dim] at positions[n] (null: n % seq); cos/sin
+// are [seq, head_dim/2] tables from rope_tables. backward = rotation by the negative angle.
 void rope_tables(double* cos, double* sin, int seq, int head_dim, double base);
 template <typename T>
 void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, int nheads,
-                  int head_dim);
+                  int head_dim, const int32_t* positions = nullptr);
 template <typename T>
 void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
-                   int head_dim);
+                   int head_dim, const int32_t* positions = nullptr);
 
 // Causal softmax attention. q [N, heads*hd], k/v [N, groups*hd], out [N, heads*hd];
-// probs [batch, heads, seq, seq] is saved for backward (entries above the diagonal are 0).
+// probs [batch, heads, seq, seq] is saved for backward (entries outside each row's keys are
+// 0, which is also all the backward needs to know about the mask).
 template <typename T>
 void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
                        const AttentionDims& d);

@@ -241,6 +241,13 @@ std::vector<OptionDef> build_table() {
                    [](Options& o) -> std::string& { return o.tokenizer.tokenizer_model; }));
   t.push_back(text("--tiktoken-pattern", "v1|v2", D, "TikTokenizer pre-tokenisation pattern",
                    [](Options& o) -> std::string& { return o.tokenizer.tiktoken_pattern; }));
+  t.push_back(toggle("--eod-mask-loss", D, "no loss on end-of-document tokens",
+                     [](Options& o) -> bool& { return o.eod_mask_loss; }));
+  t.push_back(toggle("--reset-position-ids", D, "positions restart after each end-of-document token",
+                     [](Options& o) -> bool& { return o.reset_position_ids; }));
+  t.push_back(toggle("--reset-attention-mask", D,
+                     "tokens attend only within their document (packed samples)",
+                     [](Options& o) -> bool& { return o.reset_attention_mask; }));
   t.push_back(text("--split", "A,B,C", D, "train, validation, test weights of the corpus",
                    [](Options& o) -> std::string& { return o.split; }));
 

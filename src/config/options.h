@@ -44,6 +44,7 @@ struct Options {
   std::string data_file_list;  // Megatron-DeepSpeed's "weight prefix corpus" lines
   std::string split = "969,30,1";
   TokenizerOptions tokenizer;  // --tokenizer-type and its files
+  bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
   // `omnitron preprocess` (Megatron's tools/preprocess_data.py flags).
   std::string input, output_prefix, json_keys = "text";
   bool append_eod = false;

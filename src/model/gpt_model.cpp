@@ -128,8 +128,9 @@ T* GPTModel<T>::classifier_weight(bool grads) const {
 }
 
 template <typename T>
-ops::AttentionDims GPTModel<T>::attention_dims(int batch, int seq) const {
-  return {batch, seq, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim()};
+ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb) const {
+  return {mb.batch, mb.seq, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim(),
+          mb.key_start};
 }
 
 template <typename T>
@@ -167,14 +168,16 @@ void GPTModel<T>::check_batch(const MicroBatch& mb) const {
 }
 
 template <typename T>
-void GPTModel<T>::forward(const int32_t* tokens, int B, int S) {
-  const int N = B * S, C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
+void GPTModel<T>::forward(const MicroBatch& mb) {
+  const int B = mb.batch, S = mb.seq, N = B * S, C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
   const int G = cfg_.query_groups(), F = cfg_.ffn_size(), fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(B, S);
+  const ops::AttentionDims ad = attention_dims(mb);
   const bool rope = cfg_.position_embedding_type == PositionEmbedding::Rope;
-  ops::embedding_forward(residual_[0].template data<T>(), tokens,
+  const int32_t* pos = mb.position_ids;
+  ops::embedding_forward(residual_[0].template data<T>(), mb.tokens,
                          params_.value("embedding.word_embeddings.weight"),
-                         params_.value_or_null("embedding.position_embeddings.weight"), N, S, C);
+                         params_.value_or_null("embedding.position_embeddings.weight"), N, S, C,
+                         pos);
   for (int i = 0; i < cfg_.num_layers; ++i) {
     LayerActivations& a = acts_[i];
     const LayerParams p = layer_params(i, false);
@@ -196,8 +199,8 @@ void GPTModel<T>::forward(const int32_t* tokens, int B, int S) {
       ops::qkv_split(q, k, v, qkv, ad);
     }
     if (rope) {
-      ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, S, H, hd);
-      ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, S, G, hd);
+      ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, S, H, hd, pos);
+      ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, S, G, hd, pos);
     }
     T* attn = a.attn.template data<T>();
     ops::attention_forward(attn, a.probs.template data<T>(), q, k, v, ad);
@@ -228,8 +231,9 @@ void GPTModel<T>::backward(const MicroBatch& mb) {
   const int B = mb.batch, S = mb.seq, N = B * S;
   const int C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
   const int G = cfg_.query_groups(), F = cfg_.ffn_size(), fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(B, S);
+  const ops::AttentionDims ad = attention_dims(mb);
   const bool rope = cfg_.position_embedding_type == PositionEmbedding::Rope;
+  const int32_t* pos = mb.position_ids;
   T* dres = d_resid_.template data<T>();
   T* dh = d_hidden_.template data<T>();  // holds d(final norm output) on entry
   std::fill(dres, dres + size_t(N) * C, T(0));
@@ -261,8 +265,8 @@ void GPTModel<T>::backward(const MicroBatch& mb) {
                             a.probs.template data<T>(), a.q.template data<T>(),
                             a.k.template data<T>(), a.v.template data<T>(), ad);
     if (rope) {
-      ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, S, H, hd);
-      ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, S, G, hd);
+      ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, S, H, hd, pos);
+      ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, S, G, hd, pos);
     }
     if (cfg_.qk_layernorm) {
       T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
@@ -283,7 +287,7 @@ void GPTModel<T>::backward(const MicroBatch& mb) {
   }
   ops::embedding_backward(params_.grad("embedding.word_embeddings.weight"),
                           params_.grad_or_null("embedding.position_embeddings.weight"), mb.tokens,
-                          dres, N, S, C);
+                          dres, N, S, C, pos);
 }
 
 template <typename T>
@@ -300,7 +304,7 @@ double GPTModel<T>::forward_backward(const MicroBatch& mb, double grad_scale) {
   check_batch(mb);
   OMNI_CHECK(mb.labels, "[gpt] forward_backward needs labels");
   const double denom = mask_sum<T>(mb);
-  forward(mb.tokens, mb.batch, mb.seq);
+  forward(mb);
   if (denom == 0) return 0.0;  // every token masked: no loss, no gradient
   ops::ClassifierLossArgs ca{mb.batch * mb.seq, cfg_.hidden_size, cfg_.vocab_size,
                              grad_scale / denom};
@@ -316,7 +320,7 @@ double GPTModel<T>::forward_loss(const MicroBatch& mb) {
   check_batch(mb);
   OMNI_CHECK(mb.labels, "[gpt] forward_loss needs labels");
   const double denom = mask_sum<T>(mb);
-  forward(mb.tokens, mb.batch, mb.seq);
+  forward(mb);
   if (denom == 0) return 0.0;
   ops::ClassifierLossArgs ca{mb.batch * mb.seq, cfg_.hidden_size, cfg_.vocab_size, 1.0};
   return ops::classifier_cross_entropy<T>(nullptr, nullptr, nullptr, final_norm_.template data<T>(),
@@ -326,8 +330,9 @@ double GPTModel<T>::forward_loss(const MicroBatch& mb) {
 
 template <typename T>
 std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int seq) {
-  check_batch(MicroBatch{tokens, nullptr, nullptr, batch, seq});
-  forward(tokens, batch, seq);
+  const MicroBatch mb{tokens, nullptr, nullptr, batch, seq};
+  check_batch(mb);
+  forward(mb);
   const int N = batch * seq, C = cfg_.hidden_size, V = cfg_.vocab_size;
   std::vector<T> logits(size_t(N) * V);
   ops::linear_forward<T>(logits.data(), final_norm_.template data<T>(), classifier_weight(false),
@@ -337,8 +342,9 @@ std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int
 
 template <typename T>
 std::vector<float> GPTModel<T>::next_token_logits(const int32_t* tokens, int seq) {
-  check_batch(MicroBatch{tokens, nullptr, nullptr, 1, seq});
-  forward(tokens, 1, seq);
+  const MicroBatch mb{tokens, nullptr, nullptr, 1, seq};
+  check_batch(mb);
+  forward(mb);
   const int C = cfg_.hidden_size, V = cfg_.vocab_size;
   std::vector<T> logits(V);
   ops::linear_forward<T>(logits.data(), final_norm_.template data<T>() + size_t(seq - 1) * C,

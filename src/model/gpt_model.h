@@ -14,11 +14,16 @@
 namespace omni {
 
 // One micro-batch: tokens and labels are [batch, seq]; loss_mask may be null (all ones).
+// For documents packed into one sample (Megatron's --reset-position-ids and
+// --reset-attention-mask), position_ids [batch, seq] restart at each document and row i
+// attends only keys key_start[i] .. i of its sample; null means 0..seq-1 and 0 .. i.
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* labels = nullptr;
   const float* loss_mask = nullptr;
   int batch = 0, seq = 0;
+  const int32_t* position_ids = nullptr;
+  const int32_t* key_start = nullptr;
 };
 
 template <typename T>
@@ -61,9 +66,9 @@ class GPTModel {
   std::vector<ParamInfo> parameter_layout() const;
   LayerParams layer_params(int layer, bool grads) const;
   T* classifier_weight(bool grads) const;
-  ops::AttentionDims attention_dims(int batch, int seq) const;
+  ops::AttentionDims attention_dims(const MicroBatch& mb) const;
   void check_batch(const MicroBatch& mb) const;
-  void forward(const int32_t* tokens, int batch, int seq);
+  void forward(const MicroBatch& mb);
   void backward(const MicroBatch& mb);
   // Norm over rows of width `width`: LayerNorm or RMSNorm per config.
   void norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows,

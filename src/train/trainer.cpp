@@ -9,7 +9,8 @@
 
 namespace omni {
 
-Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double peak_gflops)
+Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double peak_gflops,
+                 std::optional<int32_t> eod)
     : opts_(opts),
       data_(std::move(data)),
       peak_gflops_(peak_gflops),
@@ -18,6 +19,27 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   const size_t n = size_t(opts.micro_batch_size) * opts.model.seq_length;
   tokens_.resize(n);
   labels_.resize(n);
+  doc_masks_ = {eod.value_or(-1), opts.reset_position_ids, opts.reset_attention_mask,
+                opts.eod_mask_loss};
+  if (doc_masks_.any()) {
+    OMNI_REQUIRE(eod.has_value(), "--eod-mask-loss, --reset-position-ids and "
+                 "--reset-attention-mask need a tokenizer with an end-of-document token "
+                 "(--tokenizer-type)");
+    positions_.resize(n);
+    key_start_.resize(n);
+    loss_mask_.resize(n);
+  }
+}
+
+MicroBatch Trainer::micro_batch() {
+  const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
+  if (!doc_masks_.any()) return {tokens_.data(), labels_.data(), nullptr, mb, seq};
+  document_masks(tokens_.data(), mb, seq, doc_masks_, positions_.data(), key_start_.data(),
+                 loss_mask_.data());
+  return {tokens_.data(),    labels_.data(),
+          loss_mask_.data(), mb,
+          seq,               doc_masks_.reset_position_ids ? positions_.data() : nullptr,
+          doc_masks_.reset_attention_mask ? key_start_.data() : nullptr};
 }
 
 double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
@@ -30,8 +52,7 @@ double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
                          labels_.data());
     // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is
     // that of the global batch's mean loss.
-    loss +=
-        model_.forward_backward({tokens_.data(), labels_.data(), nullptr, mb, seq}, 1.0 / accum);
+    loss += model_.forward_backward(micro_batch(), 1.0 / accum);
   }
   consumed_samples_ += opts_.global_batch_size;
   loss /= accum;
@@ -54,7 +75,7 @@ double Trainer::evaluate() {
   double sum = 0;
   for (int i = 0; i < opts_.eval_iters; ++i) {
     data_->valid_samples(int64_t(i) * mb, mb, seq, tokens_.data(), labels_.data());
-    sum += model_.forward_loss({tokens_.data(), labels_.data(), nullptr, mb, seq});
+    sum += model_.forward_loss(micro_batch());
   }
   return opts_.eval_iters ? sum / opts_.eval_iters : NAN;
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "base/error.h"
 #include "config/options.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
@@ -91,6 +92,23 @@ TEST(Training, GradientAccumulationEqualsTheLargerMicroBatch) {
   ASSERT_EQ(two.train_losses.size(), one.train_losses.size());
   for (size_t i = 0; i < one.train_losses.size(); ++i)
     EXPECT_NEAR(two.train_losses[i], one.train_losses[i], 1e-5 * one.train_losses[i]) << i;
+}
+
+TEST(Training, DocumentMaskOptionsNeedAnEndOfDocumentToken) {
+  const omni::Options o = tiny_options({"--eod-mask-loss"});
+  EXPECT_THROW(omni::Trainer(o, omni::make_mock_data(97, 1)), omni::UsageError);
+}
+
+TEST(Training, DocumentMasksChangeTheLossWhenSamplesHoldEodTokens) {
+  // Mock tokens are uniform in [0, 97): with eod = 5 about 1 in 97 tokens ends a document.
+  const omni::Options packed = tiny_options(
+      {"--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask", "--seq-length", "64"});
+  omni::MetricsSink sink("", false, nullptr);
+  omni::Trainer a(packed, omni::make_mock_data(97, 1), 0, 5);
+  omni::Trainer b(tiny_options({"--seq-length", "64"}), omni::make_mock_data(97, 1));
+  const auto ra = a.run(sink), rb = b.run(sink);
+  EXPECT_NE(ra.train_losses, rb.train_losses);
+  for (double l : ra.train_losses) EXPECT_TRUE(std::isfinite(l));
 }
 
 TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {

@@ -65,12 +65,13 @@ void rope_tables(double* cos, double* sin, int seq, int head_dim, double base) {
 // the Jacobian of a rotation is the rotation, so its transpose rotates back).
 template <typename T>
 static void rope_apply(T* x, const double* cos, const double* sin, int N, int seq, int nheads,
-                       int hd, double sign) {
+                       int hd, const int32_t* positions, double sign) {
   const int half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const double* c = cos + static_cast<size_t>(n % seq) * half;
-    const double* s = sin + static_cast<size_t>(n % seq) * half;
+    const size_t pos = static_cast<size_t>(positions ? positions[n] : n % seq);
+    const double* c = cos + pos * half;
+    const double* s = sin + pos * half;
     for (int h = 0; h < nheads; ++h) {
       T* r = x + (static_cast<size_t>(n) * nheads + h) * hd;
       for (int i = 0; i < half; ++i) {
@@ -84,13 +85,14 @@ static void rope_apply(T* x, const double* cos, const double* sin, int N, int se
 }
 
 template <typename T>
-void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, int nheads, int hd) {
-  rope_apply(x, cos, sin, N, seq, nheads, hd, 1.0);
+void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, int nheads, int hd,
+                  const int32_t* positions) {
+  rope_apply(x, cos, sin, N, seq, nheads, hd, positions, 1.0);
 }
 template <typename T>
 void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
-                   int hd) {
-  rope_apply(dx, cos, sin, N, seq, nheads, hd, -1.0);
+                   int hd, const int32_t* positions) {
+  rope_apply(dx, cos, sin, N, seq, nheads, hd, positions, -1.0);
 }
 
 template <typename T>
@@ -114,17 +116,19 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
               T(0), Pb, S);
       for (int i = r0; i < r1; ++i) {
         T* row = P + static_cast<size_t>(i) * S;
+        const int j0 = d.key_start ? d.key_start[static_cast<size_t>(b) * S + i] : 0;
         T mx = std::numeric_limits<T>::lowest();
-        for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int j = j0; j <= i; ++j) mx = std::max(mx, row[j]);
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           row[j] = std::exp(row[j] - mx);
           sum += row[j];
         }
         const T inv = T(1) / sum;
 #pragma omp simd
-        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        for (int j = j0; j <= i; ++j) row[j] *= inv;
+        std::fill(row, row + j0, T(0));
         std::fill(row + i + 1, row + S, T(0));
       }
       gemm<T>(false, false, rows, hd, r1, T(1), Pb, S, vb, ldk, T(0),
@@ -193,8 +197,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 #define INSTANTIATE(T)                                                                            \
   template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                         \
   template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);             \
-  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int);            \
-  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int);           \
+  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int,            \
+                                const int32_t*);                                                 \
+  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,           \
+                                 const int32_t*);                                                \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&); \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, const T*, const AttentionDims&);

@@ -8,13 +8,13 @@ namespace omni::ops {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N, int seq,
-                       int C) {
+                       int C, const int32_t* positions) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     T* o = out + static_cast<size_t>(n) * C;
     const T* e = wte + static_cast<size_t>(tokens[n]) * C;
     if (wpe) {
-      const T* p = wpe + static_cast<size_t>(n % seq) * C;
+      const T* p = wpe + static_cast<size_t>(positions ? positions[n] : n % seq) * C;
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
     } else {
       std::memcpy(o, e, C * sizeof(T));
@@ -26,7 +26,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe
 // so there are no races and the sum order never changes.
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const int32_t* tokens, const T* dout, int N, int seq,
-                        int C) {
+                        int C, const int32_t* positions) {
   constexpr int kCols = 64;
   const int nchunks = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)
@@ -37,7 +37,7 @@ void embedding_backward(T* dwte, T* dwpe, const int32_t* tokens, const T* dout, 
       T* e = dwte + static_cast<size_t>(tokens[n]) * C;
       for (int c = c0; c < c1; ++c) e[c] += g[c];
       if (dwpe) {
-        T* p = dwpe + static_cast<size_t>(n % seq) * C;
+        T* p = dwpe + static_cast<size_t>(positions ? positions[n] : n % seq) * C;
         for (int c = c0; c < c1; ++c) p[c] += g[c];
       }
     }
@@ -45,8 +45,8 @@ void embedding_backward(T* dwte, T* dwpe, const int32_t* tokens, const T* dout, 
 }
 
 #define INSTANTIATE(T)                                                                       \
-  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int); \
-  template void embedding_backward<T>(T*, T*, const int32_t*, const T*, int, int, int);
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, const int32_t*); \
+  template void embedding_backward<T>(T*, T*, const int32_t*, const T*, int, int, int, const int32_t*);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 
 }  // namespace omni::ops
