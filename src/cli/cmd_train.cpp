@@ -80,6 +80,15 @@ std::vector<std::string> demo_args() {
 
 }  // namespace
 
+std::unique_ptr<Tokenizer> open_tokenizer(Options& opts) {
+  if (opts.tokenizer.type.empty()) return nullptr;
+  opts.tokenizer.vocab_size = opts.model.vocab_size;  // NullTokenizer's size
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(opts.tokenizer);
+  // The model embeds what the tokenizer can produce (Megatron pads it afterwards).
+  opts.model.vocab_size = static_cast<int>(tokenizer->vocab_size());
+  return tokenizer;
+}
+
 std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed);
   if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
@@ -104,6 +113,7 @@ int data_samples(const std::vector<std::string>& args) {
   }
   Options opts;
   parse_options(args, opts);
+  open_tokenizer(opts);
   finalize(opts);
   std::unique_ptr<TrainingData> data = open_training_data(opts);
   std::printf("# %s\n", data->describe().c_str());
@@ -143,6 +153,7 @@ int train(const std::vector<std::string>& args) {
     loaded = load_weights(opts.load, opts);
     parse_options(args, opts);  // flags on the command line still win over stored ones
   }
+  const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   finalize(opts);
   check_device(opts);
 
@@ -166,7 +177,8 @@ int train(const std::vector<std::string>& args) {
               cpu_threads(), blas_config().c_str(), peak);
   std::fflush(stdout);
 
-  Trainer trainer(opts, std::move(data), peak);
+  if (tokenizer) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
+  Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt);
   if (!loaded.empty()) assign_weights(trainer.model().params(), loaded, opts.load);
   MetricsSink sink(opts.metrics_file, opts.progress);
   TrainResult r = trainer.run(sink);

@@ -371,7 +371,7 @@ void finalize(Options& o) {
                "choose one data source: --mock-data, --data-path, --data-file-list or --train-text");
   if (o.mock_data || indexed) {
     OMNI_REQUIRE(o.model.vocab_size > 0, o.mock_data ? "--mock-data" : "--data-path",
-                 " needs --vocab-size (tokenizers are not built yet)");
+                 " needs --vocab-size or --tokenizer-type");
   } else {
     OMNI_REQUIRE(o.model.vocab_size == 0 || o.model.vocab_size == 256,
                  "--vocab-size applies to --mock-data and --data-path; byte-level text has 256 "
