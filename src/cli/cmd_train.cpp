@@ -42,40 +42,13 @@ std::vector<std::string> demo_args() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string save = ec ? "demo-model" : (exe.parent_path() / "demo-model").string();
-  return {"--num-layers",
-          "4",
-          "--hidden-size",
-          "256",
-          "--num-attention-heads",
-          "4",
-          "--seq-length",
-          "256",
-          "--position-embedding-type",
-          "rope",
-          "--micro-batch-size",
-          "16",
-          "--train-iters",
-          "700",
-          "--lr",
-          "2e-3",
-          "--min-lr",
-          "1e-4",
-          "--lr-decay-style",
-          "cosine",
-          "--lr-warmup-iters",
-          "40",
-          "--adam-beta2",
-          "0.95",
-          "--weight-decay",
-          "0.1",
-          "--log-interval",
-          "50",
-          "--eval-interval",
-          "100",
-          "--eval-iters",
-          "20",
-          "--save",
-          save};
+  return {"--data-path", demo_dataset_prefix(), "--tokenizer-type", "ByteLevelTokenizer",
+          "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+          "--seq-length", "256", "--position-embedding-type", "rope", "--micro-batch-size", "16",
+          "--train-iters", "700", "--lr", "2e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
+          "--lr-warmup-iters", "40", "--adam-beta2", "0.95", "--weight-decay", "0.1",
+          "--log-interval", "50", "--eval-interval", "100", "--eval-iters", "20",
+          "--save", save};
 }
 
 }  // namespace
@@ -192,7 +165,8 @@ int train(const std::vector<std::string>& args) {
     std::printf("saved weights to %s/model.omw (omnitron generate --load %s)\n", opts.save.c_str(),
                 opts.save.c_str());
   }
-  if (opts.max_new_tokens > 0 && !opts.train_text.empty()) {
+  const bool byte_level = !opts.train_text.empty() || opts.tokenizer.type == "ByteLevelTokenizer";
+  if (opts.max_new_tokens > 0 && byte_level) {
     SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
                        static_cast<uint64_t>(opts.seed)};
     std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,

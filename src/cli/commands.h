@@ -17,6 +17,8 @@ std::unique_ptr<Tokenizer> open_tokenizer(Options& opts);
 // --train-text (the demo corpus when none is given).
 std::unique_ptr<TrainingData> open_training_data(Options& opts);
 int data_samples(const std::vector<std::string>& args);
+int preprocess(const std::vector<std::string>& args);
+int merge_datasets(const std::vector<std::string>& args);
 
 int train(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);

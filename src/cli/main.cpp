@@ -16,12 +16,14 @@ const char* kUsage =
     "usage: omnitron <command> [options]\n"
     "\n"
     "commands:\n"
-    "  train      train a model (without --train-text or --mock-data: the demo, a byte-level\n"
-    "             GPT on the King James Bible; flags given override its preset)\n"
-    "  generate   sample text from weights saved by train --save (--load DIR --prompt TEXT)\n"
-    "  data-samples  the first training samples and their token ids, in training order\n"
-    "  info       devices, BLAS, GPU backend and the measured peak used for MFU\n"
-    "  help       this text and every option\n"
+    "  train           train a model (without --train-text, --data-path or --mock-data: the\n"
+    "                  demo, a byte-level GPT on the King James Bible; flags override it)\n"
+    "  generate        sample text from weights saved by train --save (--load DIR --prompt T)\n"
+    "  preprocess      tokenise jsonl/text into Megatron .bin/.idx (as preprocess_data.py)\n"
+    "  merge-datasets  concatenate .bin/.idx datasets (as merge_datasets.py)\n"
+    "  data-samples    the first training samples and their token ids, in training order\n"
+    "  info            devices, BLAS, GPU backend and the measured peak used for MFU\n"
+    "  help            this text and every option\n"
     "\n"
     "Options use Megatron-LM's spelling (--num-layers, --hidden-size, --lr, ...).\n";
 
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return omni::cli::generate(args);
     if (cmd == "info") return omni::cli::info(args);
     if (cmd == "data-samples") return omni::cli::data_samples(args);
+    if (cmd == "preprocess") return omni::cli::preprocess(args);
+    if (cmd == "merge-datasets") return omni::cli::merge_datasets(args);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::printf("%s\noptions:%s", kUsage, omni::options_help().c_str());
       return 0;

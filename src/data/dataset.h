@@ -47,5 +47,8 @@ std::unique_ptr<TrainingData> make_megatron_data(const std::vector<WeightedPrefi
 // $OMNITRON_DATA_DIR/kjv.txt, then data/kjv.txt beside the build directory; when absent,
 // decodes it there with the package's `bible` program. Throws with what to install.
 std::string demo_corpus_path();
+// The demo corpus as a Megatron indexed dataset of byte tokens, one document per chapter
+// (`kjv_text_document.bin/.idx` beside the text), written on first use.
+std::string demo_dataset_prefix();
 
 }  // namespace omni

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include "base/error.h"
 #include "base/philox.h"
 #include "data/dataset.h"
+#include "data/indexed_dataset.h"
 
 namespace omni {
 
@@ -159,6 +161,50 @@ std::string demo_corpus_path() {
                "decoding the demo corpus with `", cmd, "` failed");
   fs::rename(tmp, target);
   return target.string();
+}
+
+}  // namespace omni
+
+namespace omni {
+
+// One document per chapter: a chapter starts at its heading line ("Genesis 1",
+// "1 Kings 3", "Song of Solomon 2"), and its bytes are its tokens (ByteLevelTokenizer).
+std::string demo_dataset_prefix() {
+  namespace fs = std::filesystem;
+  const fs::path corpus = demo_corpus_path();
+  const std::string prefix = (corpus.parent_path() / "kjv_text_document").string();
+  if (fs::exists(prefix + ".idx") && fs::exists(prefix + ".bin") &&
+      fs::last_write_time(prefix + ".idx") >= fs::last_write_time(corpus))
+    return prefix;
+  std::ifstream in(corpus, std::ios::binary);
+  OMNI_REQUIRE(in, "cannot read the demo corpus ", corpus.string());
+  const auto is_heading = [](const std::string& line) {
+    // Book name words (an optional leading 1-3), then a chapter number, nothing else.
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos || space + 1 == line.size()) return false;
+    for (size_t i = space + 1; i < line.size(); ++i)
+      if (line[i] < '0' || line[i] > '9') return false;
+    for (size_t i = 0; i < space; ++i) {
+      const char c = line[i];
+      if (!(std::isalpha(static_cast<unsigned char>(c)) || c == ' ' || (i == 0 && c >= '1' && c <= '3')))
+        return false;
+    }
+    return std::isupper(static_cast<unsigned char>(line[line[0] <= '3' ? 2 : 0])) != 0;
+  };
+  IndexedDatasetWriter writer(prefix, IndexedDtype::kUInt16);
+  std::vector<int32_t> doc;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (is_heading(line) && !doc.empty() && doc.size() > 1) {
+      writer.add_document(doc);
+      doc.clear();
+    }
+    for (unsigned char c : line) doc.push_back(c);
+    doc.push_back('\n');
+  }
+  if (!doc.empty()) writer.add_document(doc);
+  writer.finalize();
+  return prefix;
 }
 
 }  // namespace omni

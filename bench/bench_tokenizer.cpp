@@ -1,0 +1,80 @@
+// GPT-2 BPE encoding speed, single-threaded, beside npm gpt-3-encoder's on the same text.
+// Figures only. Text: data/kjv.txt if present, else the fixture mixed.txt repeated.
+//   bench_tokenizer [TEXT]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "data/tokenizer_impl.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Where the npm encoder is: the fixture script's install, or NODE_PATH.
+const char* kNodeScript = R"(
+const fs = require('fs');
+const enc = require('gpt-3-encoder');
+const text = fs.readFileSync(process.argv[2], 'utf8');
+enc.encode(text.slice(0, 100000));
+const t0 = process.hrtime.bigint();
+const ids = enc.encode(text);
+const s = Number(process.hrtime.bigint() - t0) / 1e9;
+console.log((Buffer.byteLength(text) / 1e6 / s).toFixed(2) + ' MB/s (' + ids.length + ' ids)');
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const fs::path root = fs::path(__FILE__).parent_path().parent_path();
+  fs::path text_path = argc > 1 ? fs::path(argv[1]) : root / "data" / "kjv.txt";
+  std::string text;
+  if (fs::exists(text_path)) {
+    text = read_text(text_path);
+  } else {
+    const std::string mixed = read_text(root / "tests/fixtures/tokenizers/mixed.txt");
+    while (text.size() < (8u << 20)) text += mixed;
+    text_path = fs::temp_directory_path() / "omnitron_bench_tokenizer.txt";
+    std::ofstream(text_path, std::ios::binary) << text;
+  }
+  omni::TokenizerOptions o;
+  o.vocab_file = (root / "data/tokenizers/gpt2/vocab.json").string();
+  o.merge_file = (root / "data/tokenizers/gpt2/merges.txt").string();
+  const auto tok = omni::make_gpt2_bpe_tokenizer(o);
+  const double mb = double(text.size()) / 1e6;
+  std::printf("text: %s (%.2f MB)\n", text_path.c_str(), mb);
+
+  // First pass fills the word cache from cold; the second is the steady state a
+  // preprocessing worker reaches after its first documents.
+  for (const char* label : {"cold cache", "warm cache"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto ids = tok->encode(text);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("omnitron GPT2BPETokenizer, 1 thread, %s: %.2f MB/s (%zu ids)\n", label, mb / s,
+                ids.size());
+  }
+
+  const fs::path script = fs::temp_directory_path() / "omnitron_bench_tokenizer.cjs";
+  std::ofstream(script) << kNodeScript;
+  const std::string cmd = "node '" + script.string() + "' '" + text_path.string() + "' 2>&1";
+  std::printf("npm gpt-3-encoder (node), 1 thread: ");
+  std::fflush(stdout);
+  if (std::system("command -v node >/dev/null 2>&1") != 0) {
+    std::printf("not measured: node is not installed\n");
+    return 0;
+  }
+  if (std::system(cmd.c_str()) != 0)
+    std::printf("not measured: run with NODE_PATH=<dir>/node_modules holding gpt-3-encoder\n");
+  return 0;
+}
