@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "config/options.h"
 #include "data/dataset.h"
+#include "data/prefetch.h"
 #include "train/sampler.h"
 #include "train/trainer.h"
 
@@ -69,8 +70,9 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
     const std::vector<WeightedPrefix> prefixes =
         opts.data_file_list.empty() ? parse_data_path(opts.data_path, &weighted)
                                     : read_data_file_list(opts.data_file_list);
-    return make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
-                              opts.train_samples(), opts.valid_samples());
+    return std::make_unique<PrefetchingData>(
+        make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
+                           opts.train_samples(), opts.valid_samples()));
   }
   if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
   return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "data/index_cache.h"
 #include "data/indexed_dataset.h"
 #include "data/numpy_random.h"
 
@@ -178,8 +179,10 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocumentRange
                "[GPTDataset] documents ", documents.begin, "..", documents.end,
                " are not a non-empty range of the ", data_->num_sequences(), " sequences of ",
                data_->prefix());
-  indices_ = build_gpt_dataset_indices(data_->sequence_lengths(), documents, num_samples,
-                                       seq_length, seed);
+  indices_ = cached_gpt_indices(*data_, documents, num_samples, seq_length, seed, [&] {
+    return build_gpt_dataset_indices(data_->sequence_lengths(), documents, num_samples,
+                                     seq_length, seed);
+  });
 }
 
 void GPTDataset::sample(int64_t k, int32_t* tokens) const {
