@@ -381,10 +381,12 @@ void finalize(Options& o) {
   o.model.validate();
   OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",
                o.micro_batch_size, ")");
-  if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;
-  OMNI_REQUIRE(o.global_batch_size > 0 && o.global_batch_size % o.micro_batch_size == 0,
+  const int per_step = o.micro_batch_size * o.data_parallel_size;
+  if (o.global_batch_size == 0) o.global_batch_size = per_step;
+  OMNI_REQUIRE(o.global_batch_size > 0 && o.global_batch_size % per_step == 0,
                "--global-batch-size (", o.global_batch_size,
-               ") must be a positive multiple of --micro-batch-size (", o.micro_batch_size, ")");
+               ") must be a positive multiple of --micro-batch-size (", o.micro_batch_size,
+               ") x data-parallel size (", o.data_parallel_size, ")");
   OMNI_REQUIRE(o.train_iters > 0, "--train-iters must be positive (got ", o.train_iters, ")");
   OMNI_REQUIRE(o.lr >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr (", o.min_lr,
                ") must be between 0 and --lr (", o.lr, ")");

@@ -60,9 +60,15 @@ struct Options {
   int top_k = 40;
   int max_new_tokens = 300;
 
+  // This process's data-parallel rank and the number of them (from the process grid once
+  // parallelism exists; one rank until then).
+  int data_parallel_rank = 0, data_parallel_size = 1;
+
   // Derived by finalize().
   LRScheduleConfig lr_schedule;
-  int grad_accumulation_steps() const { return global_batch_size / micro_batch_size; }
+  int grad_accumulation_steps() const {
+    return global_batch_size / (micro_batch_size * data_parallel_size);
+  }
   // Megatron's sample counts: what the train and validation datasets must hold.
   int64_t train_samples() const { return train_iters * global_batch_size; }
   int64_t valid_samples() const {

@@ -27,6 +27,15 @@ class TrainingData {
   virtual std::string train_sample_origin(int64_t k) const { return {}; }
 };
 
+// The first sample a data-parallel rank reads for micro-step `micro_step` of the step that
+// starts at `consumed` samples, as Megatron's MegatronPretrainingSampler hands them out:
+// each micro-step takes micro_batch x dp_size consecutive samples, and rank r reads the
+// r-th micro_batch of them. With one rank this is consumed + micro_step x micro_batch.
+inline int64_t micro_batch_first_sample(int64_t consumed, int micro_step, int micro_batch,
+                                        int dp_rank, int dp_size) {
+  return consumed + int64_t(micro_step) * micro_batch * dp_size + int64_t(dp_rank) * micro_batch;
+}
+
 // Random tokens in [0, vocab) (Megatron's --mock-data).
 std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed);
 

@@ -48,8 +48,10 @@ double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
   model_.params().zero_grads();
   double loss = 0;
   for (int m = 0; m < accum; ++m) {
-    data_->train_samples(consumed_samples_ + int64_t(m) * mb, mb, seq, tokens_.data(),
-                         labels_.data());
+    data_->train_samples(micro_batch_first_sample(consumed_samples_, m, mb,
+                                                  opts_.data_parallel_rank,
+                                                  opts_.data_parallel_size),
+                         mb, seq, tokens_.data(), labels_.data());
     // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is
     // that of the global batch's mean loss.
     loss += model_.forward_backward(micro_batch(), 1.0 / accum);

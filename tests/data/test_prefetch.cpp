@@ -54,3 +54,24 @@ TEST(Prefetch, AFailedPrefetchSurfacesOnlyWhenItsSamplesAreAskedFor) {
 
 }  // namespace
 }  // namespace omni
+
+namespace omni {
+namespace {
+
+TEST(DataParallelSlice, RanksTogetherReadEachGlobalBatchOnceInMegatronsOrder) {
+  // Global batch 8, micro batch 2, 2 ranks: 2 micro-steps; rank 0 reads 0-1 then 4-5,
+  // rank 1 reads 2-3 then 6-7 (MegatronPretrainingSampler).
+  EXPECT_EQ(micro_batch_first_sample(16, 0, 2, 0, 2), 16);
+  EXPECT_EQ(micro_batch_first_sample(16, 0, 2, 1, 2), 18);
+  EXPECT_EQ(micro_batch_first_sample(16, 1, 2, 0, 2), 20);
+  EXPECT_EQ(micro_batch_first_sample(16, 1, 2, 1, 2), 22);
+  std::vector<int> seen(8, 0);
+  for (int step = 0; step < 2; ++step)
+    for (int rank = 0; rank < 2; ++rank)
+      for (int i = 0; i < 2; ++i) ++seen[micro_batch_first_sample(0, step, 2, rank, 2) + i];
+  EXPECT_EQ(seen, std::vector<int>(8, 1));
+  EXPECT_EQ(micro_batch_first_sample(16, 3, 4, 0, 1), 28);  // one rank: consecutive
+}
+
+}  // namespace
+}  // namespace omni
