@@ -22,7 +22,6 @@ std::string read_text(const fs::path& path) {
   return ss.str();
 }
 
-// Where the npm encoder is: the fixture script's install, or NODE_PATH.
 // gpt-3-encoder slows down badly on one multi-megabyte string, so it encodes the text
 // in chunks of about 64 KB cut at line ends (which does not change GPT-2's pre-tokens).
 const char* kNodeScript = R"(
@@ -77,14 +76,26 @@ int main(int argc, char** argv) {
 
   const fs::path script = fs::temp_directory_path() / "omnitron_bench_tokenizer.cjs";
   std::ofstream(script) << kNodeScript;
-  const std::string cmd = "node '" + script.string() + "' '" + text_path.string() + "' 2>&1";
   std::printf("npm gpt-3-encoder (node), 1 thread: ");
   std::fflush(stdout);
   if (std::system("command -v node >/dev/null 2>&1") != 0) {
     std::printf("not measured: node is not installed\n");
     return 0;
   }
-  if (std::system(cmd.c_str()) != 0)
-    std::printf("not measured: run with NODE_PATH=<dir>/node_modules holding gpt-3-encoder\n");
+  // The reference encoder, installed from npm beside the tokenizer files on first use.
+  std::error_code ec;
+  const fs::path js = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() /
+                      "data" / "tokenizers" / "js";
+  if (!fs::exists(js / "node_modules" / "gpt-3-encoder")) {
+    const std::string install = "npm install --silent --no-save --prefix '" + js.string() +
+                                "' gpt-3-encoder@1.1.4 >/dev/null 2>&1";
+    if (std::system(install.c_str()) != 0) {
+      std::printf("not measured: `npm install gpt-3-encoder@1.1.4` failed\n");
+      return 0;
+    }
+  }
+  const std::string cmd = "NODE_PATH='" + (js / "node_modules").string() + "' node '" +
+                          script.string() + "' '" + text_path.string() + "' 2>&1";
+  if (std::system(cmd.c_str()) != 0) std::printf("not measured: the node script failed\n");
   return 0;
 }
