@@ -17,12 +17,6 @@ namespace omni::cli {
 
 namespace {
 
-bool wants_help(const std::vector<std::string>& args) {
-  for (const std::string& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
 std::vector<std::string> split_commas(const std::string& list, const char* flag) {
   std::vector<std::string> items;
   size_t begin = 0;
@@ -92,7 +86,7 @@ int preprocess(const std::vector<std::string>& args) {
   config.json_keys = split_commas(opts.json_keys, "--json-keys");
   config.append_eod = opts.append_eod;
   config.workers = opts.workers;
-  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(opts.tokenizer);
+  const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
 
   std::printf("omnitron preprocess: %s with %s, keys %s%s\n", config.input.c_str(),
               tokenizer->describe().c_str(), opts.json_keys.c_str(),

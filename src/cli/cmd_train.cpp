@@ -15,12 +15,6 @@ namespace omni::cli {
 
 namespace {
 
-bool wants_help(const std::vector<std::string>& args) {
-  for (const std::string& a : args)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
 // --device auto picks a GPU when one is present; GPU training arrives with the GPU backend.
 void check_device(const Options& o) {
   if (o.device == "cpu") return;

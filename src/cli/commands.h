@@ -10,6 +10,12 @@
 
 namespace omni::cli {
 
+inline bool wants_help(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
 // The tokenizer --tokenizer-type names (null when none); sets the model's vocabulary size
 // from it.
 std::unique_ptr<Tokenizer> open_tokenizer(Options& opts);

@@ -1,0 +1,69 @@
+// The data commands end to end through the binary: preprocess, merge-datasets, train on
+// the result with packed-document masks, and data-samples.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli/process.h"
+
+namespace {
+
+TEST(CliData, PreprocessMergeTrainAndPrintSamples) {
+  const std::string dir = ::testing::TempDir() + "omnitron_cli_data";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream a(dir + "/a.jsonl"), b(dir + "/b.jsonl");
+    for (int d = 0; d < 120; ++d) {
+      std::string ids;
+      for (int i = 0; i < 20 + d % 9; ++i) ids += std::to_string((d + i) % 10) + " ";
+      (d % 2 ? a : b) << "{\"text\": \"" << ids << "\", \"id\": " << d << "}\n";
+    }
+  }
+  const std::string tok = " --tokenizer-type NullTokenizer --vocab-size 10 ";
+  for (const char* part : {"a", "b"}) {
+    ProcessResult r = run_omnitron("preprocess --input " + dir + "/" + part + ".jsonl" + tok +
+                                   "--append-eod --workers 2 --no-progress --output-prefix " +
+                                   dir + "/" + part);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  ProcessResult merged = run_omnitron("merge-datasets --input " + dir + "/a_text_document," +
+                                      dir + "/b_text_document --output-prefix " + dir + "/ab");
+  ASSERT_EQ(merged.exit_code, 0) << merged.output;
+  EXPECT_EQ(std::filesystem::file_size(dir + "/ab.bin"),
+            std::filesystem::file_size(dir + "/a_text_document.bin") +
+                std::filesystem::file_size(dir + "/b_text_document.bin"));
+
+  const std::string data = "--data-path " + dir + "/ab" + tok +
+                           "--seq-length 16 --global-batch-size 4 --train-iters 30 ";
+  ProcessResult train = run_omnitron(
+      "train " + data +
+      "--micro-batch-size 4 --num-layers 1 --hidden-size 32 --num-attention-heads 2 --lr 1e-2 "
+      "--eval-iters 2 --eval-interval 30 --eod-mask-loss --reset-position-ids "
+      "--reset-attention-mask --no-progress");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("NullTokenizer (11 tokens, eod 10)"), std::string::npos)
+      << train.output;
+  EXPECT_NE(train.output.find("validation loss at iteration 30"), std::string::npos);
+
+  ProcessResult samples = run_omnitron("data-samples " + data + "--print-samples 2");
+  ASSERT_EQ(samples.exit_code, 0) << samples.output;
+  EXPECT_NE(samples.output.find("\nsample 1 | shuffle_idx -> sample_idx row"), std::string::npos)
+      << samples.output;
+}
+
+TEST(CliData, PreprocessNamesTheBadLine) {
+  const std::string dir = ::testing::TempDir() + "omnitron_cli_bad";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/bad.jsonl") << "{\"text\": \"1 2\"}\n{\"text\": 3}\n";
+  ProcessResult r = run_omnitron("preprocess --input " + dir +
+                                 "/bad.jsonl --tokenizer-type NullTokenizer --vocab-size 10 "
+                                 "--no-progress --output-prefix " + dir + "/bad");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad.jsonl:2"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad_text_document.idx"));
+}
+
+}  // namespace
