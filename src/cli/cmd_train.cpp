@@ -3,7 +3,7 @@
 
 #include "backend/device.h"
 #include "base/error.h"
-#include "checkpoint/weights.h"
+#include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "config/options.h"
 #include "data/dataset.h"
@@ -104,7 +104,6 @@ int train(const std::vector<std::string>& args) {
     return 0;
   }
   Options opts;
-  std::vector<float> loaded;
   parse_options(args, opts);
   if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() &&
       opts.data_file_list.empty() && opts.load.empty()) {
@@ -119,8 +118,9 @@ int train(const std::vector<std::string>& args) {
   }
   parse_options(args, opts);
   if (!opts.load.empty()) {
-    loaded = load_weights(opts.load, opts);
-    parse_options(args, opts);  // flags on the command line still win over stored ones
+    // The architecture travels with the checkpoint; flags on the command line still win.
+    load_checkpoint_model_options(opts.load, opts);
+    parse_options(args, opts);
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   finalize(opts);
@@ -148,19 +148,29 @@ int train(const std::vector<std::string>& args) {
 
   if (tokenizer) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
   Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt);
-  if (!loaded.empty()) assign_weights(trainer.model().params(), loaded, opts.load);
+  if (!opts.load.empty())
+    std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
+                (long long)latest_checkpoint_iteration(opts.load),
+                (long long)trainer.consumed_samples(),
+                opts.finetune ? ", --finetune: starting at iteration 0" : "");
   MetricsSink sink(opts.metrics_file, opts.progress);
   TrainResult r = trainer.run(sink);
-  std::printf("done: %lld iterations in %.1f s, %.0f tokens/s", (long long)opts.train_iters,
-              r.seconds, r.tokens_per_sec);
+  const int64_t steps = int64_t(r.train_losses.size());
+  if (steps == 0) {
+    std::printf("nothing to train: the checkpoint is at iteration %lld and --train-iters is %lld\n",
+                (long long)r.last_iteration, (long long)opts.train_iters);
+    return 0;
+  }
+  std::printf("done: %lld iterations (%lld to %lld) in %.1f s, %.0f tokens/s", (long long)steps,
+              (long long)r.first_iteration, (long long)r.last_iteration, r.seconds,
+              r.tokens_per_sec);
   if (!r.val_losses.empty())
     std::printf(", final validation loss %.4f", r.val_losses.back().second);
+  if (!r.exit_reason.empty()) std::printf(", stopped early (%s)", r.exit_reason.c_str());
   std::printf("\n");
-  if (!opts.save.empty()) {
-    save_weights(opts.save, opts, trainer.model().params());
-    std::printf("saved weights to %s/model.omw (omnitron generate --load %s)\n", opts.save.c_str(),
+  if (!r.saved.empty())
+    std::printf("saved checkpoint %s (omnitron generate --load %s)\n", r.saved.back().c_str(),
                 opts.save.c_str());
-  }
   const bool byte_level = !opts.train_text.empty() || opts.tokenizer.type == "ByteLevelTokenizer";
   if (opts.max_new_tokens > 0 && byte_level) {
     SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
@@ -186,11 +196,12 @@ int generate(const std::vector<std::string>& args) {
   }
   Options opts;
   parse_options(args, opts);
-  OMNI_REQUIRE(!opts.load.empty(), "generate needs --load DIR (weights written by train --save)");
-  std::vector<float> values = load_weights(opts.load, opts);
+  OMNI_REQUIRE(!opts.load.empty(),
+               "generate needs --load DIR (a checkpoint directory written by train --save)");
+  load_checkpoint_model_options(opts.load, opts);  // the latest iteration's model
   opts.model.vocab_size = opts.model.vocab_size ? opts.model.vocab_size : 256;
   GPTModel<float> model(opts.model, 1, static_cast<uint64_t>(opts.seed));
-  assign_weights(model.params(), values, opts.load);
+  load_checkpoint(opts.load, model.params(), nullptr);
   OMNI_REQUIRE(opts.model.vocab_size == 256,
                "generate decodes byte-level models only for now (this model has vocabulary ",
                opts.model.vocab_size, ")");

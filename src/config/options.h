@@ -50,8 +50,14 @@ struct Options {
   bool append_eod = false;
   int workers = 0;  // 0: all cores
   int print_samples = 10;  // `omnitron data-samples`
-  // Model weights.
+  // Checkpoints (Megatron's flags; src/checkpoint/checkpoint.h has the layout).
   std::string save, load;
+  int64_t save_interval = 0;  // 0: only at the end (and on an early exit)
+  bool finetune = false;      // --load the model only: iteration 0, fresh optimizer
+  bool no_load_optim = false, no_load_rng = false;
+  int64_t exit_interval = 0;         // 0: off
+  double exit_duration_in_mins = 0;  // 0: off
+  bool exit_signal_handler = false;  // SIGTERM/SIGINT: save, then stop after the step
   std::string device = "auto";
   double hidden_dropout = 0.0, attention_dropout = 0.0;
   // Sampling: `omnitron generate`, and the text sample printed at the end of training.

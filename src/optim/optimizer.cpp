@@ -36,6 +36,20 @@ Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& pa
 }
 
 template <typename T>
+std::vector<std::string> Optimizer<T>::state_names() const {
+  if (cfg_.kind == OptimizerKind::SGD) return {"momentum_buffer"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+template <typename T>
+T* Optimizer<T>::state_buffer(const std::string& name) const {
+  if (name == "exp_avg" && cfg_.kind != OptimizerKind::SGD) return m_.template data<T>();
+  if (name == "exp_avg_sq" && cfg_.kind != OptimizerKind::SGD) return v_.template data<T>();
+  if (name == "momentum_buffer" && cfg_.kind == OptimizerKind::SGD) return m_.template data<T>();
+  throw InternalError("[optimizer] no state buffer '" + name + "'");
+}
+
+template <typename T>
 void Optimizer<T>::step(ParameterSet<T>& params, double lr) {
   ++step_;
   T* m = m_.template data<T>();

@@ -37,6 +37,13 @@ class Optimizer {
   int64_t steps() const { return step_; }
   // Flat optimizer state (exp_avg and exp_avg_sq for Adam, momentum for SGD) for saving.
   std::vector<Tensor> state() const { return {m_, v_}; }
+  // The state buffers by PyTorch's names ("exp_avg", "exp_avg_sq"; "momentum_buffer"),
+  // each laid out like the parameters' flat buffer. Checkpoints save and restore these
+  // with the step count, which is all an exact resume needs.
+  std::vector<std::string> state_names() const;
+  T* state_buffer(const std::string& name) const;
+  void set_steps(int64_t steps) { step_ = steps; }
+  OptimizerKind kind() const { return cfg_.kind; }
 
  private:
   OptimizerConfig cfg_;

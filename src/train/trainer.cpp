@@ -2,12 +2,41 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 
 #include "base/error.h"
+#include "checkpoint/checkpoint.h"
 #include "optim/lr_schedule.h"
 #include "train/flops.h"
 
 namespace omni {
+
+namespace {
+
+// Megatron's --exit-signal-handler: the handler only records the signal; the training
+// loop checks after each step, saves and returns (library code never exits the process).
+volatile std::sig_atomic_t g_exit_signal = 0;
+struct sigaction g_previous_term, g_previous_int;
+
+extern "C" void record_exit_signal(int signal) {
+  g_exit_signal = signal;
+}
+
+void install_exit_signal_handler() {
+  g_exit_signal = 0;
+  struct sigaction sa = {};
+  sa.sa_handler = record_exit_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &g_previous_term);
+  sigaction(SIGINT, &sa, &g_previous_int);
+}
+
+void restore_signal_handlers() {
+  sigaction(SIGTERM, &g_previous_term, nullptr);
+  sigaction(SIGINT, &g_previous_int, nullptr);
+}
+
+}  // namespace
 
 Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double peak_gflops,
                  std::optional<int32_t> eod)
@@ -29,6 +58,34 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     key_start_.resize(n);
     loss_mask_.resize(n);
   }
+  if (!opts_.load.empty()) {
+    // --finetune takes the weights only; --no-load-optim keeps the position but starts
+    // the optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
+    const bool resume = !opts_.finetune;
+    const TrainingProgress p = load_checkpoint(
+        opts_.load, model_.params(), resume && !opts_.no_load_optim ? &optimizer_ : nullptr);
+    if (resume) {
+      iteration_ = p.iteration;
+      consumed_samples_ = p.consumed_samples;
+    }
+  }
+  if (opts_.exit_signal_handler) {
+    install_exit_signal_handler();
+    signal_handler_installed_ = true;
+  }
+}
+
+Trainer::~Trainer() {
+  if (signal_handler_installed_) restore_signal_handlers();
+}
+
+std::string Trainer::save(MetricsSink& sink) {
+  OMNI_REQUIRE(!opts_.save.empty(), "saving a checkpoint needs --save DIR");
+  const std::string dir = save_checkpoint(opts_.save, opts_, {iteration_, consumed_samples_},
+                                          model_.params(), optimizer_);
+  last_saved_ = iteration_;
+  sink.message("saved checkpoint at iteration " + std::to_string(iteration_) + " to " + dir);
+  return dir;
 }
 
 MicroBatch Trainer::micro_batch() {
@@ -90,10 +147,12 @@ TrainResult Trainer::run(MetricsSink& sink) {
   const auto run_start = clock::now();
   double window_loss = 0, window_seconds = 0, train_seconds = 0;
   int window_iters = 0;
-  for (int64_t it = 1; it <= opts_.train_iters; ++it) {
+  result.first_iteration = iteration_ + 1;
+  for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
     const auto t0 = clock::now();
     double grad_norm = 0, lr = 0;
     const double loss = train_step(it, &grad_norm, &lr);
+    iteration_ = it;
     const double step_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += step_seconds;
     window_seconds += step_seconds;
@@ -129,9 +188,28 @@ TrainResult Trainer::run(MetricsSink& sink) {
       result.val_losses.emplace_back(it, *m.val_loss);
       sink.log_validation(m);
     }
+    if (!opts_.save.empty() && opts_.save_interval > 0 && it % opts_.save_interval == 0)
+      result.saved.push_back(save(sink));
+    const double minutes = std::chrono::duration<double>(clock::now() - run_start).count() / 60;
+    if (opts_.exit_interval > 0 && it % opts_.exit_interval == 0)
+      result.exit_reason = "exit interval";
+    else if (opts_.exit_duration_in_mins > 0 && minutes >= opts_.exit_duration_in_mins)
+      result.exit_reason = "exit duration";
+    else if (signal_handler_installed_ && g_exit_signal != 0)
+      result.exit_reason = "signal";
+    if (!result.exit_reason.empty() && it < opts_.train_iters) {
+      sink.message("exiting at iteration " + std::to_string(it) + " (" + result.exit_reason + ")");
+      break;
+    }
+    result.exit_reason.clear();
   }
+  // Megatron saves at the end unless the last step was just saved.
+  const int64_t steps_run = int64_t(result.train_losses.size());
+  if (!opts_.save.empty() && steps_run > 0 && last_saved_ != iteration_)
+    result.saved.push_back(save(sink));
+  result.last_iteration = iteration_;
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
-  result.tokens_per_sec = tokens_per_iter * opts_.train_iters / train_seconds;
+  result.tokens_per_sec = steps_run > 0 ? tokens_per_iter * steps_run / train_seconds : 0.0;
   return result;
 }
 

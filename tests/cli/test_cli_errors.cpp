@@ -72,7 +72,8 @@ TEST(CliErrors, MissingCorpusFileIsNamed) {
 }
 
 TEST(CliErrors, GenerateWithoutWeightsSaysWhatItNeeds) {
-  expect_usage_error("generate --load /nonexistent/dir", "/nonexistent/dir/model.omw");
+  expect_usage_error("generate --load /nonexistent/dir",
+                     "/nonexistent/dir/latest_checkpointed_iteration.txt");
 }
 
 TEST(CliErrors, UnknownCommandExitsNonZero) {

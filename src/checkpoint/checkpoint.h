@@ -1,0 +1,62 @@
+// Training checkpoints, laid out as Megatron lays them out: ROOT/iter_0000100/ holds one
+// save, ROOT/latest_checkpointed_iteration.txt names the newest complete one.
+//
+// An iteration directory holds:
+//   metadata.txt   "omnitron-checkpoint 1", then `key value` lines: iteration,
+//                  consumed_samples, lr_schedule_iteration (the schedule's position),
+//                  optimizer (name and step count), rng (none: see below), the resolved
+//                  options one argument per line after `args N`, and one line per tensor:
+//                    tensor NAME FILE BYTE_OFFSET float32 global D,D offset O,O shape S,S
+//                  (the global shape, and where this shard sits in it, so a later layer can
+//                  load at another parallel layout), one line per data file:
+//                    file NAME bytes N crc32 HEX
+//                  and closed by `end`.
+//   model.bin      the parameters, each tensor's values contiguous (no padding).
+//   optimizer.bin  the optimizer state by PyTorch's names, "optimizer.exp_avg.<param>".
+// A save is written to ROOT/iter_NNNNNNN.tmp, each file fsync'd, the directory renamed
+// into place and only then latest_checkpointed_iteration.txt replaced (temporary + rename):
+// a crash at any moment leaves the previous checkpoint the latest and intact
+// (DESIGN.md invariant 6).
+//
+// There is no RNG state to store: initialisation and data order are pure functions of
+// --seed and the consumed-sample count, and dropout is not built; --no-load-rng is accepted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/options.h"
+#include "model/parameters.h"
+#include "optim/optimizer.h"
+
+namespace omni {
+
+struct TrainingProgress {
+  int64_t iteration = 0;         // completed optimizer steps
+  int64_t consumed_samples = 0;  // training samples read (the data position)
+};
+
+// ROOT/iter_0000100 for iteration 100 (Megatron's 7-digit name).
+std::string checkpoint_iteration_dir(const std::string& root, int64_t iteration);
+std::string latest_iteration_file(const std::string& root);
+
+// Writes the checkpoint for `progress.iteration` under `root` and returns its directory.
+std::string save_checkpoint(const std::string& root, const Options& opts,
+                            const TrainingProgress& progress, const ParameterSet<float>& params,
+                            const Optimizer<float>& optimizer);
+
+// The iteration named by ROOT/latest_checkpointed_iteration.txt.
+int64_t latest_checkpoint_iteration(const std::string& root);
+
+// Sets the model's architecture options in `opts` from the latest checkpoint under `root`
+// (the options stored with it), so the model can be built before loading.
+void load_checkpoint_model_options(const std::string& root, Options& opts);
+
+// Loads the latest checkpoint under `root` into `params`, and into `optimizer` (state and
+// step count) unless it is null; returns where training stood. Every failure (missing or
+// truncated files, a tensor whose shape differs from the model's) is a UsageError naming
+// the file, the tensor and the shapes.
+TrainingProgress load_checkpoint(const std::string& root, ParameterSet<float>& params,
+                                 Optimizer<float>* optimizer);
+
+}  // namespace omni
