@@ -6,6 +6,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "config/options.h"
+#include "config/yaml_config.h"
 #include "data/dataset.h"
 #include "data/prefetch.h"
 #include "train/sampler.h"
@@ -72,14 +73,48 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
 }
 
-int data_samples(const std::vector<std::string>& args) {
-  if (wants_help(args)) {
+// --config FILE: the YAML's options go first, so the command line wins (CLI > YAML
+// overrides > experiment > model > bases). --print-config prints the resolved YAML options
+// with the file and line each came from, then the command-line flags, and stops.
+std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* print_only) {
+  std::vector<std::string> cli;
+  std::string config;
+  *print_only = false;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == "--config") {
+      OMNI_REQUIRE(i + 1 < raw.size(), "--config needs a value (FILE)");
+      config = raw[++i];
+    } else if (raw[i].rfind("--config=", 0) == 0) {
+      config = raw[i].substr(9);
+    } else if (raw[i] == "--print-config") {
+      *print_only = true;
+    } else {
+      cli.push_back(raw[i]);
+    }
+  }
+  std::vector<ConfigEntry> entries;
+  if (!config.empty()) entries = resolve_yaml_config(config);
+  if (*print_only) {
+    std::printf("%s", format_config_entries(entries).c_str());
+    for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
+    std::printf("%s", cli.empty() ? "" : "  # command line\n");
+  }
+  std::vector<std::string> args = config_entries_to_args(entries);
+  args.insert(args.end(), cli.begin(), cli.end());
+  return args;
+}
+
+int data_samples(const std::vector<std::string>& raw_args) {
+  if (wants_help(raw_args)) {
     std::printf("usage: omnitron data-samples --data-path ... --seq-length N --global-batch-size N "
                 "--train-iters N [--split A,B,C] [--seed N] [--print-samples N]\n"
                 "Prints the first training samples in order with their token ids, to compare "
                 "with a Megatron run on the same data and flags.\n");
     return 0;
   }
+  bool print_only = false;
+  const std::vector<std::string> args = with_config(raw_args, &print_only);
+  if (print_only) return 0;
   Options opts;
   parse_options(args, opts);
   open_tokenizer(opts);
@@ -98,11 +133,15 @@ int data_samples(const std::vector<std::string>& args) {
   return 0;
 }
 
-int train(const std::vector<std::string>& args) {
-  if (wants_help(args)) {
-    std::printf("usage: omnitron train [options]\n%s", options_help().c_str());
+int train(const std::vector<std::string>& raw_args) {
+  if (wants_help(raw_args)) {
+    std::printf("usage: omnitron train [--config FILE.yaml] [--print-config] [options]\n%s",
+                options_help().c_str());
     return 0;
   }
+  bool print_only = false;
+  const std::vector<std::string> args = with_config(raw_args, &print_only);
+  if (print_only) return 0;
   Options opts;
   parse_options(args, opts);
   if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() &&

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "base/error.h"
 
@@ -277,6 +278,18 @@ std::vector<OptionDef> build_table() {
   t.push_back(number<int>("--print-samples", "N", D,
                           "omnitron data-samples: how many training samples to print",
                           [](Options& o) -> int& { return o.print_samples; }));
+  const std::string Y = "configuration files (train, data-samples)";
+  for (auto [flag, metavar, help] :
+       {std::tuple{"--config", "FILE", "Primus-style YAML (bases:/extends:, model: + overrides:, "
+                                       "${VAR:default}); command-line flags win"},
+        std::tuple{"--print-config", "", "print the resolved YAML options with their files, stop"}}) {
+    const std::string f = flag;
+    t.push_back(OptionDef{f, metavar, Y, help,
+                          [f](Options&, const std::string&) {
+                            throw UsageError(f + " is read by train and data-samples only");
+                          },
+                          [](const Options&) { return std::string(); }});
+  }
   const std::string S = "sampling (generate, and the sample after training)";
   t.push_back(text("--prompt", "TEXT", S, "text to continue",
                    [](Options& o) -> std::string& { return o.prompt; }));

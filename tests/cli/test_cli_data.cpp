@@ -67,3 +67,32 @@ TEST(CliData, PreprocessNamesTheBadLine) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliConfig, YamlExperimentTrainsAndTheCommandLineWins) {
+  const std::string configs = std::string(OMNITRON_FIXTURE_DIR) + "/../../configs";
+  const std::string exp = configs + "/examples/tiny_llama_smoke.yaml";
+  ProcessResult printed = run_omnitron("train --config " + exp + " --print-config --num-layers 1");
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  EXPECT_NE(printed.output.find("num_layers: 2  # "), std::string::npos) << printed.output;
+  EXPECT_NE(printed.output.find("tiny_llama.yaml"), std::string::npos) << printed.output;
+  EXPECT_NE(printed.output.find("--num-layers 1  # command line"), std::string::npos)
+      << printed.output;
+  ProcessResult r = run_omnitron("train --config " + exp +
+                                 " --num-layers 1 --train-iters 2 --eval-iters 0 --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("| 1 layers,"), std::string::npos) << r.output;  // CLI over YAML
+  EXPECT_NE(r.output.find("RMSNorm"), std::string::npos) << r.output;      // from the model
+}
+
+TEST(CliConfig, UnknownYamlKeyNamesFileAndClosestOption) {
+  const std::string path = ::testing::TempDir() + "omnitron_bad_config.yaml";
+  std::ofstream(path) << "num_layer: 2\n";
+  ProcessResult r = run_omnitron("train --config " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("num_layers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("omnitron_bad_config.yaml"), std::string::npos) << r.output;
+}
+
+}  // namespace
