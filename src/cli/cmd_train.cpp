@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -163,6 +164,12 @@ int train(const std::vector<std::string>& raw_args) {
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   finalize(opts);
+  std::vector<std::string> printed;  // args are parsed more than once: each note once
+  for (const std::string& n : opts.notes)
+    if (std::find(printed.begin(), printed.end(), n) == printed.end()) {
+      std::printf("%s\n", n.c_str());
+      printed.push_back(n);
+    }
   check_device(opts);
 
   std::unique_ptr<TrainingData> data = open_training_data(opts);

@@ -86,6 +86,16 @@ OptionDef not_built(std::string flag, std::string metavar, std::string supported
                    [](const Options&) { return std::string(); }};
 }
 
+// Accepted because Megatron launch scripts pass it, with no effect here: `why` becomes a
+// one-line note.
+OptionDef plumbing(std::string flag, std::string metavar, std::string why) {
+  return OptionDef{flag, metavar, "accepted, no effect", why,
+                   [flag, why](Options& o, const std::string&) {
+                     o.notes.push_back("note: " + flag + " has no effect here: " + why);
+                   },
+                   [](const Options&) { return std::string(); }};
+}
+
 std::vector<OptionDef> build_table() {
   const std::string M = "model", T = "training", L = "learning rate", O = "optimizer";
   const std::string D = "data", G = "logging", W = "weights and device";
@@ -336,6 +346,31 @@ std::vector<OptionDef> build_table() {
   t.push_back(not_built("--tensor-model-parallel-size", "N", "1", "tensor parallelism"));
   t.push_back(not_built("--pipeline-model-parallel-size", "N", "1", "pipeline parallelism"));
   t.push_back(not_built("--context-parallel-size", "N", "1", "context parallelism"));
+  t.push_back(not_built("--expert-model-parallel-size", "N", "1", "expert parallelism"));
+  t.push_back(not_built("--num-experts", "N", "", "mixture of experts"));
+  t.push_back(not_built("--sequence-parallel", "", "", "sequence parallelism"));
+  t.push_back(not_built("--use-distributed-optimizer", "", "", "the distributed optimizer"));
+  t.push_back(not_built("--num-layers-per-virtual-pipeline-stage", "N", "", "interleaved pipeline stages"));
+  t.push_back(not_built("--checkpoint-activations", "", "", "activation recompute"));
+  t.push_back(not_built("--recompute-activations", "", "", "activation recompute"));
+  t.push_back(not_built("--recompute-granularity", "full|selective", "", "activation recompute"));
+  for (const char* flag : {"--loss-scale", "--initial-loss-scale", "--min-loss-scale",
+                           "--loss-scale-window", "--hysteresis"})
+    t.push_back(not_built(flag, "X", "", "fp16 loss scaling"));
+  t.push_back(not_built("--tensorboard-dir", "DIR", "", "TensorBoard logging (use --metrics-file)"));
+  for (const char* flag : {"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
+                           "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
+                           "--no-bias-dropout-fusion", "--no-rope-fusion",
+                           "--no-async-tensor-model-parallel-allreduce",
+                           "--use-mcore-models", "--attention-softmax-in-fp32",
+                           "--accumulate-allreduce-grads-in-fp32"})
+    t.push_back(plumbing(flag, "", "omnitron has no Python fusion or kernel switch to turn"));
+  t.push_back(plumbing("--use-flash-attn", "", "attention already never stores more than it needs on "
+                       "this backend; flash attention comes with the GPU backend"));
+  t.push_back(plumbing("--transformer-impl", "NAME", "there is one transformer implementation"));
+  t.push_back(plumbing("--distributed-backend", "nccl|gloo", "the communicator follows --device"));
+  t.push_back(plumbing("--dataloader-type", "single|cyclic", "samples are read in Megatron's single order"));
+  t.push_back(plumbing("--num-workers", "N", "data is read by one background thread"));
   return t;
 }
 

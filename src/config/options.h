@@ -16,6 +16,9 @@ namespace omni {
 
 struct Options {
   TransformerConfig model;
+  // One line per accepted option that has no effect here (Megatron's Python/NVIDIA
+  // plumbing); the command prints them.
+  std::vector<std::string> notes;
   // Batching and length of training. Defaults are Megatron's where it has one.
   int micro_batch_size = 1;
   int global_batch_size = 0;  // 0: micro_batch_size

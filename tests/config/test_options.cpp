@@ -1,0 +1,74 @@
+// Megatron launch-script flags as users paste them.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "config/options.h"
+
+namespace omni {
+namespace {
+
+std::vector<std::string> split(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// From the AMD adaptation guide's Megatron command line (with real paths), less the flags
+// checked separately below.
+const char* kGuideLine =
+    "--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+    "--micro-batch-size 4 --global-batch-size 32 --train-iters 100000 --lr 0.0001 "
+    "--min-lr 0.00001 --lr-decay-style cosine --lr-warmup-fraction 0.01 --weight-decay 0.01 "
+    "--clip-grad 1.0 --data-path /data/corpus_text_document --vocab-file /data/vocab.json "
+    "--merge-file /data/merges.txt --save /ckpt --load /ckpt --log-interval 10 "
+    "--eval-interval 1000 --eval-iters 10 --save-interval 1000 --seed 1234";
+
+TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
+  Options o;
+  parse_options(split(kGuideLine), o);
+  EXPECT_EQ(o.model.num_layers, 24);
+  EXPECT_EQ(o.model.seq_length, 2048);
+  EXPECT_EQ(o.global_batch_size, 32);
+  EXPECT_DOUBLE_EQ(o.min_lr, 0.00001);
+  EXPECT_DOUBLE_EQ(o.lr_warmup_fraction, 0.01);
+  EXPECT_EQ(o.data_path, "/data/corpus_text_document");
+  EXPECT_EQ(o.tokenizer.vocab_file, "/data/vocab.json");
+  EXPECT_EQ(o.save, "/ckpt");
+  o.model.vocab_size = 50257;  // from the tokenizer, which the command opens
+  finalize(o);
+  EXPECT_EQ(o.lr_schedule.warmup_iters, 1000);  // 1% of 100000
+  EXPECT_EQ(o.grad_accumulation_steps(), 8);
+}
+
+TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
+  for (const char* flag : {"--fp16", "--bf16", "--checkpoint-activations", "--sequence-parallel",
+                           "--use-distributed-optimizer"}) {
+    Options o;
+    try {
+      parse_options({flag}, o);
+      ADD_FAILURE() << flag << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("not built yet"), std::string::npos) << e.what();
+    }
+  }
+  Options o;
+  EXPECT_THROW(parse_options({"--tensor-model-parallel-size", "2"}, o), UsageError);
+  parse_options({"--tensor-model-parallel-size", "1"}, o);  // the only layout built
+}
+
+TEST(MegatronFlags, PythonPlumbingIsAcceptedWithANote) {
+  Options o;
+  parse_options({"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
+                 "--distributed-backend", "nccl", "--use-flash-attn"},
+                o);
+  ASSERT_EQ(o.notes.size(), 4u);
+  EXPECT_NE(o.notes[0].find("--no-masked-softmax-fusion"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace omni
