@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "config/options.h"
+#include "config/env_overrides.h"
 #include "config/yaml_config.h"
 #include "data/dataset.h"
 #include "data/prefetch.h"
@@ -74,8 +75,9 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
 }
 
-// --config FILE: the YAML's options go first, so the command line wins (CLI > YAML
-// overrides > experiment > model > bases). --print-config prints the resolved YAML options
+// --config FILE: the YAML's options go first, then the launcher's environment variables
+// (scripts/launch.sh), so the command line wins (CLI > environment > YAML overrides >
+// experiment > model > bases). --print-config prints the resolved YAML options
 // with the file and line each came from, then the command-line flags, and stops.
 std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* print_only) {
   std::vector<std::string> cli;
@@ -95,12 +97,21 @@ std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* 
   }
   std::vector<ConfigEntry> entries;
   if (!config.empty()) entries = resolve_yaml_config(config);
+  const std::map<std::string, std::string> env = process_environment();
+  std::vector<EnvOverride> overrides;
+  if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
+    overrides = env_overrides(env);
   if (*print_only) {
     std::printf("%s", format_config_entries(entries).c_str());
+    for (const EnvOverride& o : overrides) {
+      for (const std::string& a : o.args) std::printf("%s ", a.c_str());
+      std::printf(" # environment %s=%s\n", o.variable.c_str(), o.value.c_str());
+    }
     for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
     std::printf("%s", cli.empty() ? "" : "  # command line\n");
   }
   std::vector<std::string> args = config_entries_to_args(entries);
+  for (const EnvOverride& o : overrides) args.insert(args.end(), o.args.begin(), o.args.end());
   args.insert(args.end(), cli.begin(), cli.end());
   return args;
 }

@@ -12,8 +12,9 @@ struct ProcessResult {
   std::string output;  // stdout and stderr together
 };
 
-inline ProcessResult run_omnitron(const std::string& args) {
-  const std::string cmd = std::string(OMNITRON_BINARY) + " " + args + " 2>&1";
+// `env` is prefixed to the command ("VAR=value VAR2=value").
+inline ProcessResult run_omnitron_env(const std::string& env, const std::string& args) {
+  const std::string cmd = env + " " + std::string(OMNITRON_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -21,3 +22,5 @@ inline ProcessResult run_omnitron(const std::string& args) {
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
 }
+
+inline ProcessResult run_omnitron(const std::string& args) { return run_omnitron_env("", args); }

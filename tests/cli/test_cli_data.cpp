@@ -96,3 +96,22 @@ TEST(CliConfig, UnknownYamlKeyNamesFileAndClosestOption) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliConfig, LauncherEnvironmentSitsBetweenYamlAndTheCommandLine) {
+  const std::string exp =
+      std::string(OMNITRON_FIXTURE_DIR) + "/../../configs/examples/tiny_llama_smoke.yaml";
+  ProcessResult r = run_omnitron("train --config " + exp +
+                                 " --print-config --hidden-size 32");  // no launcher: no env
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("# environment"), std::string::npos) << r.output;
+  ProcessResult e = run_omnitron_env("OMNITRON_ENV_OVERRIDES=1 NLAYERS=3 HIDDEN=48",
+                                     "train --config " + exp +
+                                         " --hidden-size 32 --train-iters 1 --eval-iters 0 "
+                                         "--no-progress");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("| 3 layers, hidden 32,"), std::string::npos) << e.output;
+}
+
+}  // namespace
