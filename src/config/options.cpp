@@ -374,6 +374,14 @@ std::vector<OptionDef> build_table() {
   return t;
 }
 
+}  // namespace
+
+const std::vector<OptionDef>& option_table() {
+  static const std::vector<OptionDef> table = build_table();
+  return table;
+}
+
+namespace {
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -389,17 +397,22 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+}  // namespace
+
 const OptionDef* find_option(const std::string& flag) {
   for (const OptionDef& d : option_table())
     if (d.flag == flag) return &d;
   return nullptr;
 }
 
-}  // namespace
-
-const std::vector<OptionDef>& option_table() {
-  static const std::vector<OptionDef> table = build_table();
-  return table;
+const OptionDef& closest_option(const std::string& flag) {
+  const OptionDef* best = &option_table().front();
+  size_t best_d = SIZE_MAX;
+  for (const OptionDef& d : option_table()) {
+    const size_t dist = edit_distance(flag, d.flag);
+    if (dist < best_d) best_d = dist, best = &d;
+  }
+  return *best;
 }
 
 void parse_options(const std::vector<std::string>& args, Options& opts) {
@@ -413,16 +426,9 @@ void parse_options(const std::vector<std::string>& args, Options& opts) {
     if (flag.rfind("--", 0) != 0)
       throw UsageError("unexpected argument '" + flag + "' (options start with --)");
     const OptionDef* def = find_option(flag);
-    if (!def) {
-      const OptionDef* best = nullptr;
-      size_t best_d = SIZE_MAX;
-      for (const OptionDef& d : option_table()) {
-        size_t dist = edit_distance(flag, d.flag);
-        if (dist < best_d) best_d = dist, best = &d;
-      }
-      throw UsageError("unknown option " + flag +
-                       (best ? "; did you mean " + best->flag + "?" : std::string()));
-    }
+    if (!def)
+      throw UsageError("unknown option " + flag + "; did you mean " + closest_option(flag).flag +
+                       "?");
     if (def->metavar.empty()) {
       if (has_inline) throw UsageError(flag + " takes no value (got '" + value + "')");
     } else if (!has_inline) {

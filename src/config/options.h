@@ -97,6 +97,10 @@ struct OptionDef {
 };
 
 const std::vector<OptionDef>& option_table();
+// The row for "--flag", or null.
+const OptionDef* find_option(const std::string& flag);
+// The row whose flag is nearest to `flag` by edit distance (for "did you mean").
+const OptionDef& closest_option(const std::string& flag);
 
 // Parses `--flag value`, `--flag=value` and switches onto `opts`. Unknown flags raise
 // UsageError naming the closest known flag. Does not finalize.

@@ -329,34 +329,12 @@ std::string key_of_flag(const std::string& flag) {
   return k;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 const OptionDef& option_for_key(const std::string& key, const Node& at) {
-  std::string normal = key;
-  std::replace(normal.begin(), normal.end(), '-', '_');
-  const OptionDef* best = nullptr;
-  size_t best_distance = SIZE_MAX;
-  for (const OptionDef& d : option_table()) {
-    const std::string name = key_of_flag(d.flag);
-    if (name == normal) return d;
-    const size_t distance = edit_distance(normal, name);
-    if (distance < best_distance) best_distance = distance, best = &d;
-  }
-  throw UsageError(where(at.file, at.line) + ": unknown key '" + key + "'" +
-                   (best ? "; did you mean " + key_of_flag(best->flag) + "?" : std::string()));
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  if (const OptionDef* d = find_option(flag)) return *d;
+  throw UsageError(where(at.file, at.line) + ": unknown key '" + key + "'; did you mean " +
+                   key_of_flag(closest_option(flag).flag) + "?");
 }
 
 std::optional<bool> as_bool(const std::string& s) {
