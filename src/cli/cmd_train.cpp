@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "backend/device.h"
 #include "base/error.h"
@@ -78,11 +79,11 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
 // --config FILE: the YAML's options go first, then the launcher's environment variables
 // (scripts/launch.sh), so the command line wins (CLI > environment > YAML overrides >
 // experiment > model > bases). --print-config prints the resolved YAML options
-// with the file and line each came from, then the command-line flags, and stops.
-std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* print_only) {
+// with the file and line each came from, then the command-line flags, and returns nothing.
+std::optional<std::vector<std::string>> with_config(const std::vector<std::string>& raw) {
   std::vector<std::string> cli;
   std::string config;
-  *print_only = false;
+  bool print_only = false;
   for (size_t i = 0; i < raw.size(); ++i) {
     if (raw[i] == "--config") {
       OMNI_REQUIRE(i + 1 < raw.size(), "--config needs a value (FILE)");
@@ -90,7 +91,7 @@ std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* 
     } else if (raw[i].rfind("--config=", 0) == 0) {
       config = raw[i].substr(9);
     } else if (raw[i] == "--print-config") {
-      *print_only = true;
+      print_only = true;
     } else {
       cli.push_back(raw[i]);
     }
@@ -101,7 +102,7 @@ std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* 
   std::vector<EnvOverride> overrides;
   if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
     overrides = env_overrides(env);
-  if (*print_only) {
+  if (print_only) {
     std::printf("%s", format_config_entries(entries).c_str());
     for (const EnvOverride& o : overrides) {
       for (const std::string& a : o.args) std::printf("%s ", a.c_str());
@@ -109,6 +110,7 @@ std::vector<std::string> with_config(const std::vector<std::string>& raw, bool* 
     }
     for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
     std::printf("%s", cli.empty() ? "" : "  # command line\n");
+    return std::nullopt;
   }
   std::vector<std::string> args = config_entries_to_args(entries);
   for (const EnvOverride& o : overrides) args.insert(args.end(), o.args.begin(), o.args.end());
@@ -124,9 +126,9 @@ int data_samples(const std::vector<std::string>& raw_args) {
                 "with a Megatron run on the same data and flags.\n");
     return 0;
   }
-  bool print_only = false;
-  const std::vector<std::string> args = with_config(raw_args, &print_only);
-  if (print_only) return 0;
+  const std::optional<std::vector<std::string>> resolved = with_config(raw_args);
+  if (!resolved) return 0;  // --print-config
+  const std::vector<std::string>& args = *resolved;
   Options opts;
   parse_options(args, opts);
   open_tokenizer(opts);
@@ -151,9 +153,9 @@ int train(const std::vector<std::string>& raw_args) {
                 options_help().c_str());
     return 0;
   }
-  bool print_only = false;
-  const std::vector<std::string> args = with_config(raw_args, &print_only);
-  if (print_only) return 0;
+  const std::optional<std::vector<std::string>> resolved = with_config(raw_args);
+  if (!resolved) return 0;  // --print-config
+  const std::vector<std::string>& args = *resolved;
   Options opts;
   parse_options(args, opts);
   if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() &&
@@ -175,12 +177,7 @@ int train(const std::vector<std::string>& raw_args) {
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   finalize(opts);
-  std::vector<std::string> printed;  // args are parsed more than once: each note once
-  for (const std::string& n : opts.notes)
-    if (std::find(printed.begin(), printed.end(), n) == printed.end()) {
-      std::printf("%s\n", n.c_str());
-      printed.push_back(n);
-    }
+  for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
   check_device(opts);
 
   std::unique_ptr<TrainingData> data = open_training_data(opts);

@@ -91,7 +91,11 @@ OptionDef not_built(std::string flag, std::string metavar, std::string supported
 OptionDef plumbing(std::string flag, std::string metavar, std::string why) {
   return OptionDef{flag, metavar, "accepted, no effect", why,
                    [flag, why](Options& o, const std::string&) {
-                     o.notes.push_back("note: " + flag + " has no effect here: " + why);
+                     // Commands parse some arguments twice (a preset, then a checkpoint's
+                     // options under the command line): note each flag once.
+                     std::string note = "note: " + flag + " has no effect here: " + why;
+                     if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end())
+                       o.notes.push_back(std::move(note));
                    },
                    [](const Options&) { return std::string(); }};
 }

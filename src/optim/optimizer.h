@@ -35,8 +35,6 @@ class Optimizer {
   // One update with learning rate `lr` from the current gradients (already clipped).
   void step(ParameterSet<T>& params, double lr);
   int64_t steps() const { return step_; }
-  // Flat optimizer state (exp_avg and exp_avg_sq for Adam, momentum for SGD) for saving.
-  std::vector<Tensor> state() const { return {m_, v_}; }
   // The state buffers by PyTorch's names ("exp_avg", "exp_avg_sq"; "momentum_buffer"),
   // each laid out like the parameters' flat buffer. Checkpoints save and restore these
   // with the step count, which is all an exact resume needs.
