@@ -5,10 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "base/error.h"
@@ -89,20 +92,87 @@ IndexedDtype indexed_dtype_for_vocab(int64_t vocab_size) {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
+// A buffered stdio file that closes itself; write errors name the file.
+class IndexedDatasetWriter::File {
+ public:
+  File(std::string path, const char* mode) : path_(std::move(path)) {
+    f_ = std::fopen(path_.c_str(), mode);
+    OMNI_REQUIRE(f_ != nullptr, "cannot open ", path_, ": ", std::strerror(errno));
+    std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
+  }
+  ~File() {
+    if (f_) std::fclose(f_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  void write(const void* data, size_t n) {
+    OMNI_REQUIRE(n == 0 || std::fwrite(data, 1, n, f_) == n, "write to ", path_,
+                 " failed: ", std::strerror(errno));
+  }
+  template <typename T>
+  void put(T value) {
+    write(&value, sizeof(T));
+  }
+  size_t read(void* data, size_t n) { return std::fread(data, 1, n, f_); }
+  void close() {
+    const bool ok = std::fclose(f_) == 0;
+    f_ = nullptr;
+    OMNI_REQUIRE(ok, "closing ", path_, " failed: ", std::strerror(errno));
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
+namespace {
+
+void rename_into_place(const std::string& from, const std::string& to) {
+  std::error_code error;
+  std::filesystem::rename(from, to, error);
+  OMNI_REQUIRE(!error, "cannot rename ", from, " to ", to, ": ", error.message());
+}
+
+}  // namespace
+
 IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, IndexedDtype dtype)
     : prefix_(prefix), dtype_(dtype) {
   OMNI_REQUIRE(dtype == IndexedDtype::kUInt16 || dtype == IndexedDtype::kInt32,
                "[IndexedDatasetWriter] token dtype must be uint16 or int32, got ",
                indexed_dtype_name(dtype));
-  bin_.open(prefix + ".bin", std::ios::binary | std::ios::trunc);
-  OMNI_REQUIRE(bin_.good(), "[IndexedDatasetWriter] cannot create ", prefix,
-               ".bin: ", std::strerror(errno));
+  bin_ = std::make_unique<File>(prefix_ + ".bin.tmp", "wb");
+  lengths_ = std::make_unique<File>(prefix_ + ".lengths.tmp", "w+b");
+  boundaries_ = std::make_unique<File>(prefix_ + ".boundaries.tmp", "w+b");
 }
 
-IndexedDatasetWriter::~IndexedDatasetWriter() = default;
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  bin_.reset();
+  lengths_.reset();
+  boundaries_.reset();
+  std::error_code ignored;
+  for (const char* suffix : {".bin.tmp", ".lengths.tmp", ".boundaries.tmp", ".idx.tmp"})
+    std::filesystem::remove(prefix_ + suffix, ignored);
+}
+
+void IndexedDatasetWriter::append_tokens(const void* bytes, size_t n) {
+  bin_->write(bytes, n);
+  bin_bytes_ += static_cast<int64_t>(n);
+}
+
+void IndexedDatasetWriter::add_sequence(int32_t length) {
+  lengths_->put(length);
+  ++sequences_;
+  tokens_ += length;
+}
+
+void IndexedDatasetWriter::end_document() {
+  boundaries_->put(sequences_);
+  ++documents_;
+}
 
 void IndexedDatasetWriter::add_document(std::span<const int32_t> ids) {
-  OMNI_CHECK(!finalized_, "add_document after finalize");
   OMNI_REQUIRE(ids.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
                "[IndexedDatasetWriter] a document of ", ids.size(),
                " tokens does not fit the int32 length field");
@@ -111,50 +181,64 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> ids) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (dtype_ == IndexedDtype::kUInt16) {
       OMNI_REQUIRE(ids[i] >= 0 && ids[i] <= 65535, "[IndexedDatasetWriter] token id ", ids[i],
-                   " at position ", i, " of document ", lengths_.size(), " does not fit uint16 (",
+                   " at position ", i, " of document ", documents_, " does not fit uint16 (",
                    prefix_, ".bin)");
       append(bytes, static_cast<uint16_t>(ids[i]));
     } else {
       append(bytes, ids[i]);
     }
   }
-  bin_.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  OMNI_REQUIRE(bin_.good(), "[IndexedDatasetWriter] write to ", prefix_, ".bin failed");
-  offsets_.push_back(bin_bytes_);
-  lengths_.push_back(static_cast<int32_t>(ids.size()));
-  bin_bytes_ += static_cast<int64_t>(bytes.size());
+  append_tokens(bytes.data(), bytes.size());
+  add_sequence(static_cast<int32_t>(ids.size()));
+  end_document();
 }
 
 void IndexedDatasetWriter::finalize() {
-  OMNI_CHECK(!finalized_, "finalize called twice");
-  finalized_ = true;
-  bin_.close();
-  OMNI_REQUIRE(!bin_.fail(), "[IndexedDatasetWriter] closing ", prefix_, ".bin failed");
-
-  const uint64_t n = lengths_.size();
-  std::string bytes(kMagic, sizeof(kMagic));
-  append(bytes, kVersion);
-  append(bytes, static_cast<uint8_t>(dtype_));
-  append(bytes, n);
-  append(bytes, n + 1);  // one document per sequence: boundaries 0..N
-  for (int32_t length : lengths_) append(bytes, length);
-  for (int64_t offset : offsets_) append(bytes, offset);
-  for (uint64_t i = 0; i <= n; ++i) append(bytes, static_cast<int64_t>(i));
-
-  const std::string final_path = prefix_ + ".idx";
-  const std::string temp_path = final_path + ".tmp";
+  const int64_t item = indexed_dtype_size(dtype_);
+  OMNI_CHECK(tokens_ * item == bin_bytes_, prefix_, ": ", tokens_, " tokens but ", bin_bytes_,
+             " bytes of .bin");
+  bin_->close();
+  lengths_->close();
+  boundaries_->close();
   {
-    std::ofstream idx(temp_path, std::ios::binary | std::ios::trunc);
-    OMNI_REQUIRE(idx.good(), "[IndexedDatasetWriter] cannot create ", temp_path, ": ",
-                 std::strerror(errno));
-    idx.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    File idx(prefix_ + ".idx.tmp", "wb");
+    idx.write(kMagic, sizeof(kMagic));
+    idx.put(kVersion);
+    idx.put(static_cast<uint8_t>(dtype_));
+    idx.put(static_cast<uint64_t>(sequences_));
+    idx.put(static_cast<uint64_t>(documents_ + 1));
+    copy_into(idx, lengths_->path(), 4 * sequences_);
+    // Sequence pointers: the running byte offset of each sequence, as Megatron computes them.
+    File lengths(lengths_->path(), "rb");
+    std::vector<int32_t> chunk(1 << 16);
+    int64_t offset = 0;
+    for (int64_t left = sequences_; left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(left, 1 << 16));
+      OMNI_CHECK(lengths.read(chunk.data(), 4 * n) == 4 * n, "short read of ", lengths.path());
+      for (size_t i = 0; i < n; ++i) {
+        idx.put(offset);
+        offset += int64_t{chunk[i]} * item;
+      }
+      left -= static_cast<int64_t>(n);
+    }
+    idx.put(int64_t{0});
+    copy_into(idx, boundaries_->path(), 8 * documents_);
     idx.close();
-    OMNI_REQUIRE(!idx.fail(), "[IndexedDatasetWriter] write to ", temp_path, " failed");
   }
-  std::error_code error;
-  std::filesystem::rename(temp_path, final_path, error);
-  OMNI_REQUIRE(!error, "[IndexedDatasetWriter] cannot rename ", temp_path, " to ", final_path, ": ",
-               error.message());
+  // .bin first: the .idx, which readers open first, only ever appears beside its .bin.
+  rename_into_place(prefix_ + ".bin.tmp", prefix_ + ".bin");
+  rename_into_place(prefix_ + ".idx.tmp", prefix_ + ".idx");
+}
+
+void IndexedDatasetWriter::copy_into(File& out, const std::string& path, int64_t bytes) {
+  File in(path, "rb");
+  std::vector<char> buffer(1 << 20);
+  while (bytes > 0) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(bytes, 1 << 20));
+    OMNI_CHECK(in.read(buffer.data(), want) == want, "short read of ", path);
+    out.write(buffer.data(), want);
+    bytes -= static_cast<int64_t>(want);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,7 +29,11 @@ int64_t indexed_dtype_size(IndexedDtype dtype);
 // Megatron's preprocessor choice: uint16 when the vocabulary is under 65500, else int32.
 IndexedDtype indexed_dtype_for_vocab(int64_t vocab_size);
 
-// Writes one document per sequence. The .idx only appears (atomically, by rename) at finalize().
+// Megatron's IndexedDatasetBuilder, streamed: the .bin goes straight to disk and the sequence
+// lengths and document boundaries to temporary files, from which finalize() assembles the
+// .idx, so memory stays constant however much is written. A document is zero or more
+// sequences (Megatron's model). Nothing appears under the final names until finalize()
+// (.bin, then .idx, each renamed into place); an unfinalized writer removes its temporaries.
 class IndexedDatasetWriter {
  public:
   // dtype must be kUInt16 or kInt32.
@@ -39,18 +42,26 @@ class IndexedDatasetWriter {
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
   IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
 
-  // Appends a document; throws UsageError when an id does not fit the dtype.
+  // One document of one sequence; throws UsageError when an id does not fit the dtype.
   void add_document(std::span<const int32_t> ids);
+  // The parts for callers that encode tokens themselves: raw token bytes in the writer's
+  // dtype, then the length of each sequence they form, then the end of the document.
+  void append_tokens(const void* bytes, size_t n);
+  void add_sequence(int32_t length);
+  void end_document();
   void finalize();
 
+  int64_t documents() const { return documents_; }
+  int64_t sequences() const { return sequences_; }
+  int64_t tokens() const { return tokens_; }
+
  private:
+  class File;
+  static void copy_into(File& out, const std::string& path, int64_t bytes);
   std::string prefix_;
   IndexedDtype dtype_;
-  std::ofstream bin_;
-  std::vector<int32_t> lengths_;
-  std::vector<int64_t> offsets_;
-  int64_t bin_bytes_ = 0;
-  bool finalized_ = false;
+  std::unique_ptr<File> bin_, lengths_, boundaries_;
+  int64_t bin_bytes_ = 0, sequences_ = 0, documents_ = 0, tokens_ = 0;
 };
 
 // Read-only view of `{prefix}.bin`/`{prefix}.idx` through mmap. Construction validates the

@@ -22,9 +22,6 @@ namespace omni {
 
 namespace {
 
-constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
-constexpr uint64_t kVersion = 1;
-
 // A buffered stdio file that closes itself; write errors name the file.
 class File {
  public:
@@ -58,108 +55,6 @@ class File {
  private:
   std::string path_;
   FILE* f_ = nullptr;
-};
-
-// Megatron's IndexedDatasetBuilder with its document model (a document is zero or more
-// sequences), streamed: the .bin goes straight to disk and the sequence lengths and document
-// boundaries to temporary files, from which finalize() assembles the .idx. Memory stays
-// constant however many documents are written. Nothing appears under the final names until
-// finalize(); destroying an unfinalized writer removes its temporary files.
-class StreamingIndexedWriter {
- public:
-  StreamingIndexedWriter(std::string prefix, IndexedDtype dtype)
-      : prefix_(std::move(prefix)),
-        dtype_(dtype),
-        bin_(std::make_unique<File>(prefix_ + ".bin.tmp", "wb")),
-        lengths_(std::make_unique<File>(prefix_ + ".lengths.tmp", "w+b")),
-        boundaries_(std::make_unique<File>(prefix_ + ".boundaries.tmp", "w+b")) {}
-  ~StreamingIndexedWriter() {
-    bin_.reset();
-    lengths_.reset();
-    boundaries_.reset();
-    std::error_code ignored;
-    for (const char* suffix : {".bin.tmp", ".lengths.tmp", ".boundaries.tmp", ".idx.tmp"})
-      std::filesystem::remove(prefix_ + suffix, ignored);
-  }
-  StreamingIndexedWriter(const StreamingIndexedWriter&) = delete;
-  StreamingIndexedWriter& operator=(const StreamingIndexedWriter&) = delete;
-
-  // Raw token bytes for the .bin, in the writer's dtype.
-  void append_tokens(const void* bytes, size_t n) {
-    bin_->write(bytes, n);
-    bin_bytes_ += static_cast<int64_t>(n);
-  }
-  void add_sequence(int32_t length) {
-    lengths_->put(length);
-    ++sequences_;
-    tokens_ += length;
-  }
-  void end_document() {
-    boundaries_->put(sequences_);
-    ++documents_;
-  }
-  int64_t documents() const { return documents_; }
-  int64_t sequences() const { return sequences_; }
-  int64_t tokens() const { return tokens_; }
-
-  void finalize() {
-    const int64_t item = indexed_dtype_size(dtype_);
-    OMNI_CHECK(tokens_ * item == bin_bytes_, prefix_, ": ", tokens_, " tokens but ", bin_bytes_,
-               " bytes of .bin");
-    bin_->close();
-    lengths_->close();
-    boundaries_->close();
-    {
-      File idx(prefix_ + ".idx.tmp", "wb");
-      idx.write(kMagic, sizeof(kMagic));
-      idx.put(kVersion);
-      idx.put(static_cast<uint8_t>(dtype_));
-      idx.put(static_cast<uint64_t>(sequences_));
-      idx.put(static_cast<uint64_t>(documents_ + 1));
-      copy_into(idx, lengths_->path(), 4 * sequences_);
-      // Sequence pointers: the running byte offset of each sequence, as Megatron computes them.
-      File lengths(lengths_->path(), "rb");
-      std::vector<int32_t> chunk(1 << 16);
-      int64_t offset = 0;
-      for (int64_t left = sequences_; left > 0;) {
-        const size_t n = static_cast<size_t>(std::min<int64_t>(left, 1 << 16));
-        OMNI_CHECK(lengths.read(chunk.data(), 4 * n) == 4 * n, "short read of ", lengths.path());
-        for (size_t i = 0; i < n; ++i) {
-          idx.put(offset);
-          offset += int64_t{chunk[i]} * item;
-        }
-        left -= static_cast<int64_t>(n);
-      }
-      idx.put(int64_t{0});
-      copy_into(idx, boundaries_->path(), 8 * documents_);
-      idx.close();
-    }
-    // .bin first: the .idx, which readers open first, only ever appears beside its .bin.
-    rename(prefix_ + ".bin.tmp", prefix_ + ".bin");
-    rename(prefix_ + ".idx.tmp", prefix_ + ".idx");
-  }
-
- private:
-  static void copy_into(File& out, const std::string& path, int64_t bytes) {
-    File in(path, "rb");
-    std::vector<char> buffer(1 << 20);
-    while (bytes > 0) {
-      const size_t want = static_cast<size_t>(std::min<int64_t>(bytes, 1 << 20));
-      OMNI_CHECK(in.read(buffer.data(), want) == want, "short read of ", path);
-      out.write(buffer.data(), want);
-      bytes -= static_cast<int64_t>(want);
-    }
-  }
-  static void rename(const std::string& from, const std::string& to) {
-    std::error_code error;
-    std::filesystem::rename(from, to, error);
-    OMNI_REQUIRE(!error, "cannot rename ", from, " to ", to, ": ", error.message());
-  }
-
-  std::string prefix_;
-  IndexedDtype dtype_;
-  std::unique_ptr<File> bin_, lengths_, boundaries_;
-  int64_t bin_bytes_ = 0, sequences_ = 0, documents_ = 0, tokens_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -452,10 +347,10 @@ PreprocessStats preprocess(const PreprocessConfig& config, const Tokenizer& toke
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int capacity = config.batches_in_flight > 0 ? config.batches_in_flight : 4 * stats.workers;
 
-  std::vector<std::unique_ptr<StreamingIndexedWriter>> writers;
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
   for (const std::string& key : config.json_keys) {
     const std::string prefix = preprocess_output_name(config.output_prefix, key);
-    writers.push_back(std::make_unique<StreamingIndexedWriter>(prefix, stats.dtype));
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(prefix, stats.dtype));
     stats.outputs.push_back({key, prefix, 0, 0, 0});
   }
 
@@ -478,7 +373,7 @@ PreprocessStats preprocess(const PreprocessConfig& config, const Tokenizer& toke
   EncodedBatch batch;
   for (int64_t index = 0; pipeline.pop_result(index, batch); ++index) {
     for (size_t k = 0; k < writers.size(); ++k) {
-      StreamingIndexedWriter& writer = *writers[k];
+      IndexedDatasetWriter& writer = *writers[k];
       const EncodedKey& key = batch.keys[k];
       writer.append_tokens(key.bin.data(), key.bin.size());
       size_t next_length = 0;
@@ -555,7 +450,7 @@ MergeStats merge_indexed_datasets(const std::vector<std::string>& prefixes,
   OMNI_REQUIRE(!prefixes.empty(), "merge-datasets: no input datasets");
   OMNI_REQUIRE(!output_prefix.empty(), "merge-datasets needs --output-prefix PREFIX");
   MergeStats stats;
-  std::unique_ptr<StreamingIndexedWriter> writer;
+  std::unique_ptr<IndexedDatasetWriter> writer;
   std::vector<char> buffer(4 << 20);
   for (const std::string& prefix : prefixes) {
     OMNI_REQUIRE(prefix != output_prefix, "merge-datasets: --output-prefix ", output_prefix,
@@ -563,7 +458,7 @@ MergeStats merge_indexed_datasets(const std::vector<std::string>& prefixes,
     const IndexedDataset dataset(prefix);  // validates the .idx against both files
     if (!writer) {
       stats.dtype = dataset.dtype();
-      writer = std::make_unique<StreamingIndexedWriter>(output_prefix, stats.dtype);
+      writer = std::make_unique<IndexedDatasetWriter>(output_prefix, stats.dtype);
     }
     OMNI_REQUIRE(dataset.dtype() == stats.dtype, "merge-datasets: ", prefix, " holds ",
                  indexed_dtype_name(dataset.dtype()), " tokens but ", prefixes.front(), " holds ",
