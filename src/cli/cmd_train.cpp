@@ -207,7 +207,7 @@ int train(const std::vector<std::string>& raw_args) {
                 (long long)latest_checkpoint_iteration(opts.load),
                 (long long)trainer.consumed_samples(),
                 opts.finetune ? ", --finetune: starting at iteration 0" : "");
-  MetricsSink sink(opts.metrics_file, opts.progress);
+  MetricsSink sink(opts);
   TrainResult r = trainer.run(sink);
   const int64_t steps = int64_t(r.train_losses.size());
   if (steps == 0) {

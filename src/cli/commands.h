@@ -29,5 +29,7 @@ int merge_datasets(const std::vector<std::string>& args);
 int train(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);
 int info(const std::vector<std::string>& args);
+int convert(const std::vector<std::string>& args);  // cmd_convert.cpp
+int plot(const std::vector<std::string>& args);     // cmd_plot.cpp
 
 }  // namespace omni::cli

@@ -22,6 +22,8 @@ const char* kUsage =
     "  preprocess      tokenise jsonl/text into Megatron .bin/.idx (as preprocess_data.py)\n"
     "  merge-datasets  concatenate .bin/.idx datasets (as merge_datasets.py)\n"
     "  data-samples    the first training samples and their token ids, in training order\n"
+    "  convert         between omnitron checkpoints and Hugging Face safetensors + config.json\n"
+    "  plot            a run's loss and throughput curves (--metrics-file) as an HTML page\n"
     "  info            devices, BLAS, GPU backend and the measured peak used for MFU\n"
     "  help            this text and every option\n"
     "\n"
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
     if (cmd == "data-samples") return omni::cli::data_samples(args);
     if (cmd == "preprocess") return omni::cli::preprocess(args);
     if (cmd == "merge-datasets") return omni::cli::merge_datasets(args);
+    if (cmd == "convert") return omni::cli::convert(args);
+    if (cmd == "plot") return omni::cli::plot(args);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::printf("%s\noptions:%s", kUsage, omni::options_help().c_str());
       return 0;

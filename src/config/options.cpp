@@ -273,6 +273,21 @@ std::vector<OptionDef> build_table() {
                           [](Options& o) -> int& { return o.eval_interval; }));
   t.push_back(number<int>("--eval-iters", "N", G, "validation micro-batches per evaluation",
                           [](Options& o) -> int& { return o.eval_iters; }));
+  t.push_back(text("--tensorboard-dir", "DIR", G, "write TensorBoard event files here",
+                   [](Options& o) -> std::string& { return o.tensorboard_dir; }));
+  t.push_back(number<int>("--tensorboard-log-interval", "N", G,
+                          "TensorBoard scalars every N steps",
+                          [](Options& o) -> int& { return o.tensorboard_log_interval; }));
+  t.push_back(toggle("--log-memory-to-tensorboard", G, "memory use in TensorBoard",
+                     [](Options& o) -> bool& { return o.log_memory_to_tensorboard; }));
+  t.push_back(toggle("--log-throughput", G, "TFLOP/s per GPU in TensorBoard",
+                     [](Options& o) -> bool& { return o.log_throughput; }));
+  t.push_back(number<int>("--log-avg-skip-iterations", "N", G,
+                          "leave the first N iterations out of averaged throughput (Primus)",
+                          [](Options& o) -> int& { return o.log_avg_skip_iterations; }));
+  t.push_back(number<int>("--log-avg-reset-interval", "N", G,
+                          "restart the throughput average every N iterations (Primus; 0: never)",
+                          [](Options& o) -> int& { return o.log_avg_reset_interval; }));
   t.push_back(text("--metrics-file", "PATH", G, "write one JSON object per logged step",
                    [](Options& o) -> std::string& { return o.metrics_file; }));
   t.push_back(toggle(
@@ -345,23 +360,43 @@ std::vector<OptionDef> build_table() {
   t.push_back(text("--device", "auto|cpu|cuda|hip", W, "where to train (auto: a GPU when present)",
                    [](Options& o) -> std::string& { return o.device; }));
 
+  const std::string PAR = "parallelism";
+  t.push_back(number<int>("--tensor-model-parallel-size", "N", PAR,
+                          "ranks that split each layer's matmuls (Megatron's TP)",
+                          [](Options& o) -> int& { return o.tensor_model_parallel_size; }));
+  t.push_back(number<int>("--pipeline-model-parallel-size", "N", PAR,
+                          "pipeline stages, each holding a slice of the layers",
+                          [](Options& o) -> int& { return o.pipeline_model_parallel_size; }));
+  t.push_back(number<int>("--num-layers-per-virtual-pipeline-stage", "N", PAR,
+                          "interleaved schedule: each stage holds chunks of N layers",
+                          [](Options& o) -> int& {
+                            return o.num_layers_per_virtual_pipeline_stage;
+                          }));
+  t.push_back(number<int>("--context-parallel-size", "N", PAR,
+                          "ranks that split each sequence (causal, load-balanced chunks)",
+                          [](Options& o) -> int& { return o.context_parallel_size; }));
+  t.push_back(toggle("--sequence-parallel", PAR,
+                     "shard norm regions along the sequence across tensor-parallel ranks",
+                     [](Options& o) -> bool& { return o.sequence_parallel; }));
+  t.push_back(toggle("--use-distributed-optimizer", PAR,
+                     "shard optimizer states and master weights across data-parallel ranks",
+                     [](Options& o) -> bool& { return o.use_distributed_optimizer; }));
+  t.push_back(toggle("--use-tp-pp-dp-mapping", PAR, "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
+                     [](Options& o) -> bool& { return o.use_tp_pp_dp_mapping; }));
+  t.push_back(number<double>("--ddp-bucket-size", "N", PAR,
+                             "gradient elements per data-parallel all-reduce bucket (0: default)",
+                             [](Options& o) -> double& { return o.ddp_bucket_size; }));
+
   t.push_back(not_built("--bf16", "", "", "bf16 mixed precision"));
   t.push_back(not_built("--fp16", "", "", "fp16 mixed precision"));
-  t.push_back(not_built("--tensor-model-parallel-size", "N", "1", "tensor parallelism"));
-  t.push_back(not_built("--pipeline-model-parallel-size", "N", "1", "pipeline parallelism"));
-  t.push_back(not_built("--context-parallel-size", "N", "1", "context parallelism"));
   t.push_back(not_built("--expert-model-parallel-size", "N", "1", "expert parallelism"));
   t.push_back(not_built("--num-experts", "N", "", "mixture of experts"));
-  t.push_back(not_built("--sequence-parallel", "", "", "sequence parallelism"));
-  t.push_back(not_built("--use-distributed-optimizer", "", "", "the distributed optimizer"));
-  t.push_back(not_built("--num-layers-per-virtual-pipeline-stage", "N", "", "interleaved pipeline stages"));
   t.push_back(not_built("--checkpoint-activations", "", "", "activation recompute"));
   t.push_back(not_built("--recompute-activations", "", "", "activation recompute"));
   t.push_back(not_built("--recompute-granularity", "full|selective", "", "activation recompute"));
   for (const char* flag : {"--loss-scale", "--initial-loss-scale", "--min-loss-scale",
                            "--loss-scale-window", "--hysteresis"})
     t.push_back(not_built(flag, "X", "", "fp16 loss scaling"));
-  t.push_back(not_built("--tensorboard-dir", "DIR", "", "TensorBoard logging (use --metrics-file)"));
   for (const char* flag : {"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
                            "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
                            "--no-bias-dropout-fusion", "--no-rope-fusion",
@@ -460,6 +495,11 @@ void finalize(Options& o) {
     o.model.vocab_size = 256;
   }
   o.model.validate();
+  OMNI_REQUIRE(o.tensor_model_parallel_size == 1 && o.pipeline_model_parallel_size == 1 &&
+                   o.context_parallel_size == 1 && !o.sequence_parallel &&
+                   !o.use_distributed_optimizer && o.num_layers_per_virtual_pipeline_stage == 0,
+               "tensor, pipeline, context and sequence parallelism and the distributed optimizer "
+               "are not built yet");
   OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",
                o.micro_batch_size, ")");
   const int per_step = o.micro_batch_size * o.data_parallel_size;

@@ -40,6 +40,12 @@ struct Options {
   int eval_iters = 100;
   std::string metrics_file;
   bool progress = true;
+  std::string tensorboard_dir;       // TensorBoard event files (train/tensorboard.h)
+  int tensorboard_log_interval = 1;  // Megatron's default
+  bool log_memory_to_tensorboard = false, log_throughput = false;
+  // Primus's averaging of the throughput it logs: the first N iterations (start-up) are
+  // left out, and the average restarts every M iterations (0: never).
+  int log_avg_skip_iterations = 2, log_avg_reset_interval = 50;
   // Data.
   bool mock_data = false;
   std::string train_text;  // a plain-text file, tokenised byte-level
@@ -69,8 +75,14 @@ struct Options {
   int top_k = 40;
   int max_new_tokens = 300;
 
-  // This process's data-parallel rank and the number of them (from the process grid once
-  // parallelism exists; one rank until then).
+  // Parallel layout (Megatron's flags); data parallel is the world divided by the rest.
+  int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  int context_parallel_size = 1;
+  int num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
+  bool sequence_parallel = false, use_distributed_optimizer = false;
+  bool use_tp_pp_dp_mapping = false;  // rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
+  double ddp_bucket_size = 0;         // elements per gradient bucket; 0: Megatron's default
+  // This process's data-parallel rank and the number of them (set from the process grid).
   int data_parallel_rank = 0, data_parallel_size = 1;
 
   // Derived by finalize().

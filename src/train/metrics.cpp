@@ -17,6 +17,9 @@ MetricsSink::MetricsSink(const std::string& metrics_file, bool progress, FILE* o
   }
 }
 
+MetricsSink::MetricsSink(const Options& opts, FILE* out)
+    : MetricsSink(opts.metrics_file, opts.progress, out) {}
+
 void MetricsSink::clear_progress() {
   if (progress_shown_) std::fputs("\r\033[K", out_);
   progress_shown_ = false;

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "config/options.h"
+
 namespace omni {
 
 struct StepMetrics {
@@ -23,6 +25,8 @@ class MetricsSink {
  public:
   // out = nullptr: no console output (the metrics file is still written).
   MetricsSink(const std::string& metrics_file, bool progress, FILE* out = stdout);
+  // What the options ask for: --metrics-file, progress, and the logging flags.
+  explicit MetricsSink(const Options& opts, FILE* out = stdout);
   // A logged step (console line + JSON object).
   void log(const StepMetrics& m);
   // A validation result; `m` carries iteration and val_loss.

@@ -1,0 +1,84 @@
+// Communicator: the collectives and point-to-point calls every parallel layout is built
+// from (DESIGN.md: src/comm). One interface, three implementations: a single-rank one
+// (every collective is a copy or nothing; TP=1 is not a special case), MPI over host
+// memory (comm/mpi_communicator.cpp), and NCCL/RCCL over device memory (with the GPU
+// backend). Buffers are typed by DType; sums of f32 are done in f32 as MPI does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/dtype.h"
+#include "tensor/tensor.h"
+
+namespace omni {
+
+enum class ReduceOp { Sum, Max };
+
+// A pending non-blocking send or receive. wait() completes it (idempotent); the
+// destructor waits too, so a buffer is never released while MPI still reads it.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "tp", "dp", ... for messages; "world" for the world.
+  virtual std::string name() const = 0;
+
+  // In place over n elements of every rank.
+  virtual void all_reduce(void* data, size_t n, DType t, ReduceOp op = ReduceOp::Sum) = 0;
+  // in holds size() blocks of n elements; rank r receives the sum of every rank's block r.
+  virtual void reduce_scatter(void* out, const void* in, size_t n, DType t) = 0;
+  // Each rank contributes n elements; out holds size() blocks of n, in rank order.
+  virtual void all_gather(void* out, const void* in, size_t n, DType t) = 0;
+  // Each rank sends block r of `in` (n elements) to rank r; out holds the blocks received,
+  // in rank order.
+  virtual void all_to_all(void* out, const void* in, size_t n, DType t) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
+  virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;
+  virtual std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer,
+                                             int tag) = 0;
+  virtual std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) = 0;
+  // Starts an in-place sum; the data must not be touched until wait().
+  virtual std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) = 0;
+  virtual void barrier() = 0;
+  // A communicator over the ranks that pass the same color, ordered by key (MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  template <typename T>
+  void all_reduce(T* data, size_t n, ReduceOp op = ReduceOp::Sum) {
+    all_reduce(static_cast<void*>(data), n, dtype_of<T>(), op);
+  }
+  template <typename T>
+  void all_gather(T* out, const T* in, size_t n) {
+    all_gather(static_cast<void*>(out), static_cast<const void*>(in), n, dtype_of<T>());
+  }
+  template <typename T>
+  void reduce_scatter(T* out, const T* in, size_t n) {
+    reduce_scatter(static_cast<void*>(out), static_cast<const void*>(in), n, dtype_of<T>());
+  }
+};
+
+// One rank: collectives copy or do nothing; point-to-point with itself is an error.
+std::unique_ptr<Communicator> make_self_communicator(const std::string& name = "world");
+
+// The world: MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE or PMIX_RANK is set) and MPI is compiled in, else one rank. Initialises MPI
+// on first use; MPI is finalized at exit.
+Communicator& world_communicator();
+
+// For the failing rank's error path (only src/cli calls it): with more than one rank,
+// print nothing more and end every rank of the job (MPI_Abort) with `code`; with one
+// rank, return and let the caller exit.
+void abort_world(int code);
+
+}  // namespace omni
