@@ -101,7 +101,7 @@ std::vector<LayerRange> pipeline_rank_layers(const PipelineSplit& s, int rank) {
 }
 
 std::vector<PipelineOp> pipeline_schedule(int pipeline_size, int rank, int num_microbatches,
-                                          int virtual_size) {
+                                          int virtual_size, bool forward_only) {
   const int pp = pipeline_size, vp = virtual_size, m = num_microbatches;
   OMNI_CHECK(pp > 0 && rank >= 0 && rank < pp && vp > 0 && m > 0, "pipeline rank ", rank, " of ",
              pp, ", ", vp, " chunks per rank, ", m, " micro-batches");
@@ -122,9 +122,13 @@ std::vector<PipelineOp> pipeline_schedule(int pipeline_size, int rank, int num_m
     return PipelineOp{pass, group * pp + within % pp,
                       pass == PipelinePass::Forward ? chunk : vp - 1 - chunk};
   };
+  // Megatron's warm-up: the forwards a rank runs before its first backward.
   const int total = m * vp;
   int warmup = 0;
-  if (pp > 1) warmup = vp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vp - 1) * pp;
+  if (forward_only)
+    warmup = total;
+  else if (pp > 1)
+    warmup = vp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vp - 1) * pp;
   warmup = std::min(warmup, total);
 
   std::vector<PipelineOp> ops;
@@ -134,7 +138,8 @@ std::vector<PipelineOp> pipeline_schedule(int pipeline_size, int rank, int num_m
     ops.push_back(op(PipelinePass::Forward, warmup + k));
     ops.push_back(op(PipelinePass::Backward, k));
   }
-  for (int k = total - warmup; k < total; ++k) ops.push_back(op(PipelinePass::Backward, k));
+  if (!forward_only)
+    for (int k = total - warmup; k < total; ++k) ops.push_back(op(PipelinePass::Backward, k));
   return ops;
 }
 

@@ -66,10 +66,11 @@ struct PipelineOp {
 //    through chunk 0, the same pp through chunk 1, ..., then the next pp micro-batches;
 //    the backwards take the same order with the chunks reversed; warm-up
 //    (pp - rank - 1) * 2 + (vp - 1) * pp forwards (at most M * vp).
+// forward_only (evaluation): the same forwards in the same order, no backwards.
 // The interleaved schedule needs pipeline_size > 1 and num_microbatches a multiple of
 // pipeline_size (Megatron's rule with its default micro-batch group of pp); a violation is
 // a UsageError.
 std::vector<PipelineOp> pipeline_schedule(int pipeline_size, int rank, int num_microbatches,
-                                          int virtual_size);
+                                          int virtual_size, bool forward_only = false);
 
 }  // namespace omni

@@ -245,10 +245,10 @@ struct PipelineRun {
 // blocks on its next op until those have run; sends never block. Messages between two
 // ranks are also checked to arrive in the order they were sent, per direction, so the
 // executor may match them by (peer, pass) alone.
-PipelineRun simulate(int pp, int vp, int m) {
+PipelineRun simulate(int pp, int vp, int m, bool forward_only = false) {
   const int stages = pp * vp;
   std::vector<std::vector<PipelineOp>> ops;
-  for (int r = 0; r < pp; ++r) ops.push_back(omni::pipeline_schedule(pp, r, m, vp));
+  for (int r = 0; r < pp; ++r) ops.push_back(omni::pipeline_schedule(pp, r, m, vp, forward_only));
   std::vector<std::vector<int>> forwards(m, std::vector<int>(stages)), backwards = forwards;
   std::vector<size_t> next(pp);
   std::vector<int> in_flight(pp);
@@ -299,7 +299,7 @@ PipelineRun simulate(int pp, int vp, int m) {
     }
   for (int mb = 0; mb < m; ++mb)
     for (int s = 0; s < stages; ++s)
-      if (forwards[mb][s] != 1 || backwards[mb][s] != 1)
+      if (forwards[mb][s] != 1 || backwards[mb][s] != (forward_only ? 0 : 1))
         fail("micro-batch " + std::to_string(mb) + " stage " + std::to_string(s) + " ran " +
              std::to_string(forwards[mb][s]) + " forwards and " + std::to_string(backwards[mb][s]) +
              " backwards");
@@ -345,6 +345,19 @@ TEST(PipelineSchedule, InterleavedFinishesWithWarmupPlusOneChunksInFlight) {
 TEST(PipelineSchedule, InterleavedActivationPeaksForFourStagesTwoChunks) {
   EXPECT_EQ(simulate(4, 2, 8).peak_in_flight, (std::vector<int>{11, 9, 7, 5}));
   EXPECT_EQ(simulate(4, 1, 8).peak_in_flight, (std::vector<int>{4, 3, 2, 1}));
+}
+
+// Evaluation runs the same forwards alone; they too reach every stage without a deadlock.
+TEST(PipelineSchedule, ForwardOnlyRunsEachForwardOnce) {
+  EXPECT_EQ(omni::pipeline_schedule(2, 1, 2, 2, true), ops("F0.0 F1.0 F0.1 F1.1"));
+  EXPECT_EQ(omni::pipeline_schedule(4, 0, 3, 1, true), ops("F0 F1 F2"));
+  for (int pp = 1; pp <= 8; ++pp)
+    for (int vp = 1; vp <= (pp == 1 ? 1 : 4); ++vp)
+      for (int m = vp == 1 ? 1 : pp; m <= 3 * pp; m += vp == 1 ? 1 : pp) {
+        const PipelineRun run = simulate(pp, vp, m, true);
+        EXPECT_TRUE(run.finished && run.problem.empty())
+            << layout(pp, vp, m) << ": " << run.problem;
+      }
 }
 
 }  // namespace
