@@ -22,7 +22,8 @@ struct ShardSegment {
 
 struct ParamInfo {
   ParamInfo() = default;
-  ParamInfo(std::string name, Shape shape, ParamInit init, bool weight_decay)
+  ParamInfo(std::string name, Shape shape, ParamInit init = ParamInit::Normal,
+            bool weight_decay = true)
       : name(std::move(name)), shape(std::move(shape)), init(init), weight_decay(weight_decay) {}
 
   std::string name;  // Megatron-Core's names, e.g. "decoder.layers.0.mlp.linear_fc1.weight"

@@ -21,9 +21,7 @@ using omni::ParameterSet;
 
 // Offsets (16-element aligned): a 0, b 16, c 48, d 96, e 112; 160 elements in all.
 std::vector<ParamInfo> infos() {
-  return {{.name = "a", .shape = {5}},    {.name = "b", .shape = {3, 7}},
-          {.name = "c", .shape = {33}},   {.name = "d", .shape = {1}},
-          {.name = "e", .shape = {4, 10}}};
+  return {{"a", {5}}, {"b", {3, 7}}, {"c", {33}}, {"d", {1}}, {"e", {4, 10}}};
 }
 
 // Rank r's local gradient at element i: varied magnitudes so summation order shows.
