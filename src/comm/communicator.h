@@ -82,8 +82,9 @@ class Communicator {
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name = "world");
 
 // The world: MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE,
-// PMI_SIZE or PMIX_RANK is set) and MPI is compiled in, else one rank. Initialises MPI
-// on first use; MPI is finalized at exit.
+// PMI_SIZE or PMIX_RANK is set, or SLURM_STEP_NUM_TASKS is above 1), else one rank without
+// calling MPI_Init (a singleton MPI_Init is slow). Initialises MPI on first use; MPI is
+// finalized at exit. UsageError when launched as several ranks in a build without MPI.
 Communicator& world_communicator();
 
 // For the failing rank's error path (only src/cli calls it): with more than one rank,
