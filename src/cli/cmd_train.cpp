@@ -5,6 +5,7 @@
 
 #include "backend/device.h"
 #include "base/error.h"
+#include "comm/process_grid.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "config/options.h"
@@ -176,13 +177,31 @@ int train(const std::vector<std::string>& raw_args) {
     parse_options(args, opts);
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
+  // The parallel layout: data parallel is what the world leaves after TP x CP x PP.
+  Communicator& world = world_communicator();
+  opts.data_parallel_size = data_parallel_size(
+      world.size(), ParallelLayout{.tp = opts.tensor_model_parallel_size,
+                                   .cp = opts.context_parallel_size,
+                                   .pp = opts.pipeline_model_parallel_size});
   finalize(opts);
+  // As Megatron's print_rank_0: one rank reports (errors still reach stderr from any).
+  if (world.rank() != 0) {
+    OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
+    opts.metrics_file.clear();
+    opts.tensorboard_dir.clear();
+    opts.progress = false;
+  }
   for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
   check_device(opts);
 
-  std::unique_ptr<TrainingData> data = open_training_data(opts);
+  // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the
+  // others open it after.
+  std::unique_ptr<TrainingData> data;
+  if (world.rank() == 0) data = open_training_data(opts);
+  world.barrier();
+  if (world.rank() != 0) data = open_training_data(opts);
 
-  const double peak = measure_sgemm_gflops();
+  const double peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
   const TransformerConfig& m = opts.model;
   std::printf(
       "omnitron train: %lld parameters | %d layers, hidden %d, ffn %d, heads %d/%d, %s, %s%s\n",
@@ -198,10 +217,17 @@ int train(const std::vector<std::string>& raw_args) {
       (long long)opts.lr_schedule.warmup_iters);
   std::printf("  device: cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)\n",
               cpu_threads(), blas_config().c_str(), peak);
+  if (world.size() > 1)
+    std::printf("  layout: %d ranks = tensor %d x context %d x pipeline %d x data %d%s%s\n",
+                world.size(), opts.tensor_model_parallel_size, opts.context_parallel_size,
+                opts.pipeline_model_parallel_size, opts.data_parallel_size,
+                opts.sequence_parallel ? ", sequence parallel" : "",
+                opts.use_distributed_optimizer ? ", distributed optimizer" : "");
   std::fflush(stdout);
 
   if (tokenizer) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
-  Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt);
+  Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt,
+                  &world);
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
                 (long long)latest_checkpoint_iteration(opts.load),
@@ -226,7 +252,7 @@ int train(const std::vector<std::string>& raw_args) {
     std::printf("saved checkpoint %s (omnitron generate --load %s)\n", r.saved.back().c_str(),
                 opts.save.c_str());
   const bool byte_level = !opts.train_text.empty() || opts.tokenizer.type == "ByteLevelTokenizer";
-  if (opts.max_new_tokens > 0 && byte_level) {
+  if (opts.max_new_tokens > 0 && byte_level && world.size() == 1) {
     SamplingOptions so{opts.temperature, opts.top_k, opts.max_new_tokens,
                        static_cast<uint64_t>(opts.seed)};
     std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,

@@ -495,11 +495,18 @@ void finalize(Options& o) {
     o.model.vocab_size = 256;
   }
   o.model.validate();
-  OMNI_REQUIRE(o.tensor_model_parallel_size == 1 && o.pipeline_model_parallel_size == 1 &&
-                   o.context_parallel_size == 1 && !o.sequence_parallel &&
-                   !o.use_distributed_optimizer && o.num_layers_per_virtual_pipeline_stage == 0,
-               "tensor, pipeline, context and sequence parallelism and the distributed optimizer "
-               "are not built yet");
+  OMNI_REQUIRE(o.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size must be at least 1");
+  OMNI_REQUIRE(o.pipeline_model_parallel_size >= 1,
+               "--pipeline-model-parallel-size must be at least 1");
+  OMNI_REQUIRE(o.context_parallel_size >= 1, "--context-parallel-size must be at least 1");
+  OMNI_REQUIRE(o.num_layers_per_virtual_pipeline_stage >= 0,
+               "--num-layers-per-virtual-pipeline-stage must be 0 (off) or positive");
+  OMNI_REQUIRE(o.ddp_bucket_size >= 0, "--ddp-bucket-size must be 0 (default) or positive");
+  OMNI_REQUIRE(o.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
+  OMNI_REQUIRE(o.log_avg_skip_iterations >= 0 && o.log_avg_reset_interval >= 0,
+               "--log-avg-skip-iterations and --log-avg-reset-interval must be 0 or positive");
+  // Megatron turns sequence parallelism off without tensor parallelism.
+  if (o.tensor_model_parallel_size == 1) o.sequence_parallel = false;
   OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",
                o.micro_batch_size, ")");
   const int per_step = o.micro_batch_size * o.data_parallel_size;

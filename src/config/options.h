@@ -45,7 +45,7 @@ struct Options {
   bool log_memory_to_tensorboard = false, log_throughput = false;
   // Primus's averaging of the throughput it logs: the first N iterations (start-up) are
   // left out, and the average restarts every M iterations (0: never).
-  int log_avg_skip_iterations = 2, log_avg_reset_interval = 50;
+  int log_avg_skip_iterations = 2, log_avg_reset_interval = 10;  // Primus's defaults
   // Data.
   bool mock_data = false;
   std::string train_text;  // a plain-text file, tokenised byte-level

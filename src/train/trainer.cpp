@@ -6,6 +6,8 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "parallel/full_model.h"
+#include "parallel/schedules.h"
 #include "optim/lr_schedule.h"
 #include "train/flops.h"
 
@@ -39,36 +41,63 @@ void restore_signal_handlers() {
 }  // namespace
 
 Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double peak_gflops,
-                 std::optional<int32_t> eod)
-    : opts_(opts),
-      data_(std::move(data)),
-      peak_gflops_(peak_gflops),
-      model_(opts.model, opts.micro_batch_size, static_cast<uint64_t>(opts.seed)),
-      optimizer_(opts.optim, model_.params()) {
-  const size_t n = size_t(opts.micro_batch_size) * opts.model.seq_length;
-  tokens_.resize(n);
-  labels_.resize(n);
+                 std::optional<int32_t> eod, Communicator* world)
+    : opts_(opts), data_(std::move(data)), peak_gflops_(peak_gflops) {
+  if (!world) {
+    own_world_ = make_self_communicator();
+    world = own_world_.get();
+  }
+  const ParallelLayout layout{.tp = opts.tensor_model_parallel_size,
+                              .cp = opts.context_parallel_size,
+                              .pp = opts.pipeline_model_parallel_size,
+                              .tp_pp_dp_mapping = opts.use_tp_pp_dp_mapping};
+  grid_ = std::make_unique<ProcessGrid>(*world, layout);
+  OMNI_CHECK(grid_->dp_size() == opts.data_parallel_size, "[trainer] options finalized for ",
+             opts.data_parallel_size, " data-parallel ranks, the layout has ", grid_->dp_size());
+  opts_.data_parallel_rank = grid_->dp_rank();
+
+  PipelineSplit split;
+  split.num_layers = opts.model.num_layers;
+  split.pipeline_model_parallel_size = layout.pp;
+  split.num_layers_per_virtual_pipeline_stage = opts.num_layers_per_virtual_pipeline_stage;
+  ModelParallel mp;
+  mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
+  for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
+    mp.chunks.push_back({r.begin, r.end});
+  mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
+  model_ = std::make_unique<GPTModel<float>>(opts.model, opts.micro_batch_size,
+                                             static_cast<uint64_t>(opts.seed), mp);
+  pipeline_ = std::make_unique<PipelineExecutor<float>>(*model_, grid_->pp());
+  ParameterSet<float>& params = model_->params();
+  if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights) {
+    const ParamInfo& e = params.info("embedding.word_embeddings.weight");
+    shared_embedding_ = {e.offset, e.offset + e.numel};
+  }
+  ddp_ = std::make_unique<DataParallelBuckets<float>>(
+      grid_->dp_cp(), params, opts.ddp_bucket_size,
+      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce);
+  // Buckets start as soon as their layers' gradients are final (last micro-batch only);
+  // the shared word embeddings wait for their sum across the two stages.
+  pipeline_->set_grads_ready_hook([this](int64_t begin, int64_t end) {
+    if (begin < shared_embedding_.second && shared_embedding_.first < end) {
+      if (begin < shared_embedding_.first) ddp_->mark_ready(begin, shared_embedding_.first);
+      if (shared_embedding_.second < end) ddp_->mark_ready(shared_embedding_.second, end);
+      return;
+    }
+    ddp_->mark_ready(begin, end);
+  });
+  if (opts.use_distributed_optimizer)
+    dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, params);
+  else
+    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, params);
+
+  batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
   doc_masks_ = {eod.value_or(-1), opts.reset_position_ids, opts.reset_attention_mask,
                 opts.eod_mask_loss};
-  if (doc_masks_.any()) {
-    OMNI_REQUIRE(eod.has_value(), "--eod-mask-loss, --reset-position-ids and "
-                 "--reset-attention-mask need a tokenizer with an end-of-document token "
-                 "(--tokenizer-type)");
-    positions_.resize(n);
-    key_start_.resize(n);
-    loss_mask_.resize(n);
-  }
-  if (!opts_.load.empty()) {
-    // --finetune takes the weights only; --no-load-optim keeps the position but starts
-    // the optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
-    const bool resume = !opts_.finetune;
-    const TrainingProgress p = load_checkpoint(
-        opts_.load, model_.params(), resume && !opts_.no_load_optim ? &optimizer_ : nullptr);
-    if (resume) {
-      iteration_ = p.iteration;
-      consumed_samples_ = p.consumed_samples;
-    }
-  }
+  OMNI_REQUIRE(!doc_masks_.any() || eod.has_value(),
+               "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need a "
+               "tokenizer with an end-of-document token (--tokenizer-type)");
+  if (!opts_.load.empty()) load(opts_.load);
   if (opts_.exit_signal_handler) {
     install_exit_signal_handler();
     signal_handler_installed_ = true;
@@ -79,64 +108,197 @@ Trainer::~Trainer() {
   if (signal_handler_installed_) restore_signal_handlers();
 }
 
+void Trainer::load(const std::string& dir) {
+  // Every rank reads the layout-independent checkpoint and keeps its slices of it.
+  // --finetune takes the weights only; --no-load-optim keeps the position but starts the
+  // optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
+  const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
+  ParameterSet<float>& params = model_->params();
+  const bool whole = grid_->world().size() == 1;
+  std::unique_ptr<GPTModel<float>> full;
+  std::unique_ptr<Optimizer<float>> full_optimizer;
+  if (!whole) {
+    full = std::make_unique<GPTModel<float>>(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
+    full_optimizer = std::make_unique<Optimizer<float>>(opts_.optim, full->params());
+  }
+  Optimizer<float>* target = whole && optimizer_ ? optimizer_.get() : full_optimizer.get();
+  const TrainingProgress p =
+      load_checkpoint(dir, whole ? params : full->params(), with_optimizer ? target : nullptr);
+  if (!whole || dist_optimizer_) {
+    const ParameterSet<float>& source = whole ? params : full->params();
+    if (!whole) take_slices(source, source.values(), params, params.values());
+    if (with_optimizer) {
+      const Optimizer<float>& so = whole ? *optimizer_ : *full_optimizer;
+      std::vector<float> local(params.size());
+      for (const std::string& name : so.state_names()) {
+        take_slices(source, so.state_buffer(name), params, local.data());
+        if (dist_optimizer_)
+          dist_optimizer_->load_state(name, local.data());
+        else
+          std::copy(local.begin(), local.end(), optimizer_->state_buffer(name));
+      }
+      if (dist_optimizer_) dist_optimizer_->set_steps(so.steps());
+      else optimizer_->set_steps(so.steps());
+    }
+  }
+  if (resume) {
+    iteration_ = p.iteration;
+    consumed_samples_ = p.consumed_samples;
+  }
+}
+
 std::string Trainer::save(MetricsSink& sink) {
   OMNI_REQUIRE(!opts_.save.empty(), "saving a checkpoint needs --save DIR");
-  const std::string dir = save_checkpoint(opts_.save, opts_, {iteration_, consumed_samples_},
-                                          model_.params(), optimizer_);
+  // The checkpoint is the one-rank model's, whatever the layout: each tensor is assembled
+  // from its owners' slices on world rank 0, which writes it.
+  ParameterSet<float>& params = model_->params();
+  Communicator& world = grid_->world();
+  std::string dir;
+  if (world.size() == 1 && optimizer_) {
+    dir = save_checkpoint(opts_.save, opts_, {iteration_, consumed_samples_}, params, *optimizer_);
+  } else {
+    GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
+    Optimizer<float> full_optimizer(opts_.optim, full.params());
+    // One owner per slice: the first data- and context-parallel rank, and for the word
+    // embeddings held by two stages, the first stage.
+    const bool owner = grid_->dp_rank() == 0 && grid_->cp_rank() == 0;
+    const bool skip_shared = shared_embedding_.second > 0 && !grid_->is_first_stage();
+    auto assemble = [&](const float* local, float* whole) {
+      std::fill(whole, whole + full.params().size(), 0.0f);
+      if (owner) put_slices(params, local, full.params(), whole, skip_shared);
+      world.all_reduce(whole, size_t(full.params().size()));
+    };
+    assemble(params.values(), full.params().values());
+    std::vector<float> local(params.size());
+    const std::vector<std::string> names =
+        optimizer_ ? optimizer_->state_names() : dist_optimizer_->state_names();
+    for (const std::string& name : names) {
+      if (optimizer_)
+        std::copy_n(optimizer_->state_buffer(name), params.size(), local.data());
+      else
+        dist_optimizer_->gather_state(name, local.data());
+      assemble(local.data(), full_optimizer.state_buffer(name));
+    }
+    full_optimizer.set_steps(optimizer_ ? optimizer_->steps() : dist_optimizer_->steps());
+    if (world.rank() == 0)
+      dir = save_checkpoint(opts_.save, opts_, {iteration_, consumed_samples_}, full.params(),
+                            full_optimizer);
+    world.barrier();  // the checkpoint is complete for every rank once any rank goes on
+    dir = checkpoint_iteration_dir(opts_.save, iteration_);
+  }
   last_saved_ = iteration_;
   sink.message("saved checkpoint at iteration " + std::to_string(iteration_) + " to " + dir);
   return dir;
 }
 
-MicroBatch Trainer::micro_batch() {
+const MicroBatch& Trainer::read_batch(int m, int64_t first, bool train) {
   const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
-  if (!doc_masks_.any()) return {tokens_.data(), labels_.data(), nullptr, mb, seq};
-  document_masks(tokens_.data(), mb, seq, doc_masks_, positions_.data(), key_start_.data(),
-                 loss_mask_.data());
-  return {tokens_.data(),    labels_.data(),
-          loss_mask_.data(), mb,
-          seq,               doc_masks_.reset_position_ids ? positions_.data() : nullptr,
-          doc_masks_.reset_attention_mask ? key_start_.data() : nullptr};
+  const size_t n = size_t(mb) * seq;
+  if (m >= int(batches_.size())) batches_.resize(m + 1);
+  Batch& b = batches_[m];
+  b.tokens.resize(n), b.labels.resize(n);
+  if (train)
+    data_->train_samples(first, mb, seq, b.tokens.data(), b.labels.data());
+  else
+    data_->valid_samples(first, mb, seq, b.tokens.data(), b.labels.data());
+  b.full = {b.tokens.data(), b.labels.data(), nullptr, mb, seq};
+  if (doc_masks_.any()) {
+    b.positions.resize(n), b.key_start.resize(n), b.loss_mask.resize(n);
+    document_masks(b.tokens.data(), mb, seq, doc_masks_, b.positions.data(), b.key_start.data(),
+                   b.loss_mask.data());
+    b.full.loss_mask = b.loss_mask.data();
+    if (doc_masks_.reset_position_ids) b.full.position_ids = b.positions.data();
+    if (doc_masks_.reset_attention_mask) b.full.key_start = b.key_start.data();
+  }
+  if (grid_->cp_size() == 1) return b.full;
+  b.local.slice(b.full, grid_->cp_size(), grid_->cp_rank());
+  return b.local.batch();
+}
+
+double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) const {
+  const ParameterSet<float>& params = model_->params();
+  const bool tp_lead = grid_->tp_rank() == 0;
+  double sum = 0;
+  for (const ParamInfo& p : params.infos()) {
+    if (p.tp_replicated && !tp_lead) continue;  // the same tensor on every TP rank
+    if (shared_embedding_.second > 0 && !grid_->is_first_stage() &&
+        p.offset == shared_embedding_.first)
+      continue;  // the last stage's copy of the word embeddings
+    for (const ShardRange& r : ranges) {
+      const int64_t b = std::max(r.begin, p.offset), e = std::min(r.end, p.offset + p.numel);
+      if (b < e) sum += ops::sum_squares(params.grads() + b, size_t(e - b));
+    }
+  }
+  return sum;
+}
+
+double Trainer::reduce_loss(double loss_sum, int microbatches) const {
+  double loss = grid_->is_last_stage() ? loss_sum / microbatches : 0.0;
+  grid_->dp().all_reduce(&loss, 1);
+  loss /= grid_->dp_size();
+  grid_->pp().all_reduce(&loss, 1);  // only the last stage's is non-zero
+  return loss;
 }
 
 double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
-  const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
-  const int accum = opts_.grad_accumulation_steps();
-  model_.params().zero_grads();
-  double loss = 0;
-  for (int m = 0; m < accum; ++m) {
-    data_->train_samples(micro_batch_first_sample(consumed_samples_, m, mb,
-                                                  opts_.data_parallel_rank,
-                                                  opts_.data_parallel_size),
-                         mb, seq, tokens_.data(), labels_.data());
-    // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is
-    // that of the global batch's mean loss.
-    loss += model_.forward_backward(micro_batch(), 1.0 / accum);
-  }
+  const int mb = opts_.micro_batch_size, accum = opts_.grad_accumulation_steps();
+  ParameterSet<float>& params = model_->params();
+  params.zero_grads();
+  for (int m = 0; m < accum; ++m)
+    read_batch(m,
+               micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(),
+                                        grid_->dp_size()),
+               true);
+  auto batch = [this](int m) -> const MicroBatch& {
+    return grid_->cp_size() > 1 ? batches_[m].local.batch() : batches_[m].full;
+  };
+  // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is that
+  // of the global batch's mean loss. Context-parallel ranks each hold part of it, and the
+  // data-parallel reduction averages over dp x cp ranks: hence the factor cp.
+  const double loss_sum = pipeline_->run(accum, batch, true, double(grid_->cp_size()) / accum);
   consumed_samples_ += opts_.global_batch_size;
-  loss /= accum;
-  *grad_norm = gradient_norm(model_.params());
+  if (shared_embedding_.second > 0) {
+    const int64_t b = shared_embedding_.first, e = shared_embedding_.second;
+    grid_->embedding().all_reduce(params.grads() + b, size_t(e - b));
+    ddp_->mark_ready(b, e);
+  }
+  ddp_->finish();
+  // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
+  for (const ParamInfo& p : params.infos())
+    if (p.tp_partial_grad) grid_->tp().all_reduce(params.grads() + p.offset, size_t(p.numel));
+  const double loss = reduce_loss(loss_sum, accum);
+
+  double norm2 = gradient_norm_squared(
+      dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, params.size()}});
+  grid_->model_parallel().all_reduce(&norm2, 1);
+  if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
+  *grad_norm = std::sqrt(norm2);
   OMNI_REQUIRE(std::isfinite(*grad_norm), "iteration ", iteration,
                ": the gradient norm is not finite (lm loss ", loss,
                "); lower --lr or enable --clip-grad");
   // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
   if (opts_.optim.clip_grad > 0) {
     const double coeff = opts_.optim.clip_grad / (*grad_norm + 1e-6);
-    if (coeff < 1.0) scale_gradients(model_.params(), coeff);
+    if (coeff < 1.0) scale_gradients(params, coeff);
   }
   *lr = learning_rate(opts_.lr_schedule, iteration - 1);
-  optimizer_.step(model_.params(), *lr);
+  if (dist_optimizer_)
+    dist_optimizer_->step(params, *lr);
+  else
+    optimizer_->step(params, *lr);
   return loss;
 }
 
 double Trainer::evaluate() {
-  const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
-  double sum = 0;
-  for (int i = 0; i < opts_.eval_iters; ++i) {
-    data_->valid_samples(int64_t(i) * mb, mb, seq, tokens_.data(), labels_.data());
-    sum += model_.forward_loss(micro_batch());
-  }
-  return opts_.eval_iters ? sum / opts_.eval_iters : NAN;
+  const int mb = opts_.micro_batch_size, n = opts_.eval_iters;
+  if (n == 0) return NAN;
+  // Validation micro-batch i of data-parallel rank r: samples (i * dp + r) * mb ...
+  for (int i = 0; i < n; ++i)
+    read_batch(i, (int64_t(i) * grid_->dp_size() + grid_->dp_rank()) * mb, false);
+  auto batch = [this](int m) -> const MicroBatch& {
+    return grid_->cp_size() > 1 ? batches_[m].local.batch() : batches_[m].full;
+  };
+  return reduce_loss(pipeline_->run(n, batch, false, 0.0), n);
 }
 
 TrainResult Trainer::run(MetricsSink& sink) {

@@ -7,10 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_grid.h"
 #include "config/options.h"
 #include "data/dataset.h"
 #include "model/gpt_model.h"
+#include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
+#include "parallel/context_parallel.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "train/document_masks.h"
 #include "train/metrics.h"
 
@@ -39,8 +44,11 @@ class Trainer {
   // With --load, the model (and unless --finetune the optimizer, iteration and data
   // position) come from the checkpoint; with --exit-signal-handler, SIGTERM and SIGINT
   // are caught from construction to destruction.
+  // `world` holds the ranks of the parallel layout the options ask for (tensor, pipeline,
+  // context and data parallel); null: this process alone. opts.data_parallel_size must
+  // already be the layout's (set before finalize). Construction is collective.
   Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double peak_gflops = 0,
-          std::optional<int32_t> eod = std::nullopt);
+          std::optional<int32_t> eod = std::nullopt, Communicator* world = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -50,29 +58,53 @@ class Trainer {
   TrainResult run(MetricsSink& sink);
   // Writes a checkpoint of the current state to --save; returns its directory.
   std::string save(MetricsSink& sink);
-  // Mean validation loss over --eval-iters micro-batches.
+  // Mean validation loss over --eval-iters micro-batches (of every data-parallel rank).
   double evaluate();
-  GPTModel<float>& model() { return model_; }
+  // This rank's part of the model.
+  GPTModel<float>& model() { return *model_; }
+  const ProcessGrid& grid() const { return *grid_; }
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
 
  private:
+  // One micro-batch's data on this rank (and its context-parallel share).
+  struct Batch {
+    std::vector<int32_t> tokens, labels, positions, key_start;
+    std::vector<float> loss_mask;
+    MicroBatch full;
+    ContextParallelBatch local;
+  };
   double train_step(int64_t iteration, double* grad_norm, double* lr);
-  // The micro-batch over tokens_/labels_, with document masks when the options ask for them.
-  MicroBatch micro_batch();
+  // Reads micro-batch `m` of this step (training: from consumed sample `first`) into
+  // batches_[m], with document masks when the options ask for them.
+  const MicroBatch& read_batch(int m, int64_t first, bool train);
+  // The parameters' squared gradient norm over `ranges` of the flat buffer, each
+  // parameter counted once across the model-parallel ranks.
+  double gradient_norm_squared(const std::vector<ShardRange>& ranges) const;
+  // Sum of the last stage's per-micro-batch losses, averaged over data-parallel ranks and
+  // handed to every pipeline stage.
+  double reduce_loss(double loss_sum, int microbatches) const;
+  void load(const std::string& dir);
 
   Options opts_;
   std::unique_ptr<TrainingData> data_;
   double peak_gflops_;
-  GPTModel<float> model_;
-  Optimizer<float> optimizer_;
+  std::unique_ptr<Communicator> own_world_;
+  std::unique_ptr<ProcessGrid> grid_;
+  std::unique_ptr<GPTModel<float>> model_;
+  std::unique_ptr<PipelineExecutor<float>> pipeline_;
+  std::unique_ptr<DataParallelBuckets<float>> ddp_;
+  std::unique_ptr<Optimizer<float>> optimizer_;                   // or:
+  std::unique_ptr<DistributedOptimizer<float>> dist_optimizer_;  // --use-distributed-optimizer
+  // The word embeddings' flat range when the first and last pipeline stages each hold a
+  // copy (tied, pipeline > 1): summed across the two before data-parallel reduction.
+  std::pair<int64_t, int64_t> shared_embedding_{0, 0};
   int64_t iteration_ = 0;  // completed steps
   int64_t consumed_samples_ = 0;
   int64_t last_saved_ = -1;
   bool signal_handler_installed_ = false;
   DocumentMaskOptions doc_masks_;
-  std::vector<int32_t> tokens_, labels_, positions_, key_start_;
-  std::vector<float> loss_mask_;
+  std::vector<Batch> batches_;
 };
 
 }  // namespace omni

@@ -175,9 +175,7 @@ void check_groups(Communicator& world) {
 // Buckets, overlapped or not, against an all-reduce of the whole pre-scaled buffer.
 void check_data_parallel(Communicator& world) {
   const int p = world.size(), r = world.rank();
-  std::vector<omni::ParamInfo> infos = {{.name = "a", .shape = {37}},
-                                        {.name = "b", .shape = {5, 9}},
-                                        {.name = "c", .shape = {64}}};
+  std::vector<omni::ParamInfo> infos = {{"a", {37}}, {"b", {5, 9}}, {"c", {64}}};
   for (const auto mode : {omni::GradReduce::AllReduce, omni::GradReduce::ReduceScatter}) {
     omni::ParameterSet<float> params(infos);
     omni::DataParallelBuckets<float> ddp(world, params, 50, mode);

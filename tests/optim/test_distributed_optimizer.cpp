@@ -21,11 +21,12 @@ using omni::ParameterSet;
 
 // Offsets: w1 0 (63), b1 64 (9), w2 80 (33), norm 128 (16), w3 144 (25); 176 elements.
 std::vector<ParamInfo> infos() {
-  return {{.name = "w1", .shape = {7, 9}},
-          {.name = "b1", .shape = {9}, .weight_decay = false},
-          {.name = "w2", .shape = {33}},
-          {.name = "norm", .shape = {16}, .weight_decay = false},
-          {.name = "w3", .shape = {5, 5}}};
+  using omni::ParamInit;
+  return {{"w1", {7, 9}},
+          {"b1", {9}, ParamInit::Normal, false},
+          {"w2", {33}},
+          {"norm", {16}, ParamInit::Normal, false},
+          {"w3", {5, 5}}};
 }
 
 void init(ParameterSet<float>& p) {
