@@ -13,6 +13,7 @@
 
 #include "base/crc32c.h"
 #include "base/error.h"
+#include "cli/process.h"
 #include "data/json.h"
 #include "event_file_reader.h"
 #include "train/tensorboard.h"
@@ -173,6 +174,44 @@ TEST(TensorBoard, AnUncreatableDirectoryIsAUsageErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find("--tensorboard-dir"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(TensorBoard, TrainWithTensorboardDirWritesMegatronsScalarsBothReadersAccept) {
+  const std::string dir = fresh_dir("tb_train");
+  auto [code, out] = run_omnitron(
+      "train --mock-data --vocab-size 40 --num-layers 1 --hidden-size 16 "
+      "--num-attention-heads 2 --seq-length 8 --micro-batch-size 2 --train-iters 6 "
+      "--log-interval 2 --eval-iters 1 --eval-interval 3 --no-progress --max-new-tokens 0 "
+      "--log-throughput --tensorboard-dir " +
+      dir);
+  ASSERT_EQ(code, 0) << out;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir)) files.push_back(entry.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(out.find("tensorboard: " + files[0].string()), std::string::npos) << out;
+  const auto events = event_file::read_event_file(files[0].string());
+  const auto steps = [&](const std::string& tag) {
+    std::vector<int64_t> s;
+    for (const auto& [step, value] : event_file::series(events, tag)) s.push_back(step);
+    return s;
+  };
+  // Logged lines at 2, 4 and 6; validation at 3 and 6; each step's scalars up to step 6.
+  EXPECT_EQ(steps("iteration-time"), (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(steps("throughput"), (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(steps("lm loss validation"), (std::vector<int64_t>{3, 6}));
+  for (const char* tag : {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size"}) {
+    SCOPED_TRACE(tag);
+    ASSERT_FALSE(steps(tag).empty());
+    EXPECT_EQ(steps(tag).back(), 6);
+    EXPECT_EQ(steps(std::string(tag) + " vs samples").back(), 12);  // 2 samples a step
+  }
+  const auto [node_code, node_out] = event_file::run_node_reader(files[0].string());
+  EXPECT_EQ(node_code, 0) << node_out;
+  EXPECT_NE(node_out.find("\"tag\":\"lm loss validation\""), std::string::npos) << node_out;
 }
 
 }  // namespace
