@@ -130,10 +130,11 @@ std::pair<double, double> value_range(const std::vector<Run>& runs, size_t c, bo
     }
   if (lo == hi) {
     const double pad = lo == 0 ? 1.0 : std::abs(lo) * 0.05;
-    lo -= pad;
-    hi += pad;
+    return {lo - pad, hi + pad};
   }
-  return {lo, hi};
+  // Values get a margin so that no point sits on the frame; iterations span the width.
+  const double pad = x ? 0.0 : (hi - lo) * 0.05;
+  return {lo - pad, hi + pad};
 }
 
 constexpr int kWidth = 640, kHeight = 320;
@@ -188,7 +189,10 @@ std::string chart_svg(const std::vector<Run>& runs, size_t c, int x, int y) {
         s << "<circle cx=\"" << number(px(p.x)) << "\" cy=\"" << number(py(p.y))
           << "\" r=\"2.5\" fill=\"" << colour << "\"/>\n";
   }
-  // Legend, top right inside the plot.
+  // Legend, top right inside the plot, on a veil so the curves under it do not hide it.
+  s << "<rect x=\"" << kLeft + plot_w - 156 << "\" y=\"" << kTop + 2 << "\" width=\"152\" "
+    << "height=\"" << 16 * runs.size() + 6 << "\" fill=\"white\" fill-opacity=\"0.85\" "
+    << "stroke=\"#ccc\"/>\n";
   for (size_t r = 0; r < runs.size(); ++r) {
     const double ly = kTop + 14 + 16 * double(r);
     s << "<rect x=\"" << kLeft + plot_w - 150 << "\" y=\"" << ly - 9 << "\" width=\"12\" "
