@@ -92,11 +92,16 @@ Run read_run(const std::string& path) {
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    const char* entity = c == '&'   ? "&amp;"
+                         : c == '<' ? "&lt;"
+                         : c == '>' ? "&gt;"
+                         : c == '"' ? "&quot;"
+                                    : nullptr;
+    if (entity) {
+      out += entity;
+    } else {
+      out += c;
+    }
   }
   return out;
 }
@@ -208,8 +213,8 @@ std::string html_page(const std::vector<Run>& runs, const std::string& title) {
   std::ostringstream s;
   s << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>"
     << xml_escape(title) << "</title>\n<style>body{font-family:sans-serif;margin:24px;}"
-    << "svg{margin:8px;border:1px solid #ccc;}</style>\n</head>\n<body>\n<h1>"
-    << xml_escape(title) << "</h1>\n<p>";
+    << "svg{margin:8px;border:1px solid #ccc;}</style>\n</head>\n<body>\n<h1>" << xml_escape(title)
+    << "</h1>\n<p>";
   for (size_t r = 0; r < runs.size(); ++r)
     s << (r ? ", " : "") << "<span style=\"color:" << kColours[r % std::size(kColours)]
       << "\">&#9632;</span> " << xml_escape(runs[r].name);

@@ -169,7 +169,8 @@ void MetricsSink::log_window(const StepMetrics& last) {
   const bool counted = iterations_seen_ > log_avg_skip_iterations_;
   const bool restart = counted && !averaging_;
   averaging_ = averaging_ || counted;
-  const auto avg_tokens = avg_tokens_.add(tokens_per_sec, counted, restart, log_avg_reset_interval_);
+  const auto avg_tokens =
+      avg_tokens_.add(tokens_per_sec, counted, restart, log_avg_reset_interval_);
   const auto avg_tflops = avg_tflops_.add(tflops, counted, restart, log_avg_reset_interval_);
   const ProcessMemory mem = process_memory();
 
@@ -179,8 +180,7 @@ void MetricsSink::log_window(const StepMetrics& last) {
   appendf(line, " iteration %8lld/%8lld | consumed samples: %12lld |", (long long)last.iteration,
           (long long)last.train_iters, (long long)last.consumed_samples);
   appendf(line, " elapsed time per iteration (ms): %.1f |", 1000.0 * seconds);
-  appendf(line, " learning rate: %.6E | global batch size: %5d |", last.lr,
-          last.global_batch_size);
+  appendf(line, " learning rate: %.6E | global batch size: %5d |", last.lr, last.global_batch_size);
   if (w.advanced > 0) appendf(line, " lm loss: %.6E |", loss);
   appendf(line, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, last.grad_norm);
   appendf(line, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
@@ -199,10 +199,11 @@ void MetricsSink::log_window(const StepMetrics& last) {
   }
   if (!jsonl_.is_open()) return;
   std::ostringstream json;
-  json << "{\"iteration\": " << last.iteration << ", \"consumed_samples\": "
-       << last.consumed_samples << ", \"lm_loss\": " << json_number(loss)
-       << ", \"lr\": " << json_number(last.lr) << ", \"grad_norm\": "
-       << json_number(last.grad_norm) << ", \"loss_scale\": " << json_number(last.loss_scale)
+  json << "{\"iteration\": " << last.iteration
+       << ", \"consumed_samples\": " << last.consumed_samples
+       << ", \"lm_loss\": " << json_number(loss) << ", \"lr\": " << json_number(last.lr)
+       << ", \"grad_norm\": " << json_number(last.grad_norm)
+       << ", \"loss_scale\": " << json_number(last.loss_scale)
        << ", \"skipped_iterations\": " << w.skipped << ", \"nan_iterations\": " << w.nan
        << ", \"ms_per_iter\": " << json_number(1000.0 * seconds)
        << ", \"tokens_per_sec\": " << json_number(tokens_per_sec)

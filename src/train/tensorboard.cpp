@@ -27,7 +27,9 @@ void put_varint(std::string& out, uint64_t v) {
   out.push_back(char(v));
 }
 
-void put_key(std::string& out, uint32_t field, WireType type) { put_varint(out, field << 3 | type); }
+void put_key(std::string& out, uint32_t field, WireType type) {
+  put_varint(out, field << 3 | type);
+}
 
 template <typename T>
 void put_little_endian(std::string& out, T v) {

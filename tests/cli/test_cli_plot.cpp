@@ -32,12 +32,12 @@ std::string read_text(const std::string& path) {
 std::string metrics_lines(int n, double loss0) {
   std::string s;
   for (int it = 1; it <= n; ++it) {
-    s += "{\"iteration\": " + std::to_string(it) + ", \"lm_loss\": " +
-         std::to_string(loss0 - 0.1 * it) + ", \"tokens_per_sec\": " + std::to_string(1000 + it) +
-         ", \"tflops\": 0.5}\n";
+    s += "{\"iteration\": " + std::to_string(it) +
+         ", \"lm_loss\": " + std::to_string(loss0 - 0.1 * it) +
+         ", \"tokens_per_sec\": " + std::to_string(1000 + it) + ", \"tflops\": 0.5}\n";
     if (it % 2 == 0)
-      s += "{\"iteration\": " + std::to_string(it) + ", \"val_loss\": " +
-           std::to_string(loss0 - 0.05 * it) + "}\n";
+      s += "{\"iteration\": " + std::to_string(it) +
+           ", \"val_loss\": " + std::to_string(loss0 - 0.05 * it) + "}\n";
   }
   return s;
 }
@@ -47,7 +47,8 @@ std::string metrics_lines(int n, double loss0) {
 std::map<std::pair<std::string, std::string>, int> polylines(const std::string& page) {
   std::map<std::pair<std::string, std::string>, int> out;
   const std::regex chart_re("data-chart=\"([a-z_]+)\"");
-  const std::regex line_re("<polyline class=\"series\" data-run=\"([^\"]*)\"[^>]* points=\"([^\"]*)\"");
+  const std::regex line_re(
+      "<polyline class=\"series\" data-run=\"([^\"]*)\"[^>]* points=\"([^\"]*)\"");
   std::string chart;
   std::istringstream lines(page);
   for (std::string line; std::getline(lines, line);) {
@@ -132,13 +133,15 @@ TEST(CliPlot, BadInputsAreNamedWithFileAndLine) {
   expect_error(dir + "plot_missing.jsonl", dir + "plot_missing.jsonl: cannot read");
   const std::string empty = temp_file("plot_empty.jsonl", "\n\n");
   expect_error(empty, empty + ": no metrics in the file");
-  const std::string bad = temp_file("plot_bad.jsonl", metrics_lines(1, 5.0) + "{\"iteration\": 2,\n");
+  const std::string bad =
+      temp_file("plot_bad.jsonl", metrics_lines(1, 5.0) + "{\"iteration\": 2,\n");
   expect_error(bad, bad + ":2: not a JSON object");
   const std::string no_it = temp_file("plot_no_it.jsonl", "{\"lm_loss\": 3}\n");
   expect_error(no_it, no_it + ":1: no \"iteration\"");
   const std::string array = temp_file("plot_array.jsonl", "[1, 2]\n");
   expect_error(array, array + ":1: expected a JSON object");
-  const std::string text_loss = temp_file("plot_text.jsonl", "{\"iteration\": 1, \"lm_loss\": \"x\"}\n");
+  const std::string text_loss =
+      temp_file("plot_text.jsonl", "{\"iteration\": 1, \"lm_loss\": \"x\"}\n");
   expect_error(text_loss, text_loss + ":1: \"lm_loss\" is not a number");
   expect_error("", "plot needs at least one metrics file");
   expect_error(empty + " --output x.png", "expected a .html or .svg");

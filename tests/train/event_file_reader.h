@@ -41,8 +41,8 @@ inline uint32_t masked_crc(std::string_view bytes) {
 struct Event {
   double wall_time = 0;
   int64_t step = 0;
-  std::string file_version;                              // set on the first event only
-  std::vector<std::pair<std::string, float>> scalars;    // Summary values (tag, simple_value)
+  std::string file_version;                            // set on the first event only
+  std::vector<std::pair<std::string, float>> scalars;  // Summary values (tag, simple_value)
 };
 
 // Protocol buffer wire format, read field by field.
@@ -71,11 +71,16 @@ class ProtoReader {
     return {uint32_t(k >> 3), uint32_t(k & 7)};
   }
   void skip(uint32_t wire_type) {
-    if (wire_type == 0) varint();
-    else if (wire_type == 1) take(8);
-    else if (wire_type == 2) take(varint());
-    else if (wire_type == 5) take(4);
-    else throw std::runtime_error("unknown wire type " + std::to_string(wire_type));
+    if (wire_type == 0)
+      varint();
+    else if (wire_type == 1)
+      take(8);
+    else if (wire_type == 2)
+      take(varint());
+    else if (wire_type == 5)
+      take(4);
+    else
+      throw std::runtime_error("unknown wire type " + std::to_string(wire_type));
   }
 
  private:
@@ -95,9 +100,12 @@ inline std::pair<std::string, float> decode_summary_value(std::string_view bytes
   std::pair<std::string, float> value{"", 0.0f};
   while (!r.done()) {
     const auto [field, type] = r.key();
-    if (field == 1 && type == 2) value.first = std::string(r.take(r.varint()));
-    else if (field == 2 && type == 5) value.second = little_endian<float>(r.take(4));
-    else r.skip(type);
+    if (field == 1 && type == 2)
+      value.first = std::string(r.take(r.varint()));
+    else if (field == 2 && type == 5)
+      value.second = little_endian<float>(r.take(4));
+    else
+      r.skip(type);
   }
   return value;
 }
@@ -117,8 +125,10 @@ inline Event decode_event(std::string_view bytes) {
       ProtoReader summary(r.take(r.varint()));
       while (!summary.done()) {
         const auto [f, t] = summary.key();
-        if (f == 1 && t == 2) e.scalars.push_back(decode_summary_value(summary.take(summary.varint())));
-        else summary.skip(t);
+        if (f == 1 && t == 2)
+          e.scalars.push_back(decode_summary_value(summary.take(summary.varint())));
+        else
+          summary.skip(t);
       }
     } else {
       r.skip(type);
@@ -181,8 +191,9 @@ inline NodeResult run_node_reader(const std::string& path) {
   const auto tools = repo_root() / "data" / "test-tools";
   if (!std::filesystem::exists(tools / "protobuf.min.js"))
     ADD_FAILURE() << tools << " is missing: run scripts/setup.sh (scripts/fetch_test_tools.sh)";
-  const std::string cmd = "node " + (repo_root() / "tests" / "tools" / "read_tfevents.js").string() +
-                          " " + tools.string() + " '" + path + "' 2>&1";
+  const std::string cmd = "node " +
+                          (repo_root() / "tests" / "tools" / "read_tfevents.js").string() + " " +
+                          tools.string() + " '" + path + "' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;

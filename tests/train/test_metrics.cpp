@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -151,14 +151,13 @@ TEST(Metrics, ThroughputAverageSkipsWarmupAndRestartsAsPrimusDoes) {
   const auto lines = read_jsonl(o.metrics_file);
   ASSERT_EQ(lines.size(), ms.size());
   const auto tps = [&](size_t i) { return 64 / (ms[i] / 1000); };
-  const std::vector<std::optional<double>> expected = {
-      std::nullopt,
-      std::nullopt,
-      tps(2),
-      (tps(2) + tps(3)) / 2,
-      (tps(2) + tps(3) + tps(4)) / 3,
-      tps(5),
-      (tps(5) + tps(6)) / 2};
+  const std::vector<std::optional<double>> expected = {std::nullopt,
+                                                       std::nullopt,
+                                                       tps(2),
+                                                       (tps(2) + tps(3)) / 2,
+                                                       (tps(2) + tps(3) + tps(4)) / 3,
+                                                       tps(5),
+                                                       (tps(5) + tps(6)) / 2};
   for (size_t i = 0; i < ms.size(); ++i) {
     SCOPED_TRACE(i);
     const omni::json::Value* avg = lines[i].find("avg_tokens_per_sec");
