@@ -1,12 +1,36 @@
 #include "train/metrics.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdarg>
+#include <sstream>
 
 #include "base/error.h"
+#include "train/tensorboard.h"
 
 namespace omni {
+
+ProcessMemory process_memory() {
+  // VmHWM and VmRSS are read together, so the peak is never below the current figure (the
+  // kernel folds the current RSS into VmHWM when it reports it).
+  ProcessMemory m;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kb = 0;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "VmRSS: %lld kB", &kb) == 1) m.rss_bytes = kb * 1024;
+      if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) m.max_rss_bytes = kb * 1024;
+    }
+    std::fclose(f);
+  }
+  if (m.max_rss_bytes == 0) {
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) m.max_rss_bytes = int64_t(usage.ru_maxrss) * 1024;
+  }
+  return m;
+}
 
 MetricsSink::MetricsSink(const std::string& metrics_file, bool progress, FILE* out)
     : out_(out), jsonl_path_(metrics_file) {
@@ -18,7 +42,31 @@ MetricsSink::MetricsSink(const std::string& metrics_file, bool progress, FILE* o
 }
 
 MetricsSink::MetricsSink(const Options& opts, FILE* out)
-    : MetricsSink(opts.metrics_file, opts.progress, out) {}
+    : MetricsSink(opts.metrics_file, opts.progress, out) {
+  OMNI_REQUIRE(opts.tensorboard_log_interval > 0,
+               "--tensorboard-log-interval must be positive (got ", opts.tensorboard_log_interval,
+               ")");
+  OMNI_REQUIRE(opts.log_avg_skip_iterations >= 0, "--log-avg-skip-iterations must be >= 0 (got ",
+               opts.log_avg_skip_iterations, ")");
+  OMNI_REQUIRE(opts.log_avg_reset_interval >= 0, "--log-avg-reset-interval must be >= 0 (got ",
+               opts.log_avg_reset_interval, ")");
+  log_interval_ = opts.log_interval;
+  tensorboard_log_interval_ = opts.tensorboard_log_interval;
+  log_memory_to_tensorboard_ = opts.log_memory_to_tensorboard;
+  log_throughput_ = opts.log_throughput;
+  log_avg_skip_iterations_ = opts.log_avg_skip_iterations;
+  log_avg_reset_interval_ = opts.log_avg_reset_interval;
+  if (!opts.tensorboard_dir.empty()) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(opts.tensorboard_dir);
+    message("  tensorboard: " + tensorboard_->path());
+  }
+}
+
+MetricsSink::~MetricsSink() = default;
+
+std::string MetricsSink::tensorboard_file() const {
+  return tensorboard_ ? tensorboard_->path() : std::string();
+}
 
 void MetricsSink::clear_progress() {
   if (progress_shown_) std::fputs("\r\033[K", out_);
@@ -32,41 +80,146 @@ void MetricsSink::message(const std::string& line) {
   std::fflush(out_);
 }
 
-static std::string json_number(double v) {
+namespace {
+
+std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
 }
 
-void MetricsSink::write_json(const StepMetrics& m, bool train_fields) {
-  if (!jsonl_.is_open()) return;
-  jsonl_ << "{\"iteration\": " << m.iteration;
-  if (train_fields) {
-    jsonl_ << ", \"consumed_samples\": " << m.consumed_samples
-           << ", \"lm_loss\": " << json_number(m.lm_loss) << ", \"lr\": " << json_number(m.lr)
-           << ", \"grad_norm\": " << json_number(m.grad_norm)
-           << ", \"ms_per_iter\": " << json_number(m.ms_per_iter)
-           << ", \"tokens_per_sec\": " << json_number(m.tokens_per_sec)
-           << ", \"tflops\": " << json_number(m.tflops) << ", \"mfu\": " << json_number(m.mfu);
+// printf onto the end of a string.
+[[gnu::format(printf, 2, 3)]] void appendf(std::string& s, const char* format, ...) {
+  char buf[256];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  s += buf;
+}
+
+}  // namespace
+
+// Primus (MegatronTrainer's throughput average): the window restarts at the first counted
+// line and whenever it holds reset_interval values (0: never); lines before the first
+// counted one are left out.
+std::optional<double> MetricsSink::RunningAverage::add(double v, bool counted, bool restart,
+                                                       int reset_interval) {
+  if (!counted) return std::nullopt;
+  if (restart || (reset_interval > 0 && int(values.size()) >= reset_interval)) values.clear();
+  values.push_back(v);
+  double sum = 0;
+  for (double x : values) sum += x;
+  return sum / double(values.size());
+}
+
+void MetricsSink::write_tensorboard(const StepMetrics& m, const ProcessMemory& mem) {
+  // Megatron's tags: each scalar against the iteration, and again against the samples
+  // consumed ("... vs samples").
+  const auto both = [&](const std::string& tag, double v) {
+    tensorboard_->add_scalar(tag, v, m.iteration);
+    tensorboard_->add_scalar(tag + " vs samples", v, m.consumed_samples);
+  };
+  both("learning-rate", m.lr);
+  both("batch-size", m.global_batch_size);
+  if (m.iterations > m.skipped_iterations) both("lm loss", m.lm_loss);
+  both("loss-scale", m.loss_scale);
+  both("grad-norm", m.grad_norm);
+  if (log_memory_to_tensorboard_) {
+    tensorboard_->add_scalar("mem-rss-bytes", double(mem.rss_bytes), m.iteration);
+    tensorboard_->add_scalar("mem-max-rss-bytes", double(mem.max_rss_bytes), m.iteration);
   }
-  if (m.val_loss) jsonl_ << ", \"val_loss\": " << json_number(*m.val_loss);
-  jsonl_ << "}\n";
-  jsonl_.flush();
-  OMNI_REQUIRE(jsonl_, "--metrics-file: writing '", jsonl_path_, "' failed");
 }
 
 void MetricsSink::log(const StepMetrics& m) {
-  char line[512];
-  std::snprintf(line, sizeof line,
-                " iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration "
-                "(ms): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
-                "grad norm: %.3f | tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.1f%% |",
-                (long long)m.iteration, (long long)m.train_iters, (long long)m.consumed_samples,
-                m.ms_per_iter, m.lr, m.global_batch_size, m.lm_loss, m.grad_norm, m.tokens_per_sec,
-                m.tflops, 100.0 * m.mfu);
+  OMNI_CHECK(m.iterations > 0 && m.skipped_iterations <= m.iterations &&
+                 m.nan_iterations <= m.skipped_iterations,
+             "a report covers ", m.iterations, " steps with ", m.skipped_iterations, " skipped, ",
+             m.nan_iterations, " NaN");
+  const double seconds = m.ms_per_iter / 1000.0 * double(m.iterations);
+  const int64_t advanced = m.iterations - m.skipped_iterations;
+  window_.loss_sum += m.lm_loss * double(advanced);
+  window_.advanced += advanced;
+  window_.iterations += m.iterations;
+  window_.skipped += m.skipped_iterations;
+  window_.nan += m.nan_iterations;
+  window_.seconds += seconds;
+  window_.tokens += m.tokens_per_sec * seconds;
+  window_.flop += m.tflops * seconds;
+  window_.mfu_seconds += m.mfu * seconds;
+  iterations_seen_ += m.iterations;
+
+  const bool to_tensorboard = tensorboard_ && m.iteration % tensorboard_log_interval_ == 0;
+  const bool log_line = m.iteration % log_interval_ == 0 || m.iteration == m.train_iters;
+  if (to_tensorboard) write_tensorboard(m, process_memory());
+  if (log_line) log_window(m);
+  if (tensorboard_ && (to_tensorboard || log_line)) tensorboard_->flush();
+}
+
+void MetricsSink::log_window(const StepMetrics& last) {
+  const Window w = window_;
+  window_ = Window{};
+  const double seconds = w.seconds / double(w.iterations);
+  const double tokens_per_sec = w.seconds > 0 ? w.tokens / w.seconds : 0.0;
+  const double tflops = w.seconds > 0 ? w.flop / w.seconds : 0.0;
+  const double mfu = w.seconds > 0 ? w.mfu_seconds / w.seconds : 0.0;
+  // NaN (null in the metrics file) when every update of the window was skipped.
+  const double loss = w.advanced > 0 ? w.loss_sum / double(w.advanced) : NAN;
+  const bool counted = iterations_seen_ > log_avg_skip_iterations_;
+  const bool restart = counted && !averaging_;
+  averaging_ = averaging_ || counted;
+  const auto avg_tokens =
+      avg_tokens_.add(tokens_per_sec, counted, restart, log_avg_reset_interval_);
+  const auto avg_tflops = avg_tflops_.add(tflops, counted, restart, log_avg_reset_interval_);
+  const ProcessMemory mem = process_memory();
+
+  // Megatron's fields in Megatron's order, then ours (tokens/s, TFLOP/s with Primus's
+  // running average after the slash, MFU, memory).
+  std::string line;
+  appendf(line, " iteration %8lld/%8lld | consumed samples: %12lld |", (long long)last.iteration,
+          (long long)last.train_iters, (long long)last.consumed_samples);
+  appendf(line, " elapsed time per iteration (ms): %.1f |", 1000.0 * seconds);
+  appendf(line, " learning rate: %.6E | global batch size: %5d |", last.lr, last.global_batch_size);
+  if (w.advanced > 0) appendf(line, " lm loss: %.6E |", loss);
+  appendf(line, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, last.grad_norm);
+  appendf(line, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
+          (long long)w.skipped, (long long)w.nan);
+  appendf(line, " tokens/s: %.0f", tokens_per_sec);
+  if (avg_tokens) appendf(line, "/%.0f", *avg_tokens);
+  appendf(line, " | TFLOP/s: %.4f", tflops);
+  if (avg_tflops) appendf(line, "/%.4f", *avg_tflops);
+  appendf(line, " | MFU: %.1f%% | max RSS (MB): %.0f |", 100.0 * mfu,
+          double(mem.max_rss_bytes) / (1 << 20));
   message(line);
-  write_json(m, true);
+
+  if (tensorboard_) {
+    tensorboard_->add_scalar("iteration-time", seconds, last.iteration);
+    if (log_throughput_) tensorboard_->add_scalar("throughput", tflops, last.iteration);
+  }
+  if (!jsonl_.is_open()) return;
+  std::ostringstream json;
+  json << "{\"iteration\": " << last.iteration
+       << ", \"consumed_samples\": " << last.consumed_samples
+       << ", \"lm_loss\": " << json_number(loss) << ", \"lr\": " << json_number(last.lr)
+       << ", \"grad_norm\": " << json_number(last.grad_norm)
+       << ", \"loss_scale\": " << json_number(last.loss_scale)
+       << ", \"skipped_iterations\": " << w.skipped << ", \"nan_iterations\": " << w.nan
+       << ", \"ms_per_iter\": " << json_number(1000.0 * seconds)
+       << ", \"tokens_per_sec\": " << json_number(tokens_per_sec)
+       << ", \"tflops\": " << json_number(tflops) << ", \"mfu\": " << json_number(mfu);
+  if (avg_tokens) json << ", \"avg_tokens_per_sec\": " << json_number(*avg_tokens);
+  if (avg_tflops) json << ", \"avg_tflops\": " << json_number(*avg_tflops);
+  json << ", \"rss_bytes\": " << mem.rss_bytes << ", \"max_rss_bytes\": " << mem.max_rss_bytes
+       << "}";
+  write_json(json.str());
+}
+
+void MetricsSink::write_json(const std::string& object) {
+  if (!jsonl_.is_open()) return;
+  jsonl_ << object << "\n";
+  jsonl_.flush();
+  OMNI_REQUIRE(jsonl_, "--metrics-file: writing '", jsonl_path_, "' failed");
 }
 
 void MetricsSink::log_validation(const StepMetrics& m) {
@@ -75,7 +228,13 @@ void MetricsSink::log_validation(const StepMetrics& m) {
                 " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
                 (long long)m.iteration, *m.val_loss, std::exp(*m.val_loss));
   message(line);
-  write_json(m, false);
+  if (tensorboard_) {
+    tensorboard_->add_scalar("lm loss validation", *m.val_loss, m.iteration);
+    tensorboard_->add_scalar("lm loss validation vs samples", *m.val_loss, m.consumed_samples);
+    tensorboard_->flush();
+  }
+  write_json("{\"iteration\": " + std::to_string(m.iteration) +
+             ", \"val_loss\": " + json_number(*m.val_loss) + "}");
 }
 
 void MetricsSink::progress(int64_t it, int64_t total, double loss, double sec_per_iter) {
