@@ -131,9 +131,8 @@ HfConfig read_hf_config(const std::string& dir) {
   if (const json::Value* archs = c.get("architectures")) {
     OMNI_REQUIRE(archs->is_array(), path, ": field architectures should be a list");
     for (const json::Value& a : archs->arr()) {
-      const bool ok = a.is_string() &&
-                      (a.str() == info->architecture ||
-                       (info->family == HfFamily::GPT2 && a.str() == "GPT2Model"));
+      const bool ok = a.is_string() && (a.str() == info->architecture ||
+                                        (info->family == HfFamily::GPT2 && a.str() == "GPT2Model"));
       OMNI_REQUIRE(ok, path, ": architectures names '", a.is_string() ? a.str() : "?",
                    "'; omnitron converts ", info->architecture, " for model_type ", model_type);
     }
@@ -165,7 +164,8 @@ HfConfig read_hf_config(const std::string& dir) {
     add("--normalization", "LayerNorm");
     add("--norm-epsilon", format_number(c.number_or("layer_norm_epsilon", 1e-5)));
     add("--position-embedding-type", "learned_absolute");
-    if (!c.flag_or("tie_word_embeddings", true)) a.push_back("--untie-embeddings-and-output-weights");
+    if (!c.flag_or("tie_word_embeddings", true))
+      a.push_back("--untie-embeddings-and-output-weights");
   } else {
     const std::string act = c.text_or("hidden_act", "silu");
     OMNI_REQUIRE(act == "silu", path, ": hidden_act '", act,
@@ -205,7 +205,8 @@ HfConfig read_hf_config(const std::string& dir) {
     add("--rotary-base", format_number(c.number_or("rope_theta", 10000.0)));
     a.push_back("--disable-bias-linear");
     if (info->family == HfFamily::Qwen2) a.push_back("--add-qkv-bias");
-    if (!c.flag_or("tie_word_embeddings", false)) a.push_back("--untie-embeddings-and-output-weights");
+    if (!c.flag_or("tie_word_embeddings", false))
+      a.push_back("--untie-embeddings-and-output-weights");
   }
   if (c.get("initializer_range"))
     add("--init-method-std", format_number(c.number("initializer_range")));
@@ -270,7 +271,9 @@ std::vector<TensorMapping> tensor_map(HfFamily family, const TransformerConfig& 
   };
   const bool gpt2 = family == HfFamily::GPT2;
   m.push_back({"embedding.word_embeddings.weight",
-               {{pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), V, C}}, {}, true});
+               {{pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), V, C}},
+               {},
+               true});
   if (gpt2) one("embedding.position_embeddings.weight", pre + "wpe.weight", cfg.max_positions(), C);
   for (int i = 0; i < cfg.num_layers; ++i) {
     const std::string o = "decoder.layers." + std::to_string(i) + ".";
@@ -281,9 +284,11 @@ std::vector<TensorMapping> tensor_map(HfFamily family, const TransformerConfig& 
         one(o + "pre_mlp_layernorm." + s, h + "ln_2." + s, C, 0);
       }
       m.push_back({o + "self_attention.linear_qkv.weight",
-                   {{h + "attn.c_attn.weight", 3 * C, C, true}}, qkv, false});
-      m.push_back({o + "self_attention.linear_qkv.bias", {{h + "attn.c_attn.bias", 3 * C, 0}},
-                   qkv, false});
+                   {{h + "attn.c_attn.weight", 3 * C, C, true}},
+                   qkv,
+                   false});
+      m.push_back(
+          {o + "self_attention.linear_qkv.bias", {{h + "attn.c_attn.bias", 3 * C, 0}}, qkv, false});
       one(o + "self_attention.linear_proj.weight", h + "attn.c_proj.weight", C, C, true);
       one(o + "self_attention.linear_proj.bias", h + "attn.c_proj.bias", C, 0);
       one(o + "mlp.linear_fc1.weight", h + "mlp.c_fc.weight", F, C, true);
@@ -299,13 +304,15 @@ std::vector<TensorMapping> tensor_map(HfFamily family, const TransformerConfig& 
                    {{a + "q_proj.weight", H * hd, C},
                     {a + "k_proj.weight", G * hd, C},
                     {a + "v_proj.weight", G * hd, C}},
-                   qkv, false});
+                   qkv,
+                   false});
       if (family == HfFamily::Qwen2)
         m.push_back({o + "self_attention.linear_qkv.bias",
                      {{a + "q_proj.bias", H * hd, 0},
                       {a + "k_proj.bias", G * hd, 0},
                       {a + "v_proj.bias", G * hd, 0}},
-                     qkv, false});
+                     qkv,
+                     false});
       one(o + "self_attention.linear_proj.weight", a + "o_proj.weight", C, H * hd);
       m.push_back({o + "mlp.linear_fc1.weight",
                    {{h + "mlp.gate_proj.weight", F, C}, {h + "mlp.up_proj.weight", F, C}},
@@ -338,10 +345,10 @@ const ParamInfo& our_param(const TensorMapping& m, const ParameterSet<float>& pa
   const bool ok = cols == 0 ? p.shape == Shape{rows}
                             : p.shape.size() == 2 && p.shape[1] == cols &&
                                   (p.shape[0] == rows || (m.padded && p.shape[0] >= rows));
-  OMNI_REQUIRE(ok, source, ": parameter ", m.ours, " has shape ", shape_str(p.shape),
-               " but ", m.pieces[0].name, (m.pieces.size() > 1 ? " and the rest" : ""),
-               " need ", cols ? "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]"
-                               : "[" + std::to_string(rows) + "]");
+  OMNI_REQUIRE(ok, source, ": parameter ", m.ours, " has shape ", shape_str(p.shape), " but ",
+               m.pieces[0].name, (m.pieces.size() > 1 ? " and the rest" : ""), " need ",
+               cols ? "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]"
+                    : "[" + std::to_string(rows) + "]");
   return p;
 }
 
@@ -375,8 +382,8 @@ class HfWeights {
       }
       for (const auto& f : files_)
         for (const SafetensorsTensor& t : f->tensors())
-          OMNI_REQUIRE(tensors_.count(t.name), "'", f->path(), "' holds tensor ", t.name,
-                       " which ", index, " does not list");
+          OMNI_REQUIRE(tensors_.count(t.name), "'", f->path(), "' holds tensor ", t.name, " which ",
+                       index, " does not list");
     } else {
       OMNI_REQUIRE(fs::exists(single), "'", dir,
                    "' has config.json but no model.safetensors or model.safetensors.index.json "
@@ -435,8 +442,8 @@ bool is_buffer(const std::string& name) {
 
 HfFamily family_of(const TransformerConfig& c) {
   const bool gpt2 = c.position_embedding_type == PositionEmbedding::LearnedAbsolute &&
-                    c.normalization == Normalization::LayerNorm && !c.swiglu &&
-                    c.add_bias_linear && !c.qk_layernorm && c.query_groups() == c.num_attention_heads &&
+                    c.normalization == Normalization::LayerNorm && !c.swiglu && c.add_bias_linear &&
+                    !c.qk_layernorm && c.query_groups() == c.num_attention_heads &&
                     c.head_dim() * c.num_attention_heads == c.hidden_size;
   if (gpt2) return HfFamily::GPT2;
   const bool llama = c.position_embedding_type == PositionEmbedding::Rope &&
@@ -505,8 +512,8 @@ std::string hf_config_json(HfFamily family, const TransformerConfig& c, DType dt
   boolean("tie_word_embeddings", tied);
   num("initializer_range", c.init_method_std);
   text("torch_dtype", dtype == DType::BF16  ? "bfloat16"
-                     : dtype == DType::F16 ? "float16"
-                                           : "float32");
+                      : dtype == DType::F16 ? "float16"
+                                            : "float32");
   boolean("use_cache", true);
   out << "\n}\n";
   return out.str();
@@ -550,7 +557,7 @@ void load_hf_weights(const std::string& dir, ParameterSet<float>& params) {
       const SafetensorsTensor* t = weights.find(piece.name, prefix);
       OMNI_REQUIRE(t, source, ": no tensor ", piece.name, " (", shape_text(piece), ") in ",
                    weights.files());
-      const Shape want = piece.cols == 0      ? Shape{piece.rows}
+      const Shape want = piece.cols == 0    ? Shape{piece.rows}
                          : piece.transposed ? Shape{piece.cols, piece.rows}
                                             : Shape{piece.rows, piece.cols};
       OMNI_REQUIRE(t->shape == want, source, ": tensor ", t->name, " in '",
@@ -595,13 +602,13 @@ void save_hf_model(const std::string& dir, const TransformerConfig& config,
     const int64_t width = m.pieces[0].cols ? m.pieces[0].cols : 1;
     int64_t base = 0;
     for (const HfPiece& piece : m.pieces) {
-      const Shape shape = piece.cols == 0      ? Shape{piece.rows}
+      const Shape shape = piece.cols == 0    ? Shape{piece.rows}
                           : piece.transposed ? Shape{piece.cols, piece.rows}
                                              : Shape{piece.rows, piece.cols};
       out.push_back({piece.name, shape, [&m, piece, base, width, src](float* dst) {
                        for (int64_t r = 0; r < piece.rows; ++r) {
-                         const int64_t row = m.row_of.empty() ? base + r
-                                                              : m.row_of[size_t(base + r)];
+                         const int64_t row =
+                             m.row_of.empty() ? base + r : m.row_of[size_t(base + r)];
                          const float* in = src + row * width;
                          if (piece.transposed)
                            for (int64_t k = 0; k < width; ++k) dst[k * piece.rows + r] = in[k];

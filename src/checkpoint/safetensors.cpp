@@ -167,8 +167,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const auto [begin, end] = ranges[order[k]];
       const std::string& name = tensors_[order[k]].name;
       OMNI_REQUIRE(begin >= covered, "'", path, "': tensor ", name, " (bytes ", begin, "..", end,
-                   ") overlaps tensor ", tensors_[order[k - 1]].name, " (ending at ", covered,
-                   ")");
+                   ") overlaps tensor ", tensors_[order[k - 1]].name, " (ending at ", covered, ")");
       OMNI_REQUIRE(begin == covered, "'", path, "': bytes ", covered, "..", begin,
                    " of the data area, before tensor ", name, ", belong to no tensor");
       covered = end;
@@ -251,7 +250,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
   OMNI_REQUIRE(f, "cannot create '", tmp, "': ", std::strerror(errno));
   unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
   bool ok = std::fwrite(len, 1, 8, f.get()) == 8 &&
             std::fwrite(header.data(), 1, header.size(), f.get()) == header.size();
   std::vector<float> values;

@@ -65,7 +65,8 @@ int convert(const std::vector<std::string>& raw_args) {
                from_hf ? "already a Hugging Face model directory"
                        : "not a Hugging Face model directory (no config.json)");
   const DType dtype = parse_dtype(dtype_name);
-  OMNI_REQUIRE(!dtype_given || to == "hf", "--dtype applies to --to hf (omnitron checkpoints "
+  OMNI_REQUIRE(!dtype_given || to == "hf",
+               "--dtype applies to --to hf (omnitron checkpoints "
                "hold float32)");
 
   load_checkpoint_model_options(opts.load, opts);

@@ -86,8 +86,12 @@ double max_logit_error(const std::string& name) {
   return worst;
 }
 
-TEST(HfInterchange, Gpt2LogitsMatchTheReference) { EXPECT_LT(max_logit_error("gpt2_tiny"), 2e-5); }
-TEST(HfInterchange, LlamaLogitsMatchTheReference) { EXPECT_LT(max_logit_error("llama_tiny"), 2e-5); }
+TEST(HfInterchange, Gpt2LogitsMatchTheReference) {
+  EXPECT_LT(max_logit_error("gpt2_tiny"), 2e-5);
+}
+TEST(HfInterchange, LlamaLogitsMatchTheReference) {
+  EXPECT_LT(max_logit_error("llama_tiny"), 2e-5);
+}
 TEST(HfInterchange, Qwen2Bf16LogitsMatchTheReference) {
   EXPECT_LT(max_logit_error("qwen2_tiny"), 2e-5);
 }
@@ -159,9 +163,11 @@ TEST(HfInterchange, ExportAsBf16RoundsEachWeightOnce) {
 
 omni::Options random_model_options(const std::vector<std::string>& arch) {
   omni::Options o;
-  std::vector<std::string> args = {"--mock-data", "--vocab-size", "97", "--num-layers", "2",
-                                   "--hidden-size", "32", "--num-attention-heads", "4",
-                                   "--seq-length", "8", "--make-vocab-size-divisible-by", "64"};
+  std::vector<std::string> args = {
+      "--mock-data", "--vocab-size",  "97", "--num-layers",
+      "2",           "--hidden-size", "32", "--num-attention-heads",
+      "4",           "--seq-length",  "8",  "--make-vocab-size-divisible-by",
+      "64"};
   args.insert(args.end(), arch.begin(), arch.end());
   omni::parse_options(args, o);
   omni::finalize(o);
@@ -178,8 +184,8 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
        "--disable-bias-linear", "--group-query-attention", "--num-query-groups", "2",
        "--rotary-base", "500000", "--untie-embeddings-and-output-weights", "--ffn-hidden-size",
        "48"},
-      {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--norm-epsilon",
-       "1e-6", "--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--kv-channels", "16"}};
+      {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
+       "--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--kv-channels", "16"}};
   int k = 0;
   for (const auto& arch : archs) {
     const omni::Options o = random_model_options(arch);
@@ -211,8 +217,8 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
     for (const omni::ParamInfo& p : before.infos()) {
       const omni::ParamInfo& q = after.info(p.name);
       ASSERT_EQ(q.shape, p.shape) << p.name;
-      const bool vocab = p.name == "embedding.word_embeddings.weight" ||
-                         p.name == "output_layer.weight";
+      const bool vocab =
+          p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
       const int64_t kept = vocab ? int64_t(a.vocab_size) * a.hidden_size : p.numel;
       const float* x = before.values() + p.offset;
       const float* y = after.values() + q.offset;
@@ -227,8 +233,9 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
 TEST(HfInterchange, TrainedFromHfThenExportedKeepsItsLogits) {
   for (const std::string name : {"llama_tiny", "gpt2_tiny"}) {
     const std::vector<std::string> args = {
-        "--load", kHf + name, "--mock-data", "--seq-length", "8", "--micro-batch-size", "2",
-        "--train-iters", "3", "--lr", "1e-2", "--eval-iters", "0", "--no-progress"};
+        "--load", kHf + name,      "--mock-data", "--seq-length", "8",    "--micro-batch-size",
+        "2",      "--train-iters", "3",           "--lr",         "1e-2", "--eval-iters",
+        "0",      "--no-progress"};
     omni::Options o;
     omni::parse_options(args, o);
     omni::load_checkpoint_model_options(o.load, o);
@@ -254,8 +261,9 @@ TEST(HfInterchange, TrainedFromHfThenExportedKeepsItsLogits) {
   }
 }
 
-// A copy of a fixture directory whose config.json has `edit` applied to its text.
-std::string edited_copy(const std::string& name, const std::string& from, const std::string& to) {
+// A copy of a fixture directory whose config.json has each (from, to) replacement applied.
+std::string edited_copy(const std::string& name,
+                        const std::vector<std::pair<std::string, std::string>>& edits) {
   const std::string dir = fresh_dir("edited_" + name);
   fs::create_directories(dir);
   for (const auto& e : fs::directory_iterator(kHf + name))
@@ -264,11 +272,17 @@ std::string edited_copy(const std::string& name, const std::string& from, const 
   std::stringstream ss;
   ss << in.rdbuf();
   std::string text = ss.str();
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  text.replace(at, from.size(), to);
+  for (const auto& [from, to] : edits) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+  }
   std::ofstream(dir + "/config.json") << text;
   return dir;
+}
+
+std::string edited_copy(const std::string& name, const std::string& from, const std::string& to) {
+  return edited_copy(name, {{from, to}});
 }
 
 void expect_load_error(const std::string& dir, const std::string& expected) {
@@ -280,39 +294,69 @@ void expect_load_error(const std::string& dir, const std::string& expected) {
   }
 }
 
+TEST(HfInterchange, MistralWithoutASlidingWindowIsLlama) {
+  const std::vector<std::pair<std::string, std::string>> mistral = {
+      {"\"LlamaForCausalLM\"", "\"MistralForCausalLM\""},
+      {"\"model_type\": \"llama\"", "\"model_type\": \"mistral\""}};
+  EXPECT_EQ(values(*load_model(edited_copy("llama_tiny", mistral))),
+            values(*load_model(kHf + "llama_tiny")));
+  auto windowed = mistral;
+  windowed.emplace_back("\"rope_scaling\": null", "\"sliding_window\": 16");
+  expect_load_error(edited_copy("llama_tiny", windowed), "sliding_window (16) is not supported");
+}
+
+// The gpt2 repository on the Hub stores GPT2Model's names (wte.weight, h.0...), without
+// GPT2LMHeadModel's "transformer." prefix.
+TEST(HfInterchange, NamesWithoutTheBackbonePrefixLoad) {
+  const std::string dir = fresh_dir("unprefixed");
+  fs::create_directories(dir);
+  fs::copy_file(kHf + "gpt2_tiny/config.json", dir + "/config.json");
+  const omni::SafetensorsFile original(kHf + "gpt2_tiny/model.safetensors");
+  std::vector<omni::SafetensorsOutput> renamed;
+  for (const omni::SafetensorsTensor& t : original.tensors())
+    renamed.push_back({t.name.substr(std::string("transformer.").size()), t.shape,
+                       [&t](float* dst) { omni::read_as_f32(t, dst); }});
+  omni::write_safetensors(dir + "/model.safetensors", renamed, omni::DType::F32);
+  EXPECT_EQ(values(*load_model(dir)), values(*load_model(kHf + "gpt2_tiny")));
+}
+
 TEST(HfInterchange, UnrepresentableConfigsAreRefusedNamingTheField) {
   expect_load_error(edited_copy("llama_tiny", "\"rope_scaling\": null",
                                 "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}"),
                     "rope_scaling is not supported");
-  expect_load_error(edited_copy("llama_tiny", "\"attention_bias\": false", "\"attention_bias\": true"),
-                    "attention_bias = true is not supported");
-  expect_load_error(edited_copy("llama_tiny", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""),
-                    "hidden_act 'gelu' is not supported");
-  expect_load_error(edited_copy("qwen2_tiny", "\"use_sliding_window\": false",
-                                "\"use_sliding_window\": true"),
-                    "use_sliding_window = true is not supported");
+  expect_load_error(
+      edited_copy("llama_tiny", "\"attention_bias\": false", "\"attention_bias\": true"),
+      "attention_bias = true is not supported");
+  expect_load_error(
+      edited_copy("llama_tiny", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""),
+      "hidden_act 'gelu' is not supported");
+  expect_load_error(
+      edited_copy("qwen2_tiny", "\"use_sliding_window\": false", "\"use_sliding_window\": true"),
+      "use_sliding_window = true is not supported");
   expect_load_error(edited_copy("gpt2_tiny", "\"activation_function\": \"gelu_new\"",
                                 "\"activation_function\": \"relu\""),
                     "activation_function 'relu' is not supported");
-  expect_load_error(edited_copy("gpt2_tiny", "\"model_type\": \"gpt2\"",
-                                "\"model_type\": \"gpt_neox\""),
-                    "model_type 'gpt_neox' is not one omnitron converts");
-  expect_load_error(edited_copy("llama_tiny", "\"LlamaForCausalLM\"",
-                                "\"LlamaForSequenceClassification\""),
-                    "architectures names 'LlamaForSequenceClassification'");
+  expect_load_error(
+      edited_copy("gpt2_tiny", "\"model_type\": \"gpt2\"", "\"model_type\": \"gpt_neox\""),
+      "model_type 'gpt_neox' is not one omnitron converts");
+  expect_load_error(
+      edited_copy("llama_tiny", "\"LlamaForCausalLM\"", "\"LlamaForSequenceClassification\""),
+      "architectures names 'LlamaForSequenceClassification'");
 }
 
 TEST(HfInterchange, WeightsThatDisagreeWithConfigAreCleanErrors) {
   // One layer more than the file holds.
-  expect_load_error(edited_copy("llama_tiny", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3"),
-                    "no tensor model.layers.2.input_layernorm.weight");
+  expect_load_error(
+      edited_copy("llama_tiny", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3"),
+      "no tensor model.layers.2.input_layernorm.weight");
   // A narrower MLP than the stored one: the tensor and both shapes are named.
-  expect_load_error(edited_copy("llama_tiny", "\"intermediate_size\": 40", "\"intermediate_size\": 32"),
-                    "tensor model.layers.0.mlp.gate_proj.weight in");
+  expect_load_error(
+      edited_copy("llama_tiny", "\"intermediate_size\": 40", "\"intermediate_size\": 32"),
+      "tensor model.layers.0.mlp.gate_proj.weight in");
   // A tied model: lm_head.weight may be present (ignored); untied it must be.
-  expect_load_error(edited_copy("qwen2_tiny", "\"tie_word_embeddings\": true",
-                                "\"tie_word_embeddings\": false"),
-                    "no tensor lm_head.weight");
+  expect_load_error(
+      edited_copy("qwen2_tiny", "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false"),
+      "no tensor lm_head.weight");
   // One layer fewer: the file's extra tensors have no place.
   expect_load_error(edited_copy("gpt2_tiny", "\"n_layer\": 2", "\"n_layer\": 1"),
                     "tensor transformer.h.1.");

@@ -76,15 +76,15 @@ TEST(Safetensors, WrittenTensorsReadBackInEachDtype) {
 TEST(Safetensors, ReadsUnalignedTensors) {
   // One F16 tensor of 3 values puts the next F32 tensor at an odd-of-4 offset (6).
   const std::string path = temp_path("unaligned");
-  const std::string header =
-      R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},)"
-      R"("f":{"dtype":"F32","shape":[1],"data_offsets":[6,10]}})";
+  const std::string header = R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},)"
+                             R"("f":{"dtype":"F32","shape":[1],"data_offsets":[6,10]}})";
   {
     std::ofstream out(path, std::ios::binary);
     const uint64_t len = header.size() + 1;  // 1 space: the data area itself is unaligned
     out.write(reinterpret_cast<const char*>(&len), 8);
     out << header << ' ';
-    const uint16_t h[3] = {omni::f32_to_f16(1.5f), omni::f32_to_f16(-2.0f), omni::f32_to_f16(0.25f)};
+    const uint16_t h[3] = {omni::f32_to_f16(1.5f), omni::f32_to_f16(-2.0f),
+                           omni::f32_to_f16(0.25f)};
     out.write(reinterpret_cast<const char*>(h), 6);
     const float f = 7.75f;
     out.write(reinterpret_cast<const char*>(&f), 4);
@@ -119,8 +119,8 @@ TEST(Safetensors, MalformedHeadersAreCleanErrors) {
        "tensor a: \"shape\" holds something other than sizes"},
       {"offsets reversed", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8,
        "tensor a: \"data_offsets\" is not [begin, end]"},
-      {"size disagrees with shape", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-       8, "tensor a: data_offsets [0, 8] hold 8 bytes but shape [3] of F32 needs 12"},
+      {"size disagrees with shape", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8,
+       "tensor a: data_offsets [0, 8] hold 8 bytes but shape [3] of F32 needs 12"},
       {"truncated data", "{" + ok_a + "," + ok_b + "}", 20,
        "tensor b: data_offsets [16, 24] run past the data area (20 bytes)"},
       {"overlap", "{" + ok_a + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16,

@@ -69,8 +69,8 @@ TEST(CliConvert, DtypeChoosesTheStoredType) {
   EXPECT_NE(read_text(hf + "/config.json").find("\"torch_dtype\": \"bfloat16\""),
             std::string::npos);
   // omnitron checkpoints hold float32; a missing checkpoint is named.
-  auto [c2, o2] = run_omnitron("convert --load " + kHf + "llama_tiny --save " + ckpt +
-                               " --dtype bf16");
+  auto [c2, o2] =
+      run_omnitron("convert --load " + kHf + "llama_tiny --save " + ckpt + " --dtype bf16");
   EXPECT_EQ(c2, 2);
   EXPECT_NE(o2.find("--dtype applies to --to hf"), std::string::npos) << o2;
   auto [c3, o3] = run_omnitron("convert --load " + fresh_dir("none") + " --save " + hf);
@@ -82,7 +82,8 @@ TEST(CliConvert, TrainAndGenerateLoadAHfDirectory) {
   const std::string run = fresh_dir("run"), hf = fresh_dir("trained");
   auto [c1, o1] = run_omnitron("train --load " + kHf +
                                "gpt2_tiny --mock-data --seq-length 8 --micro-batch-size 2 "
-                               "--train-iters 2 --eval-iters 0 --no-progress --save " + run);
+                               "--train-iters 2 --eval-iters 0 --no-progress --save " +
+                               run);
   ASSERT_EQ(c1, 0) << o1;
   EXPECT_NE(o1.find("loaded " + kHf + "gpt2_tiny at iteration 0"), std::string::npos) << o1;
   auto [c2, o2] = run_omnitron("convert --load " + run + " --save " + hf);
@@ -100,12 +101,12 @@ TEST(CliConvert, MistakesAreOneLineErrors) {
   auto [c1, o1] = run_omnitron("convert --load " + kHf + "gpt2_tiny");
   EXPECT_EQ(c1, 2);
   EXPECT_NE(o1.find("convert needs --load SRC and --save DST"), std::string::npos) << o1;
-  auto [c2, o2] = run_omnitron("convert --load " + kHf + "gpt2_tiny --save " +
-                               fresh_dir("x") + " --to hf");
+  auto [c2, o2] =
+      run_omnitron("convert --load " + kHf + "gpt2_tiny --save " + fresh_dir("x") + " --to hf");
   EXPECT_EQ(c2, 2);
   EXPECT_NE(o2.find("is already a Hugging Face model directory"), std::string::npos) << o2;
-  auto [c3, o3] = run_omnitron("convert --load " + kHf + "gpt2_tiny --save " +
-                               fresh_dir("x") + " --to onnx");
+  auto [c3, o3] =
+      run_omnitron("convert --load " + kHf + "gpt2_tiny --save " + fresh_dir("x") + " --to onnx");
   EXPECT_EQ(c3, 2);
   EXPECT_NE(o3.find("--to: 'onnx' is not one of hf, omnitron"), std::string::npos) << o3;
   auto [c4, o4] = run_omnitron("convert --help");
