@@ -8,9 +8,18 @@
 #   DATA_FILE_LIST=data/list.txt  bash scripts/launch.sh --tokenizer-type ... [--config F]
 #
 # Each variable becomes the Megatron flag it stands for (src/config/env_overrides.cpp);
-# `bash scripts/launch.sh --print-config` shows what they resolved to. Under mpirun or srun,
-# start this script on every rank.
+# `bash scripts/launch.sh --print-config` shows what they resolved to.
+#
+# Ranks: NPROC=N starts N ranks with mpirun (MPIRUN names another launcher; MPIRUN_ARGS go
+# before the program, e.g. "--hostfile hosts" or "--oversubscribe"), each running this
+# script. Under mpirun or srun already, it just starts omnitron (docs/launching.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+launched="${OMPI_COMM_WORLD_SIZE:-}${PMI_SIZE:-}${PMIX_RANK:-}${SLURM_STEP_NUM_TASKS:-}"
+if [[ "${NPROC:-1}" -gt 1 && -z "$launched" ]]; then
+  # MPIRUN_ARGS is a list of words, split on purpose.
+  # shellcheck disable=SC2086
+  exec ${MPIRUN:-mpirun} -np "$NPROC" ${MPIRUN_ARGS:-} bash "${BASH_SOURCE[0]}" "$@"
+fi
 export OMNITRON_ENV_OVERRIDES=1
 exec "${OMNITRON_BIN:-$root/build/omnitron}" train "$@"

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace omni::ops {
 
@@ -27,14 +28,25 @@ template <typename T>
 void linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w, int M, int K,
                      int N, bool accumulate_dx = false);
 
-// out[n] = wte[tokens[n]] + wpe[position(n)] (wpe may be null), where position(n) is
-// positions[n], or n % seq when positions is null.
+// out[n] = wte[tokens[n] - vocab_start] + wpe[position(n)] (wpe may be null), where
+// position(n) is positions[n], or n % seq when positions is null. wte holds the vocabulary
+// rows [vocab_start, vocab_end) (a tensor-parallel rank's slice; the defaults take every
+// token): a token outside them contributes zeros, and the ranks' outputs sum to the lookup.
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N, int seq,
-                       int C, const int32_t* positions = nullptr);
+                       int C, const int32_t* positions = nullptr, int vocab_start = 0,
+                       int vocab_end = 1 << 30);
+// dwte (may be null) += the rows' gradients by token, for tokens in [vocab_start, vocab_end);
+// dwpe (may be null) += by position.
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const int32_t* tokens, const T* dout, int N, int seq,
-                        int C, const int32_t* positions = nullptr);
+                        int C, const int32_t* positions = nullptr, int vocab_start = 0,
+                        int vocab_end = 1 << 30);
+// out[n] += wpe[position(n)]: the position embedding added after a tensor-parallel
+// reduction of the word embeddings (so it is added once).
+template <typename T>
+void position_embedding_add(T* out, const T* wpe, int N, int seq, int C,
+                            const int32_t* positions = nullptr);
 
 // LayerNorm over the last dimension; saves mean and rstd per row for backward. bias may be null.
 template <typename T>
@@ -64,16 +76,27 @@ void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F);
 // out = a + b.
 template <typename T>
 void add(T* out, const T* a, const T* b, size_t n);
+// y[m, :] += bias for every row of y [M, N] (a row-parallel layer's bias, added once after
+// the ranks' partial outputs are summed).
+template <typename T>
+void add_bias(T* y, const T* bias, int M, int N);
 
 // Shapes of one attention call. Grouped-query attention: `heads` query heads share
 // `groups` key/value heads, heads / groups query heads per group.
 struct AttentionDims {
   int batch, seq, heads, groups, head_dim;
-  // Optional [batch * seq]: row n attends keys key_start[n] .. n of its sequence (documents
-  // packed in one sample, Megatron's --reset-attention-mask); null: keys 0 .. n.
+  // Optional [batch * seq]: row n attends keys key_start[n] .. its own position (documents
+  // packed in one sample, Megatron's --reset-attention-mask); null: from key 0.
   const int32_t* key_start = nullptr;
+  // Keys per sequence when they are not the queries' own rows (context parallelism: a
+  // rank's queries are two chunks of the sequence, its keys the whole sequence); 0: seq.
+  int kv_seq = 0;
+  // Optional [batch * seq]: each query row's position among the keys (causal: it attends
+  // keys up to and including it); null: row i of a sequence is key i.
+  const int32_t* q_index = nullptr;
   int heads_per_group() const { return heads / groups; }
   int qkv_width() const { return (heads + 2 * groups) * head_dim; }
+  int keys() const { return kv_seq ? kv_seq : seq; }
 };
 
 // Megatron's fused QKV projection output is interleaved per query group:
@@ -95,13 +118,14 @@ template <typename T>
 void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
                    int head_dim, const int32_t* positions = nullptr);
 
-// Causal softmax attention. q [N, heads*hd], k/v [N, groups*hd], out [N, heads*hd];
-// probs [batch, heads, seq, seq] is saved for backward (entries outside each row's keys are
-// 0, which is also all the backward needs to know about the mask).
+// Causal softmax attention. q [batch * seq, heads*hd], k/v [batch * keys(), groups*hd],
+// out [batch * seq, heads*hd]; probs [batch, heads, seq, keys()] is saved for backward
+// (entries outside each row's keys are 0, which is also all the backward needs to know
+// about the mask).
 template <typename T>
 void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
                        const AttentionDims& d);
-// dq, dk, dv are overwritten.
+// dq, dk, dv are overwritten (dk, dv: [batch * keys(), groups*hd]).
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
                         const T* q, const T* k, const T* v, const AttentionDims& d);
@@ -111,9 +135,18 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 // excluded from the softmax). mask (may be null = all ones) weights each row's loss.
 // Returns sum_n mask[n] * loss[n]; losses (may be null) receives the per-row loss.
 // With dh non-null: dh = d(grad_scale * sum mask*loss)/dh (overwritten), dw += the same for w.
+//
+// Vocabulary-parallel (Megatron's tensor-parallel cross-entropy): w holds the rows of
+// vocabulary ids [vocab_start, vocab_start + vocab) of a larger vocabulary; `reduce` combines
+// per-row values across the ranks that hold the other rows (max, then sums), so each rank's
+// loss is the full softmax's and dh is this rank's part (the ranks' dh sum to the full one).
+// Full logits are never gathered. Targets outside the slice are other ranks' to score.
 struct ClassifierLossArgs {
-  int rows, hidden, vocab;
+  int rows = 0, hidden = 0, vocab = 0;
   double grad_scale = 1.0;
+  int vocab_start = 0;
+  // In-place across ranks over n values: maximum when `max`, else sum. Null: one rank.
+  std::function<void(double* values, int n, bool max)> reduce;
 };
 template <typename T>
 double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,

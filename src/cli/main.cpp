@@ -8,6 +8,7 @@
 #include "backend/device.h"
 #include "base/error.h"
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "config/options.h"
 
 namespace {
@@ -28,6 +29,22 @@ const char* kUsage =
     "  help            this text and every option\n"
     "\n"
     "Options use Megatron-LM's spelling (--num-layers, --hidden-size, --lr, ...).\n";
+
+// The one-line message, with this rank's place when there are several, then every rank of
+// the job ends at once (the failing rank's peers would otherwise wait in a collective forever).
+int fail(const std::string& cmd, const char* kind, const char* what, int code) {
+  std::string where;
+  try {
+    const omni::Communicator& world = omni::world_communicator();
+    if (world.size() > 1)
+      where = " [rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + "]";
+  } catch (const std::exception&) {
+    // The world itself failed to start (the message says why): report without a rank.
+  }
+  std::fprintf(stderr, "omnitron %s%s: %s: %s\n", cmd.c_str(), where.c_str(), kind, what);
+  omni::abort_world(code);
+  return code;
+}
 
 }  // namespace
 
@@ -52,10 +69,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "omnitron: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const omni::UsageError& e) {
-    std::fprintf(stderr, "omnitron %s: error: %s\n", cmd.c_str(), e.what());
-    return 2;
+    return fail(cmd, "error", e.what(), 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "omnitron %s: internal error: %s\n", cmd.c_str(), e.what());
-    return 1;
+    return fail(cmd, "internal error", e.what(), 1);
   }
 }

@@ -1,8 +1,11 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/error.h"
+#include "comm/mpi_communicator.h"
 
 namespace omni {
 
@@ -11,6 +14,7 @@ namespace {
 class DoneRequest : public CommRequest {
  public:
   void wait() override {}
+  bool test() override { return true; }
 };
 
 class SelfCommunicator : public Communicator {
@@ -45,6 +49,11 @@ class SelfCommunicator : public Communicator {
   std::unique_ptr<CommRequest> iall_reduce(void*, size_t, DType) override {
     return std::make_unique<DoneRequest>();
   }
+  std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
+                                               DType t) override {
+    reduce_scatter(out, in, n, t);
+    return std::make_unique<DoneRequest>();
+  }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int, const std::string& name) override {
     return std::make_unique<SelfCommunicator>(name);
@@ -71,12 +80,47 @@ std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
 
 namespace omni {
 
-// Single rank until the MPI communicator lands (comm/mpi_communicator.cpp).
+namespace {
+
+// The number of ranks a launcher announced: mpirun (OMPI_COMM_WORLD_SIZE), a PMI or PMIx
+// launcher (PMI_SIZE, PMIX_RANK: -1, size unknown), srun (SLURM_STEP_NUM_TASKS, more than
+// one); 0 when the process was started on its own. Read from the environment so that a
+// process started alone never pays for MPI_Init.
+int launched_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  if (std::getenv("PMIX_RANK")) return -1;
+  if (const char* v = std::getenv("SLURM_STEP_NUM_TASKS"); v && std::atoi(v) > 1)
+    return std::atoi(v);
+  return 0;
+}
+
+std::unique_ptr<Communicator> make_world() {
+  const int launched = launched_ranks();
+#ifdef OMNITRON_MPI
+  if (launched != 0) return make_mpi_world();
+#else
+  OMNI_REQUIRE(launched == 0 || launched == 1, "this process was started by a launcher as one of ",
+               launched < 0 ? std::string("several") : std::to_string(launched),
+               " ranks, but this omnitron was built without MPI (configure with "
+               "-DOMNITRON_MPI=ON and an MPI installed)");
+#endif
+  return make_self_communicator("world");
+}
+
+}  // namespace
+
 Communicator& world_communicator() {
-  static std::unique_ptr<Communicator> world = make_self_communicator("world");
+  static std::unique_ptr<Communicator> world = make_world();
   return *world;
 }
 
-void abort_world(int) {}
+void abort_world(int code) {
+#ifdef OMNITRON_MPI
+  mpi_abort_world(code);
+#else
+  (void)code;
+#endif
+}
 
 }  // namespace omni

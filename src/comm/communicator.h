@@ -17,12 +17,16 @@ namespace omni {
 
 enum class ReduceOp { Sum, Max };
 
-// A pending non-blocking send or receive. wait() completes it (idempotent); the
-// destructor waits too, so a buffer is never released while MPI still reads it.
+// A pending non-blocking operation. wait() completes it (idempotent); the destructor
+// waits too, so a buffer is never released while MPI still reads it (except while an
+// exception unwinds the stack: then the job is failing and the request is abandoned).
+// test() is true once it has completed; calling it now and then lets MPI progress a
+// collective while the caller computes (MPI moves data only inside MPI calls).
 class CommRequest {
  public:
   virtual ~CommRequest() = default;
   virtual void wait() = 0;
+  virtual bool test() = 0;
 };
 
 class Communicator {
@@ -37,7 +41,8 @@ class Communicator {
   virtual void all_reduce(void* data, size_t n, DType t, ReduceOp op = ReduceOp::Sum) = 0;
   // in holds size() blocks of n elements; rank r receives the sum of every rank's block r.
   virtual void reduce_scatter(void* out, const void* in, size_t n, DType t) = 0;
-  // Each rank contributes n elements; out holds size() blocks of n, in rank order.
+  // Each rank contributes n elements; out holds size() blocks of n, in rank order. May be
+  // in place: in == out + rank() * n elements.
   virtual void all_gather(void* out, const void* in, size_t n, DType t) = 0;
   // Each rank sends block r of `in` (n elements) to rank r; out holds the blocks received,
   // in rank order.
@@ -50,8 +55,13 @@ class Communicator {
   virtual std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) = 0;
   // Starts an in-place sum; the data must not be touched until wait().
   virtual std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) = 0;
+  // Starts a reduce_scatter (sum); neither buffer may be touched until wait(), and out
+  // must not overlap in.
+  virtual std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
+                                                       DType t) = 0;
   virtual void barrier() = 0;
-  // A communicator over the ranks that pass the same color, ordered by key (MPI_Comm_split).
+  // A communicator over the ranks that pass the same color (>= 0), ordered by key, then by
+  // rank (MPI_Comm_split). Collective: every rank of this communicator calls it.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
   template <typename T>
@@ -72,8 +82,9 @@ class Communicator {
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name = "world");
 
 // The world: MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE,
-// PMI_SIZE or PMIX_RANK is set) and MPI is compiled in, else one rank. Initialises MPI
-// on first use; MPI is finalized at exit.
+// PMI_SIZE or PMIX_RANK is set, or SLURM_STEP_NUM_TASKS is above 1), else one rank without
+// calling MPI_Init (a singleton MPI_Init is slow). Initialises MPI on first use; MPI is
+// finalized at exit. UsageError when launched as several ranks in a build without MPI.
 Communicator& world_communicator();
 
 // For the failing rank's error path (only src/cli calls it): with more than one rank,

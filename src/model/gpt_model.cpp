@@ -1,9 +1,12 @@
 #include "model/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "base/error.h"
+#include "parallel/context_parallel.h"
 
 namespace omni {
 
@@ -14,86 +17,204 @@ std::string layer_prefix(int i) {
 }  // namespace
 
 template <typename T>
-std::vector<ParamInfo> GPTModel<T>::parameter_layout() const {
+std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
+  const int tp = tp_->size();
   const int64_t C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
-  const int64_t G = cfg_.query_groups(), F = cfg_.ffn_size(), Vp = cfg_.padded_vocab_size();
-  const int64_t qkv_w = (H + 2 * G) * hd, fc1_out = cfg_.swiglu ? 2 * F : F;
+  const int64_t G = cfg_.query_groups(), F = cfg_.ffn_size(), hpg = H / G;
+  const int64_t Gl = G / tp, Hl = H / tp, Fl = F / tp, Vl = vocab_rows_;
+  const int64_t qkv_rows = Gl * (hpg + 2) * hd;
   std::vector<ParamInfo> p;
-  auto add = [&](std::string name, Shape shape, ParamInit init, bool decay) {
-    p.push_back(ParamInfo{std::move(name), std::move(shape), 0, 0, init, decay});
+  // A tensor every tensor-parallel rank holds whole.
+  auto replicated = [&](std::string name, Shape shape, ParamInit init, bool decay, bool partial) {
+    ParamInfo i(std::move(name), std::move(shape), init, decay);
+    i.tp_replicated = tp > 1;
+    i.tp_partial_grad = tp > 1 && partial;
+    p.push_back(std::move(i));
   };
-  auto add_norm = [&](const std::string& name, int64_t width) {
-    add(name + ".weight", {width}, ParamInit::Ones, false);
-    if (cfg_.norm_has_bias()) add(name + ".bias", {width}, ParamInit::Zeros, false);
-  };
-  add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::Normal, true);
-  if (cfg_.position_embedding_type == PositionEmbedding::LearnedAbsolute)
-    add("embedding.position_embeddings.weight", {cfg_.max_positions(), C}, ParamInit::Normal, true);
-  for (int i = 0; i < cfg_.num_layers; ++i) {
-    const std::string l = layer_prefix(i);
-    add_norm(l + "input_layernorm", C);
-    add(l + "self_attention.linear_qkv.weight", {qkv_w, C}, ParamInit::Normal, true);
-    if (cfg_.qkv_bias())
-      add(l + "self_attention.linear_qkv.bias", {qkv_w}, ParamInit::Zeros, false);
-    if (cfg_.qk_layernorm) {
-      add_norm(l + "self_attention.q_layernorm", hd);
-      add_norm(l + "self_attention.k_layernorm", hd);
+  // A tensor split along `dim` into this rank's `segments` (one rank: the whole tensor).
+  auto split = [&](std::string name, Shape local, int dim, int64_t global_n,
+                   std::vector<ShardSegment> segments, ParamInit init, bool decay) {
+    ParamInfo i(std::move(name), local, init, decay);
+    if (tp > 1) {
+      i.global_shape = local;
+      i.global_shape[dim] = global_n;
+      i.shard_dim = dim;
+      i.segments = std::move(segments);
     }
-    add(l + "self_attention.linear_proj.weight", {C, H * hd}, ParamInit::ScaledNormal, true);
-    if (cfg_.add_bias_linear)
-      add(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false);
-    add_norm(l + "pre_mlp_layernorm", C);
-    add(l + "mlp.linear_fc1.weight", {fc1_out, C}, ParamInit::Normal, true);
-    if (cfg_.add_bias_linear) add(l + "mlp.linear_fc1.bias", {fc1_out}, ParamInit::Zeros, false);
-    add(l + "mlp.linear_fc2.weight", {C, F}, ParamInit::ScaledNormal, true);
-    if (cfg_.add_bias_linear) add(l + "mlp.linear_fc2.bias", {C}, ParamInit::Zeros, false);
+    p.push_back(std::move(i));
+  };
+  auto rows = [&](std::string name, Shape local, int64_t global_rows, ParamInit init, bool decay) {
+    split(std::move(name), local, 0, global_rows, {{0, r * local[0], local[0]}}, init, decay);
+  };
+  auto norm = [&](const std::string& name, int64_t width, bool partial) {
+    replicated(name + ".weight", {width}, ParamInit::Ones, false, partial);
+    if (cfg_.norm_has_bias()) replicated(name + ".bias", {width}, ParamInit::Zeros, false, partial);
+  };
+  // SwiGLU's fused [gate; up]: this rank's gate rows, then its up rows.
+  const std::vector<ShardSegment> fc1_segments =
+      cfg_.swiglu ? std::vector<ShardSegment>{{0, r * Fl, Fl}, {Fl, F + r * Fl, Fl}}
+                  : std::vector<ShardSegment>{{0, r * Fl, Fl}};
+  const int64_t fc1_rows = cfg_.swiglu ? 2 * Fl : Fl, fc1_global = cfg_.swiglu ? 2 * F : F;
+  const bool learned = cfg_.position_embedding_type == PositionEmbedding::LearnedAbsolute;
+  const bool tied = !cfg_.untie_embeddings_and_output_weights;
+  // The first stage embeds; the last holds the classifier (its own copy of the word
+  // embeddings when they are tied and it is not also the first stage, as Megatron does).
+  if (parallel_.pre_process || (parallel_.post_process && tied))
+    rows("embedding.word_embeddings.weight", {Vl, C}, Vl * tp, ParamInit::Normal, true);
+  if (parallel_.pre_process && learned)
+    replicated("embedding.position_embeddings.weight", {cfg_.max_positions(), C},
+               ParamInit::Normal, true, sp_);
+  for (const auto& [first, end] : chunks_)
+    for (int layer = first; layer < end; ++layer) {
+      const std::string l = layer_prefix(layer);
+      norm(l + "input_layernorm", C, sp_);
+      rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp,
+           ParamInit::Normal, true);
+      if (cfg_.qkv_bias())
+        rows(l + "self_attention.linear_qkv.bias", {qkv_rows}, qkv_rows * tp, ParamInit::Zeros,
+             false);
+      if (cfg_.qk_layernorm) {  // shared by the heads, which the ranks divide
+        norm(l + "self_attention.q_layernorm", hd, true);
+        norm(l + "self_attention.k_layernorm", hd, true);
+      }
+      split(l + "self_attention.linear_proj.weight", {C, Hl * hd}, 1, H * hd,
+            {{0, r * Hl * hd, Hl * hd}}, ParamInit::ScaledNormal, true);
+      if (cfg_.add_bias_linear)
+        replicated(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false, false);
+      norm(l + "pre_mlp_layernorm", C, sp_);
+      split(l + "mlp.linear_fc1.weight", {fc1_rows, C}, 0, fc1_global, fc1_segments,
+            ParamInit::Normal, true);
+      if (cfg_.add_bias_linear)
+        split(l + "mlp.linear_fc1.bias", {fc1_rows}, 0, fc1_global, fc1_segments,
+              ParamInit::Zeros, false);
+      split(l + "mlp.linear_fc2.weight", {C, Fl}, 1, F, {{0, r * Fl, Fl}},
+            ParamInit::ScaledNormal, true);
+      if (cfg_.add_bias_linear)
+        replicated(l + "mlp.linear_fc2.bias", {C}, ParamInit::Zeros, false, false);
+    }
+  if (parallel_.post_process) {
+    norm("decoder.final_layernorm", C, sp_);
+    if (!tied) rows("output_layer.weight", {Vl, C}, Vl * tp, ParamInit::Normal, true);
   }
-  add_norm("decoder.final_layernorm", C);
-  if (cfg_.untie_embeddings_and_output_weights)
-    add("output_layer.weight", {Vp, C}, ParamInit::Normal, true);
   return p;
 }
 
 template <typename T>
-GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed)
-    : cfg_(config), max_batch_(max_batch) {
+GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed,
+                      const ModelParallel& parallel)
+    : cfg_(config), max_batch_(max_batch), parallel_(parallel) {
   cfg_.validate();
   OMNI_REQUIRE(max_batch > 0, "--micro-batch-size must be positive (got ", max_batch, ")");
-  params_ = ParameterSet<T>(parameter_layout());
+  if (!parallel_.tp) own_tp_ = make_self_communicator("tp");
+  if (!parallel_.cp) own_cp_ = make_self_communicator("cp");
+  tp_ = parallel_.tp ? parallel_.tp : own_tp_.get();
+  cp_ = parallel_.cp ? parallel_.cp : own_cp_.get();
+  const int tp = tp_->size(), cp = cp_->size();
+  sp_ = parallel_.sequence_parallel && tp > 1;
+  const int H = cfg_.num_attention_heads, G = cfg_.query_groups(), F = cfg_.ffn_size();
+  OMNI_REQUIRE(G % tp == 0, cfg_.group_query_attention ? "--num-query-groups (" : "--num-attention-heads (", G,
+               ") must be divisible by --tensor-model-parallel-size (", tp, ")");
+  OMNI_REQUIRE(F % tp == 0, "the MLP width (--ffn-hidden-size, ", F,
+               ") must be divisible by --tensor-model-parallel-size (", tp, ")");
+  OMNI_REQUIRE(cfg_.seq_length % (2 * cp) == 0 || cp == 1, "--seq-length (", cfg_.seq_length,
+               ") must be divisible by twice --context-parallel-size (", cp, ")");
+  heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
+  // Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP.
+  const int multiple = cfg_.make_vocab_size_divisible_by * tp;
+  vocab_rows_ = (cfg_.vocab_size + multiple - 1) / multiple * multiple / tp;
+  vocab_start_ = tp_->rank() * vocab_rows_;
+  vocab_real_ = std::clamp(cfg_.vocab_size - vocab_start_, 0, vocab_rows_);
+  chunks_ = parallel_.chunks;
+  if (chunks_.empty()) chunks_.push_back({0, cfg_.num_layers});
+  for (const auto& [first, end] : chunks_)
+    OMNI_CHECK(first >= 0 && first < end && end <= cfg_.num_layers, "[gpt] bad layer range ",
+               first, "..", end);
+
+  params_ = ParameterSet<T>(parameter_layout(tp_->rank()));
   params_.initialize(seed, cfg_.init_method_std,
                      cfg_.init_method_std / std::sqrt(2.0 * cfg_.num_layers));
+  // Flat ranges of each layer, of the embedding and of the head, for the grads-ready hook.
+  layer_ranges_.assign(cfg_.num_layers, {0, 0});
+  const auto& infos = params_.infos();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const int64_t begin = infos[i].offset;
+    const int64_t end = i + 1 < infos.size() ? infos[i + 1].offset : params_.size();
+    auto widen = [&](std::pair<int64_t, int64_t>& r) {
+      r = r.second > r.first ? std::pair{std::min(r.first, begin), std::max(r.second, end)}
+                             : std::pair{begin, end};
+    };
+    const std::string& name = infos[i].name;
+    if (name.rfind("embedding.", 0) == 0)
+      widen(embedding_range_);
+    else if (name.rfind("decoder.layers.", 0) == 0)
+      widen(layer_ranges_[std::stoi(name.substr(15))]);
+    else
+      widen(head_range_);
+  }
 
-  const int64_t N = int64_t(max_batch) * cfg_.seq_length, S = cfg_.seq_length;
-  const int64_t C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
-  const int64_t G = cfg_.query_groups(), F = cfg_.ffn_size(), fc1_out = cfg_.swiglu ? 2 * F : F;
-  const DType dt = dtype_of<T>();
-  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  const int64_t S = cfg_.seq_length, hd = cfg_.head_dim();
+  const int64_t N = int64_t(max_batch) * S / cp, R = sp_ ? N / tp : N, C = cfg_.hidden_size;
+  const int64_t fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     rope_cos_.resize(S * hd / 2);
     rope_sin_.resize(S * hd / 2);
     ops::rope_tables(rope_cos_.data(), rope_sin_.data(), S, hd, cfg_.rotary_base);
   }
-  for (int i = 0; i <= cfg_.num_layers; ++i) residual_.push_back(buf({N, C}));
-  acts_.resize(cfg_.num_layers);
-  for (LayerActivations& a : acts_) {
-    a.ln1 = buf({N, C}), a.ln1_mean = buf({N}), a.ln1_rstd = buf({N});
-    a.q = buf({N, H * hd}), a.k = buf({N, G * hd}), a.v = buf({N, G * hd});
-    if (cfg_.qk_layernorm) {
-      a.q_raw = buf({N, H * hd}), a.k_raw = buf({N, G * hd});
-      a.qn_mean = buf({N * H}), a.qn_rstd = buf({N * H});
-      a.kn_mean = buf({N * G}), a.kn_rstd = buf({N * G});
-    }
-    a.probs = buf({max_batch, H, S, S}), a.attn = buf({N, H * hd});
-    a.mid = buf({N, C});
-    a.ln2 = buf({N, C}), a.ln2_mean = buf({N}), a.ln2_rstd = buf({N});
-    a.fc1 = buf({N, fc1_out}), a.act = buf({N, F});
+  acts_.resize(chunks_.size());
+  const DType dt = dtype_of<T>();
+  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  qkv_ = buf({N, (heads_ + 2 * groups_) * hd});
+  full_ = buf({N, C}), d_full_ = buf({N, C}), d_resid_ = buf({R, C}), d_rows_ = buf({R, C});
+  d_ffn_ = buf({N, ffn_}), d_fc1_ = buf({N, fc1_out});
+  d_attn_ = buf({N, heads_ * hd}), dq_ = buf({N, heads_ * hd});
+  dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * hd});
+  if (cfg_.qk_layernorm) dq_raw_ = buf({N, heads_ * hd}), dk_raw_ = buf({N, groups_ * hd});
+  if (cp > 1) {
+    dk_all_ = buf({N * cp, groups_ * hd}), dv_all_ = buf({N * cp, groups_ * hd});
+    kv_gather_ = buf({N * cp, groups_ * hd});
   }
-  final_norm_ = buf({N, C}), final_mean_ = buf({N}), final_rstd_ = buf({N});
-  qkv_ = buf({N, (H + 2 * G) * hd});
-  d_resid_ = buf({N, C}), d_hidden_ = buf({N, C}), d_ffn_ = buf({N, F}), d_fc1_ = buf({N, fc1_out});
-  d_attn_ = buf({N, H * hd}), dq_ = buf({N, H * hd}), dk_ = buf({N, G * hd}),
-  dv_ = buf({N, G * hd});
-  if (cfg_.qk_layernorm) dq_raw_ = buf({N, H * hd}), dk_raw_ = buf({N, G * hd});
+}
+
+template <typename T>
+typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot) {
+  auto& slots = acts_[chunk];
+  if (slot >= int(slots.size())) slots.resize(slot + 1);
+  if (slots[slot]) return *slots[slot];
+  const int cp = cp_->size(), tp = tp_->size();
+  const int64_t S = cfg_.seq_length, Sl = S / cp, hd = cfg_.head_dim(), C = cfg_.hidden_size;
+  const int64_t N = int64_t(max_batch_) * Sl, R = sp_ ? N / tp : N;
+  const int64_t H = heads_, G = groups_, fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
+  const DType dt = dtype_of<T>();
+  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  auto a = std::make_unique<Activations>();
+  const int layers = chunks_[chunk].second - chunks_[chunk].first;
+  for (int i = 0; i <= layers; ++i) a->residual.push_back(buf({R, C}));
+  a->layers.resize(layers);
+  for (LayerActivations& l : a->layers) {
+    l.ln1 = buf({R, C}), l.ln1_mean = buf({R}), l.ln1_rstd = buf({R});
+    l.ln1_full = sp_ ? buf({N, C}) : l.ln1;
+    l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * hd});
+    if (cfg_.qk_layernorm) {
+      l.q_raw = buf({N, H * hd}), l.k_raw = buf({N, G * hd});
+      l.qn_mean = buf({N * H}), l.qn_rstd = buf({N * H});
+      l.kn_mean = buf({N * G}), l.kn_rstd = buf({N * G});
+    }
+    l.k_all = cp > 1 ? buf({N * cp, G * hd}) : l.k;
+    l.v_all = cp > 1 ? buf({N * cp, G * hd}) : l.v;
+    l.probs = buf({max_batch_, H, Sl, S}), l.attn = buf({N, H * hd});
+    l.mid = buf({R, C});
+    l.ln2 = buf({R, C}), l.ln2_mean = buf({R}), l.ln2_rstd = buf({R});
+    l.ln2_full = sp_ ? buf({N, C}) : l.ln2;
+    l.fc1 = buf({N, fc1_out}), l.act = buf({N, ffn_});
+  }
+  if (chunk == num_chunks() - 1 && parallel_.post_process) {
+    a->final_norm = buf({R, C}), a->final_mean = buf({R}), a->final_rstd = buf({R});
+    a->final_full = sp_ ? buf({N, C}) : a->final_norm;
+    a->d_final = buf({R, C});
+  }
+  a->positions.resize(N);
+  slots[slot] = std::move(a);
+  return *slots[slot];
 }
 
 template <typename T>
@@ -128,9 +249,16 @@ T* GPTModel<T>::classifier_weight(bool grads) const {
 }
 
 template <typename T>
+typename GPTModel<T>::Geometry GPTModel<T>::geometry(const MicroBatch& mb) const {
+  const int tokens = mb.batch * mb.seq;
+  return {mb.batch, mb.seq, tokens, sp_ ? tokens / tp_->size() : tokens};
+}
+
+template <typename T>
 ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb) const {
-  return {mb.batch, mb.seq, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim(),
-          mb.key_start};
+  const int cp = cp_->size();
+  return {mb.batch,  mb.seq, heads_, groups_, cfg_.head_dim(), mb.key_start,
+          cp > 1 ? mb.seq * cp : 0, cp > 1 ? mb.seq_index : nullptr};
 }
 
 template <typename T>
@@ -152,12 +280,63 @@ void GPTModel<T>::norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, 
 }
 
 template <typename T>
+const T* GPTModel<T>::gather_rows(T* full, const T* part, const Geometry& g) const {
+  if (!sp_) return part;
+  tp_->all_gather(full, part, size_t(g.rows) * cfg_.hidden_size);
+  return full;
+}
+
+template <typename T>
+const T* GPTModel<T>::reduce_rows(T* out, T* partial, const Geometry& g) const {
+  const size_t C = cfg_.hidden_size;
+  if (!sp_) {
+    tp_->all_reduce(partial, size_t(g.tokens) * C);
+    return partial;
+  }
+  tp_->reduce_scatter(out, partial, size_t(g.rows) * C);
+  return out;
+}
+
+template <typename T>
+void GPTModel<T>::gather_kv(T* all, const T* local, const Geometry& g, int width) {
+  const int cp = cp_->size(), S = g.seq * cp;
+  T* blocks = kv_gather_.template data<T>();
+  cp_->all_gather(blocks, local, size_t(g.tokens) * width);
+  for (int r = 0; r < cp; ++r)
+    for (int b = 0; b < g.batch; ++b)
+      for (int l = 0; l < g.seq; ++l) {
+        const int s = context_parallel_index(l, g.seq, cp, r);
+        std::memcpy(all + (size_t(b) * S + s) * width,
+                    blocks + ((size_t(r) * g.batch + b) * g.seq + l) * width, width * sizeof(T));
+      }
+}
+
+template <typename T>
+void GPTModel<T>::scatter_kv_grad(T* local, const T* all, const Geometry& g, int width) {
+  const int cp = cp_->size(), S = g.seq * cp;
+  T* blocks = kv_gather_.template data<T>();
+  for (int r = 0; r < cp; ++r)
+    for (int b = 0; b < g.batch; ++b)
+      for (int l = 0; l < g.seq; ++l) {
+        const int s = context_parallel_index(l, g.seq, cp, r);
+        std::memcpy(blocks + ((size_t(r) * g.batch + b) * g.seq + l) * width,
+                    all + (size_t(b) * S + s) * width, width * sizeof(T));
+      }
+  cp_->reduce_scatter(local, blocks, size_t(g.tokens) * width);
+}
+
+template <typename T>
 void GPTModel<T>::check_batch(const MicroBatch& mb) const {
+  const int cp = cp_->size(), tp = tp_->size();
   OMNI_CHECK(mb.batch > 0 && mb.batch <= max_batch_, "[gpt] batch ", mb.batch, " outside 1..",
              max_batch_);
-  OMNI_CHECK(mb.seq > 0 && mb.seq <= cfg_.seq_length, "[gpt] sequence ", mb.seq, " outside 1..",
-             cfg_.seq_length);
+  OMNI_CHECK(mb.seq > 0 && mb.seq * cp <= cfg_.seq_length, "[gpt] sequence ", mb.seq,
+             " outside 1..", cfg_.seq_length / cp);
+  OMNI_CHECK(cp == 1 || (mb.seq_index && mb.position_ids && mb.seq % 2 == 0),
+             "[gpt] a context-parallel micro-batch needs seq_index and position_ids");
   const int64_t N = int64_t(mb.batch) * mb.seq;
+  OMNI_REQUIRE(!sp_ || N % tp == 0, "--sequence-parallel: the micro-batch's ", N,
+               " tokens must divide by --tensor-model-parallel-size (", tp, ")");
   for (int64_t n = 0; n < N; ++n) {
     OMNI_REQUIRE(mb.tokens[n] >= 0 && mb.tokens[n] < cfg_.vocab_size, "token id ", mb.tokens[n],
                  " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
@@ -168,188 +347,317 @@ void GPTModel<T>::check_batch(const MicroBatch& mb) const {
 }
 
 template <typename T>
-void GPTModel<T>::forward(const MicroBatch& mb) {
-  const int B = mb.batch, S = mb.seq, N = B * S, C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
-  const int G = cfg_.query_groups(), F = cfg_.ffn_size(), fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb);
-  const bool rope = cfg_.position_embedding_type == PositionEmbedding::Rope;
-  const int32_t* pos = mb.position_ids;
-  ops::embedding_forward(residual_[0].template data<T>(), mb.tokens,
-                         params_.value("embedding.word_embeddings.weight"),
-                         params_.value_or_null("embedding.position_embeddings.weight"), N, S, C,
-                         pos);
-  for (int i = 0; i < cfg_.num_layers; ++i) {
-    LayerActivations& a = acts_[i];
-    const LayerParams p = layer_params(i, false);
-    const T* x = residual_[i].template data<T>();
-    T* ln1 = a.ln1.template data<T>();
-    norm_forward(ln1, a.ln1_mean.template data<T>(), a.ln1_rstd.template data<T>(), x, p.ln1_w,
-                 p.ln1_b, N, C);
-    T* qkv = qkv_.template data<T>();
-    ops::linear_forward(qkv, ln1, p.qkv_w, p.qkv_b, N, C, ad.qkv_width());
-    T *q = a.q.template data<T>(), *k = a.k.template data<T>(), *v = a.v.template data<T>();
-    if (cfg_.qk_layernorm) {
-      T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
-      ops::qkv_split(q_raw, k_raw, v, qkv, ad);
-      norm_forward(q, a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), q_raw, p.qln_w,
-                   p.qln_b, N * H, hd);
-      norm_forward(k, a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), k_raw, p.kln_w,
-                   p.kln_b, N * G, hd);
-    } else {
-      ops::qkv_split(q, k, v, qkv, ad);
-    }
-    if (rope) {
-      ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, S, H, hd, pos);
-      ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, S, G, hd, pos);
-    }
-    T* attn = a.attn.template data<T>();
-    ops::attention_forward(attn, a.probs.template data<T>(), q, k, v, ad);
-    T* mid = a.mid.template data<T>();
-    ops::linear_forward(mid, attn, p.proj_w, p.proj_b, N, H * hd, C);
-    ops::add(mid, mid, x, size_t(N) * C);
-    T* ln2 = a.ln2.template data<T>();
-    norm_forward(ln2, a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), mid, p.ln2_w,
-                 p.ln2_b, N, C);
-    T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
-    ops::linear_forward(fc1, ln2, p.fc1_w, p.fc1_b, N, C, fc1_out);
-    if (cfg_.swiglu)
-      ops::swiglu_forward(act, fc1, N, F);
-    else
-      ops::gelu_forward(act, fc1, size_t(N) * F);
-    T* out = residual_[i + 1].template data<T>();
-    ops::linear_forward(out, act, p.fc2_w, p.fc2_b, N, F, C);
-    ops::add(out, out, mid, size_t(N) * C);
-  }
-  norm_forward(final_norm_.template data<T>(), final_mean_.template data<T>(),
-               final_rstd_.template data<T>(), residual_[cfg_.num_layers].template data<T>(),
-               params_.value("decoder.final_layernorm.weight"),
-               params_.value_or_null("decoder.final_layernorm.bias"), N, C);
+void GPTModel<T>::embed(Activations& a, const MicroBatch& mb, const Geometry& g) {
+  const int C = cfg_.hidden_size;
+  T* out = a.residual[0].template data<T>();
+  T* words = sp_ ? full_.template data<T>() : out;
+  ops::embedding_forward(words, mb.tokens, params_.value("embedding.word_embeddings.weight"),
+                         static_cast<const T*>(nullptr), g.tokens, g.seq, C, nullptr,
+                         vocab_start_, vocab_start_ + vocab_rows_);
+  reduce_rows(out, words, g);
+  if (const T* wpe = params_.value_or_null("embedding.position_embeddings.weight"))
+    ops::position_embedding_add(out, wpe, g.rows, g.seq, C,
+                                a.positions.data() + (sp_ ? tp_->rank() * g.rows : 0));
 }
 
 template <typename T>
-void GPTModel<T>::backward(const MicroBatch& mb) {
-  const int B = mb.batch, S = mb.seq, N = B * S;
-  const int C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
-  const int G = cfg_.query_groups(), F = cfg_.ffn_size(), fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb);
-  const bool rope = cfg_.position_embedding_type == PositionEmbedding::Rope;
-  const int32_t* pos = mb.position_ids;
-  T* dres = d_resid_.template data<T>();
-  T* dh = d_hidden_.template data<T>();  // holds d(final norm output) on entry
-  std::fill(dres, dres + size_t(N) * C, T(0));
-  norm_backward(dres, params_.grad("decoder.final_layernorm.weight"),
-                params_.grad_or_null("decoder.final_layernorm.bias"), dh,
-                residual_[cfg_.num_layers].template data<T>(),
-                params_.value("decoder.final_layernorm.weight"), final_mean_.template data<T>(),
-                final_rstd_.template data<T>(), N, C);
-  for (int i = cfg_.num_layers - 1; i >= 0; --i) {
-    LayerActivations& a = acts_[i];
-    const LayerParams p = layer_params(i, false), g = layer_params(i, true);
-    // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
-    T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
-    ops::linear_backward(dffn, g.fc2_w, g.fc2_b, dres, a.act.template data<T>(), p.fc2_w, N, F, C);
-    if (cfg_.swiglu)
-      ops::swiglu_backward(dfc1, dffn, a.fc1.template data<T>(), N, F);
-    else
-      ops::gelu_backward(dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F);
-    ops::linear_backward(dh, g.fc1_w, g.fc1_b, dfc1, a.ln2.template data<T>(), p.fc1_w, N, C,
-                         fc1_out);
-    norm_backward(dres, g.ln2_w, g.ln2_b, dh, a.mid.template data<T>(), p.ln2_w,
-                  a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), N, C);
-    // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
-    T* dattn = d_attn_.template data<T>();
-    ops::linear_backward(dattn, g.proj_w, g.proj_b, dres, a.attn.template data<T>(), p.proj_w, N,
-                         H * hd, C);
-    T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
-    ops::attention_backward(dq, dk, dv, dattn, a.attn.template data<T>(),
-                            a.probs.template data<T>(), a.q.template data<T>(),
-                            a.k.template data<T>(), a.v.template data<T>(), ad);
-    if (rope) {
-      ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, S, H, hd, pos);
-      ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, S, G, hd, pos);
-    }
-    if (cfg_.qk_layernorm) {
-      T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
-      std::fill(dq_raw, dq_raw + size_t(N) * H * hd, T(0));
-      std::fill(dk_raw, dk_raw + size_t(N) * G * hd, T(0));
-      norm_backward(dq_raw, g.qln_w, g.qln_b, dq, a.q_raw.template data<T>(), p.qln_w,
-                    a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), N * H, hd);
-      norm_backward(dk_raw, g.kln_w, g.kln_b, dk, a.k_raw.template data<T>(), p.kln_w,
-                    a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), N * G, hd);
-      dq = dq_raw, dk = dk_raw;
-    }
-    T* dqkv = qkv_.template data<T>();
-    ops::qkv_merge(dqkv, dq, dk, dv, ad);
-    ops::linear_backward(dh, g.qkv_w, g.qkv_b, dqkv, a.ln1.template data<T>(), p.qkv_w, N, C,
-                         ad.qkv_width());
-    norm_backward(dres, g.ln1_w, g.ln1_b, dh, residual_[i].template data<T>(), p.ln1_w,
-                  a.ln1_mean.template data<T>(), a.ln1_rstd.template data<T>(), N, C);
-  }
+void GPTModel<T>::embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
+                                 const Geometry& g) {
+  const int C = cfg_.hidden_size;
+  if (T* dwpe = params_.grad_or_null("embedding.position_embeddings.weight"))
+    ops::embedding_backward(static_cast<T*>(nullptr), dwpe, mb.tokens, d_rows, g.rows, g.seq, C,
+                            a.positions.data() + (sp_ ? tp_->rank() * g.rows : 0));
+  const T* d_words = gather_rows(d_full_.template data<T>(), d_rows, g);
   ops::embedding_backward(params_.grad("embedding.word_embeddings.weight"),
-                          params_.grad_or_null("embedding.position_embeddings.weight"), mb.tokens,
-                          dres, N, S, C, pos);
+                          static_cast<T*>(nullptr), mb.tokens, d_words, g.tokens, g.seq, C,
+                          nullptr, vocab_start_, vocab_start_ + vocab_rows_);
 }
 
 template <typename T>
-static double mask_sum(const MicroBatch& mb) {
-  const int64_t N = int64_t(mb.batch) * mb.seq;
-  if (!mb.loss_mask) return double(N);
-  double s = 0;
-  for (int64_t n = 0; n < N; ++n) s += mb.loss_mask[n];
+void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* out,
+                                const MicroBatch& mb, const Geometry& g,
+                                const int32_t* positions) {
+  const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
+  const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
+  const ops::AttentionDims ad = attention_dims(mb);
+  const LayerParams p = layer_params(layer, false);
+  T* ln1 = a.ln1.template data<T>();
+  norm_forward(ln1, a.ln1_mean.template data<T>(), a.ln1_rstd.template data<T>(), x, p.ln1_w,
+               p.ln1_b, R, C);
+  const T* ln1_full = gather_rows(a.ln1_full.template data<T>(), ln1, g);
+  T* qkv = qkv_.template data<T>();
+  ops::linear_forward(qkv, ln1_full, p.qkv_w, p.qkv_b, N, C, ad.qkv_width());
+  T *q = a.q.template data<T>(), *k = a.k.template data<T>(), *v = a.v.template data<T>();
+  if (cfg_.qk_layernorm) {
+    T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
+    ops::qkv_split(q_raw, k_raw, v, qkv, ad);
+    norm_forward(q, a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), q_raw, p.qln_w,
+                 p.qln_b, N * H, hd);
+    norm_forward(k, a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), k_raw, p.kln_w,
+                 p.kln_b, N * G, hd);
+  } else {
+    ops::qkv_split(q, k, v, qkv, ad);
+  }
+  if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
+    ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions);
+    ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions);
+  }
+  T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
+  if (cp_->size() > 1) {
+    gather_kv(k_all, k, g, G * hd);
+    gather_kv(v_all, v, g, G * hd);
+  }
+  T* attn = a.attn.template data<T>();
+  ops::attention_forward(attn, a.probs.template data<T>(), q, k_all, v_all, ad);
+  // Row-parallel projection: the ranks' partial products are summed, then the bias and the
+  // residual added.
+  T* mid = a.mid.template data<T>();
+  T* part = sp_ ? full_.template data<T>() : mid;
+  ops::linear_forward(part, attn, p.proj_w, static_cast<const T*>(nullptr), N, H * hd, C);
+  reduce_rows(mid, part, g);
+  if (p.proj_b) ops::add_bias(mid, p.proj_b, R, C);
+  ops::add(mid, mid, x, size_t(R) * C);
+
+  T* ln2 = a.ln2.template data<T>();
+  norm_forward(ln2, a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), mid, p.ln2_w,
+               p.ln2_b, R, C);
+  const T* ln2_full = gather_rows(a.ln2_full.template data<T>(), ln2, g);
+  T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
+  ops::linear_forward(fc1, ln2_full, p.fc1_w, p.fc1_b, N, C, fc1_out);
+  if (cfg_.swiglu)
+    ops::swiglu_forward(act, fc1, N, F);
+  else
+    ops::gelu_forward(act, fc1, size_t(N) * F);
+  part = sp_ ? full_.template data<T>() : out;
+  ops::linear_forward(part, act, p.fc2_w, static_cast<const T*>(nullptr), N, F, C);
+  reduce_rows(out, part, g);
+  if (p.fc2_b) ops::add_bias(out, p.fc2_b, R, C);
+  ops::add(out, out, mid, size_t(R) * C);
+}
+
+template <typename T>
+void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* dres,
+                                 const MicroBatch& mb, const Geometry& g,
+                                 const int32_t* positions) {
+  const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
+  const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
+  const ops::AttentionDims ad = attention_dims(mb);
+  const LayerParams p = layer_params(layer, false), gp = layer_params(layer, true);
+  T* partial = full_.template data<T>();
+  T* d_rows = d_rows_.template data<T>();
+  // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
+  const T* dy = gather_rows(d_full_.template data<T>(), dres, g);
+  T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
+  ops::linear_backward(dffn, gp.fc2_w, gp.fc2_b, dy, a.act.template data<T>(), p.fc2_w, N, F, C);
+  if (cfg_.swiglu)
+    ops::swiglu_backward(dfc1, dffn, a.fc1.template data<T>(), N, F);
+  else
+    ops::gelu_backward(dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F);
+  ops::linear_backward(partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(), p.fc1_w,
+                       N, C, fc1_out);
+  const T* dln2 = reduce_rows(d_rows, partial, g);
+  norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
+                a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), R, C);
+  // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
+  dy = gather_rows(d_full_.template data<T>(), dres, g);
+  T* dattn = d_attn_.template data<T>();
+  ops::linear_backward(dattn, gp.proj_w, gp.proj_b, dy, a.attn.template data<T>(), p.proj_w, N,
+                       H * hd, C);
+  T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
+  const bool cp = cp_->size() > 1;
+  T* dk_all = cp ? dk_all_.template data<T>() : dk;
+  T* dv_all = cp ? dv_all_.template data<T>() : dv;
+  ops::attention_backward(dq, dk_all, dv_all, dattn, a.attn.template data<T>(),
+                          a.probs.template data<T>(), a.q.template data<T>(),
+                          a.k_all.template data<T>(), a.v_all.template data<T>(), ad);
+  if (cp) {
+    scatter_kv_grad(dk, dk_all, g, G * hd);
+    scatter_kv_grad(dv, dv_all, g, G * hd);
+  }
+  if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
+    ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions);
+    ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions);
+  }
+  if (cfg_.qk_layernorm) {
+    T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
+    std::fill(dq_raw, dq_raw + size_t(N) * H * hd, T(0));
+    std::fill(dk_raw, dk_raw + size_t(N) * G * hd, T(0));
+    norm_backward(dq_raw, gp.qln_w, gp.qln_b, dq, a.q_raw.template data<T>(), p.qln_w,
+                  a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), N * H, hd);
+    norm_backward(dk_raw, gp.kln_w, gp.kln_b, dk, a.k_raw.template data<T>(), p.kln_w,
+                  a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), N * G, hd);
+    dq = dq_raw, dk = dk_raw;
+  }
+  T* dqkv = qkv_.template data<T>();
+  ops::qkv_merge(dqkv, dq, dk, dv, ad);
+  ops::linear_backward(partial, gp.qkv_w, gp.qkv_b, dqkv, a.ln1_full.template data<T>(), p.qkv_w,
+                       N, C, ad.qkv_width());
+  const T* dln1 = reduce_rows(d_rows, partial, g);
+  norm_backward(dres, gp.ln1_w, gp.ln1_b, dln1, x, p.ln1_w, a.ln1_mean.template data<T>(),
+                a.ln1_rstd.template data<T>(), R, C);
+}
+
+template <typename T>
+double GPTModel<T>::masked_tokens(const MicroBatch& mb, const Geometry& g) const {
+  double s = g.tokens;
+  if (mb.loss_mask) {
+    s = 0;
+    for (int n = 0; n < g.tokens; ++n) s += mb.loss_mask[n];
+  }
+  cp_->all_reduce(&s, 1);
   return s;
 }
 
 template <typename T>
-double GPTModel<T>::forward_backward(const MicroBatch& mb, double grad_scale) {
-  check_batch(mb);
-  OMNI_CHECK(mb.labels, "[gpt] forward_backward needs labels");
-  const double denom = mask_sum<T>(mb);
-  forward(mb);
-  if (denom == 0) return 0.0;  // every token masked: no loss, no gradient
-  ops::ClassifierLossArgs ca{mb.batch * mb.seq, cfg_.hidden_size, cfg_.vocab_size,
-                             grad_scale / denom};
+void GPTModel<T>::final_norm_forward(Activations& a, const Geometry& g) {
+  norm_forward(a.final_norm.template data<T>(), a.final_mean.template data<T>(),
+               a.final_rstd.template data<T>(), a.residual.back().template data<T>(),
+               params_.value("decoder.final_layernorm.weight"),
+               params_.value_or_null("decoder.final_layernorm.bias"), g.rows, cfg_.hidden_size);
+}
+
+template <typename T>
+double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geometry& g,
+                                 bool train, double grad_scale) {
+  OMNI_CHECK(mb.labels, "[gpt] the loss needs labels");
+  const int C = cfg_.hidden_size;
+  final_norm_forward(a, g);
+  const T* h = gather_rows(a.final_full.template data<T>(), a.final_norm.template data<T>(), g);
+  const double denom = masked_tokens(mb, g);
+  T* d_final = a.d_final.template data<T>();
+  if (denom == 0) {  // every token masked: no loss, no gradient
+    std::fill(d_final, d_final + size_t(g.rows) * C, T(0));
+    return 0.0;
+  }
+  ops::ClassifierLossArgs ca;
+  ca.rows = g.tokens, ca.hidden = C, ca.vocab = vocab_real_;
+  ca.grad_scale = grad_scale / denom, ca.vocab_start = vocab_start_;
+  if (tp_->size() > 1)
+    ca.reduce = [this](double* values, int n, bool max) {
+      tp_->all_reduce(values, size_t(n), max ? ReduceOp::Max : ReduceOp::Sum);
+    };
+  T* dh = train ? full_.template data<T>() : nullptr;
   double loss = ops::classifier_cross_entropy<T>(
-      nullptr, d_hidden_.template data<T>(), classifier_weight(true),
-      final_norm_.template data<T>(), classifier_weight(false), mb.labels, mb.loss_mask, ca);
-  backward(mb);
+      nullptr, dh, train ? classifier_weight(true) : nullptr, h, classifier_weight(false),
+      mb.labels, mb.loss_mask, ca);
+  cp_->all_reduce(&loss, 1);
+  if (train) {
+    const T* d_norm = reduce_rows(d_rows_.template data<T>(), dh, g);
+    std::fill(d_final, d_final + size_t(g.rows) * C, T(0));
+    norm_backward(d_final, params_.grad("decoder.final_layernorm.weight"),
+                  params_.grad_or_null("decoder.final_layernorm.bias"), d_norm,
+                  a.residual.back().template data<T>(),
+                  params_.value("decoder.final_layernorm.weight"), a.final_mean.template data<T>(),
+                  a.final_rstd.template data<T>(), g.rows, C);
+  }
   return loss / denom;
 }
 
 template <typename T>
-double GPTModel<T>::forward_loss(const MicroBatch& mb) {
+int GPTModel<T>::stage_rows(const MicroBatch& mb) const {
+  return geometry(mb).rows;
+}
+
+template <typename T>
+const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, const T* input,
+                                    bool train, double grad_scale, double* loss) {
   check_batch(mb);
-  OMNI_CHECK(mb.labels, "[gpt] forward_loss needs labels");
-  const double denom = mask_sum<T>(mb);
-  forward(mb);
-  if (denom == 0) return 0.0;
-  ops::ClassifierLossArgs ca{mb.batch * mb.seq, cfg_.hidden_size, cfg_.vocab_size, 1.0};
-  return ops::classifier_cross_entropy<T>(nullptr, nullptr, nullptr, final_norm_.template data<T>(),
-                                          classifier_weight(false), mb.labels, mb.loss_mask, ca) /
-         denom;
+  const Geometry g = geometry(mb);
+  Activations& a = activations(chunk, slot);
+  for (int n = 0; n < g.tokens; ++n)
+    a.positions[n] = mb.position_ids ? mb.position_ids[n] : n % g.seq;
+  if (has_embedding(chunk)) {
+    embed(a, mb, g);
+  } else {
+    OMNI_CHECK(input, "[gpt] chunk ", chunk, " needs the previous stage's output");
+    std::memcpy(a.residual[0].template data<T>(), input,
+                size_t(g.rows) * cfg_.hidden_size * sizeof(T));
+  }
+  const int first = chunks_[chunk].first;
+  for (size_t i = 0; i < a.layers.size(); ++i)
+    layer_forward(first + int(i), a.layers[i], a.residual[i].template data<T>(),
+                  a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
+  if (!has_loss(chunk)) return a.residual.back().template data<T>();
+  *loss = head_forward(a, mb, g, train, grad_scale);
+  return nullptr;
+}
+
+template <typename T>
+const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
+                                     const T* grad_output) {
+  const Geometry g = geometry(mb);
+  Activations& a = activations(chunk, slot);
+  const size_t bytes = size_t(g.rows) * cfg_.hidden_size * sizeof(T);
+  T* dres = d_resid_.template data<T>();
+  if (has_loss(chunk)) {
+    std::memcpy(dres, a.d_final.template data<T>(), bytes);
+    mark_ready(head_range_);
+    if (!parallel_.pre_process) mark_ready(embedding_range_);  // the classifier's copy
+  } else {
+    OMNI_CHECK(grad_output, "[gpt] chunk ", chunk, " needs the next stage's gradient");
+    std::memcpy(dres, grad_output, bytes);
+  }
+  const int first = chunks_[chunk].first;
+  for (int i = int(a.layers.size()) - 1; i >= 0; --i) {
+    layer_backward(first + i, a.layers[i], a.residual[i].template data<T>(), dres, mb, g,
+                   a.positions.data());
+    mark_ready(layer_ranges_[first + i]);
+  }
+  if (!has_embedding(chunk)) return dres;
+  embed_backward(dres, a, mb, g);
+  mark_ready(embedding_range_);
+  return nullptr;
+}
+
+template <typename T>
+double GPTModel<T>::forward_backward(const MicroBatch& mb, double grad_scale) {
+  OMNI_CHECK(parallel_.pre_process && parallel_.post_process,
+             "[gpt] forward_backward needs every stage; pipelines use chunk_forward");
+  const T* x = nullptr;
+  double loss = 0;
+  for (int c = 0; c < num_chunks(); ++c) x = chunk_forward(c, 0, mb, x, true, grad_scale, &loss);
+  const T* d = nullptr;
+  for (int c = num_chunks() - 1; c >= 0; --c) d = chunk_backward(c, 0, mb, d);
+  return loss;
+}
+
+template <typename T>
+double GPTModel<T>::forward_loss(const MicroBatch& mb) {
+  OMNI_CHECK(parallel_.pre_process && parallel_.post_process,
+             "[gpt] forward_loss needs every stage; pipelines use chunk_forward");
+  const T* x = nullptr;
+  double loss = 0;
+  for (int c = 0; c < num_chunks(); ++c) x = chunk_forward(c, 0, mb, x, false, 0.0, &loss);
+  return loss;
 }
 
 template <typename T>
 std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int seq) {
+  OMNI_CHECK(tp_->size() == 1 && cp_->size() == 1 && num_chunks() == 1 &&
+                 parallel_.pre_process && parallel_.post_process,
+             "[gpt] logits are computed by a one-rank model");
   const MicroBatch mb{tokens, nullptr, nullptr, batch, seq};
   check_batch(mb);
-  forward(mb);
-  const int N = batch * seq, C = cfg_.hidden_size, V = cfg_.vocab_size;
-  std::vector<T> logits(size_t(N) * V);
-  ops::linear_forward<T>(logits.data(), final_norm_.template data<T>(), classifier_weight(false),
-                         nullptr, N, C, V);
+  const Geometry g = geometry(mb);
+  Activations& a = activations(0, 0);
+  for (int n = 0; n < g.tokens; ++n) a.positions[n] = n % seq;
+  embed(a, mb, g);
+  for (size_t i = 0; i < a.layers.size(); ++i)
+    layer_forward(int(i), a.layers[i], a.residual[i].template data<T>(),
+                  a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
+  final_norm_forward(a, g);
+  const int C = cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<T> logits(size_t(g.tokens) * V);
+  ops::linear_forward<T>(logits.data(), a.final_norm.template data<T>(), classifier_weight(false),
+                         nullptr, g.tokens, C, V);
   return logits;
 }
 
 template <typename T>
 std::vector<float> GPTModel<T>::next_token_logits(const int32_t* tokens, int seq) {
-  const MicroBatch mb{tokens, nullptr, nullptr, 1, seq};
-  check_batch(mb);
-  forward(mb);
-  const int C = cfg_.hidden_size, V = cfg_.vocab_size;
-  std::vector<T> logits(V);
-  ops::linear_forward<T>(logits.data(), final_norm_.template data<T>() + size_t(seq - 1) * C,
-                         classifier_weight(false), nullptr, 1, C, V);
-  return std::vector<float>(logits.begin(), logits.end());
+  const std::vector<T> all = forward_logits(tokens, 1, seq);
+  const int V = cfg_.vocab_size;
+  return std::vector<float>(all.end() - V, all.end());
 }
 
 template class GPTModel<float>;

@@ -2,12 +2,39 @@
 // layer. Embedding -> num_layers x [norm, self-attention, residual, norm, MLP, residual]
 // -> final norm -> output layer fused with cross-entropy. Which norm, MLP, position
 // embedding, biases and attention grouping are used comes from TransformerConfig.
+//
+// Parallel layouts (ModelParallel) are written with the parallel primitives, and one rank
+// is not a special case (DESIGN.md invariant 3): with single-rank communicators every
+// collective is a no-op or a copy.
+//  - Tensor parallel (Megatron's): QKV and MLP fc1 are column-parallel (this rank holds
+//    query groups [r*G/tp, (r+1)*G/tp) and ffn columns [r*F/tp, (r+1)*F/tp), gate and up
+//    alike), attention output and fc2 row-parallel, word embedding and output layer
+//    vocabulary-parallel (cross-entropy over the vocabulary slices: full logits are never
+//    gathered). Norms and row-parallel biases are replicated.
+//  - Sequence parallel: the residual stream and norms hold 1/tp of the micro-batch's rows
+//    (rows [r*N/tp, (r+1)*N/tp) of the batch-major token order; with micro-batch 1 that is
+//    the sequence split Megatron makes); all-gather before column-parallel layers and
+//    reduce-scatter after row-parallel ones replace the all-reduces.
+//  - Context parallel: this rank holds two of the sequence's 2*cp chunks (see
+//    parallel/context_parallel.h, which slices micro-batches); keys and values are
+//    all-gathered across the group for attention and their gradients reduce-scattered
+//    (Megatron's all-gather form of context parallelism).
+//  - Pipeline parallel: this rank holds only its chunks' layers (one chunk per virtual
+//    stage); chunk_forward/chunk_backward run one micro-batch through one chunk and hand
+//    activations to the caller, which sends them to the neighbouring stage.
+// Parameter names and initial values are the single-process model's: layer indices are
+// global and every element is drawn from (seed, name, index in the full tensor), so a
+// rank's parameters are exactly its slices of the one-rank model's (invariant 2).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
+#include "comm/communicator.h"
 #include "model/parameters.h"
 #include "model/transformer_config.h"
 
@@ -17,6 +44,9 @@ namespace omni {
 // For documents packed into one sample (Megatron's --reset-position-ids and
 // --reset-attention-mask), position_ids [batch, seq] restart at each document and row i
 // attends only keys key_start[i] .. i of its sample; null means 0..seq-1 and 0 .. i.
+// Under context parallelism seq is this rank's share of the sequence, seq_index [batch,
+// seq] gives each row's index in the full sequence (keys are indexed the same way), and
+// position_ids must be given.
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* labels = nullptr;
@@ -24,67 +54,161 @@ struct MicroBatch {
   int batch = 0, seq = 0;
   const int32_t* position_ids = nullptr;
   const int32_t* key_start = nullptr;
+  const int32_t* seq_index = nullptr;
+};
+
+struct ModelParallel {
+  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
+  bool sequence_parallel = false;  // only with more than one tensor-parallel rank
+  // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
+  // layer indices; empty: one chunk with every layer.
+  std::vector<std::pair<int, int>> chunks;
+  bool pre_process = true;   // chunk 0 begins with the embedding (the first stage)
+  bool post_process = true;  // the last chunk ends with the final norm and the loss
 };
 
 template <typename T>
 class GPTModel {
  public:
-  // Allocates parameters and activation memory for micro-batches of up to
-  // max_batch x config.seq_length tokens, and initialises the parameters from `seed`.
-  GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed);
+  // Allocates parameters for this rank's part of the model and initialises them from
+  // `seed`; activation memory for micro-batches of up to max_batch x config.seq_length
+  // tokens is allocated per micro-batch in flight, on first use.
+  GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed,
+           const ModelParallel& parallel = {});
 
   const TransformerConfig& config() const { return cfg_; }
   ParameterSet<T>& params() { return params_; }
   const ParameterSet<T>& params() const { return params_; }
+  int num_chunks() const { return int(chunks_.size()); }
+  int tp_size() const { return tp_->size(); }
+  int tp_rank() const { return tp_->rank(); }
+  // The parameter layout tensor-parallel rank `rank` holds (for gathering full tensors).
+  std::vector<ParamInfo> parameter_layout(int rank) const;
 
-  // Forward and backward of one micro-batch. Gradients of (grad_scale * mean masked loss)
-  // are added to params().grads(). Returns the mean masked loss.
+  // Forward and backward of one micro-batch through every chunk (no pipeline). Gradients
+  // of (grad_scale * mean masked loss) are added to params().grads() (under context
+  // parallelism: this rank's part of them; the group's parts sum to the gradient). Returns
+  // the mean masked loss (over the whole sequence).
   double forward_backward(const MicroBatch& mb, double grad_scale);
   // Forward only; returns the mean masked loss.
   double forward_loss(const MicroBatch& mb);
+
+  // Pipeline stages. Rows of the activations handed between stages: [stage_rows(mb), hidden].
+  int stage_rows(const MicroBatch& mb) const;
+  // Runs micro-batch `mb` through chunk `chunk`, keeping its activations in `slot` (one
+  // slot per micro-batch in flight on this rank). `input` is the previous stage's output
+  // (unused when the chunk starts with the embedding). Returns this chunk's output, or null
+  // when the chunk ends with the loss: then *loss receives the mean masked loss and, when
+  // `train`, the gradient of grad_scale * loss is prepared for chunk_backward.
+  const T* chunk_forward(int chunk, int slot, const MicroBatch& mb, const T* input, bool train,
+                         double grad_scale, double* loss);
+  // Backward of the same micro-batch: `grad_output` is d/d(output) from the next stage
+  // (unused when the chunk ends with the loss). Adds the parameters' gradients; returns
+  // d/d(input), or null for the chunk that starts with the embedding.
+  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb, const T* grad_output);
+  // Called during backward with [begin, end) ranges of the flat gradient buffer that this
+  // micro-batch's backward will not touch again (for data-parallel buckets); null: none.
+  void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) {
+    grads_ready_ = std::move(hook);
+  }
+
   // Logits [batch * seq, vocab_size] of every position (for tests and tools; training
-  // never materialises them).
+  // never materialises them). One rank only.
   std::vector<T> forward_logits(const int32_t* tokens, int batch, int seq);
-  // Logits [vocab_size] of the last position of a single sequence (batch 1).
+  // Logits [vocab_size] of the last position of a single sequence (batch 1). One rank only.
   std::vector<float> next_token_logits(const int32_t* tokens, int seq);
 
  private:
   struct LayerActivations {
-    Tensor ln1, ln1_mean, ln1_rstd;
-    Tensor q, k, v;                                           // after qk-layernorm and rope
+    Tensor ln1, ln1_mean, ln1_rstd, ln1_full;  // ln1_full: all rows (sequence parallel)
+    Tensor q, k, v;                            // after qk-layernorm and rope
     Tensor q_raw, k_raw, qn_mean, qn_rstd, kn_mean, kn_rstd;  // qk-layernorm only
+    Tensor k_all, v_all;                       // the whole sequence's (context parallel)
     Tensor probs, attn;
     Tensor mid;  // residual stream after attention
-    Tensor ln2, ln2_mean, ln2_rstd;
+    Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
+  };
+  // Everything one micro-batch leaves for its backward in one chunk.
+  struct Activations {
+    std::vector<Tensor> residual;  // layers + 1 residual streams [rows, C]
+    std::vector<LayerActivations> layers;
+    Tensor final_norm, final_mean, final_rstd, final_full, d_final;
+    std::vector<int32_t> positions;  // [tokens]: each row's position
   };
   struct LayerParams {
     T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *qln_w, *qln_b, *kln_w, *kln_b;
     T *proj_w, *proj_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
   };
+  // Sizes of one micro-batch on this rank.
+  struct Geometry {
+    int batch, seq, tokens, rows;  // rows: of the residual stream (tokens / tp under SP)
+  };
 
-  std::vector<ParamInfo> parameter_layout() const;
   LayerParams layer_params(int layer, bool grads) const;
   T* classifier_weight(bool grads) const;
+  bool has_embedding(int chunk) const { return chunk == 0 && parallel_.pre_process; }
+  bool has_loss(int chunk) const {
+    return chunk == num_chunks() - 1 && parallel_.post_process;
+  }
+  Geometry geometry(const MicroBatch& mb) const;
   ops::AttentionDims attention_dims(const MicroBatch& mb) const;
   void check_batch(const MicroBatch& mb) const;
-  void forward(const MicroBatch& mb);
-  void backward(const MicroBatch& mb);
+  Activations& activations(int chunk, int slot);
+  void embed(Activations& a, const MicroBatch& mb, const Geometry& g);
+  void embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
+                      const Geometry& g);
+  void layer_forward(int layer, LayerActivations& a, const T* x, T* out, const MicroBatch& mb,
+                     const Geometry& g, const int32_t* positions);
+  // dres holds d(out) on entry and d(x) on return.
+  void layer_backward(int layer, LayerActivations& a, const T* x, T* dres, const MicroBatch& mb,
+                      const Geometry& g, const int32_t* positions);
+  // Final norm, classifier and loss; with `train`, leaves d(final norm input) in d_final.
+  double head_forward(Activations& a, const MicroBatch& mb, const Geometry& g, bool train,
+                      double grad_scale);
+  double masked_tokens(const MicroBatch& mb, const Geometry& g) const;
   // Norm over rows of width `width`: LayerNorm or RMSNorm per config.
   void norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows,
                     int width) const;
   void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
                      const T* rstd, int rows, int width) const;
+  // Tensor-parallel regions: all-gather rows into `full` (sequence parallel), or nothing.
+  const T* gather_rows(T* full, const T* part, const Geometry& g) const;
+  // Sums the ranks' partial results `full` [tokens, C]: reduce-scatter into `out`'s rows
+  // (sequence parallel), or all-reduce in place. Returns where the summed rows are.
+  const T* reduce_rows(T* out, T* full, const Geometry& g) const;
+  void mark_ready(std::pair<int64_t, int64_t> range) const {
+    if (grads_ready_ && range.second > range.first) grads_ready_(range.first, range.second);
+  }
+  void final_norm_forward(Activations& a, const Geometry& g);
+  // Gathers keys or values [tokens, width] across the context-parallel group into
+  // [batch, full sequence, width] order; scatter_kv_grad is its backward (a reduce-scatter).
+  void gather_kv(T* all, const T* local, const Geometry& g, int width);
+  void scatter_kv_grad(T* local, const T* all, const Geometry& g, int width);
 
   TransformerConfig cfg_;
   int max_batch_;
+  ModelParallel parallel_;
+  std::unique_ptr<Communicator> own_tp_, own_cp_;
+  Communicator *tp_, *cp_;
+  bool sp_;
+  int heads_, groups_, ffn_;             // this rank's query heads, groups, ffn columns
+  int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
+  std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;
   std::vector<double> rope_cos_, rope_sin_;
-  std::vector<Tensor> residual_;  // num_layers + 1 residual streams [N, C]
-  std::vector<LayerActivations> acts_;
-  Tensor final_norm_, final_mean_, final_rstd_;
+  std::vector<std::vector<std::unique_ptr<Activations>>> acts_;  // [chunk][slot]
+  std::function<void(int64_t, int64_t)> grads_ready_;
   // Scratch reused by every layer.
-  Tensor qkv_, d_resid_, d_hidden_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_, dk_raw_;
+  // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
+  // the residual stream.
+  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_,
+      dq_raw_, dk_raw_, dk_all_, dv_all_, kv_gather_;
+  // Flat-buffer ranges, for set_grads_ready_hook: per global layer, the embedding's, the
+  // final norm's and output layer's.
+  std::vector<std::pair<int64_t, int64_t>> layer_ranges_;
+  std::pair<int64_t, int64_t> embedding_range_{0, 0}, head_range_{0, 0};
 };
 
 }  // namespace omni

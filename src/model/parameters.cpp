@@ -14,6 +14,9 @@ ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos) : infos_(std::move(i
     OMNI_CHECK(index_.emplace(p.name, i).second, "[parameters] duplicate name ", p.name);
     p.numel = 1;
     for (int64_t d : p.shape) p.numel *= d;
+    if (p.global_shape.empty()) p.global_shape = p.shape;
+    OMNI_CHECK(p.shard_dim < 2 && p.global_shape.size() == p.shape.size(),
+               "[parameters] bad shard of ", p.name);
     p.offset = offset;
     offset += (p.numel + 15) / 16 * 16;
   }
@@ -34,11 +37,13 @@ void ParameterSet<T>::initialize(uint64_t seed, double std, double scaled_std) {
     T* v = values() + p.offset;
     switch (p.init) {
       case ParamInit::Normal:
-        fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, std);
+      case ParamInit::ScaledNormal: {
+        const double s = p.init == ParamInit::Normal ? std : scaled_std;
+        for_each_run(p, [&](int64_t local, int64_t global, int64_t n) {
+          fill_normal<T>(v + local, n, seed, p.name, global, 0.0, s);
+        });
         break;
-      case ParamInit::ScaledNormal:
-        fill_normal<T>(v, p.numel, seed, p.name, 0, 0.0, scaled_std);
-        break;
+      }
       case ParamInit::Ones:
         std::fill(v, v + p.numel, T(1));
         break;

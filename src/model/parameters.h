@@ -13,9 +13,30 @@ namespace omni {
 
 enum class ParamInit { Normal, ScaledNormal, Ones, Zeros };
 
+// Where a tensor-parallel rank's rows (shard_dim 0) or columns (shard_dim 1) sit in the
+// full tensor: `length` of them from local index `local_start` are the full tensor's from
+// `global_start`. Most shards are one segment; SwiGLU's fused [gate; up] is two.
+struct ShardSegment {
+  int64_t local_start, global_start, length;
+};
+
 struct ParamInfo {
+  ParamInfo() = default;
+  ParamInfo(std::string name, Shape shape, ParamInit init = ParamInit::Normal,
+            bool weight_decay = true)
+      : name(std::move(name)), shape(std::move(shape)), init(init), weight_decay(weight_decay) {}
+
   std::string name;  // Megatron-Core's names, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
-  Shape shape;
+  Shape shape;       // this rank's part
+  // The full tensor's shape (empty: same as shape) and, when tensor parallelism splits it,
+  // the split dimension and this rank's segments along it.
+  Shape global_shape;
+  int shard_dim = -1;
+  std::vector<ShardSegment> segments;
+  // Replicated across tensor-parallel ranks (not split): the gradient norm counts it once.
+  // tp_partial_grad: each rank computes only part of its gradient (sequence-parallel norms,
+  // per-head qk-norms), so the ranks' gradients are summed before use.
+  bool tp_replicated = false, tp_partial_grad = false;
   int64_t offset = 0;  // into the flat buffer, in elements
   int64_t numel = 0;
   ParamInit init = ParamInit::Normal;
@@ -43,14 +64,36 @@ class ParameterSet {
   T* grad_or_null(const std::string& name) const { return has(name) ? grad(name) : nullptr; }
 
   // Megatron's initialisation from the counter-based RNG: each element depends only on
-  // (seed, name, index), whatever the layout. ScaledNormal uses scaled_std.
+  // (seed, name, index in the full tensor), whatever the layout. ScaledNormal uses scaled_std.
   void initialize(uint64_t seed, double std, double scaled_std);
   void zero_grads() { grads_.zero_(); }
+  // Calls f(local_offset, global_index, count) for each run of elements of `p` that is
+  // contiguous both here and in the full tensor (row-major).
+  template <typename F>
+  static void for_each_run(const ParamInfo& p, F&& f);
 
  private:
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, size_t> index_;
   Tensor values_, grads_;
 };
+
+template <typename T>
+template <typename F>
+void ParameterSet<T>::for_each_run(const ParamInfo& p, F&& f) {
+  if (p.shard_dim < 0) {
+    f(int64_t(0), int64_t(0), p.numel);
+    return;
+  }
+  // Elements per row of the split dimension, and (for columns) the rows above it.
+  int64_t inner = 1;
+  for (size_t d = p.shard_dim + 1; d < p.shape.size(); ++d) inner *= p.shape[d];
+  const int64_t outer = p.shard_dim == 0 ? 1 : p.shape[0];
+  const int64_t local_n = p.shape[p.shard_dim], global_n = p.global_shape[p.shard_dim];
+  for (int64_t o = 0; o < outer; ++o)
+    for (const ShardSegment& s : p.segments)
+      f((o * local_n + s.local_start) * inner, (o * global_n + s.global_start) * inner,
+        s.length * inner);
+}
 
 }  // namespace omni

@@ -50,55 +50,60 @@ T* Optimizer<T>::state_buffer(const std::string& name) const {
 }
 
 template <typename T>
+void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
+                     const T* g, T* m, T* v, int64_t n) {
+  const double wd = decay ? cfg.weight_decay : 0.0;
+  switch (cfg.kind) {
+    case OptimizerKind::AdamW:
+    case OptimizerKind::Adam: {
+      const double b1 = cfg.adam_beta1, b2 = cfg.adam_beta2;
+      const double bc1 = 1.0 - std::pow(b1, double(step)), bc2 = 1.0 - std::pow(b2, double(step));
+      const bool decoupled = cfg.kind == OptimizerKind::AdamW;
+      const T tb1 = T(b1), tb2 = T(b2), tlr = T(lr), twd = T(wd), eps = T(cfg.adam_eps);
+      const T step_size = T(lr / bc1), inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        // Adam (L2 regularisation folded into the gradient) vs AdamW (decay applied to
+        // the weights directly: Loshchilov & Hutter, "Decoupled Weight Decay").
+        T grad = decoupled ? g[i] : g[i] + twd * w[i];
+        if (decoupled) w[i] -= tlr * twd * w[i];
+        m[i] = tb1 * m[i] + (T(1) - tb1) * grad;
+        v[i] = tb2 * v[i] + (T(1) - tb2) * grad * grad;
+        w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+      }
+      break;
+    }
+    case OptimizerKind::SGD: {
+      const T mom = T(cfg.sgd_momentum), tlr = T(lr), twd = T(wd);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        T grad = g[i] + twd * w[i];
+        m[i] = mom * m[i] + grad;
+        w[i] -= tlr * m[i];
+      }
+      break;
+    }
+  }
+}
+
+template <typename T>
 void Optimizer<T>::step(ParameterSet<T>& params, double lr) {
   ++step_;
   T* m = m_.template data<T>();
   T* v = v_.defined() ? v_.template data<T>() : nullptr;
-  const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
-  const double bc1 = 1.0 - std::pow(b1, double(step_)), bc2 = 1.0 - std::pow(b2, double(step_));
-  for (const ParamInfo& p : params.infos()) {
-    T* w = params.values() + p.offset;
-    const T* g = params.grads() + p.offset;
-    T* pm = m + p.offset;
-    const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
-    const int64_t n = p.numel;
-    switch (cfg_.kind) {
-      case OptimizerKind::AdamW:
-      case OptimizerKind::Adam: {
-        T* pv = v + p.offset;
-        const bool decoupled = cfg_.kind == OptimizerKind::AdamW;
-        const T tb1 = T(b1), tb2 = T(b2), tlr = T(lr), twd = T(wd), eps = T(cfg_.adam_eps);
-        const T step_size = T(lr / bc1), inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
-#pragma omp parallel for simd schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-          // Adam (L2 regularisation folded into the gradient) vs AdamW (decay applied to
-          // the weights directly: Loshchilov & Hutter, "Decoupled Weight Decay").
-          T grad = decoupled ? g[i] : g[i] + twd * w[i];
-          if (decoupled) w[i] -= tlr * twd * w[i];
-          pm[i] = tb1 * pm[i] + (T(1) - tb1) * grad;
-          pv[i] = tb2 * pv[i] + (T(1) - tb2) * grad * grad;
-          w[i] -= step_size * pm[i] / (std::sqrt(pv[i]) * inv_sqrt_bc2 + eps);
-        }
-        break;
-      }
-      case OptimizerKind::SGD: {
-        const T mom = T(cfg_.sgd_momentum), tlr = T(lr), twd = T(wd);
-#pragma omp parallel for simd schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-          T grad = g[i] + twd * w[i];
-          pm[i] = mom * pm[i] + grad;
-          w[i] -= tlr * pm[i];
-        }
-        break;
-      }
-    }
-  }
+  for (const ParamInfo& p : params.infos())
+    update_elements(cfg_, step_, lr, p.weight_decay, params.values() + p.offset,
+                    params.grads() + p.offset, m + p.offset, v ? v + p.offset : nullptr, p.numel);
 }
 
 template double gradient_norm<float>(const ParameterSet<float>&);
 template double gradient_norm<double>(const ParameterSet<double>&);
 template void scale_gradients<float>(ParameterSet<float>&, double);
 template void scale_gradients<double>(ParameterSet<double>&, double);
+template void update_elements<float>(const OptimizerConfig&, int64_t, double, bool, float*,
+                                     const float*, float*, float*, int64_t);
+template void update_elements<double>(const OptimizerConfig&, int64_t, double, bool, double*,
+                                      const double*, double*, double*, int64_t);
 template class Optimizer<float>;
 template class Optimizer<double>;
 

@@ -28,6 +28,13 @@ double gradient_norm(const ParameterSet<T>& params);
 template <typename T>
 void scale_gradients(ParameterSet<T>& params, double scale);
 
+// One update of n consecutive elements of one parameter (weights w, gradients g, state m
+// and, for Adam, v) at step `step` (1-based). Optimizer and DistributedOptimizer both call
+// it, so a sharded update does the same arithmetic per element as the whole one.
+template <typename T>
+void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
+                     const T* g, T* m, T* v, int64_t n);
+
 template <typename T>
 class Optimizer {
  public:

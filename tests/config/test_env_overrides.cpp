@@ -40,8 +40,15 @@ TEST(EnvOverrides, LauncherVariablesBecomeTheFlagsTheyStandFor) {
 TEST(EnvOverrides, FeaturesNotBuiltYetAreRefusedThroughTheirFlags) {
   Options o;
   EXPECT_THROW(parse_options(flags({{"DTYPE", "bf16"}}), o), UsageError);
-  EXPECT_THROW(parse_options(flags({{"ZERO_STAGE", "1"}}), o), UsageError);
-  EXPECT_THROW(parse_options(flags({{"SP", "1"}}), o), UsageError);
+}
+
+TEST(EnvOverrides, ParallelLayoutVariablesSetTheirFlags) {
+  Options o;
+  parse_options(flags({{"ZERO_STAGE", "1"}}), o);
+  EXPECT_TRUE(o.use_distributed_optimizer);
+  parse_options(flags({{"SP", "1"}, {"TP", "2"}}), o);
+  EXPECT_TRUE(o.sequence_parallel);
+  EXPECT_EQ(o.tensor_model_parallel_size, 2);
 }
 
 TEST(EnvOverrides, BadValuesNameTheVariable) {

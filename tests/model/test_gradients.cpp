@@ -334,11 +334,14 @@ ClassifierResult check_classifier(const ClassifierCase& c, uint64_t seed) {
   r.w = rng.normal(size_t(c.w_rows) * c.hidden);
   const std::vector<int32_t> targets = rng.ints(c.rows, 0, c.vocab - 1);
   const float* mask = c.mask.empty() ? nullptr : c.mask.data();
-  const ops::ClassifierLossArgs args{c.rows, c.hidden, c.vocab, c.grad_scale};
+  ops::ClassifierLossArgs args;
+  args.rows = c.rows, args.hidden = c.hidden, args.vocab = c.vocab, args.grad_scale = c.grad_scale;
+  ops::ClassifierLossArgs unscaled = args;
+  unscaled.grad_scale = 1.0;
   auto objective = [&] {
-    return c.grad_scale *
-           ops::classifier_cross_entropy<double>(nullptr, nullptr, nullptr, r.h.data(), r.w.data(),
-                                                 targets.data(), mask, {c.rows, c.hidden, c.vocab});
+    return c.grad_scale * ops::classifier_cross_entropy<double>(nullptr, nullptr, nullptr,
+                                                                r.h.data(), r.w.data(),
+                                                                targets.data(), mask, unscaled);
   };
   r.dh.assign(r.h.size(), kJunk);
   r.dw_prior = rng.normal(r.w.size());

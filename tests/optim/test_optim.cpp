@@ -67,8 +67,8 @@ TEST(LRSchedule, WsdHoldsThenDecaysOverTheLastIterations) {
 }
 
 omni::ParameterSet<double> two_params() {
-  omni::ParameterSet<double> p({{"w", {2}, 0, 0, omni::ParamInit::Zeros, true},
-                                {"b", {1}, 0, 0, omni::ParamInit::Zeros, false}});
+  omni::ParameterSet<double> p({{"w", {2}, omni::ParamInit::Zeros, true},
+                                {"b", {1}, omni::ParamInit::Zeros, false}});
   p.value("w")[0] = 1.0, p.value("w")[1] = -2.0, p.value("b")[0] = 0.5;
   p.grad("w")[0] = 0.1, p.grad("w")[1] = 0.2, p.grad("b")[0] = -0.3;
   return p;

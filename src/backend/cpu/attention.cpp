@@ -95,43 +95,62 @@ void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, 
   rope_apply(dx, cos, sin, N, seq, nheads, hd, positions, -1.0);
 }
 
+namespace {
+
+// Row i of sequence b attends keys [first_key, last_key] of that sequence.
+int last_key(const AttentionDims& d, int b, int i) {
+  return d.q_index ? d.q_index[static_cast<size_t>(b) * d.seq + i] : i;
+}
+int first_key(const AttentionDims& d, int b, int i) {
+  return d.key_start ? d.key_start[static_cast<size_t>(b) * d.seq + i] : 0;
+}
+// Keys a block of rows [r0, r1) can see: [0, returned).
+int block_keys(const AttentionDims& d, int b, int r0, int r1) {
+  int end = 0;
+  for (int i = r0; i < r1; ++i) end = std::max(end, last_key(d, b, i) + 1);
+  return end;
+}
+
+}  // namespace
+
 template <typename T>
 void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
                        const AttentionDims& d) {
-  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim, hpg = d.heads_per_group();
-  const int ldq = H * hd, ldk = G * hd;
+  const int S = d.seq, SK = d.keys(), H = d.heads, G = d.groups, hd = d.head_dim;
+  const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int bh = 0; bh < d.batch * H; ++bh) {
     const int b = bh / H, h = bh % H, g = h / hpg;
     const T* qb = q + static_cast<size_t>(b) * S * ldq + h * hd;
-    const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
-    const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
+    const T* kb = k + static_cast<size_t>(b) * SK * ldk + g * hd;
+    const T* vb = v + static_cast<size_t>(b) * SK * ldk + g * hd;
     T* ob = out + static_cast<size_t>(b) * S * ldq + h * hd;
-    T* P = probs + static_cast<size_t>(bh) * S * S;
+    T* P = probs + static_cast<size_t>(bh) * S * SK;
     for (int r0 = 0; r0 < S; r0 += kRowBlock) {
       const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
-      T* Pb = P + static_cast<size_t>(r0) * S;
-      gemm<T>(false, true, rows, r1, hd, scale, qb + static_cast<size_t>(r0) * ldq, ldq, kb, ldk,
-              T(0), Pb, S);
+      const int kend = block_keys(d, b, r0, r1);
+      T* Pb = P + static_cast<size_t>(r0) * SK;
+      gemm<T>(false, true, rows, kend, hd, scale, qb + static_cast<size_t>(r0) * ldq, ldq, kb, ldk,
+              T(0), Pb, SK);
       for (int i = r0; i < r1; ++i) {
-        T* row = P + static_cast<size_t>(i) * S;
-        const int j0 = d.key_start ? d.key_start[static_cast<size_t>(b) * S + i] : 0;
+        T* row = P + static_cast<size_t>(i) * SK;
+        const int j0 = first_key(d, b, i), j1 = last_key(d, b, i);
         T mx = std::numeric_limits<T>::lowest();
-        for (int j = j0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int j = j0; j <= j1; ++j) mx = std::max(mx, row[j]);
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int j = j0; j <= i; ++j) {
+        for (int j = j0; j <= j1; ++j) {
           row[j] = std::exp(row[j] - mx);
           sum += row[j];
         }
         const T inv = T(1) / sum;
 #pragma omp simd
-        for (int j = j0; j <= i; ++j) row[j] *= inv;
+        for (int j = j0; j <= j1; ++j) row[j] *= inv;
         std::fill(row, row + j0, T(0));
-        std::fill(row + i + 1, row + S, T(0));
+        std::fill(row + j1 + 1, row + SK, T(0));
       }
-      gemm<T>(false, false, rows, hd, r1, T(1), Pb, S, vb, ldk, T(0),
+      gemm<T>(false, false, rows, hd, kend, T(1), Pb, SK, vb, ldk, T(0),
               ob + static_cast<size_t>(r0) * ldq, ldq);
     }
   }
@@ -143,20 +162,20 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
                         const T* q, const T* k, const T* v, const AttentionDims& d) {
-  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim, hpg = d.heads_per_group();
-  const int ldq = H * hd, ldk = G * hd;
+  const int S = d.seq, SK = d.keys(), H = d.heads, G = d.groups, hd = d.head_dim;
+  const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel
   {
-    std::vector<T> dS(static_cast<size_t>(kRowBlock) * S);
+    std::vector<T> dS(static_cast<size_t>(kRowBlock) * SK);
 #pragma omp for schedule(dynamic, 1)
     for (int bg = 0; bg < d.batch * G; ++bg) {
       const int b = bg / G, g = bg % G;
-      const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
-      const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
-      T* dkb = dk + static_cast<size_t>(b) * S * ldk + g * hd;
-      T* dvb = dv + static_cast<size_t>(b) * S * ldk + g * hd;
-      for (int s = 0; s < S; ++s) {
+      const T* kb = k + static_cast<size_t>(b) * SK * ldk + g * hd;
+      const T* vb = v + static_cast<size_t>(b) * SK * ldk + g * hd;
+      T* dkb = dk + static_cast<size_t>(b) * SK * ldk + g * hd;
+      T* dvb = dv + static_cast<size_t>(b) * SK * ldk + g * hd;
+      for (int s = 0; s < SK; ++s) {
         std::fill(dkb + static_cast<size_t>(s) * ldk, dkb + static_cast<size_t>(s) * ldk + hd,
                   T(0));
         std::fill(dvb + static_cast<size_t>(s) * ldk, dvb + static_cast<size_t>(s) * ldk + hd,
@@ -164,29 +183,31 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       }
       for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
         const size_t qoff = static_cast<size_t>(b) * S * ldq + h * hd;
-        const T* P = probs + (static_cast<size_t>(b) * H + h) * S * S;
+        const T* P = probs + (static_cast<size_t>(b) * H + h) * S * SK;
         for (int r0 = 0; r0 < S; r0 += kRowBlock) {
           const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
-          const T* Pb = P + static_cast<size_t>(r0) * S;
+          const int kend = block_keys(d, b, r0, r1);
+          const T* Pb = P + static_cast<size_t>(r0) * SK;
           const T* dOb = dout + qoff + static_cast<size_t>(r0) * ldq;
-          // dV[0:r1] += P^T dO ; dP = dO V^T
-          gemm<T>(true, false, r1, hd, rows, T(1), Pb, S, dOb, ldq, T(1), dvb, ldk);
-          gemm<T>(false, true, rows, r1, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), S);
+          // dV[0:kend] += P^T dO ; dP = dO V^T
+          gemm<T>(true, false, kend, hd, rows, T(1), Pb, SK, dOb, ldq, T(1), dvb, ldk);
+          gemm<T>(false, true, rows, kend, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), SK);
           for (int i = r0; i < r1; ++i) {
             const T* o = out + qoff + static_cast<size_t>(i) * ldq;
             const T* go = dout + qoff + static_cast<size_t>(i) * ldq;
             T D = 0;
             for (int c = 0; c < hd; ++c) D += go[c] * o[c];
-            const T* p = P + static_cast<size_t>(i) * S;
-            T* ds = dS.data() + static_cast<size_t>(i - r0) * S;
+            const T* p = P + static_cast<size_t>(i) * SK;
+            T* ds = dS.data() + static_cast<size_t>(i - r0) * SK;
+            const int j1 = last_key(d, b, i);
 #pragma omp simd
-            for (int j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - D);
-            std::fill(ds + i + 1, ds + r1, T(0));
+            for (int j = 0; j <= j1; ++j) ds[j] = p[j] * (ds[j] - D);
+            std::fill(ds + j1 + 1, ds + kend, T(0));
           }
-          // dQ = scale dS K ; dK[0:r1] += scale dS^T Q
-          gemm<T>(false, false, rows, hd, r1, scale, dS.data(), S, kb, ldk, T(0),
+          // dQ = scale dS K ; dK[0:kend] += scale dS^T Q
+          gemm<T>(false, false, rows, hd, kend, scale, dS.data(), SK, kb, ldk, T(0),
                   dq + qoff + static_cast<size_t>(r0) * ldq, ldq);
-          gemm<T>(true, false, r1, hd, rows, scale, dS.data(), S,
+          gemm<T>(true, false, kend, hd, rows, scale, dS.data(), SK,
                   q + qoff + static_cast<size_t>(r0) * ldq, ldq, T(1), dkb, ldk);
         }
       }

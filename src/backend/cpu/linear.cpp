@@ -32,6 +32,15 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
 }
 
 template <typename T>
+void add_bias(T* y, const T* bias, int M, int N) {
+#pragma omp parallel for schedule(static)
+  for (int m = 0; m < M; ++m) {
+    T* row = y + static_cast<size_t>(m) * N;
+    for (int n = 0; n < N; ++n) row[n] += bias[n];
+  }
+}
+
+template <typename T>
 void linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w, int M, int K,
                      int N, bool accumulate_dx) {
   if (dx) gemm<T>(false, false, M, K, N, T(1), dy, N, w, K, accumulate_dx ? T(1) : T(0), dx, K);
@@ -73,6 +82,7 @@ double sum_squares(const T* x, size_t n) {
   template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);                \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, bool); \
   template void add<T>(T*, const T*, const T*, size_t);                                            \
+  template void add_bias<T>(T*, const T*, int, int);                                               \
   template double sum_squares<T>(const T*, size_t);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 

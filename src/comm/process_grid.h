@@ -1,0 +1,81 @@
+// ProcessGrid: the world split into Megatron's parallel groups. Ranks are numbered in
+// Megatron's order tp-cp-ep-dp-pp, leftmost varying fastest (with --use-tp-pp-dp-mapping,
+// tp-cp-ep-pp-dp): for world 16, TP 2, PP 2 the tensor-parallel groups are [0,1] [2,3] ...,
+// the data-parallel groups [0,2,4,6] [1,3,5,7] [8,10,12,14] [9,11,13,15] and the pipeline
+// groups [0,8] [1,9] ... [7,15].
+//
+//   omni::ParallelLayout layout{.tp = opts.tensor_model_parallel_size,
+//                               .cp = opts.context_parallel_size,
+//                               .pp = opts.pipeline_model_parallel_size,
+//                               .tp_pp_dp_mapping = opts.use_tp_pp_dp_mapping};
+//   omni::ProcessGrid grid(omni::world_communicator(), layout);  // collective over the world
+//   grid.tp().all_reduce(partial, n);           // row-parallel output
+//   if (grid.is_last_stage()) ...;              // pipeline position
+//   grid.dp_cp()                                // where gradients are reduced
+//   grid.embedding()                            // first + last stage, for tied embeddings
+//
+// Dense layers see data parallelism over every rank that is not TP, CP or PP, as in
+// Megatron-Core; expert parallelism (ep) only has to divide it until MoE layers exist.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace omni {
+
+struct ParallelLayout {
+  int tp = 1, cp = 1, ep = 1, pp = 1;
+  bool tp_pp_dp_mapping = false;
+};
+
+// Checks that the layout fits a world of world_size ranks (UsageError naming the flags
+// and numbers otherwise) and returns the data-parallel size, world / (tp * cp * pp).
+int data_parallel_size(int world_size, const ParallelLayout& layout);
+
+// Every group of one kind, each listing world ranks in ascending order, the groups in
+// Megatron's order. `dims` names the dimensions that vary inside a group, joined by '-':
+// "tp", "cp", "dp", "pp", "dp-cp" (data parallel with context parallel), "tp-pp" (model
+// parallel), ... (as Megatron's RankGenerator.get_ranks).
+std::vector<std::vector<int>> rank_groups(int world_size, const ParallelLayout& layout,
+                                          const std::string& dims);
+
+class ProcessGrid {
+ public:
+  // Collective over `world` (each group is a split of it); `world` must outlive the grid.
+  ProcessGrid(Communicator& world, const ParallelLayout& layout);
+
+  Communicator& world() const { return *world_; }
+  Communicator& tp() const { return *tp_; }
+  Communicator& cp() const { return *cp_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& pp() const { return *pp_; }
+  // Data parallel together with context parallel: Megatron reduces gradients over it.
+  Communicator& dp_cp() const { return *dp_cp_; }
+  // Tensor and pipeline parallel together (Megatron's model-parallel group).
+  Communicator& model_parallel() const { return *mp_; }
+  // The first and last stage of this rank's pipeline, for tied embeddings; a group of this
+  // rank alone when pp == 1 or on a middle stage.
+  Communicator& embedding() const { return *embedding_; }
+
+  const ParallelLayout& layout() const { return layout_; }
+  int tp_rank() const { return tp_->rank(); }
+  int cp_rank() const { return cp_->rank(); }
+  int dp_rank() const { return dp_->rank(); }
+  int pp_rank() const { return pp_->rank(); }
+  int tp_size() const { return layout_.tp; }
+  int cp_size() const { return layout_.cp; }
+  int dp_size() const { return dp_->size(); }
+  int pp_size() const { return layout_.pp; }
+  bool is_first_stage() const { return pp_rank() == 0; }
+  bool is_last_stage() const { return pp_rank() == pp_size() - 1; }
+
+ private:
+  Communicator* world_;
+  ParallelLayout layout_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, mp_, embedding_;
+};
+
+}  // namespace omni

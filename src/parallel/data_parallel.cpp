@@ -1,0 +1,125 @@
+#include "parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace omni {
+
+int64_t default_bucket_size(int group_size) {
+  return std::max<int64_t>(40'000'000, int64_t{1'000'000} * group_size);
+}
+
+template <typename T>
+DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, ParameterSet<T>& params,
+                                            double bucket_size, GradReduce mode)
+    : comm_(group), params_(params), mode_(mode) {
+  OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size,
+               ")");
+  const int64_t target =
+      bucket_size > 0 ? static_cast<int64_t>(bucket_size) : default_bucket_size(group.size());
+  const std::vector<ParamInfo>& infos = params.infos();
+  bucket_of_param_.resize(infos.size());
+  param_ready_.assign(infos.size(), false);
+  // From the last parameter back, closing a bucket at a parameter's start once it is full.
+  int64_t end = params.size();
+  int with_elements = 0;
+  for (size_t i = infos.size(); i-- > 0;) {
+    bucket_of_param_[i] = buckets_.size();
+    with_elements += infos[i].numel > 0;
+    if (i == 0 || end - infos[i].offset >= target) {
+      const int64_t begin = i == 0 ? 0 : infos[i].offset;
+      buckets_.push_back({begin, end, (end - begin) / group.size()});
+      params_in_bucket_.push_back(with_elements);
+      with_elements = 0;
+      end = begin;
+    }
+  }
+  params_pending_ = params_in_bucket_;
+  requests_.resize(buckets_.size());
+  const int64_t r = group.rank(), p = group.size();
+  int64_t reduced = 0;
+  for (const GradBucket& b : buckets_) {
+    shard_.push_back({b.begin + r * b.piece, r == p - 1 ? b.end : b.begin + (r + 1) * b.piece});
+    reduced_offset_.push_back(reduced);
+    reduced += b.piece;
+  }
+  if (mode_ == GradReduce::ReduceScatter) reduced_.resize(reduced);
+}
+
+template <typename T>
+void DataParallelBuckets<T>::start(size_t index) {
+  const GradBucket& b = buckets_[index];
+  const int p = comm_.size();
+  T* g = params_.grads() + b.begin;
+  const int64_t n = b.end - b.begin;
+  if (p > 1) {
+    const T scale = T(1.0 / p);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] *= scale;
+  }
+  std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
+  if (mode_ == GradReduce::AllReduce) {
+    reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
+    return;
+  }
+  if (b.piece > 0)
+    reqs.push_back(
+        comm_.ireduce_scatter(reduced_.data() + reduced_offset_[index], g, b.piece, dtype_of<T>()));
+  if (const int64_t rest = n - p * b.piece; rest > 0)
+    reqs.push_back(comm_.iall_reduce(g + p * b.piece, rest, dtype_of<T>()));
+}
+
+template <typename T>
+void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
+  OMNI_CHECK(0 <= begin && begin <= end && end <= params_.size(), "[ddp] mark_ready(", begin,
+             ", ", end, ") outside the buffer of ", params_.size());
+  const std::vector<ParamInfo>& infos = params_.infos();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const ParamInfo& p = infos[i];
+    if (p.numel == 0 || p.offset >= end || p.offset + p.numel <= begin) continue;
+    OMNI_CHECK(p.offset >= begin && p.offset + p.numel <= end, "[ddp] mark_ready(", begin, ", ",
+               end, ") covers part of ", p.name);
+    OMNI_CHECK(!param_ready_[i], "[ddp] ", p.name, " marked ready twice in one step");
+    param_ready_[i] = true;
+    --params_pending_[bucket_of_param_[i]];
+  }
+  while (next_start_ < buckets_.size() && params_pending_[next_start_] == 0) start(next_start_++);
+  // MPI moves a non-blocking collective's data only inside MPI calls: give it a turn.
+  for (size_t b = 0; b < next_start_; ++b)
+    for (auto& req : requests_[b]) req->test();
+}
+
+template <typename T>
+void DataParallelBuckets<T>::finish() {
+  while (next_start_ < buckets_.size()) start(next_start_++);
+  for (auto& reqs : requests_) {
+    for (auto& req : reqs) req->wait();
+    reqs.clear();
+  }
+  if (mode_ == GradReduce::ReduceScatter) {
+    const int64_t r = comm_.rank();
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      std::memcpy(params_.grads() + buckets_[b].begin + r * buckets_[b].piece,
+                  reduced_.data() + reduced_offset_[b], buckets_[b].piece * sizeof(T));
+  }
+  next_start_ = 0;
+  params_pending_ = params_in_bucket_;
+  std::fill(param_ready_.begin(), param_ready_.end(), false);
+}
+
+template <typename T>
+void DataParallelBuckets<T>::all_gather(T* data) const {
+  const int p = comm_.size(), r = comm_.rank();
+  for (const GradBucket& b : buckets_) {
+    if (b.piece > 0) comm_.all_gather(data + b.begin, data + b.begin + r * b.piece, b.piece);
+    if (const int64_t rest = b.end - b.begin - p * b.piece; rest > 0)
+      comm_.broadcast(data + b.begin + p * b.piece, rest * sizeof(T), p - 1);
+  }
+}
+
+template class DataParallelBuckets<float>;
+template class DataParallelBuckets<double>;
+
+}  // namespace omni

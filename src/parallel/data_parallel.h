@@ -1,0 +1,92 @@
+// Data-parallel gradient reduction in buckets over a ParameterSet's flat gradient buffer,
+// as Megatron-Core's DistributedDataParallel does it.
+//
+//   omni::DataParallelBuckets<float> ddp(grid.dp_cp(), model.params(), opts.ddp_bucket_size,
+//                                        omni::GradReduce::AllReduce);  // ReduceScatter with
+//                                                                       // the distributed optimizer
+//   ... micro-batches; on the LAST micro-batch of the step, as each layer's backward has
+//   written its final gradients:
+//   ddp.mark_ready(first_offset, end_offset);   // may start a bucket's collective at once
+//   ddp.finish();  // starts what is left, waits; gradients are now averaged over the group
+//
+// Buckets are laid from the END of the buffer (backward produces the last layers' gradients
+// first) and close at parameter boundaries once they hold `bucket_size` elements (Megatron's
+// rule; 0 means Megatron's default, max(40M, 1M x group size) elements). Buckets start in
+// that fixed order whatever order mark_ready is called in, so every rank issues the same
+// collectives in the same order. Before its collective a bucket is multiplied by
+// 1/group size (Megatron's gradient_scaling_factor: scale, then sum), so the result is the
+// average over the data-parallel (x context-parallel) ranks.
+//
+// ReduceScatter mode (the distributed optimizer): each bucket of L elements is split into
+// group-size pieces of q = L / size elements; rank r owns [begin + r q, begin + (r+1) q) and
+// the last rank also the remainder up to the bucket's end (fewer than `size` elements, summed
+// by a small all-reduce), so no bucket needs padding. After finish() each rank's own ranges
+// of the gradient buffer hold the averaged gradients; the rest of the buffer holds this
+// rank's unreduced values. all_gather() then spreads every rank's ranges of a buffer (the
+// updated parameters, or optimizer state for a checkpoint) to all ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/parameters.h"
+
+namespace omni {
+
+enum class GradReduce { AllReduce, ReduceScatter };
+
+struct GradBucket {
+  int64_t begin = 0, end = 0;  // elements of the flat buffer
+  int64_t piece = 0;           // (end - begin) / group size: each rank's share but the remainder
+};
+
+// A contiguous range of the flat buffer that this rank owns.
+struct ShardRange {
+  int64_t begin = 0, end = 0;
+};
+
+// Megatron-Core's default bucket size for a data-parallel group of `group_size` ranks.
+int64_t default_bucket_size(int group_size);
+
+template <typename T>
+class DataParallelBuckets {
+ public:
+  // `group` and `params` must outlive this object. bucket_size: elements (--ddp-bucket-size).
+  DataParallelBuckets(Communicator& group, ParameterSet<T>& params, double bucket_size,
+                      GradReduce mode);
+
+  // Gradients of [begin, end) (whole parameters) are final for this step.
+  void mark_ready(int64_t begin, int64_t end);
+  // Starts every bucket not yet started, waits for all and resets for the next step.
+  void finish();
+
+  // Buckets in the order their collectives start (from the end of the buffer).
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  // This rank's ranges (one per bucket, possibly empty), in bucket order.
+  const std::vector<ShardRange>& shard() const { return shard_; }
+  // Every rank's shard ranges of `data` (a buffer laid out like the parameters) to every
+  // rank; collective over the group. Used for parameters after a sharded update.
+  void all_gather(T* data) const;
+  Communicator& group() const { return comm_; }
+  GradReduce mode() const { return mode_; }
+
+ private:
+  void start(size_t bucket);
+
+  Communicator& comm_;
+  ParameterSet<T>& params_;
+  GradReduce mode_;
+  std::vector<GradBucket> buckets_;
+  std::vector<ShardRange> shard_;
+  std::vector<size_t> bucket_of_param_;  // by index into params.infos()
+  std::vector<int> params_in_bucket_, params_pending_;  // with elements, per bucket
+  std::vector<bool> param_ready_;
+  size_t next_start_ = 0;
+  std::vector<std::vector<std::unique_ptr<CommRequest>>> requests_;  // per bucket
+  std::vector<T> reduced_;                  // ReduceScatter: each bucket's piece, in bucket order
+  std::vector<int64_t> reduced_offset_;     // per bucket, into reduced_
+};
+
+}  // namespace omni

@@ -1,0 +1,99 @@
+#include "parallel/pipeline.h"
+
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "base/error.h"
+#include "parallel/schedules.h"
+
+namespace omni {
+
+namespace {
+// Message tags: activations go forward, gradients backward; between two ranks each kind
+// arrives in the order it was sent, which is the order the schedule consumes it.
+constexpr int kActivationTag = 1, kGradientTag = 2;
+}  // namespace
+
+template <typename T>
+PipelineExecutor<T>::PipelineExecutor(GPTModel<T>& model, Communicator& pp)
+    : model_(model), pp_(pp) {}
+
+template <typename T>
+double PipelineExecutor<T>::run(int num_microbatches,
+                                const std::function<const MicroBatch&(int)>& batch, bool train,
+                                double grad_scale) {
+  const int pp = pp_.size(), rank = pp_.rank(), vp = model_.num_chunks();
+  const int C = model_.config().hidden_size;
+  const int last_stage = pp * vp - 1;
+  // Neighbours of chunk c: virtual stage s = c * pp + rank.
+  auto stage = [&](int chunk) { return chunk * pp + rank; };
+  const int next = (rank + 1) % pp, prev = (rank + pp - 1) % pp;
+
+  std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro-batch) -> activation slot
+  std::vector<std::vector<int>> free_slots(vp);
+  std::vector<int> slots_used(vp, 0);
+  auto take_slot = [&](int chunk, int m) {
+    int s;
+    if (free_slots[chunk].empty()) {
+      s = slots_used[chunk]++;
+    } else {
+      s = free_slots[chunk].back();
+      free_slots[chunk].pop_back();
+    }
+    slot_of[{chunk, m}] = s;
+    return s;
+  };
+
+  std::deque<std::vector<T>> send_buffers;
+  std::vector<std::unique_ptr<CommRequest>> sends;
+  auto send = [&](const T* data, size_t n, int peer, int tag) {
+    send_buffers.emplace_back(data, data + n);
+    sends.push_back(pp_.isend(send_buffers.back().data(), n * sizeof(T), peer, tag));
+  };
+  std::vector<T> received;
+
+  double loss_sum = 0;
+  for (const PipelineOp& op : pipeline_schedule(pp, rank, num_microbatches, vp, !train)) {
+    const MicroBatch& mb = batch(op.microbatch);
+    const size_t n = size_t(model_.stage_rows(mb)) * C;
+    const int s = stage(op.chunk);
+    if (op.pass == PipelinePass::Forward) {
+      const T* input = nullptr;
+      if (s > 0) {
+        received.resize(n);
+        pp_.recv(received.data(), n * sizeof(T), prev, kActivationTag);
+        input = received.data();
+      }
+      double loss = 0;
+      const T* out = model_.chunk_forward(op.chunk, take_slot(op.chunk, op.microbatch), mb, input,
+                                          train, grad_scale, &loss);
+      if (s == last_stage) {
+        loss_sum += loss;
+      } else {
+        send(out, n, next, kActivationTag);
+      }
+      if (!train) free_slots[op.chunk].push_back(slot_of[{op.chunk, op.microbatch}]);
+    } else {
+      const T* grad = nullptr;
+      if (s < last_stage) {
+        received.resize(n);
+        pp_.recv(received.data(), n * sizeof(T), next, kGradientTag);
+        grad = received.data();
+      }
+      const int slot = slot_of.at({op.chunk, op.microbatch});
+      model_.set_grads_ready_hook(op.microbatch == num_microbatches - 1 ? grads_ready_ : nullptr);
+      const T* d_input = model_.chunk_backward(op.chunk, slot, mb, grad);
+      model_.set_grads_ready_hook(nullptr);
+      free_slots[op.chunk].push_back(slot);
+      if (s > 0) send(d_input, n, prev, kGradientTag);
+    }
+  }
+  for (auto& r : sends) r->wait();
+  return loss_sum;
+}
+
+template class PipelineExecutor<float>;
+template class PipelineExecutor<double>;
+
+}  // namespace omni

@@ -1,0 +1,47 @@
+// Runs one step's micro-batches through this rank's pipeline stages in the order
+// parallel/schedules.h gives (no pipelining, 1F1B or interleaved 1F1B), handing
+// activations forward and gradients backward to the neighbouring stages: receives block,
+// sends do not (their buffers are kept until the step ends). With one pipeline rank the
+// same code runs F0 B0 F1 B1 ... with no communication.
+//
+//   PipelineExecutor<float> pipe(model, grid.pp(), virtual_size);
+//   pipe.set_grads_ready_hook(hook);   // data-parallel buckets: last micro-batch only
+//   double loss_sum = pipe.run(M, [&](int m) -> const MicroBatch& { ... }, true, 1.0 / M);
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/gpt_model.h"
+
+namespace omni {
+
+template <typename T>
+class PipelineExecutor {
+ public:
+  // `model` holds this rank's chunks (model.num_chunks() == virtual_size); `pp` is the
+  // pipeline group. Both must outlive the executor.
+  PipelineExecutor(GPTModel<T>& model, Communicator& pp);
+
+  // Forward (and with `train`, backward) of micro-batches 0 .. num_microbatches-1, where
+  // batch(m) gives micro-batch m (every stage asks for it; the first stage reads its tokens,
+  // the last its labels). Gradients of grad_scale * each micro-batch's mean loss are added
+  // to the model's gradients. Returns the sum of the micro-batches' mean losses on the last
+  // stage, 0 on the others.
+  double run(int num_microbatches, const std::function<const MicroBatch&(int)>& batch,
+             bool train, double grad_scale);
+  // Passed to the model during the backward of the last micro-batch of each chunk only:
+  // the gradients it marks ready are final for the step.
+  void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) {
+    grads_ready_ = std::move(hook);
+  }
+
+ private:
+  GPTModel<T>& model_;
+  Communicator& pp_;
+  std::function<void(int64_t, int64_t)> grads_ready_;
+};
+
+}  // namespace omni
