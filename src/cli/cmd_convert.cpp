@@ -72,12 +72,8 @@ int convert(const std::vector<std::string>& raw_args) {
   load_checkpoint_model_options(opts.load, opts);
   parse_options(args, opts);  // flags on the command line win
   opts.model.validate();
-  // Convert runs no forward pass: build the parameters at sequence length 1 (the position
-  // table keeps its rows), so no activation memory of the full length is allocated.
-  TransformerConfig shape = opts.model;
-  shape.max_position_embeddings = opts.model.max_positions();
-  shape.seq_length = 1;
-  GPTModel<float> model(shape, 1, static_cast<uint64_t>(opts.seed));
+  // Activation memory is allocated on a model's first forward pass, which convert never runs.
+  GPTModel<float> model(opts.model, 1, static_cast<uint64_t>(opts.seed));
   load_checkpoint(opts.load, model.params(), nullptr);
   const long long params = (long long)opts.model.num_parameters();
   if (to == "hf") {
