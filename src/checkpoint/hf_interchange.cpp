@@ -341,6 +341,9 @@ const ParamInfo& our_param(const TensorMapping& m, const ParameterSet<float>& pa
   OMNI_REQUIRE(params.has(m.ours), source, ": the model has no parameter ", m.ours, " for ",
                m.pieces[0].name, " (another architecture than config.json describes?)");
   const ParamInfo& p = params.info(m.ours);
+  OMNI_REQUIRE(p.shard_dim < 0, source, ": parameter ", m.ours,
+               " is split across tensor-parallel ranks; Hugging Face weights are converted at "
+               "--tensor-model-parallel-size 1 only, for now");
   const int64_t rows = m.stacked_rows(), cols = m.pieces[0].cols;
   const bool ok = cols == 0 ? p.shape == Shape{rows}
                             : p.shape.size() == 2 && p.shape[1] == cols &&
