@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "checkpoint/hf_interchange.h"
 
 namespace omni {
 
@@ -26,6 +27,7 @@ namespace {
 constexpr const char* kMagic = "omnitron-checkpoint 1";
 constexpr const char* kModelFile = "model.bin";
 constexpr const char* kOptimizerFile = "optimizer.bin";
+constexpr const char* kNoOptimizer = "none";  // a model-only checkpoint
 
 // CRC-32 (IEEE 802.3, as zlib computes it) of the data files, so a flipped byte is a clean
 // error rather than a silently different model.
@@ -311,9 +313,12 @@ std::string latest_iteration_file(const std::string& root) {
   return root + "/latest_checkpointed_iteration.txt";
 }
 
-std::string save_checkpoint(const std::string& root, const Options& opts,
-                            const TrainingProgress& progress, const ParameterSet<float>& params,
-                            const Optimizer<float>& optimizer) {
+namespace {
+
+// Writes a checkpoint; without an optimizer it holds the model alone ("optimizer none").
+std::string write_checkpoint(const std::string& root, const Options& opts,
+                             const TrainingProgress& progress, const ParameterSet<float>& params,
+                             const Optimizer<float>* optimizer) {
   std::error_code ec;
   fs::create_directories(root, ec);
   OMNI_REQUIRE(!ec, "--save: cannot create directory '", root, "': ", ec.message());
@@ -328,7 +333,8 @@ std::string save_checkpoint(const std::string& root, const Options& opts,
      << "iteration " << progress.iteration << "\n"
      << "consumed_samples " << progress.consumed_samples << "\n"
      << "lr_schedule_iteration " << progress.iteration << "\n"
-     << "optimizer " << optimizer_name(optimizer.kind()) << ' ' << optimizer.steps() << "\n"
+     << "optimizer " << (optimizer ? optimizer_name(optimizer->kind()) : kNoOptimizer) << ' '
+     << (optimizer ? optimizer->steps() : 0) << "\n"
      << "rng none\n";
   const std::vector<std::string> args = resolved_args(opts);
   md << "args " << args.size() << "\n";
@@ -348,8 +354,8 @@ std::string save_checkpoint(const std::string& root, const Options& opts,
     model_chunks.emplace_back(params.values() + p.offset, p.numel * sizeof(float));
     model_bytes += p.numel * int64_t(sizeof(float));
   }
-  for (const std::string& state : optimizer.state_names()) {
-    const float* buffer = optimizer.state_buffer(state);
+  for (const std::string& state : optimizer ? optimizer->state_names() : std::vector<std::string>{}) {
+    const float* buffer = optimizer->state_buffer(state);
     for (const ParamInfo& p : params.infos()) {
       entry("optimizer." + state + "." + p.name, kOptimizerFile, optim_bytes, p.shape);
       optim_chunks.emplace_back(buffer + p.offset, p.numel * sizeof(float));
@@ -363,12 +369,12 @@ std::string save_checkpoint(const std::string& root, const Options& opts,
     md << "file " << name << " bytes " << bytes << " crc32 " << std::hex << crc << std::dec << "\n";
   };
   file_line(kModelFile, model_bytes, model_chunks);
-  file_line(kOptimizerFile, optim_bytes, optim_chunks);
+  if (optimizer) file_line(kOptimizerFile, optim_bytes, optim_chunks);
   md << "end\n";
   const std::string md_text = md.str();
 
   write_synced(tmp_dir + "/" + kModelFile, model_chunks);
-  write_synced(tmp_dir + "/" + kOptimizerFile, optim_chunks);
+  if (optimizer) write_synced(tmp_dir + "/" + kOptimizerFile, optim_chunks);
   write_synced(tmp_dir + "/metadata.txt", {{md_text.data(), md_text.size()}});
   sync_directory(tmp_dir);
 
@@ -391,7 +397,21 @@ std::string save_checkpoint(const std::string& root, const Options& opts,
   return final_dir;
 }
 
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const Options& opts,
+                            const TrainingProgress& progress, const ParameterSet<float>& params,
+                            const Optimizer<float>& optimizer) {
+  return write_checkpoint(root, opts, progress, params, &optimizer);
+}
+
+std::string save_model_checkpoint(const std::string& root, const Options& opts,
+                                  const ParameterSet<float>& params) {
+  return write_checkpoint(root, opts, {}, params, nullptr);
+}
+
 int64_t latest_checkpoint_iteration(const std::string& root) {
+  if (is_hf_model_dir(root)) return 0;
   const std::string path = latest_iteration_file(root);
   std::ifstream in(path);
   OMNI_REQUIRE(in, "--load: cannot open '", path,
@@ -411,6 +431,7 @@ int64_t latest_checkpoint_iteration(const std::string& root) {
 }
 
 void load_checkpoint_model_options(const std::string& root, Options& opts) {
+  if (is_hf_model_dir(root)) return load_hf_model_options(root, opts);
   const Metadata md = read_metadata(root);
   std::vector<std::string> model_args;
   for (size_t i = 0; i < md.args.size(); ++i) {
@@ -428,12 +449,16 @@ void load_checkpoint_model_options(const std::string& root, Options& opts) {
 
 TrainingProgress load_checkpoint(const std::string& root, ParameterSet<float>& params,
                                  Optimizer<float>* optimizer) {
+  if (is_hf_model_dir(root)) {
+    load_hf_weights(root, params);
+    return {};
+  }
   const Metadata md = read_metadata(root);
   const std::string dir = checkpoint_iteration_dir(root, md.progress.iteration);
   verify_file(md, dir, kModelFile);
   for (const ParamInfo& p : params.infos())
     read_tensor(md, dir, p.name, p.shape, params.values() + p.offset);
-  if (optimizer) {
+  if (optimizer && md.optimizer != kNoOptimizer) {
     OMNI_REQUIRE(md.optimizer == optimizer_name(optimizer->kind()), "--load: '", md.path,
                  "' holds the state of optimizer ", md.optimizer, " but --optimizer is ",
                  optimizer_name(optimizer->kind()), " (add --no-load-optim to start it afresh)");

@@ -12,11 +12,17 @@
 //                    file NAME bytes N crc32 HEX
 //                  and closed by `end`.
 //   model.bin      the parameters, each tensor's values contiguous (no padding).
-//   optimizer.bin  the optimizer state by PyTorch's names, "optimizer.exp_avg.<param>".
+//   optimizer.bin  the optimizer state by PyTorch's names, "optimizer.exp_avg.<param>";
+//                  absent from a model-only checkpoint (`optimizer none 0`, as
+//                  `omnitron convert` writes one), whose loader starts the optimizer afresh.
 // A save is written to ROOT/iter_NNNNNNN.tmp, each file fsync'd, the directory renamed
 // into place and only then latest_checkpointed_iteration.txt replaced (temporary + rename):
 // a crash at any moment leaves the previous checkpoint the latest and intact
 // (DESIGN.md invariant 6).
+//
+// Every loading function also accepts a Hugging Face model directory (config.json +
+// safetensors, see hf_interchange.h) as `root`: it reads as a model-only checkpoint at
+// iteration 0 whose options come from config.json.
 //
 // There is no RNG state to store: initialisation and data order are pure functions of
 // --seed and the consumed-sample count, and dropout is not built; --no-load-rng is accepted.
@@ -45,15 +51,23 @@ std::string save_checkpoint(const std::string& root, const Options& opts,
                             const TrainingProgress& progress, const ParameterSet<float>& params,
                             const Optimizer<float>& optimizer);
 
-// The iteration named by ROOT/latest_checkpointed_iteration.txt.
+// Writes a model-only checkpoint (iteration 0, no optimizer state) under `root`.
+std::string save_model_checkpoint(const std::string& root, const Options& opts,
+                                  const ParameterSet<float>& params);
+
+// The iteration named by ROOT/latest_checkpointed_iteration.txt (0 for a Hugging Face
+// model directory).
 int64_t latest_checkpoint_iteration(const std::string& root);
 
 // Sets the model's architecture options in `opts` from the latest checkpoint under `root`
-// (the options stored with it), so the model can be built before loading.
+// (the options stored with it; for a Hugging Face directory, those config.json maps to,
+// replacing the architecture in `opts` but for --make-vocab-size-divisible-by), so the
+// model can be built before loading.
 void load_checkpoint_model_options(const std::string& root, Options& opts);
 
 // Loads the latest checkpoint under `root` into `params`, and into `optimizer` (state and
-// step count) unless it is null; returns where training stood. Every failure (missing or
+// step count) unless it is null or the checkpoint is model-only; returns where training
+// stood. Every failure (missing or
 // truncated files, a tensor whose shape differs from the model's) is a UsageError naming
 // the file, the tensor and the shapes.
 TrainingProgress load_checkpoint(const std::string& root, ParameterSet<float>& params,
