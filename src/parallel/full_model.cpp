@@ -33,9 +33,11 @@ void take_slices(const ParameterSet<float>& full_params, const float* full,
 }
 
 void put_slices(const ParameterSet<float>& local_params, const float* local,
-                const ParameterSet<float>& full_params, float* full, bool skip_word_embeddings) {
+                const ParameterSet<float>& full_params, float* full, bool skip_word_embeddings,
+                bool skip_replicated) {
   for (const ParamInfo& p : local_params.infos()) {
     if (skip_word_embeddings && p.name == "embedding.word_embeddings.weight") continue;
+    if (skip_replicated && p.tp_replicated) continue;
     for_each_slice(p, full_params.info(p.name), [&](int64_t l, int64_t g, int64_t n) {
       std::copy_n(local + l, n, full + g);
     });

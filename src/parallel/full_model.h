@@ -14,9 +14,11 @@ namespace omni {
 // optimizer state).
 void take_slices(const ParameterSet<float>& full_params, const float* full,
                  const ParameterSet<float>& local_params, float* local);
-// The reverse: writes this rank's slices into `full` (other elements untouched). With
-// skip_word_embeddings, the word embeddings are left out (the last pipeline stage's copy).
+// The reverse: writes this rank's slices into `full` (other elements untouched). Left out:
+// with skip_word_embeddings the word embeddings (the last pipeline stage's copy), with
+// skip_replicated the tensors every tensor-parallel rank holds whole (one rank writes them).
 void put_slices(const ParameterSet<float>& local_params, const float* local,
-                const ParameterSet<float>& full_params, float* full, bool skip_word_embeddings);
+                const ParameterSet<float>& full_params, float* full, bool skip_word_embeddings,
+                bool skip_replicated);
 
 }  // namespace omni

@@ -69,7 +69,8 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                                              static_cast<uint64_t>(opts.seed), mp);
   pipeline_ = std::make_unique<PipelineExecutor<float>>(*model_, grid_->pp());
   ParameterSet<float>& params = model_->params();
-  if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights) {
+  if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights &&
+      params.has("embedding.word_embeddings.weight")) {
     const ParamInfo& e = params.info("embedding.word_embeddings.weight");
     shared_embedding_ = {e.offset, e.offset + e.numel};
   }
@@ -165,7 +166,8 @@ std::string Trainer::save(MetricsSink& sink) {
     const bool skip_shared = shared_embedding_.second > 0 && !grid_->is_first_stage();
     auto assemble = [&](const float* local, float* whole) {
       std::fill(whole, whole + full.params().size(), 0.0f);
-      if (owner) put_slices(params, local, full.params(), whole, skip_shared);
+      if (owner)
+        put_slices(params, local, full.params(), whole, skip_shared, grid_->tp_rank() != 0);
       world.all_reduce(whole, size_t(full.params().size()));
     };
     assemble(params.values(), full.params().values());

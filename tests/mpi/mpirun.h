@@ -1,0 +1,33 @@
+// Runs a program under mpirun (oversubscribed: this machine may have fewer cores than
+// ranks), bounded by `timeout 60` so that a hang shows as exit status 124.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+struct MpiRun {
+  int exit_code;
+  std::string output;
+  double seconds;
+};
+
+inline MpiRun mpirun(int ranks, const std::string& program_and_args,
+                     const std::string& mpirun_flags = "") {
+  const std::string cmd =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 10 60 " +
+      std::string(OMNITRON_MPIRUN) + " -np " + std::to_string(ranks) + " --oversubscribe " +
+      mpirun_flags + " " + program_and_args + " 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, seconds};
+}

@@ -1,0 +1,154 @@
+// The layouts, trained by the omnitron binary under mpirun for 20 steps on tiny
+// GPT-2 and Llama configurations, against the same run on one process: the per-step
+// losses (from --metrics-file) within 1e-5 relative, and the final parameters (from the
+// checkpoints, which are the one-rank model's whatever the layout) within 1e-4 of the
+// largest: Adam turns rounding-level gradient differences of near-zero gradients into
+// sign-level update differences, so parameters drift apart faster than losses. The largest
+// differences are printed.
+#ifdef OMNITRON_MPI_CHECK
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint/checkpoint.h"
+#include "cli/process.h"
+#include "config/options.h"
+#include "model/gpt_model.h"
+#include "mpirun.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kCommon =
+    "--mock-data --vocab-size 64 --num-layers 8 --hidden-size 32 --seq-length 16 "
+    "--micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3 --log-interval 1 "
+    "--eval-interval 0 --eval-iters 0 --make-vocab-size-divisible-by 8 --seed 5 "
+    "--max-new-tokens 0 --no-progress ";
+const std::map<std::string, std::string> kModels = {
+    {"gpt2", kCommon + "--num-attention-heads 4"},
+    {"llama", kCommon + "--num-attention-heads 8 --group-query-attention --num-query-groups 4 "
+                        "--normalization RMSNorm --swiglu --ffn-hidden-size 48 "
+                        "--position-embedding-type rope --disable-bias-linear "
+                        "--untie-embeddings-and-output-weights"}};
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<float> params;
+};
+
+std::vector<double> losses_of(const fs::path& metrics) {
+  std::vector<double> losses;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"lm_loss\":");
+    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 10)));
+  }
+  return losses;
+}
+
+std::vector<float> params_of(const std::string& model_flags, const fs::path& ckpt) {
+  Options o;
+  std::vector<std::string> args;
+  std::istringstream in(model_flags);
+  for (std::string a; in >> a;) args.push_back(a);
+  parse_options(args, o);
+  finalize(o);
+  GPTModel<float> m(o.model, 1, 1);
+  load_checkpoint(ckpt.string(), m.params(), nullptr);
+  return std::vector<float>(m.params().values(), m.params().values() + m.params().size());
+}
+
+fs::path run_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("omnitron_layouts_" + std::to_string(getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Trained train(const std::string& model, int ranks, const std::string& layout) {
+  std::string name = model + "_" + std::to_string(ranks) + layout;
+  name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
+  const fs::path dir = run_dir(name);
+  const std::string args = "train " + kModels.at(model) + " " + layout + " --metrics-file " +
+                           (dir / "metrics.jsonl").string() + " --save " + (dir / "ckpt").string();
+  if (ranks == 1) {
+    const ProcessResult r = run_omnitron_env("OMP_NUM_THREADS=1", args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  } else {
+    const MpiRun r = mpirun(ranks, std::string(OMNITRON_BINARY) + " " + args, "-x OMP_NUM_THREADS=1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+  return {losses_of(dir / "metrics.jsonl"), params_of(kModels.at(model), dir / "ckpt")};
+}
+
+const Trained& reference(const std::string& model) {
+  static std::map<std::string, Trained> cache;
+  auto it = cache.find(model);
+  if (it == cache.end()) it = cache.emplace(model, train(model, 1, "")).first;
+  return it->second;
+}
+
+struct Case {
+  const char* name;
+  int ranks;
+  const char* flags;
+};
+
+class Layouts : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
+
+TEST_P(Layouts, MatchTheSingleProcessRun) {
+  const auto& [model, c] = GetParam();
+  const Trained& ref = reference(model);
+  const Trained got = train(model, c.ranks, c.flags);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  double worst_loss = 0;
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    worst_loss = std::max(worst_loss, std::abs(got.losses[i] - ref.losses[i]) / ref.losses[i]);
+  ASSERT_EQ(got.params.size(), ref.params.size());
+  double worst_param = 0, largest = 0;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    worst_param = std::max(worst_param, double(std::abs(got.params[i] - ref.params[i])));
+    largest = std::max(largest, double(std::abs(ref.params[i])));
+  }
+  std::printf("%s %s: largest loss difference %.3g (relative), parameter %.3g (of max |p| %.3g)\n",
+              model.c_str(), c.name, worst_loss, worst_param, largest);
+  EXPECT_LE(worst_loss, 1e-5);
+  EXPECT_LE(worst_param, 1e-4 * largest);
+}
+
+const Case kCases[] = {
+    {"dp2", 2, ""},
+    {"dp2_distributed_optimizer", 2, "--use-distributed-optimizer"},
+    {"tp2", 2, "--tensor-model-parallel-size 2"},
+    {"tp4", 4, "--tensor-model-parallel-size 4"},
+    {"tp2_sequence_parallel", 2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+    {"pp2", 2, "--pipeline-model-parallel-size 2"},
+    {"pp4_virtual", 4,
+     "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1"},
+    {"cp2", 2, "--context-parallel-size 2"},
+    {"tp2_pp2_dp2", 8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Mpi, Layouts,
+    ::testing::Combine(::testing::Values("gpt2", "llama"), ::testing::ValuesIn(kCases)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+    });
+
+}  // namespace
+}  // namespace omni
+
+#endif  // OMNITRON_MPI_CHECK
