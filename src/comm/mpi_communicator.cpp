@@ -287,10 +287,15 @@ std::unique_ptr<Communicator> make_mpi_world(size_t max_count) {
     check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", max_count, false);
-  const int slurm_tasks = env_int("SLURM_STEP_NUM_TASKS");
-  OMNI_REQUIRE(world->size() > 1 || slurm_tasks <= 1, "srun started ", slurm_tasks,
-               " tasks (SLURM_STEP_NUM_TASKS) but MPI sees one rank, so each would train alone: "
-               "start them with srun --mpi=pmix (or pmi2), or with mpirun; see docs/launching.md");
+  // A launcher that announced several ranks while MPI sees one: an MPI other than the
+  // launcher's, or srun without an MPI plugin. Each rank would train alone.
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+    const int announced = env_int(var);
+    OMNI_REQUIRE(world->size() > 1 || announced <= 1, "the launcher started ", announced,
+                 " ranks (", var, "=", announced, ") but MPI sees one, so each would train "
+                 "alone: with srun add --mpi=pmix (or pmi2); with mpirun use the MPI omnitron "
+                 "was built with; see docs/launching.md");
+  }
   return world;
 }
 

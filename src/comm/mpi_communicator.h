@@ -14,8 +14,8 @@ namespace omni {
 
 // MPI_COMM_WORLD, initialising MPI (MPI_THREAD_FUNNELED: only the main thread calls MPI) on
 // first use and finalizing it at exit. Calls on more than max_count elements are split into
-// several (MPI counts are ints). UsageError when Slurm announced several tasks and MPI sees
-// one (srun without an MPI plugin would make every task train alone).
+// several (MPI counts are ints). UsageError when the launcher announced several ranks and
+// MPI sees one (srun without an MPI plugin, or another MPI's mpirun: each would train alone).
 std::unique_ptr<Communicator> make_mpi_world(size_t max_count = INT_MAX);
 
 // With MPI initialised and more than one rank: MPI_Abort(MPI_COMM_WORLD, code), which ends

@@ -9,6 +9,10 @@
 //   ddp.mark_ready(first_offset, end_offset);   // may start a bucket's collective at once
 //   ddp.finish();  // starts what is left, waits; gradients are now averaged over the group
 //
+// Mark a parameter only when nothing more will be added to its gradient this step (a tied
+// embedding: after the input embedding's backward, not the output layer's): its bucket may
+// be scaled and sent at once.
+//
 // Buckets are laid from the END of the buffer (backward produces the last layers' gradients
 // first) and close at parameter boundaries once they hold `bucket_size` elements (Megatron's
 // rule; 0 means Megatron's default, max(40M, 1M x group size) elements). Buckets start in

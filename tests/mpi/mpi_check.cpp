@@ -239,9 +239,15 @@ int main(int argc, char** argv) {
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::exception& e) {
-    const Communicator& world = omni::world_communicator();
-    std::fprintf(stderr, "omnitron_mpi_check [rank %d of %d]: error: %s\n", world.rank(),
-                 world.size(), e.what());
+    std::string where;
+    try {
+      const Communicator& world = omni::world_communicator();
+      where = " [rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) +
+              "]";
+    } catch (const std::exception&) {
+      // The world itself did not start; the message says why.
+    }
+    std::fprintf(stderr, "omnitron_mpi_check%s: error: %s\n", where.c_str(), e.what());
     omni::abort_world(2);
     return 2;
   }
