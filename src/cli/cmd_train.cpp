@@ -189,8 +189,8 @@ int train(const std::vector<std::string>& raw_args) {
     OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
     opts.metrics_file.clear();
     opts.tensorboard_dir.clear();
-    opts.progress = false;
   }
+  if (world.size() > 1) opts.progress = false;  // mpirun's output is a log, not a terminal
   for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
   check_device(opts);
 

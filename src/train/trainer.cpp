@@ -309,8 +309,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
   const double flops_per_iter = megatron_flops_per_iteration(opts_.model, opts_.global_batch_size);
   const double tokens_per_iter = double(opts_.global_batch_size) * opts_.model.seq_length;
   const auto run_start = clock::now();
-  double window_loss = 0, window_seconds = 0, train_seconds = 0;
-  int window_iters = 0;
+  double train_seconds = 0;
   result.first_iteration = iteration_ + 1;
   for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
     const auto t0 = clock::now();
@@ -319,31 +318,25 @@ TrainResult Trainer::run(MetricsSink& sink) {
     iteration_ = it;
     const double step_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += step_seconds;
-    window_seconds += step_seconds;
     result.train_losses.push_back(loss);
     result.step_seconds.push_back(step_seconds);
-    window_loss += loss;
-    ++window_iters;
     sink.progress(it, opts_.train_iters, loss, step_seconds);
 
+    // Every step is reported; the sink averages them over --log-interval (and writes
+    // TensorBoard every --tensorboard-log-interval), as Megatron's training_log does.
     StepMetrics m;
     m.iteration = it;
     m.train_iters = opts_.train_iters;
     m.consumed_samples = consumed_samples_;
     m.global_batch_size = opts_.global_batch_size;
-    if (it % opts_.log_interval == 0 || it == opts_.train_iters) {
-      const double seconds = window_seconds / window_iters;
-      m.lm_loss = window_loss / window_iters;
-      m.lr = lr;
-      m.grad_norm = grad_norm;
-      m.ms_per_iter = 1000.0 * seconds;
-      m.tokens_per_sec = tokens_per_iter / seconds;
-      m.tflops = flops_per_iter / seconds / 1e12;
-      m.mfu = peak_gflops_ > 0 ? flops_per_iter / seconds / (peak_gflops_ * 1e9) : 0.0;
-      sink.log(m);
-      window_loss = window_seconds = 0;
-      window_iters = 0;
-    }
+    m.lm_loss = loss;
+    m.lr = lr;
+    m.grad_norm = grad_norm;
+    m.ms_per_iter = 1000.0 * step_seconds;
+    m.tokens_per_sec = tokens_per_iter / step_seconds;
+    m.tflops = flops_per_iter / step_seconds / 1e12;
+    m.mfu = peak_gflops_ > 0 ? flops_per_iter / step_seconds / (peak_gflops_ * 1e9) : 0.0;
+    sink.log(m);
     const bool eval_now =
         opts_.eval_iters > 0 &&
         ((opts_.eval_interval > 0 && it % opts_.eval_interval == 0) || it == opts_.train_iters);

@@ -28,7 +28,9 @@ omni::Options tiny_options(const std::vector<std::string>& extra = {}) {
 
 omni::TrainResult train(const omni::Options& o, const std::string& metrics = "") {
   omni::Trainer t(o, omni::make_mock_data(o.model.vocab_size, static_cast<uint64_t>(o.seed)));
-  omni::MetricsSink sink(metrics, false, nullptr);
+  omni::Options logging = o;  // the sink logs every --log-interval steps, as the binary's
+  logging.metrics_file = metrics;
+  omni::MetricsSink sink(logging, nullptr);
   omni::TrainResult r = t.run(sink);
   return r;
 }
