@@ -148,6 +148,67 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
     });
 
+// The omnitron processes whose command line contains `marker` (mpirun's own, which also
+// contains it, excluded).
+std::vector<pid_t> omnitron_processes(const std::string& marker) {
+  std::vector<pid_t> pids;
+  for (const fs::directory_entry& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
+    if (argv0 == OMNITRON_BINARY && cmdline.find(marker) != std::string::npos)
+      pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
+  const fs::path dir = run_dir("killed");
+  const fs::path metrics = dir / "metrics.jsonl";
+  std::string flags = kModels.at("gpt2");
+  flags.replace(flags.find("--train-iters 20"), 16, "--train-iters 1000000");
+  MpiRun r{};
+  std::thread job([&] {
+    r = mpirun(2, std::string(OMNITRON_BINARY) + " train " + flags + " --metrics-file " +
+                      metrics.string() + " --tensor-model-parallel-size 2",
+               "-x OMP_NUM_THREADS=1");
+  });
+  // Wait until training runs (steps are logged), then kill one rank mid-step.
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 400 && (losses_of(metrics).size() < 3 || ranks.size() < 2); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ranks = omnitron_processes(metrics.string());
+  }
+  ASSERT_EQ(ranks.size(), 2u) << "the two ranks never started training";
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(ranks.back(), SIGKILL), 0);
+  job.join();
+  const double after_kill =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job did not end within 60 s:\n" << r.output;
+  EXPECT_NE(r.output.find("on signal 9"), std::string::npos) << r.output;
+  EXPECT_TRUE(omnitron_processes(metrics.string()).empty()) << "a rank outlived the job";
+  std::printf("one of 2 training ranks killed: the job ended %.2f s later\n", after_kill);
+}
+
+TEST(MpiTraining, ARankThatFailsEndsTheJobWithItsMessage) {
+  // Rank 1 alone is given a data path that does not exist (mpirun's MPMD form): it fails
+  // while rank 0 waits for it in a collective.
+  const std::string common = std::string(OMNITRON_BINARY) + " train " + kModels.at("gpt2");
+  std::string bad = common;
+  bad.replace(bad.find("--mock-data"), 11, "--data-path /nonexistent/corpus");
+  const MpiRun r = mpirun(1, common + " : -np 1 " + bad);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job did not end within 60 s:\n" << r.output;
+  EXPECT_NE(r.output.find("[rank 1 of 2]: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/corpus"), std::string::npos) << r.output;
+  std::printf("one of 2 training ranks failed: the job ended after %.2f s (with mpirun start)\n",
+              r.seconds);
+}
+
 }  // namespace
 }  // namespace omni
 

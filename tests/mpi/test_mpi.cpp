@@ -17,29 +17,9 @@
 #include <string>
 #include <thread>
 
+#include "mpirun.h"
+
 namespace {
-
-struct MpiRun {
-  int exit_code;
-  std::string output;
-  double seconds;
-};
-
-MpiRun mpirun(int ranks, const std::string& program_and_args) {
-  const std::string cmd =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 10 60 " +
-      std::string(OMNITRON_MPIRUN) + " -np " + std::to_string(ranks) + " --oversubscribe " +
-      program_and_args + " 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, seconds};
-}
 
 const std::string kCheck = OMNITRON_MPI_CHECK;
 
