@@ -88,15 +88,12 @@ struct AttentionDims {
   // Optional [batch * seq]: row n attends keys key_start[n] .. its own position (documents
   // packed in one sample, Megatron's --reset-attention-mask); null: from key 0.
   const int32_t* key_start = nullptr;
-  // Keys per sequence when they are not the queries' own rows (context parallelism: a
-  // rank's queries are two chunks of the sequence, its keys the whole sequence); 0: seq.
-  int kv_seq = 0;
-  // Optional [batch * seq]: each query row's position among the keys (causal: it attends
-  // keys up to and including it); null: row i of a sequence is key i.
+  // Optional [batch * seq]: each query row's last key (causal: its own position; in ring
+  // attention, where the keys are another rank's block, the last one it may see, or -1 for
+  // none); null: row i of a sequence is key i.
   const int32_t* q_index = nullptr;
   int heads_per_group() const { return heads / groups; }
   int qkv_width() const { return (heads + 2 * groups) * head_dim; }
-  int keys() const { return kv_seq ? kv_seq : seq; }
 };
 
 // Megatron's fused QKV projection output is interleaved per query group:
@@ -118,14 +115,18 @@ template <typename T>
 void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
                    int head_dim, const int32_t* positions = nullptr);
 
-// Causal softmax attention. q [batch * seq, heads*hd], k/v [batch * keys(), groups*hd],
-// out [batch * seq, heads*hd]; probs [batch, heads, seq, keys()] is saved for backward
+// Causal softmax attention. q [batch * seq, heads*hd], k/v [batch * seq, groups*hd],
+// out [batch * seq, heads*hd]; probs [batch, heads, seq, seq] is saved for backward
 // (entries outside each row's keys are 0, which is also all the backward needs to know
 // about the mask).
+// A row whose key range is empty (key_start past its last key: a block of keys it cannot
+// see, in ring attention) gets zero output and probabilities. lse (may be null) receives
+// [batch, heads, seq] log-sum-exp of each row's scaled scores (-inf for an empty row), so
+// attention over blocks of keys can be merged.
 template <typename T>
 void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
-                       const AttentionDims& d);
-// dq, dk, dv are overwritten (dk, dv: [batch * keys(), groups*hd]).
+                       const AttentionDims& d, T* lse = nullptr);
+// dq, dk, dv are overwritten.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
                         const T* q, const T* k, const T* v, const AttentionDims& d);

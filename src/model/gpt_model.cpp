@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "base/error.h"
@@ -170,8 +171,12 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * hd});
   if (cfg_.qk_layernorm) dq_raw_ = buf({N, heads_ * hd}), dk_raw_ = buf({N, groups_ * hd});
   if (cp > 1) {
-    dk_all_ = buf({N * cp, groups_ * hd}), dv_all_ = buf({N * cp, groups_ * hd});
-    kv_gather_ = buf({N * cp, groups_ * hd});
+    const int64_t Sl = S / cp;
+    ring_out_ = buf({N, heads_ * hd}), ring_dq_ = buf({N, heads_ * hd});
+    ring_probs_ = buf({int64_t(max_batch), heads_, Sl, Sl});
+    ring_dk_ = buf({N, groups_ * hd}), ring_dv_ = buf({N, groups_ * hd});
+    for (auto& pair : ring_acc_) pair[0] = buf({N, groups_ * hd}), pair[1] = buf({N, groups_ * hd});
+    ring_first_.resize(N), ring_last_.resize(N);
   }
 }
 
@@ -199,8 +204,10 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
       l.qn_mean = buf({N * H}), l.qn_rstd = buf({N * H});
       l.kn_mean = buf({N * G}), l.kn_rstd = buf({N * G});
     }
-    l.k_all = cp > 1 ? buf({N * cp, G * hd}) : l.k;
-    l.v_all = cp > 1 ? buf({N * cp, G * hd}) : l.v;
+    if (cp > 1) {
+      l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
+      l.lse = buf({(cp + 1) * int64_t(max_batch_) * H * Sl});
+    }
     l.probs = buf({max_batch_, H, Sl, S}), l.attn = buf({N, H * hd});
     l.mid = buf({R, C});
     l.ln2 = buf({R, C}), l.ln2_mean = buf({R}), l.ln2_rstd = buf({R});
@@ -256,9 +263,7 @@ typename GPTModel<T>::Geometry GPTModel<T>::geometry(const MicroBatch& mb) const
 
 template <typename T>
 ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb) const {
-  const int cp = cp_->size();
-  return {mb.batch,  mb.seq, heads_, groups_, cfg_.head_dim(), mb.key_start,
-          cp > 1 ? mb.seq * cp : 0, cp > 1 ? mb.seq_index : nullptr};
+  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), mb.key_start};
 }
 
 template <typename T>
@@ -298,31 +303,122 @@ const T* GPTModel<T>::reduce_rows(T* out, T* partial, const Geometry& g) const {
 }
 
 template <typename T>
-void GPTModel<T>::gather_kv(T* all, const T* local, const Geometry& g, int width) {
-  const int cp = cp_->size(), S = g.seq * cp;
-  T* blocks = kv_gather_.template data<T>();
-  cp_->all_gather(blocks, local, size_t(g.tokens) * width);
-  for (int r = 0; r < cp; ++r)
-    for (int b = 0; b < g.batch; ++b)
-      for (int l = 0; l < g.seq; ++l) {
-        const int s = context_parallel_index(l, g.seq, cp, r);
-        std::memcpy(all + (size_t(b) * S + s) * width,
-                    blocks + ((size_t(r) * g.batch + b) * g.seq + l) * width, width * sizeof(T));
-      }
+ops::AttentionDims GPTModel<T>::ring_block_dims(const MicroBatch& mb, const Geometry& g, int src) {
+  const int cp = cp_->size(), h = g.seq / 2;
+  // Rank src's keys are two chunks of h positions, in ascending order: [a, a+h), [b, b+h).
+  const int a = src * h, b = (2 * cp - 1 - src) * h;
+  auto keys_before = [&](int pos) {  // keys of the block at positions < pos
+    return std::clamp(pos - a, 0, h) + std::clamp(pos - b, 0, h);
+  };
+  for (int n = 0; n < g.tokens; ++n) {
+    ring_last_[n] = keys_before(mb.seq_index[n] + 1) - 1;
+    ring_first_[n] = mb.key_start ? keys_before(mb.key_start[n]) : 0;
+  }
+  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), ring_first_.data(),
+          ring_last_.data()};
 }
 
 template <typename T>
-void GPTModel<T>::scatter_kv_grad(T* local, const T* all, const Geometry& g, int width) {
-  const int cp = cp_->size(), S = g.seq * cp;
-  T* blocks = kv_gather_.template data<T>();
-  for (int r = 0; r < cp; ++r)
+void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& mb,
+                                         const Geometry& g) {
+  const int cp = cp_->size(), r = cp_->rank(), H = heads_, hd = cfg_.head_dim();
+  const size_t kv = size_t(g.tokens) * groups_ * hd, rows = size_t(g.batch) * H * g.seq;
+  const size_t block_probs = rows * g.seq;
+  T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
+  T *lse = a.lse.template data<T>(), *merged = lse + size_t(cp) * rows;
+  std::copy_n(a.k.template data<T>(), kv, k_all + r * kv);
+  std::copy_n(a.v.template data<T>(), kv, v_all + r * kv);
+  T* attn = a.attn.template data<T>();
+  std::fill(attn, attn + size_t(g.tokens) * H * hd, T(0));
+  std::fill(merged, merged + rows, -std::numeric_limits<T>::infinity());
+  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  for (int t = 0; t < cp; ++t) {
+    const int src = (r - t + cp) % cp;
+    // Pass the block on while this rank works on it.
+    std::unique_ptr<CommRequest> sends[2], recvs[2];
+    if (t + 1 < cp) {
+      const int incoming = (src - 1 + cp) % cp;
+      sends[0] = cp_->isend(k_all + src * kv, kv * sizeof(T), next, 10);
+      sends[1] = cp_->isend(v_all + src * kv, kv * sizeof(T), next, 11);
+      recvs[0] = cp_->irecv(k_all + incoming * kv, kv * sizeof(T), prev, 10);
+      recvs[1] = cp_->irecv(v_all + incoming * kv, kv * sizeof(T), prev, 11);
+    }
+    const ops::AttentionDims ad = ring_block_dims(mb, g, src);
+    T* out = ring_out_.template data<T>();
+    T* block_lse = lse + size_t(src) * rows;
+    ops::attention_forward(out, a.probs.template data<T>() + src * block_probs,
+                           a.q.template data<T>(), k_all + src * kv, v_all + src * kv, ad,
+                           block_lse);
+    // Merge: out = sum over blocks of exp(lse_block - lse) out_block.
     for (int b = 0; b < g.batch; ++b)
-      for (int l = 0; l < g.seq; ++l) {
-        const int s = context_parallel_index(l, g.seq, cp, r);
-        std::memcpy(blocks + ((size_t(r) * g.batch + b) * g.seq + l) * width,
-                    all + (size_t(b) * S + s) * width, width * sizeof(T));
-      }
-  cp_->reduce_scatter(local, blocks, size_t(g.tokens) * width);
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < g.seq; ++i) {
+          const size_t row = (size_t(b) * H + h) * g.seq + i;
+          const T lb = block_lse[row], lm = merged[row];
+          if (lb == -std::numeric_limits<T>::infinity()) continue;
+          const T m = std::max(lb, lm), total = m + std::log(std::exp(lm - m) + std::exp(lb - m));
+          const T keep = std::exp(lm - total), add = std::exp(lb - total);
+          T* o = attn + (size_t(b) * g.seq + i) * H * hd + h * hd;
+          const T* ob = out + (size_t(b) * g.seq + i) * H * hd + h * hd;
+          for (int c = 0; c < hd; ++c) o[c] = o[c] * keep + ob[c] * add;
+          merged[row] = total;
+        }
+    for (auto& q : recvs) if (q) q->wait();
+    for (auto& q : sends) if (q) q->wait();
+  }
+}
+
+template <typename T>
+void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv,
+                                          const T* dattn, const MicroBatch& mb,
+                                          const Geometry& g) {
+  const int cp = cp_->size(), r = cp_->rank(), H = heads_, hd = cfg_.head_dim();
+  const size_t kv = size_t(g.tokens) * groups_ * hd, rows = size_t(g.batch) * H * g.seq;
+  const size_t block_probs = rows * g.seq;
+  const T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
+  const T *lse = a.lse.template data<T>(), *merged = lse + size_t(cp) * rows;
+  std::fill(dq, dq + size_t(g.tokens) * H * hd, T(0));
+  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  std::unique_ptr<CommRequest> in_flight[2][2];  // per accumulator: its k and v sends
+  for (int t = 0; t < cp; ++t) {
+    const int src = (r - t + cp) % cp;
+    // The accumulated key/value gradient of block src comes from the rank that worked on
+    // it last step (none yet at step 0).
+    T *acc_k = ring_acc_[t % 2][0].template data<T>(), *acc_v = ring_acc_[t % 2][1].template data<T>();
+    for (auto& q : in_flight[t % 2]) if (q) q->wait();
+    if (t == 0) {
+      std::fill(acc_k, acc_k + kv, T(0));
+      std::fill(acc_v, acc_v + kv, T(0));
+    } else {
+      cp_->recv(acc_k, kv * sizeof(T), prev, 12);
+      cp_->recv(acc_v, kv * sizeof(T), prev, 13);
+    }
+    // This block's probabilities normalised over every block: P * exp(lse_block - lse).
+    T* P = ring_probs_.template data<T>();
+    const T* P_block = a.probs.template data<T>() + src * block_probs;
+    const T* block_lse = lse + size_t(src) * rows;
+    for (size_t row = 0; row < rows; ++row) {
+      const T scale = block_lse[row] == -std::numeric_limits<T>::infinity()
+                          ? T(0)
+                          : std::exp(block_lse[row] - merged[row]);
+      for (int j = 0; j < g.seq; ++j) P[row * g.seq + j] = P_block[row * g.seq + j] * scale;
+    }
+    const ops::AttentionDims ad = ring_block_dims(mb, g, src);
+    T *dq_b = ring_dq_.template data<T>(), *dk_b = ring_dk_.template data<T>(),
+      *dv_b = ring_dv_.template data<T>();
+    ops::attention_backward(dq_b, dk_b, dv_b, dattn, a.attn.template data<T>(), P,
+                            a.q.template data<T>(), k_all + src * kv, v_all + src * kv, ad);
+    ops::add(dq, dq, dq_b, size_t(g.tokens) * H * hd);
+    ops::add(acc_k, acc_k, dk_b, kv);
+    ops::add(acc_v, acc_v, dv_b, kv);
+    // On to the next rank; after the last step the accumulator reaches its owner.
+    in_flight[t % 2][0] = cp_->isend(acc_k, kv * sizeof(T), next, 12);
+    in_flight[t % 2][1] = cp_->isend(acc_v, kv * sizeof(T), next, 13);
+  }
+  cp_->recv(dk, kv * sizeof(T), prev, 12);
+  cp_->recv(dv, kv * sizeof(T), prev, 13);
+  for (auto& pair : in_flight)
+    for (auto& q : pair) if (q) q->wait();
 }
 
 template <typename T>
@@ -402,13 +498,11 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
     ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions);
     ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions);
   }
-  T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
-  if (cp_->size() > 1) {
-    gather_kv(k_all, k, g, G * hd);
-    gather_kv(v_all, v, g, G * hd);
-  }
   T* attn = a.attn.template data<T>();
-  ops::attention_forward(attn, a.probs.template data<T>(), q, k_all, v_all, ad);
+  if (cp_->size() > 1)
+    ring_attention_forward(a, mb, g);
+  else
+    ops::attention_forward(attn, a.probs.template data<T>(), q, k, v, ad);
   // Row-parallel projection: the ranks' partial products are summed, then the bias and the
   // residual added.
   T* mid = a.mid.template data<T>();
@@ -464,16 +558,12 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   ops::linear_backward(dattn, gp.proj_w, gp.proj_b, dy, a.attn.template data<T>(), p.proj_w, N,
                        H * hd, C);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
-  const bool cp = cp_->size() > 1;
-  T* dk_all = cp ? dk_all_.template data<T>() : dk;
-  T* dv_all = cp ? dv_all_.template data<T>() : dv;
-  ops::attention_backward(dq, dk_all, dv_all, dattn, a.attn.template data<T>(),
-                          a.probs.template data<T>(), a.q.template data<T>(),
-                          a.k_all.template data<T>(), a.v_all.template data<T>(), ad);
-  if (cp) {
-    scatter_kv_grad(dk, dk_all, g, G * hd);
-    scatter_kv_grad(dv, dv_all, g, G * hd);
-  }
+  if (cp_->size() > 1)
+    ring_attention_backward(a, dq, dk, dv, dattn, mb, g);
+  else
+    ops::attention_backward(dq, dk, dv, dattn, a.attn.template data<T>(),
+                            a.probs.template data<T>(), a.q.template data<T>(),
+                            a.k.template data<T>(), a.v.template data<T>(), ad);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions);
     ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions);

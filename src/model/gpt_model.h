@@ -124,7 +124,10 @@ class GPTModel {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full;  // ln1_full: all rows (sequence parallel)
     Tensor q, k, v;                            // after qk-layernorm and rope
     Tensor q_raw, k_raw, qn_mean, qn_rstd, kn_mean, kn_rstd;  // qk-layernorm only
-    Tensor k_all, v_all;                       // the whole sequence's (context parallel)
+    // Context parallel: every rank's keys and values, block r from rank r (ring attention
+    // keeps the blocks it was passed), and per block [batch, heads, seq] log-sum-exps, then
+    // the merged one.
+    Tensor k_all, v_all, lse;
     Tensor probs, attn;
     Tensor mid;  // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
@@ -182,10 +185,15 @@ class GPTModel {
     if (grads_ready_ && range.second > range.first) grads_ready_(range.first, range.second);
   }
   void final_norm_forward(Activations& a, const Geometry& g);
-  // Gathers keys or values [tokens, width] across the context-parallel group into
-  // [batch, full sequence, width] order; scatter_kv_grad is its backward (a reduce-scatter).
-  void gather_kv(T* all, const T* local, const Geometry& g, int width);
-  void scatter_kv_grad(T* local, const T* all, const Geometry& g, int width);
+  // Context parallel: causal ring attention. Keys and values travel around the group; each
+  // block's attention is merged into the output by its log-sum-exp. The backward passes
+  // each block's key/value gradient around the ring back to its owner.
+  void ring_attention_forward(LayerActivations& a, const MicroBatch& mb, const Geometry& g);
+  void ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
+                               const MicroBatch& mb, const Geometry& g);
+  // Rows' [first, last] keys within rank `src`'s block of keys (causal, and the document
+  // boundaries of --reset-attention-mask), into ring_first_ and ring_last_.
+  ops::AttentionDims ring_block_dims(const MicroBatch& mb, const Geometry& g, int src);
 
   TransformerConfig cfg_;
   int max_batch_;
@@ -204,7 +212,11 @@ class GPTModel {
   // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
   // the residual stream.
   Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_,
-      dq_raw_, dk_raw_, dk_all_, dv_all_, kv_gather_;
+      dq_raw_, dk_raw_;
+  // Ring attention scratch: one block's output and rescaled probabilities, dq and dk/dv of
+  // one block, and two key/value gradient accumulators in flight.
+  Tensor ring_out_, ring_probs_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];
+  std::vector<int32_t> ring_first_, ring_last_;
   // Flat-buffer ranges, for set_grads_ready_hook: per global layer, the embedding's, the
   // final norm's and output layer's.
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;

@@ -314,6 +314,32 @@ TEST(AttentionBackward, MatchesFiniteDifferencesAcrossTheRowBlockBoundary) {
   check_attention({2, 70, 2, 1, 2}, 25);
 }
 
+// Ring attention's per-block form: rows see keys [first, last] of a block (possibly none),
+// and the log-sum-exp of their scaled scores is returned for merging blocks.
+TEST(AttentionForward, GivesLogSumExpAndZeroForRowsWithoutKeys) {
+  const int S = 4, hd = 3;
+  const std::vector<int32_t> first = {0, 1, 2, 0}, last = {-1, 2, 1, 3};  // rows 0, 2: none
+  const ops::AttentionDims d{1, S, 1, 1, hd, first.data(), last.data()};
+  TestRng rng(26);
+  Vec q = rng.normal(S * hd), k = rng.normal(S * hd), v = rng.normal(S * hd);
+  Vec out(S * hd, kJunk), probs(S * S, kJunk), lse(S, kJunk);
+  ops::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), d, lse.data());
+  for (int i = 0; i < S; ++i) {
+    if (last[i] < first[i]) {
+      EXPECT_EQ(lse[i], -std::numeric_limits<double>::infinity());
+      for (int c = 0; c < hd; ++c) EXPECT_EQ(out[i * hd + c], 0.0);
+      continue;
+    }
+    double sum = 0;
+    for (int j = first[i]; j <= last[i]; ++j)
+      sum += std::exp(dot(Vec(q.begin() + i * hd, q.begin() + (i + 1) * hd),
+                          Vec(k.begin() + j * hd, k.begin() + (j + 1) * hd)) /
+                      std::sqrt(double(hd)));
+    EXPECT_NEAR(lse[i], std::log(sum), 1e-12);
+  }
+  for (int j = 0; j < S; ++j) EXPECT_EQ(probs[2 * S + j], 0.0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // output layer + cross-entropy
 

@@ -3,7 +3,8 @@
 // parallel, pipeline parallel (1F1B and interleaved) and combinations. Each rank's
 // parameters must be exactly its slices of the one-rank model's, and after the step's
 // micro-batches its gradients (summed where the layout leaves partial sums) and the loss
-// must match to rounding.
+// must match to rounding. Context parallelism is causal ring attention, so these tests are
+// also its check against ordinary attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,18 +51,19 @@ TransformerConfig tiny(bool llama) {
 struct Layout {
   int tp = 1, cp = 1, pp = 1, layers_per_virtual_stage = 0;
   bool sp = false;
+  bool packed = false;  // two documents per sample (reset positions and attention)
 };
 
 constexpr int kBatch = 2, kMicroBatches = 4;
 constexpr uint64_t kSeed = 7;
 
 struct Data {
-  std::vector<std::vector<int32_t>> tokens, labels;
+  std::vector<std::vector<int32_t>> tokens, labels, positions, key_start;
   std::vector<std::vector<float>> masks;
   std::vector<MicroBatch> batches;
 };
 
-Data make_data(const TransformerConfig& c) {
+Data make_data(const TransformerConfig& c, bool packed) {
   Data d;
   std::mt19937 rng(3);
   std::uniform_int_distribution<int> id(0, c.vocab_size - 1);
@@ -73,9 +75,18 @@ Data make_data(const TransformerConfig& c) {
     mask[3] = mask[n - 1] = 0.0f;
     d.tokens.push_back(t), d.labels.push_back(l), d.masks.push_back(mask);
   }
+  // Packed: the second document of each sample starts at position 3.
+  const int S = c.seq_length, doc = 3;
+  std::vector<int32_t> pos(n), start(n);
+  for (int i = 0; i < n; ++i) {
+    pos[i] = i % S < doc ? i % S : i % S - doc;
+    start[i] = i % S < doc ? 0 : doc;
+  }
+  d.positions.assign(kMicroBatches, pos), d.key_start.assign(kMicroBatches, start);
   for (int m = 0; m < kMicroBatches; ++m)
     d.batches.push_back(MicroBatch{d.tokens[m].data(), d.labels[m].data(), d.masks[m].data(),
-                                   kBatch, c.seq_length});
+                                   kBatch, c.seq_length, packed ? d.positions[m].data() : nullptr,
+                                   packed ? d.key_start[m].data() : nullptr});
   return d;
 }
 
@@ -93,7 +104,7 @@ double compare(const ParamInfo& p, const double* local, const std::vector<double
 
 void check_layout(bool llama, const Layout& layout) {
   const TransformerConfig cfg = tiny(llama);
-  const Data data = make_data(cfg);
+  const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
   for (const MicroBatch& mb : data.batches) ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
@@ -164,6 +175,12 @@ TEST_P(ModelParallel, TensorParallel2SequenceParallel) {
   check_layout(GetParam(), {.tp = 2, .sp = true});
 }
 TEST_P(ModelParallel, ContextParallel2) { check_layout(GetParam(), {.cp = 2}); }
+TEST_P(ModelParallel, ContextParallel4PackedDocuments) {
+  check_layout(GetParam(), {.cp = 4, .packed = true});
+}
+TEST_P(ModelParallel, TensorParallel2PackedDocuments) {
+  check_layout(GetParam(), {.tp = 2, .sp = true, .packed = true});
+}
 TEST_P(ModelParallel, Pipeline2) { check_layout(GetParam(), {.pp = 2}); }
 TEST_P(ModelParallel, Pipeline4Interleaved) {
   check_layout(GetParam(), {.pp = 4, .layers_per_virtual_stage = 1});

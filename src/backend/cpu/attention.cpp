@@ -115,27 +115,40 @@ int block_keys(const AttentionDims& d, int b, int r0, int r1) {
 
 template <typename T>
 void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
-                       const AttentionDims& d) {
-  const int S = d.seq, SK = d.keys(), H = d.heads, G = d.groups, hd = d.head_dim;
+                       const AttentionDims& d, T* lse) {
+  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int bh = 0; bh < d.batch * H; ++bh) {
     const int b = bh / H, h = bh % H, g = h / hpg;
     const T* qb = q + static_cast<size_t>(b) * S * ldq + h * hd;
-    const T* kb = k + static_cast<size_t>(b) * SK * ldk + g * hd;
-    const T* vb = v + static_cast<size_t>(b) * SK * ldk + g * hd;
+    const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
+    const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
     T* ob = out + static_cast<size_t>(b) * S * ldq + h * hd;
-    T* P = probs + static_cast<size_t>(bh) * S * SK;
+    T* P = probs + static_cast<size_t>(bh) * S * S;
     for (int r0 = 0; r0 < S; r0 += kRowBlock) {
       const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
       const int kend = block_keys(d, b, r0, r1);
-      T* Pb = P + static_cast<size_t>(r0) * SK;
+      T* Pb = P + static_cast<size_t>(r0) * S;
+      if (kend == 0) {  // no row of the block sees a key
+        std::fill(Pb, Pb + static_cast<size_t>(rows) * S, T(0));
+        for (int i = r0; i < r1; ++i) {
+          std::fill(ob + static_cast<size_t>(i) * ldq, ob + static_cast<size_t>(i) * ldq + hd, T(0));
+          if (lse) lse[static_cast<size_t>(bh) * S + i] = -std::numeric_limits<T>::infinity();
+        }
+        continue;
+      }
       gemm<T>(false, true, rows, kend, hd, scale, qb + static_cast<size_t>(r0) * ldq, ldq, kb, ldk,
-              T(0), Pb, SK);
+              T(0), Pb, S);
       for (int i = r0; i < r1; ++i) {
-        T* row = P + static_cast<size_t>(i) * SK;
+        T* row = P + static_cast<size_t>(i) * S;
         const int j0 = first_key(d, b, i), j1 = last_key(d, b, i);
+        if (j1 < j0) {
+          std::fill(row, row + S, T(0));
+          if (lse) lse[static_cast<size_t>(bh) * S + i] = -std::numeric_limits<T>::infinity();
+          continue;
+        }
         T mx = std::numeric_limits<T>::lowest();
         for (int j = j0; j <= j1; ++j) mx = std::max(mx, row[j]);
         T sum = 0;
@@ -147,10 +160,11 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
         const T inv = T(1) / sum;
 #pragma omp simd
         for (int j = j0; j <= j1; ++j) row[j] *= inv;
+        if (lse) lse[static_cast<size_t>(bh) * S + i] = mx + std::log(sum);
         std::fill(row, row + j0, T(0));
-        std::fill(row + j1 + 1, row + SK, T(0));
+        std::fill(row + j1 + 1, row + S, T(0));
       }
-      gemm<T>(false, false, rows, hd, kend, T(1), Pb, SK, vb, ldk, T(0),
+      gemm<T>(false, false, rows, hd, kend, T(1), Pb, S, vb, ldk, T(0),
               ob + static_cast<size_t>(r0) * ldq, ldq);
     }
   }
@@ -162,20 +176,20 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
                         const T* q, const T* k, const T* v, const AttentionDims& d) {
-  const int S = d.seq, SK = d.keys(), H = d.heads, G = d.groups, hd = d.head_dim;
+  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel
   {
-    std::vector<T> dS(static_cast<size_t>(kRowBlock) * SK);
+    std::vector<T> dS(static_cast<size_t>(kRowBlock) * S);
 #pragma omp for schedule(dynamic, 1)
     for (int bg = 0; bg < d.batch * G; ++bg) {
       const int b = bg / G, g = bg % G;
-      const T* kb = k + static_cast<size_t>(b) * SK * ldk + g * hd;
-      const T* vb = v + static_cast<size_t>(b) * SK * ldk + g * hd;
-      T* dkb = dk + static_cast<size_t>(b) * SK * ldk + g * hd;
-      T* dvb = dv + static_cast<size_t>(b) * SK * ldk + g * hd;
-      for (int s = 0; s < SK; ++s) {
+      const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
+      const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
+      T* dkb = dk + static_cast<size_t>(b) * S * ldk + g * hd;
+      T* dvb = dv + static_cast<size_t>(b) * S * ldk + g * hd;
+      for (int s = 0; s < S; ++s) {
         std::fill(dkb + static_cast<size_t>(s) * ldk, dkb + static_cast<size_t>(s) * ldk + hd,
                   T(0));
         std::fill(dvb + static_cast<size_t>(s) * ldk, dvb + static_cast<size_t>(s) * ldk + hd,
@@ -183,31 +197,37 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       }
       for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
         const size_t qoff = static_cast<size_t>(b) * S * ldq + h * hd;
-        const T* P = probs + (static_cast<size_t>(b) * H + h) * S * SK;
+        const T* P = probs + (static_cast<size_t>(b) * H + h) * S * S;
         for (int r0 = 0; r0 < S; r0 += kRowBlock) {
           const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
           const int kend = block_keys(d, b, r0, r1);
-          const T* Pb = P + static_cast<size_t>(r0) * SK;
+          const T* Pb = P + static_cast<size_t>(r0) * S;
           const T* dOb = dout + qoff + static_cast<size_t>(r0) * ldq;
+          if (kend == 0) {  // no row of the block sees a key
+            for (int i = r0; i < r1; ++i)
+              std::fill(dq + qoff + static_cast<size_t>(i) * ldq,
+                        dq + qoff + static_cast<size_t>(i) * ldq + hd, T(0));
+            continue;
+          }
           // dV[0:kend] += P^T dO ; dP = dO V^T
-          gemm<T>(true, false, kend, hd, rows, T(1), Pb, SK, dOb, ldq, T(1), dvb, ldk);
-          gemm<T>(false, true, rows, kend, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), SK);
+          gemm<T>(true, false, kend, hd, rows, T(1), Pb, S, dOb, ldq, T(1), dvb, ldk);
+          gemm<T>(false, true, rows, kend, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), S);
           for (int i = r0; i < r1; ++i) {
             const T* o = out + qoff + static_cast<size_t>(i) * ldq;
             const T* go = dout + qoff + static_cast<size_t>(i) * ldq;
             T D = 0;
             for (int c = 0; c < hd; ++c) D += go[c] * o[c];
-            const T* p = P + static_cast<size_t>(i) * SK;
-            T* ds = dS.data() + static_cast<size_t>(i - r0) * SK;
+            const T* p = P + static_cast<size_t>(i) * S;
+            T* ds = dS.data() + static_cast<size_t>(i - r0) * S;
             const int j1 = last_key(d, b, i);
 #pragma omp simd
             for (int j = 0; j <= j1; ++j) ds[j] = p[j] * (ds[j] - D);
             std::fill(ds + j1 + 1, ds + kend, T(0));
           }
           // dQ = scale dS K ; dK[0:kend] += scale dS^T Q
-          gemm<T>(false, false, rows, hd, kend, scale, dS.data(), SK, kb, ldk, T(0),
+          gemm<T>(false, false, rows, hd, kend, scale, dS.data(), S, kb, ldk, T(0),
                   dq + qoff + static_cast<size_t>(r0) * ldq, ldq);
-          gemm<T>(true, false, kend, hd, rows, scale, dS.data(), SK,
+          gemm<T>(true, false, kend, hd, rows, scale, dS.data(), S,
                   q + qoff + static_cast<size_t>(r0) * ldq, ldq, T(1), dkb, ldk);
         }
       }
@@ -222,7 +242,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                                 const int32_t*);                                                 \
   template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,           \
                                  const int32_t*);                                                \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&); \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&,  \
+                                     T*);                                                         \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, const T*, const AttentionDims&);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
