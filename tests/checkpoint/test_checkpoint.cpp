@@ -15,6 +15,7 @@
 #include "config/options.h"
 #include "data/dataset.h"
 #include "train/trainer.h"
+#include "cli/process.h"
 
 namespace {
 
@@ -65,12 +66,6 @@ TrainedRun train(const omni::Options& o) {
   return r;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Ten steps straight, or six (saved at 6 and stopped there, as a killed run) and then a
 // new Trainer that --loads and runs 7..10: the same losses and parameters, bit for bit.

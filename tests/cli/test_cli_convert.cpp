@@ -22,12 +22,6 @@ std::string fresh_dir(const std::string& name) {
   return dir;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Every tensor of `a` is in `b` with the same bytes, and nothing else is.
 void expect_same_tensors(const std::string& a, const std::string& b) {

@@ -21,12 +21,6 @@ std::string temp_file(const std::string& name, const std::string& text) {
   return path;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The lines --metrics-file writes for `n` logged iterations, validation every 2.
 std::string metrics_lines(int n, double loss0) {

@@ -2,12 +2,10 @@
 // ranks), bounded by `timeout 60` so that a hang shows as exit status 124.
 #pragma once
 
-#include <sys/wait.h>
-
-#include <array>
 #include <chrono>
-#include <cstdio>
 #include <string>
+
+#include "cli/process.h"
 
 struct MpiRun {
   int exit_code;
@@ -22,12 +20,8 @@ inline MpiRun mpirun(int ranks, const std::string& program_and_args,
       std::string(OMNITRON_MPIRUN) + " -np " + std::to_string(ranks) + " --oversubscribe " +
       mpirun_flags + " " + program_and_args + " 2>&1";
   const auto start = std::chrono::steady_clock::now();
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
+  const ProcessResult r = run_command(cmd);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, seconds};
+  return {r.exit_code, r.output, seconds};
 }

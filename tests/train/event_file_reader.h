@@ -6,9 +6,9 @@
 //    CRC-32C and decodes with protobuf.js (both from scripts/fetch_test_tools.sh).
 #pragma once
 
+#include "cli/process.h"
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -20,7 +20,6 @@
 #include <string_view>
 #include <vector>
 
-#include <sys/wait.h>
 
 namespace event_file {
 
@@ -180,26 +179,14 @@ inline std::filesystem::path repo_root() {
   return std::filesystem::path(OMNITRON_FIXTURE_DIR).parent_path().parent_path();
 }
 
-struct NodeResult {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
 // tests/tools/read_tfevents.js on `path`. Fails the test (not skips) when the tools were not
 // fetched.
-inline NodeResult run_node_reader(const std::string& path) {
+inline ProcessResult run_node_reader(const std::string& path) {
   const auto tools = repo_root() / "data" / "test-tools";
   if (!std::filesystem::exists(tools / "protobuf.min.js"))
     ADD_FAILURE() << tools << " is missing: run scripts/setup.sh (scripts/fetch_test_tools.sh)";
-  const std::string cmd = "node " +
-                          (repo_root() / "tests" / "tools" / "read_tfevents.js").string() + " " +
-                          tools.string() + " '" + path + "' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+  return run_command("node " + (repo_root() / "tests" / "tools" / "read_tfevents.js").string() +
+                     " " + tools.string() + " '" + path + "'");
 }
 
 }  // namespace event_file
