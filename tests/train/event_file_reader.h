@@ -6,7 +6,6 @@
 //    CRC-32C and decodes with protobuf.js (both from scripts/fetch_test_tools.sh).
 #pragma once
 
-#include "cli/process.h"
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -19,6 +18,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "cli/process.h"
 
 
 namespace event_file {
