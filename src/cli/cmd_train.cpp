@@ -5,8 +5,9 @@
 
 #include "backend/device.h"
 #include "base/error.h"
-#include "comm/process_grid.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_interchange.h"
+#include "comm/process_grid.h"
 #include "cli/commands.h"
 #include "config/options.h"
 #include "config/env_overrides.h"
@@ -175,6 +176,13 @@ int train(const std::vector<std::string>& raw_args) {
     // The architecture travels with the checkpoint; flags on the command line still win.
     load_checkpoint_model_options(opts.load, opts);
     parse_options(args, opts);
+    // A Hugging Face model directory brings its tokenizer too.
+    const std::string hf_tokenizer = opts.load + "/tokenizer.json";
+    if (opts.tokenizer.type.empty() && is_hf_model_dir(opts.load) &&
+        std::filesystem::exists(hf_tokenizer)) {
+      opts.tokenizer.type = "HuggingFaceTokenizer";
+      opts.tokenizer.tokenizer_model = hf_tokenizer;
+    }
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   // The parallel layout: data parallel is what the world leaves after TP x CP x PP.

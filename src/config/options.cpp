@@ -372,6 +372,12 @@ std::vector<OptionDef> build_table() {
                           [](Options& o) -> int& {
                             return o.num_layers_per_virtual_pipeline_stage;
                           }));
+  t.push_back(number<int>("--decoder-first-pipeline-num-layers", "N", PAR,
+                          "layers of the first pipeline stage (uneven split)",
+                          [](Options& o) -> int& { return o.decoder_first_pipeline_num_layers; }));
+  t.push_back(number<int>("--decoder-last-pipeline-num-layers", "N", PAR,
+                          "layers of the last pipeline stage (uneven split)",
+                          [](Options& o) -> int& { return o.decoder_last_pipeline_num_layers; }));
   t.push_back(number<int>("--context-parallel-size", "N", PAR,
                           "ranks that split each sequence (causal, load-balanced chunks)",
                           [](Options& o) -> int& { return o.context_parallel_size; }));

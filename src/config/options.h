@@ -79,6 +79,8 @@ struct Options {
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int context_parallel_size = 1;
   int num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
+  // Uneven pipeline split: the first (last) stage's layers; 0: an even split.
+  int decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
   bool sequence_parallel = false, use_distributed_optimizer = false;
   bool use_tp_pp_dp_mapping = false;  // rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
   double ddp_bucket_size = 0;         // elements per gradient bucket; 0: Megatron's default

@@ -60,6 +60,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   split.num_layers = opts.model.num_layers;
   split.pipeline_model_parallel_size = layout.pp;
   split.num_layers_per_virtual_pipeline_stage = opts.num_layers_per_virtual_pipeline_stage;
+  if (opts.decoder_first_pipeline_num_layers > 0)
+    split.decoder_first_pipeline_num_layers = opts.decoder_first_pipeline_num_layers;
+  if (opts.decoder_last_pipeline_num_layers > 0)
+    split.decoder_last_pipeline_num_layers = opts.decoder_last_pipeline_num_layers;
   ModelParallel mp;
   mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
