@@ -114,36 +114,32 @@ Trainer::~Trainer() {
 }
 
 void Trainer::load(const std::string& dir) {
-  // Every rank reads the layout-independent checkpoint and keeps its slices of it.
   // --finetune takes the weights only; --no-load-optim keeps the position but starts the
   // optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
   ParameterSet<float>& params = model_->params();
-  const bool whole = grid_->world().size() == 1;
-  std::unique_ptr<GPTModel<float>> full;
-  std::unique_ptr<Optimizer<float>> full_optimizer;
-  if (!whole) {
-    full = std::make_unique<GPTModel<float>>(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
-    full_optimizer = std::make_unique<Optimizer<float>>(opts_.optim, full->params());
-  }
-  Optimizer<float>* target = whole && optimizer_ ? optimizer_.get() : full_optimizer.get();
-  const TrainingProgress p =
-      load_checkpoint(dir, whole ? params : full->params(), with_optimizer ? target : nullptr);
-  if (!whole || dist_optimizer_) {
-    const ParameterSet<float>& source = whole ? params : full->params();
-    if (!whole) take_slices(source, source.values(), params, params.values());
+  TrainingProgress p;
+  if (grid_->world().size() == 1 && optimizer_) {
+    p = load_checkpoint(dir, params, with_optimizer ? optimizer_.get() : nullptr);
+  } else {
+    // Every rank reads the one-rank model's checkpoint and keeps its slices of it.
+    GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
+    Optimizer<float> full_optimizer(opts_.optim, full.params());
+    p = load_checkpoint(dir, full.params(), with_optimizer ? &full_optimizer : nullptr);
+    take_slices(full.params(), full.params().values(), params, params.values());
     if (with_optimizer) {
-      const Optimizer<float>& so = whole ? *optimizer_ : *full_optimizer;
       std::vector<float> local(params.size());
-      for (const std::string& name : so.state_names()) {
-        take_slices(source, so.state_buffer(name), params, local.data());
+      for (const std::string& name : full_optimizer.state_names()) {
+        take_slices(full.params(), full_optimizer.state_buffer(name), params, local.data());
         if (dist_optimizer_)
           dist_optimizer_->load_state(name, local.data());
         else
           std::copy(local.begin(), local.end(), optimizer_->state_buffer(name));
       }
-      if (dist_optimizer_) dist_optimizer_->set_steps(so.steps());
-      else optimizer_->set_steps(so.steps());
+      if (dist_optimizer_)
+        dist_optimizer_->set_steps(full_optimizer.steps());
+      else
+        optimizer_->set_steps(full_optimizer.steps());
     }
   }
   if (resume) {
@@ -351,12 +347,19 @@ TrainResult Trainer::run(MetricsSink& sink) {
     }
     if (!opts_.save.empty() && opts_.save_interval > 0 && it % opts_.save_interval == 0)
       result.saved.push_back(save(sink));
+    // Every rank must stop at the same step: the duration and a caught signal are decided
+    // by whichever rank sees them first (as Megatron all-reduces them).
     const double minutes = std::chrono::duration<double>(clock::now() - run_start).count() / 60;
+    double stop[2] = {opts_.exit_duration_in_mins > 0 && minutes >= opts_.exit_duration_in_mins
+                          ? 1.0 : 0.0,
+                      signal_handler_installed_ && g_exit_signal != 0 ? 1.0 : 0.0};
+    if (opts_.exit_duration_in_mins > 0 || signal_handler_installed_)
+      grid_->world().all_reduce(stop, 2, ReduceOp::Max);
     if (opts_.exit_interval > 0 && it % opts_.exit_interval == 0)
       result.exit_reason = "exit interval";
-    else if (opts_.exit_duration_in_mins > 0 && minutes >= opts_.exit_duration_in_mins)
+    else if (stop[0] > 0)
       result.exit_reason = "exit duration";
-    else if (signal_handler_installed_ && g_exit_signal != 0)
+    else if (stop[1] > 0)
       result.exit_reason = "signal";
     if (!result.exit_reason.empty() && it < opts_.train_iters) {
       sink.message("exiting at iteration " + std::to_string(it) + " (" + result.exit_reason + ")");

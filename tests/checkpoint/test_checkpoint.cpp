@@ -104,6 +104,10 @@ TEST(CheckpointResume, SGDWithMomentumAndAccumulationIsBitIdenticalToTheUninterr
   expect_exact_resume({"--optimizer", "sgd", "--lr", "5e-2"}, "resume_sgd");
 }
 
+TEST(CheckpointResume, TheDistributedOptimizerOnOneRankIsBitIdenticalToo) {
+  expect_exact_resume({"--optimizer", "adamw", "--use-distributed-optimizer"}, "resume_distopt");
+}
+
 TEST(CheckpointLayout, MegatronDirectoriesAndSelfDescribingTensors) {
   const std::string dir = fresh_dir("layout");
   const TrainedRun r =
