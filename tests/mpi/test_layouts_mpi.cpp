@@ -24,23 +24,14 @@
 #include "config/options.h"
 #include "model/gpt_model.h"
 #include "mpirun.h"
+#include "tiny_models.h"
 
 namespace omni {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kCommon =
-    "--mock-data --vocab-size 64 --num-layers 8 --hidden-size 32 --seq-length 16 "
-    "--micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3 --log-interval 1 "
-    "--eval-interval 0 --eval-iters 0 --make-vocab-size-divisible-by 8 --seed 5 "
-    "--max-new-tokens 0 --no-progress ";
-const std::map<std::string, std::string> kModels = {
-    {"gpt2", kCommon + "--num-attention-heads 4"},
-    {"llama", kCommon + "--num-attention-heads 8 --group-query-attention --num-query-groups 4 "
-                        "--normalization RMSNorm --swiglu --ffn-hidden-size 48 "
-                        "--position-embedding-type rope --disable-bias-linear "
-                        "--untie-embeddings-and-output-weights"}};
+constexpr int kSteps = 20;
 
 struct Trained {
   std::vector<double> losses;
@@ -80,7 +71,7 @@ Trained train(const std::string& model, int ranks, const std::string& layout) {
   std::string name = model + "_" + std::to_string(ranks) + layout;
   name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
   const fs::path dir = run_dir(name);
-  const std::string args = "train " + kModels.at(model) + " " + layout + " --metrics-file " +
+  const std::string args = "train " + tiny_model_flags(model, kSteps) + " " + layout + " --metrics-file " +
                            (dir / "metrics.jsonl").string() + " --save " + (dir / "ckpt").string();
   if (ranks == 1) {
     const ProcessResult r = run_omnitron_env("OMP_NUM_THREADS=1", args);
@@ -89,7 +80,7 @@ Trained train(const std::string& model, int ranks, const std::string& layout) {
     const MpiRun r = mpirun(ranks, std::string(OMNITRON_BINARY) + " " + args, "-x OMP_NUM_THREADS=1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
-  return {losses_of(dir / "metrics.jsonl"), params_of(kModels.at(model), dir / "ckpt")};
+  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt")};
 }
 
 const Trained& reference(const std::string& model) {
@@ -111,7 +102,7 @@ TEST_P(Layouts, MatchTheSingleProcessRun) {
   const auto& [model, c] = GetParam();
   const Trained& ref = reference(model);
   const Trained got = train(model, c.ranks, c.flags);
-  ASSERT_EQ(ref.losses.size(), 20u);
+  ASSERT_EQ(ref.losses.size(), size_t(kSteps));
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   double worst_loss = 0;
   for (size_t i = 0; i < ref.losses.size(); ++i)
@@ -167,8 +158,7 @@ std::vector<pid_t> omnitron_processes(const std::string& marker) {
 TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
   const fs::path dir = run_dir("killed");
   const fs::path metrics = dir / "metrics.jsonl";
-  std::string flags = kModels.at("gpt2");
-  flags.replace(flags.find("--train-iters 20"), 16, "--train-iters 1000000");
+  const std::string flags = tiny_model_flags("gpt2", 1000000);
   MpiRun r{};
   std::thread job([&] {
     r = mpirun(2, std::string(OMNITRON_BINARY) + " train " + flags + " --metrics-file " +
@@ -197,7 +187,7 @@ TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
 TEST(MpiTraining, ARankThatFailsEndsTheJobWithItsMessage) {
   // Rank 1 alone is given a data path that does not exist (mpirun's MPMD form): it fails
   // while rank 0 waits for it in a collective.
-  const std::string common = std::string(OMNITRON_BINARY) + " train " + kModels.at("gpt2");
+  const std::string common = std::string(OMNITRON_BINARY) + " train " + tiny_model_flags("gpt2", kSteps);
   std::string bad = common;
   bad.replace(bad.find("--mock-data"), 11, "--data-path /nonexistent/corpus");
   const MpiRun r = mpirun(1, common + " : -np 1 " + bad);

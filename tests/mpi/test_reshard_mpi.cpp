@@ -20,6 +20,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/process.h"
 #include "mpirun.h"
+#include "tiny_models.h"
 
 namespace omni {
 namespace {
@@ -27,24 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 10, kSaveAt = 5;
-
-const std::string kCommon =
-    "--mock-data --vocab-size 64 --num-layers 8 --hidden-size 32 --seq-length 16 "
-    "--micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --log-interval 1 "
-    "--eval-interval 0 --eval-iters 0 --make-vocab-size-divisible-by 8 --seed 5 "
-    "--max-new-tokens 0 --no-progress --train-iters " +
-    std::to_string(kSteps) + " ";
-// GPT-2 ties the output layer to the word embeddings (two pipeline stages hold them);
-// Llama does not.
-const std::map<std::string, std::string> kModels = {
-    {"gpt2", kCommon + "--num-attention-heads 4"},
-    {"llama", kCommon + "--num-attention-heads 8 --group-query-attention --num-query-groups 4 "
-                        "--normalization RMSNorm --swiglu --ffn-hidden-size 48 "
-                        "--position-embedding-type rope --disable-bias-linear "
-                        "--untie-embeddings-and-output-weights"},
-    // A vocabulary each layout pads differently (to 72 rows on one rank, 80 at TP2, 96 at
-    // TP4): the checkpoint holds the 72 rows whatever the layout.
-    {"gpt2_vocab70", kCommon + "--num-attention-heads 4 --vocab-size 70"}};
 
 // One line of --metrics-file.
 struct Step {
@@ -99,7 +82,7 @@ const Layout kOneDistOpt{"one_distributed_optimizer", 1, "--use-distributed-opti
 // Trains `model` at `layout` with the extra arguments; returns the steps it logged.
 std::vector<Step> train(const std::string& model, const Layout& layout, const fs::path& metrics,
                         const std::string& extra) {
-  const std::string args = "train " + kModels.at(model) + " " + layout.flags + " --metrics-file " +
+  const std::string args = "train " + tiny_model_flags(model, kSteps) + " " + layout.flags + " --metrics-file " +
                            metrics.string() + " " + extra;
   if (layout.ranks == 1) {
     const ProcessResult r = run_omnitron_env("OMP_NUM_THREADS=1", args);

@@ -1,0 +1,28 @@
+// The tiny models the multi-rank tests train: GPT-2 (learned positions, LayerNorm, GELU,
+// tied embeddings, which two pipeline stages then both hold) and Llama (rope, RMSNorm,
+// SwiGLU, grouped-query attention, untied), on mock data with 8 layers so that every
+// layout of up to 8 ranks fits.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+inline std::string tiny_model_flags(const std::string& model, int train_iters) {
+  const std::string common =
+      "--mock-data --vocab-size 64 --num-layers 8 --hidden-size 32 --seq-length 16 "
+      "--micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --log-interval 1 "
+      "--eval-interval 0 --eval-iters 0 --make-vocab-size-divisible-by 8 --seed 5 "
+      "--max-new-tokens 0 --no-progress --train-iters " +
+      std::to_string(train_iters) + " ";
+  if (model == "gpt2") return common + "--num-attention-heads 4";
+  if (model == "llama")
+    return common +
+           "--num-attention-heads 8 --group-query-attention --num-query-groups 4 "
+           "--normalization RMSNorm --swiglu --ffn-hidden-size 48 "
+           "--position-embedding-type rope --disable-bias-linear "
+           "--untie-embeddings-and-output-weights";
+  // A vocabulary each layout pads differently (to 72 rows on one rank, 80 at TP2, 96 at
+  // TP4): the checkpoint holds the 72 rows whatever the layout.
+  if (model == "gpt2_vocab70") return common + "--num-attention-heads 4 --vocab-size 70";
+  throw std::invalid_argument("no tiny model " + model);
+}
