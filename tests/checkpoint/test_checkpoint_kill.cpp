@@ -5,9 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "cli/process.h"
@@ -21,13 +19,6 @@ const std::string kRun =
     "--seq-length 16 --micro-batch-size 2 --global-batch-size 4 --train-iters 60 --lr 1e-2 "
     "--lr-decay-style cosine --lr-warmup-iters 4 --eval-iters 0 --log-interval 10 --no-progress "
     "--max-new-tokens 0 --device cpu --save-interval 1 ";
-
-std::string bytes_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 TEST(CheckpointCrash, KilledAtRandomPointsAndResumedEndsBitIdentical) {
   const std::string base = ::testing::TempDir() + "omnitron_ckpt_kill_";
@@ -49,14 +40,14 @@ TEST(CheckpointCrash, KilledAtRandomPointsAndResumedEndsBitIdentical) {
         "/latest_checkpointed_iteration.txt ] && kill -0 $pid 2>/dev/null; do sleep 0.01; "
         "done; sleep " +
         std::to_string(delay_ms / 1000.0) + "; kill -9 $pid; wait $pid");
-    const std::string latest = bytes_of(dir + "/latest_checkpointed_iteration.txt");
+    const std::string latest = read_text(dir + "/latest_checkpointed_iteration.txt");
     if (ck == 128 + 9) ++killed;
     // Resume (from wherever the kill left the latest complete checkpoint) to the end.
     auto [cr, outr] = run_omnitron(kRun + "--save " + dir + " --load " + dir);
     ASSERT_EQ(cr, 0) << outk << outr;
     for (const char* file : {"model.bin", "optimizer.bin"}) {
-      const std::string a = bytes_of(straight + final_dir + file);
-      const std::string b = bytes_of(dir + final_dir + file);
+      const std::string a = read_text(straight + final_dir + file);
+      const std::string b = read_text(dir + final_dir + file);
       ASSERT_FALSE(a.empty());
       EXPECT_TRUE(a == b) << file << " differs after a kill " << delay_ms
                           << " ms after the first save\n"
