@@ -1,0 +1,75 @@
+#include "optim/mixed_precision.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "base/error.h"
+
+namespace omni {
+
+namespace {
+
+// An exponent field of all ones is inf or NaN; tested on the bits so that -ffast-math
+// callers cannot fold it away.
+constexpr bool finite_bits(float x) {
+  return (std::bit_cast<uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+template <typename Round>
+bool round_all(const float* src, float* dst, int64_t n, Round round) {
+  bool nonfinite = false;
+#pragma omp parallel for reduction(|| : nonfinite) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = round(src[i]);
+    dst[i] = r;
+    nonfinite = nonfinite || !finite_bits(r);
+  }
+  return nonfinite;
+}
+
+}  // namespace
+
+bool round_to_dtype(const float* src, float* dst, int64_t n, DType dtype) {
+  switch (dtype) {
+    case DType::BF16:
+      return round_all(src, dst, n, [](float x) { return bf16_to_f32(f32_to_bf16(x)); });
+    case DType::F16:
+      return round_all(src, dst, n, [](float x) { return f16_to_f32(f32_to_f16(x)); });
+    case DType::F32:
+      return round_all(src, dst, n, [](float x) { return x; });
+    case DType::F64:
+      break;
+  }
+  throw InternalError(
+      detail::concat("[mixed precision] cannot store floats as ", dtype_name(dtype)));
+}
+
+MixedPrecision::MixedPrecision(ParameterSet<float>& model, DType dtype, DType grad_dtype)
+    : model_(model), master_(model.infos()), dtype_(dtype), grad_dtype_(grad_dtype) {
+  OMNI_CHECK(dtype == DType::BF16 || dtype == DType::F16, "[mixed precision] parameters in ",
+             dtype_name(dtype), ", not bf16 or f16");
+  OMNI_CHECK(grad_dtype == dtype || grad_dtype == DType::F32, "[mixed precision] gradients in ",
+             dtype_name(grad_dtype), " with ", dtype_name(dtype), " parameters");
+  OMNI_CHECK(master_.size() == model.size(), "[mixed precision] master layout differs");
+  round_to_dtype(model.values(), model.values(), model.size(), dtype_);
+  std::copy_n(model.values(), model.size(), master_.values());
+}
+
+bool MixedPrecision::unscale_and_check(float loss_scale) {
+  OMNI_CHECK(loss_scale > 0 && finite_bits(loss_scale), "[mixed precision] loss scale ",
+             loss_scale);
+  const int64_t n = model_.size();
+  float* g = model_.grads();
+  const bool found_inf = round_to_dtype(g, g, n, grad_dtype_);
+  const auto inv_scale = static_cast<float>(1.0 / double(loss_scale));
+  float* master_g = master_.grads();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) master_g[i] = g[i] * inv_scale;
+  return found_inf;
+}
+
+void MixedPrecision::copy_master_to_model() {
+  round_to_dtype(master_.values(), model_.values(), model_.size(), dtype_);
+}
+
+}  // namespace omni

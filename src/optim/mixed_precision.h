@@ -1,0 +1,69 @@
+// Mixed precision (--bf16, --fp16) as Megatron's Float16OptimizerWithFloat16Params does it:
+// the model computes with bf16 or fp16 parameters, the optimizer updates an fp32 master copy
+// ("main params") with fp32 states, and the master is rounded back into the model after each
+// step. On the CPU backend the model's ParameterSet<float> stays float but holds only values
+// the low precision can represent (bf16/f16 storage, fp32 arithmetic), so the rounding, the
+// overflow of fp16 gradients and the loss scaler behave as on a GPU.
+//
+//   omni::MixedPrecision mp(model.params(), omni::DType::F16, omni::DType::F16);
+//   omni::Optimizer<float> optimizer(opts.optim, mp.master());   // fp32 states
+//   auto scaler = omni::make_grad_scaler(loss_scale_config, omni::DType::F16);  // null: bf16
+//   each iteration:
+//     model.params().zero_grads();
+//     forward/backward with the loss multiplied by (scaler ? scaler->scale() : 1)
+//     bool found_inf = mp.unscale_and_check(scaler ? scaler->scale() : 1);
+//     // with tensor/pipeline parallelism (and under the distributed optimizer, data
+//     // parallelism too), OR found_inf over those ranks first, as Megatron all-reduces it
+//     if (scaler) scaler->update(found_inf);
+//     if (found_inf) { log "skipped iteration" and the scale; go on with the next }
+//     clip with gradient_norm(mp.master()) / scale_gradients(mp.master(), coeff)
+//     optimizer.step(mp.master(), lr);
+//     mp.copy_master_to_model();
+// Checkpoints save and load mp.master() (fp32) as the parameters; after a load, call
+// copy_master_to_model(). The distributed optimizer works on mp.master() unchanged: its
+// buckets reduce the model's gradients, and checking the whole gradient buffer is safe, as
+// an inf in a rank's unreduced part is an inf in the reduced sum too.
+#pragma once
+
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "model/parameters.h"
+
+namespace omni {
+
+// Writes each src[i] rounded to the nearest value of `dtype` (BF16 or F16: base/dtype.h's
+// round-to-nearest-even, NaN stays NaN; F32: unchanged) into dst[i], which may be src[i].
+// Returns whether any result is inf or NaN, counting values that overflow f16.
+bool round_to_dtype(const float* src, float* dst, int64_t n, DType dtype);
+
+class MixedPrecision {
+ public:
+  // `model` (which must outlive this) gets its values rounded to `dtype` (BF16 or F16); the
+  // master starts as their fp32 copy, as Megatron clones its fp16 parameters. Gradients are
+  // held in `grad_dtype`: F32, what Megatron always uses with bf16 and with
+  // --accumulate-allreduce-grads-in-fp32, or `dtype` (fp16's default). On the CPU, fp16
+  // gradient overflow shows only when grad_dtype is F16, since the arithmetic is fp32.
+  MixedPrecision(ParameterSet<float>& model, DType dtype, DType grad_dtype);
+
+  DType dtype() const { return dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }
+  // The fp32 parameters the optimizer steps, and their gradients after unscale_and_check.
+  ParameterSet<float>& master() { return master_; }
+  const ParameterSet<float>& master() const { return master_; }
+
+  // After backward of loss * loss_scale: rounds the model's gradients to grad_dtype (as they
+  // are stored, after accumulation over micro-batches) and writes them times 1/loss_scale
+  // (an fp32 multiply, exact for powers of two) into the master's gradients. Returns whether
+  // any rounded gradient is inf or NaN, in which case the step must be skipped.
+  bool unscale_and_check(float loss_scale);
+  // After the optimizer step: the model's values := the master's, rounded to dtype.
+  void copy_master_to_model();
+
+ private:
+  ParameterSet<float>& model_;
+  ParameterSet<float> master_;
+  DType dtype_, grad_dtype_;
+};
+
+}  // namespace omni
