@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -195,6 +196,12 @@ Metadata read_metadata(const std::string& root) {
       ls >> md.progress.iteration;
     } else if (key == "consumed_samples") {
       ls >> md.progress.consumed_samples;
+    } else if (key == "lr_schedule_iteration") {
+      ls >> md.progress.lr_schedule_iteration;
+    } else if (key == "loss_scaler") {
+      GradScalerState st;
+      ls >> st.scale >> st.growth_tracker >> st.hysteresis_tracker;
+      md.progress.loss_scaler = st;
     } else if (key == "optimizer") {
       ls >> md.optimizer >> md.optimizer_steps;
     } else if (key == "args") {
@@ -332,10 +339,17 @@ std::string write_checkpoint(const std::string& root, const Options& opts,
   md << kMagic << "\n"
      << "iteration " << progress.iteration << "\n"
      << "consumed_samples " << progress.consumed_samples << "\n"
-     << "lr_schedule_iteration " << progress.iteration << "\n"
+     << "lr_schedule_iteration "
+     << (progress.lr_schedule_iteration >= 0 ? progress.lr_schedule_iteration : progress.iteration)
+     << "\n"
      << "optimizer " << (optimizer ? optimizer_name(optimizer->kind()) : kNoOptimizer) << ' '
      << (optimizer ? optimizer->steps() : 0) << "\n"
      << "rng none\n";
+  if (progress.loss_scaler) {
+    const GradScalerState& st = *progress.loss_scaler;
+    md << "loss_scaler " << std::setprecision(9) << st.scale << ' ' << st.growth_tracker << ' '
+       << st.hysteresis_tracker << "\n";
+  }
   const std::vector<std::string> args = resolved_args(opts);
   md << "args " << args.size() << "\n";
   for (const std::string& a : args) md << escape(a) << "\n";

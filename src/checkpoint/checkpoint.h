@@ -29,10 +29,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config/options.h"
 #include "model/parameters.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 
 namespace omni {
@@ -40,6 +42,10 @@ namespace omni {
 struct TrainingProgress {
   int64_t iteration = 0;         // completed optimizer steps
   int64_t consumed_samples = 0;  // training samples read (the data position)
+  // The learning-rate schedule's position: the iteration, less the steps fp16 skipped
+  // (Megatron advances the schedule only on a successful update). -1: the iteration.
+  int64_t lr_schedule_iteration = -1;
+  std::optional<GradScalerState> loss_scaler;  // --fp16's scaler, when there is one
 };
 
 // ROOT/iter_0000100 for iteration 100 (Megatron's 7-digit name).

@@ -360,6 +360,23 @@ std::vector<OptionDef> build_table() {
   t.push_back(text("--device", "auto|cpu|cuda|hip", W, "where to train (auto: a GPU when present)",
                    [](Options& o) -> std::string& { return o.device; }));
 
+  const std::string MP = "mixed precision";
+  t.push_back(toggle("--bf16", MP, "bf16 parameters, fp32 master weights and optimizer states",
+                     [](Options& o) -> bool& { return o.bf16; }));
+  t.push_back(toggle("--fp16", MP, "fp16 parameters and gradients with a loss scaler",
+                     [](Options& o) -> bool& { return o.fp16; }));
+  t.push_back(number<double>("--loss-scale", "X", MP, "a constant loss scale (0: dynamic with --fp16)",
+                             [](Options& o) -> double& { return o.loss_scale.loss_scale; }));
+  t.push_back(number<double>("--initial-loss-scale", "X", MP, "the dynamic scale's start (2^32)",
+                             [](Options& o) -> double& { return o.loss_scale.initial_loss_scale; }));
+  t.push_back(number<double>("--min-loss-scale", "X", MP, "the dynamic scale's floor",
+                             [](Options& o) -> double& { return o.loss_scale.min_loss_scale; }));
+  t.push_back(number<int64_t>("--loss-scale-window", "N", MP,
+                              "clean steps before the dynamic scale doubles",
+                              [](Options& o) -> int64_t& { return o.loss_scale.loss_scale_window; }));
+  t.push_back(number<int64_t>("--hysteresis", "N", MP,
+                              "overflows before the dynamic scale halves",
+                              [](Options& o) -> int64_t& { return o.loss_scale.hysteresis; }));
   const std::string PAR = "parallelism";
   t.push_back(number<int>("--tensor-model-parallel-size", "N", PAR,
                           "ranks that split each layer's matmuls (Megatron's TP)",
@@ -393,16 +410,11 @@ std::vector<OptionDef> build_table() {
                              "gradient elements per data-parallel all-reduce bucket (0: default)",
                              [](Options& o) -> double& { return o.ddp_bucket_size; }));
 
-  t.push_back(not_built("--bf16", "", "", "bf16 mixed precision"));
-  t.push_back(not_built("--fp16", "", "", "fp16 mixed precision"));
   t.push_back(not_built("--expert-model-parallel-size", "N", "1", "expert parallelism"));
   t.push_back(not_built("--num-experts", "N", "", "mixture of experts"));
   t.push_back(not_built("--checkpoint-activations", "", "", "activation recompute"));
   t.push_back(not_built("--recompute-activations", "", "", "activation recompute"));
   t.push_back(not_built("--recompute-granularity", "full|selective", "", "activation recompute"));
-  for (const char* flag : {"--loss-scale", "--initial-loss-scale", "--min-loss-scale",
-                           "--loss-scale-window", "--hysteresis"})
-    t.push_back(not_built(flag, "X", "", "fp16 loss scaling"));
   for (const char* flag : {"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
                            "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
                            "--no-bias-dropout-fusion", "--no-rope-fusion",
@@ -501,6 +513,7 @@ void finalize(Options& o) {
     o.model.vocab_size = 256;
   }
   o.model.validate();
+  OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   OMNI_REQUIRE(o.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size must be at least 1");
   OMNI_REQUIRE(o.pipeline_model_parallel_size >= 1,
                "--pipeline-model-parallel-size must be at least 1");

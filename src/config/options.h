@@ -9,6 +9,7 @@
 
 #include "data/tokenizer.h"
 #include "model/transformer_config.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 
@@ -68,6 +69,10 @@ struct Options {
   double exit_duration_in_mins = 0;  // 0: off
   bool exit_signal_handler = false;  // SIGTERM/SIGINT: save, then stop after the step
   std::string device = "auto";
+  // Mixed precision: bf16 or fp16 parameters (on the CPU: values rounded to them, fp32
+  // arithmetic) with fp32 master weights and optimizer states; fp16 with a loss scaler.
+  bool bf16 = false, fp16 = false;
+  LossScaleConfig loss_scale;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
   // Sampling: `omnitron generate`, and the text sample printed at the end of training.
   std::string prompt = "And it came to pass";

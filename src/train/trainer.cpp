@@ -91,10 +91,17 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     }
     ddp_->mark_ready(begin, end);
   });
+  if (opts.bf16 || opts.fp16) {
+    // Megatron keeps bf16 gradients in fp32 and fp16 ones in fp16.
+    const DType dtype = opts.bf16 ? DType::BF16 : DType::F16;
+    mixed_ = std::make_unique<MixedPrecision>(params, dtype, opts.bf16 ? DType::F32 : dtype);
+    scaler_ = make_grad_scaler(opts.loss_scale, dtype);
+  }
   if (opts.use_distributed_optimizer)
-    dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, params);
+    dist_optimizer_ =
+        std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params());
   else
-    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, params);
+    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params());
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
   doc_masks_ = {eod.value_or(-1), opts.reset_position_ids, opts.reset_attention_mask,
@@ -117,7 +124,7 @@ void Trainer::load(const std::string& dir) {
   // --finetune takes the weights only; --no-load-optim keeps the position but starts the
   // optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
-  ParameterSet<float>& params = model_->params();
+  ParameterSet<float>& params = optimizer_params();
   TrainingProgress p;
   if (grid_->world().size() == 1 && optimizer_) {
     p = load_checkpoint(dir, params, with_optimizer ? optimizer_.get() : nullptr);
@@ -142,9 +149,12 @@ void Trainer::load(const std::string& dir) {
         optimizer_->set_steps(full_optimizer.steps());
     }
   }
+  if (mixed_) mixed_->copy_master_to_model();
   if (resume) {
     iteration_ = p.iteration;
+    lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
     consumed_samples_ = p.consumed_samples;
+    if (scaler_ && p.loss_scaler) scaler_->load_state(*p.loss_scaler);
   }
 }
 
@@ -152,11 +162,15 @@ std::string Trainer::save(MetricsSink& sink) {
   OMNI_REQUIRE(!opts_.save.empty(), "saving a checkpoint needs --save DIR");
   // The checkpoint is the one-rank model's, whatever the layout: each tensor is assembled
   // from its owners' slices on world rank 0, which writes it.
-  ParameterSet<float>& params = model_->params();
+  ParameterSet<float>& params = optimizer_params();
   Communicator& world = grid_->world();
+  TrainingProgress progress;
+  progress.iteration = iteration_, progress.consumed_samples = consumed_samples_;
+  progress.lr_schedule_iteration = lr_steps_;
+  if (scaler_) progress.loss_scaler = scaler_->state();
   std::string dir;
   if (world.size() == 1 && optimizer_) {
-    dir = save_checkpoint(opts_.save, opts_, {iteration_, consumed_samples_}, params, *optimizer_);
+    dir = save_checkpoint(opts_.save, opts_, progress, params, *optimizer_);
   } else {
     GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
     Optimizer<float> full_optimizer(opts_.optim, full.params());
@@ -183,8 +197,7 @@ std::string Trainer::save(MetricsSink& sink) {
     }
     full_optimizer.set_steps(optimizer_ ? optimizer_->steps() : dist_optimizer_->steps());
     if (world.rank() == 0)
-      dir = save_checkpoint(opts_.save, opts_, {iteration_, consumed_samples_}, full.params(),
-                            full_optimizer);
+      dir = save_checkpoint(opts_.save, opts_, progress, full.params(), full_optimizer);
     world.barrier();  // the checkpoint is complete for every rank once any rank goes on
     dir = checkpoint_iteration_dir(opts_.save, iteration_);
   }
@@ -217,8 +230,8 @@ const MicroBatch& Trainer::read_batch(int m, int64_t first, bool train) {
   return b.local.batch();
 }
 
-double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) const {
-  const ParameterSet<float>& params = model_->params();
+double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) {
+  const ParameterSet<float>& params = optimizer_params();
   const bool tp_lead = grid_->tp_rank() == 0;
   double sum = 0;
   for (const ParamInfo& p : params.infos()) {
@@ -242,7 +255,7 @@ double Trainer::reduce_loss(double loss_sum, int microbatches) const {
   return loss;
 }
 
-double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
+Trainer::Step Trainer::train_step(int64_t iteration) {
   const int mb = opts_.micro_batch_size, accum = opts_.grad_accumulation_steps();
   ParameterSet<float>& params = model_->params();
   params.zero_grads();
@@ -256,8 +269,11 @@ double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
   };
   // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is that
   // of the global batch's mean loss. Context-parallel ranks each hold part of it, and the
-  // data-parallel reduction averages over dp x cp ranks: hence the factor cp.
-  const double loss_sum = pipeline_->run(accum, batch, true, double(grid_->cp_size()) / accum);
+  // data-parallel reduction averages over dp x cp ranks: hence the factor cp. Under fp16
+  // the loss is multiplied by the loss scale too.
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const double loss_sum =
+      pipeline_->run(accum, batch, true, loss_scale * grid_->cp_size() / accum);
   consumed_samples_ += opts_.global_batch_size;
   if (shared_embedding_.second > 0) {
     const int64_t b = shared_embedding_.first, e = shared_embedding_.second;
@@ -268,27 +284,44 @@ double Trainer::train_step(int64_t iteration, double* grad_norm, double* lr) {
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : params.infos())
     if (p.tp_partial_grad) grid_->tp().all_reduce(params.grads() + p.offset, size_t(p.numel));
-  const double loss = reduce_loss(loss_sum, accum);
-
+  Step step;
+  step.loss = reduce_loss(loss_sum, accum);
+  step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
+  if (mixed_) {
+    // Round the gradients to their storage type, unscale them into the master's; an
+    // overflow on any rank skips the step everywhere (Megatron all-reduces found_inf).
+    double found_inf = mixed_->unscale_and_check(float(loss_scale)) ? 1.0 : 0.0;
+    grid_->world().all_reduce(&found_inf, 1, ReduceOp::Max);
+    if (scaler_) {
+      scaler_->update(found_inf > 0);
+      if (found_inf > 0) {
+        step.skipped = true;
+        step.grad_norm = NAN;
+        return step;
+      }
+    }
+  }
+  ParameterSet<float>& master = optimizer_params();
   double norm2 = gradient_norm_squared(
-      dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, params.size()}});
+      dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}});
   grid_->model_parallel().all_reduce(&norm2, 1);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
-  *grad_norm = std::sqrt(norm2);
-  OMNI_REQUIRE(std::isfinite(*grad_norm), "iteration ", iteration,
-               ": the gradient norm is not finite (lm loss ", loss,
+  step.grad_norm = std::sqrt(norm2);
+  OMNI_REQUIRE(std::isfinite(step.grad_norm), "iteration ", iteration,
+               ": the gradient norm is not finite (lm loss ", step.loss,
                "); lower --lr or enable --clip-grad");
   // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
   if (opts_.optim.clip_grad > 0) {
-    const double coeff = opts_.optim.clip_grad / (*grad_norm + 1e-6);
-    if (coeff < 1.0) scale_gradients(params, coeff);
+    const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
+    if (coeff < 1.0) scale_gradients(master, coeff);
   }
-  *lr = learning_rate(opts_.lr_schedule, iteration - 1);
   if (dist_optimizer_)
-    dist_optimizer_->step(params, *lr);
+    dist_optimizer_->step(master, step.lr);
   else
-    optimizer_->step(params, *lr);
-  return loss;
+    optimizer_->step(master, step.lr);
+  if (mixed_) mixed_->copy_master_to_model();
+  ++lr_steps_;
+  return step;
 }
 
 double Trainer::evaluate() {
@@ -313,8 +346,8 @@ TrainResult Trainer::run(MetricsSink& sink) {
   result.first_iteration = iteration_ + 1;
   for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
     const auto t0 = clock::now();
-    double grad_norm = 0, lr = 0;
-    const double loss = train_step(it, &grad_norm, &lr);
+    const Step step = train_step(it);
+    const double loss = step.loss;
     iteration_ = it;
     const double step_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += step_seconds;
@@ -330,8 +363,12 @@ TrainResult Trainer::run(MetricsSink& sink) {
     m.consumed_samples = consumed_samples_;
     m.global_batch_size = opts_.global_batch_size;
     m.lm_loss = loss;
-    m.lr = lr;
-    m.grad_norm = grad_norm;
+    m.lr = step.lr;
+    m.grad_norm = step.grad_norm;
+    m.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+    m.skipped_iterations = step.skipped ? 1 : 0;
+    result.skipped_iterations += m.skipped_iterations;
+    m.nan_iterations = step.skipped && !std::isfinite(loss) ? 1 : 0;
     m.ms_per_iter = 1000.0 * step_seconds;
     m.tokens_per_sec = tokens_per_iter / step_seconds;
     m.tflops = flops_per_iter / step_seconds / 1e12;

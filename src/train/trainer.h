@@ -12,6 +12,8 @@
 #include "data/dataset.h"
 #include "model/gpt_model.h"
 #include "optim/distributed_optimizer.h"
+#include "optim/loss_scaler.h"
+#include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
@@ -34,6 +36,7 @@ struct TrainResult {
   // "signal"; empty when it ran to the end.
   std::string exit_reason;
   std::vector<std::string> saved;  // checkpoint directories written, in order
+  int64_t skipped_iterations = 0;  // fp16 steps whose gradients overflowed (no update)
 };
 
 class Trainer {
@@ -74,13 +77,22 @@ class Trainer {
     MicroBatch full;
     ContextParallelBatch local;
   };
-  double train_step(int64_t iteration, double* grad_norm, double* lr);
+  struct Step {
+    double loss = 0, grad_norm = 0, lr = 0;
+    bool skipped = false;  // fp16: the gradients overflowed, no update
+  };
+  Step train_step(int64_t iteration);
+  // The parameters the optimizer updates: the fp32 master under mixed precision, else the
+  // model's own.
+  ParameterSet<float>& optimizer_params() {
+    return mixed_ ? mixed_->master() : model_->params();
+  }
   // Reads micro-batch `m` of this step (training: from consumed sample `first`) into
   // batches_[m], with document masks when the options ask for them.
   const MicroBatch& read_batch(int m, int64_t first, bool train);
   // The parameters' squared gradient norm over `ranges` of the flat buffer, each
   // parameter counted once across the model-parallel ranks.
-  double gradient_norm_squared(const std::vector<ShardRange>& ranges) const;
+  double gradient_norm_squared(const std::vector<ShardRange>& ranges);
   // Sum of the last stage's per-micro-batch losses, averaged over data-parallel ranks and
   // handed to every pipeline stage.
   double reduce_loss(double loss_sum, int microbatches) const;
@@ -94,12 +106,15 @@ class Trainer {
   std::unique_ptr<GPTModel<float>> model_;
   std::unique_ptr<PipelineExecutor<float>> pipeline_;
   std::unique_ptr<DataParallelBuckets<float>> ddp_;
+  std::unique_ptr<MixedPrecision> mixed_;   // --bf16, --fp16
+  std::unique_ptr<GradScaler> scaler_;      // --fp16 (dynamic) or --loss-scale
   std::unique_ptr<Optimizer<float>> optimizer_;                   // or:
   std::unique_ptr<DistributedOptimizer<float>> dist_optimizer_;  // --use-distributed-optimizer
   // The word embeddings' flat range when the first and last pipeline stages each hold a
   // copy (tied, pipeline > 1): summed across the two before data-parallel reduction.
   std::pair<int64_t, int64_t> shared_embedding_{0, 0};
   int64_t iteration_ = 0;  // completed steps
+  int64_t lr_steps_ = 0;   // completed updates: the schedule's position (fp16 skips some)
   int64_t consumed_samples_ = 0;
   int64_t last_saved_ = -1;
   bool signal_handler_installed_ = false;

@@ -62,7 +62,7 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 }
 
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
-  expect_usage_error(kTiny + "--bf16", "not built yet");
+  expect_usage_error(kTiny + "--recompute-activations", "not built yet");
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {

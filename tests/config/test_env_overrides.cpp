@@ -39,13 +39,14 @@ TEST(EnvOverrides, LauncherVariablesBecomeTheFlagsTheyStandFor) {
 
 TEST(EnvOverrides, FeaturesNotBuiltYetAreRefusedThroughTheirFlags) {
   Options o;
-  EXPECT_THROW(parse_options(flags({{"DTYPE", "bf16"}}), o), UsageError);
+  EXPECT_THROW(parse_options(flags({{"USE_ACTIVATION_CHECKPOINTING", "1"}}), o), UsageError);
 }
 
 TEST(EnvOverrides, ParallelLayoutVariablesSetTheirFlags) {
   Options o;
-  parse_options(flags({{"ZERO_STAGE", "1"}}), o);
+  parse_options(flags({{"ZERO_STAGE", "1"}, {"DTYPE", "bf16"}}), o);
   EXPECT_TRUE(o.use_distributed_optimizer);
+  EXPECT_TRUE(o.bf16);
   parse_options(flags({{"SP", "1"}, {"TP", "2"}}), o);
   EXPECT_TRUE(o.sequence_parallel);
   EXPECT_EQ(o.tensor_model_parallel_size, 2);
