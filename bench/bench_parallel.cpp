@@ -14,6 +14,7 @@
 // Every run trains the same GPT-2-shaped model on the same global batch (8 sequences of 256
 // tokens, micro-batches of 4), so the step times compare directly: one rank does both
 // micro-batches, each DP 2 rank one of them, each TP 2 rank both at half the width.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -263,6 +264,14 @@ double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int m
   return tp + a(4 * params + 8, l.dp);
 }
 
+// User and system CPU seconds of this process so far, every thread's.
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -303,7 +312,8 @@ Args parse_args(int argc, char** argv) {
 }
 
 // What --compare reads from each measuring run: its last line, printed by rank 0.
-constexpr const char* kResultFormat = "bench_parallel result: %lf ms, %lf bytes, %lf analytical\n";
+constexpr const char* kResultFormat =
+    "bench_parallel result: median %lf ms, min %lf ms, %lf bytes, %lf analytical\n";
 
 // Trains args.steps steps in the layout the world and the arguments give; rank 0 prints.
 void measure(const Args& args) {
@@ -362,7 +372,9 @@ void measure(const Args& args) {
   omni::Trainer trainer(o, omni::make_mock_data(m.vocab_size, 1), 0, std::nullopt, &counted);
   omni::MetricsSink sink("", false, nullptr);
   tally.on = true;
+  const double cpu_before = cpu_seconds();
   const omni::TrainResult r = trainer.run(sink);
+  const double cpu = cpu_seconds() - cpu_before;
   tally.on = false;
 
   const std::vector<double> timed(r.step_seconds.begin() + args.warmup, r.step_seconds.end());
@@ -372,18 +384,18 @@ void measure(const Args& args) {
   // Every step runs the same calls, so the run's bytes divided by its steps are one step's.
   const double per_step = 1.0 / double(r.step_seconds.size());
   std::vector<double> mine = {tally.total_algorithmic() * per_step, step,
-                              tally.blocked_seconds / all_steps};
+                              tally.blocked_seconds / all_steps, cpu / all_steps};
   std::vector<double> ranks(mine.size() * world.size());
   world.all_gather(ranks.data(), mine.data(), mine.size());
   if (!lead) return;
 
   std::printf(
       "\nstep time, rank 0: median %.0f ms over steps %d..%d (min %.0f, max %.0f); "
-      "%.0f tokens/s\n",
+      "%.0f tokens/s; rank 0 busy %.0f%% of one core\n",
       step * 1000, args.warmup + 1, args.steps,
       *std::min_element(timed.begin(), timed.end()) * 1000,
       *std::max_element(timed.begin(), timed.end()) * 1000,
-      double(global_batch) * m.seq_length / step);
+      double(global_batch) * m.seq_length / step, 100 * mine[3]);
   const double expected = analytical_bytes(m, micro_batch, o.grad_accumulation_steps(), layout);
   double most_sent = 0;
   if (world.size() > 1) {
@@ -396,19 +408,22 @@ void measure(const Args& args) {
     for (const auto& [key, e] : tally.entries)
       std::printf("%-6s %-15s %10.1f %16.0f %18.0f\n", key.first.c_str(), call_name(key.second),
                   double(e.calls) * per_step, e.payload * per_step, e.algorithmic * per_step);
-    std::printf("\n%-6s %18s %18s %12s %14s %12s\n", "rank", "sent bytes/step", "analytical",
-                "difference", "median ms", "in comm");
+    std::printf("\n%-6s %18s %18s %12s %14s %9s %9s\n", "rank", "sent bytes/step", "analytical",
+                "difference", "median ms", "in comm", "busy");
     for (int k = 0; k < world.size(); ++k) {
       const double* v = ranks.data() + k * mine.size();
       most_sent = std::max(most_sent, v[0]);
-      std::printf("%-6d %18.0f %18.0f %12.0f %14.0f %11.0f%%\n", k, v[0], expected, v[0] - expected,
-                  v[1] * 1000, 100 * v[2]);
+      std::printf("%-6d %18.0f %18.0f %12.0f %14.0f %8.0f%% %8.0f%%\n", k, v[0], expected,
+                  v[0] - expected, v[1] * 1000, 100 * v[2], 100 * v[3]);
     }
     std::printf(
-        "(in comm: share of all steps' time spent inside communication calls and "
-        "waits, including waiting for the other ranks)\n");
+        "(in comm: share of all steps' time spent inside communication calls and waits, "
+        "waiting for the other ranks included;\n busy: the rank's CPU time over the same "
+        "steps' wall time, in cores: below 100%% per thread, the rank was waiting for a core "
+        "or sleeping)\n");
   }
-  std::printf(kResultFormat, step * 1000, most_sent, expected);
+  std::printf(kResultFormat, step * 1000, *std::min_element(timed.begin(), timed.end()) * 1000,
+              most_sent, expected);
 }
 
 // Runs the one-rank baseline at 2 and 1 OpenMP threads and DP 2 and TP 2 under mpirun (one
@@ -423,7 +438,7 @@ void compare(const Args& args) {
   struct Run {
     const char* name;
     std::string command;
-    double ms = 0, bytes = 0, analytical = 0;
+    double ms = 0, min_ms = 0, bytes = 0, analytical = 0;
   };
   const std::string mpirun = "mpirun -np 2 -x OMP_NUM_THREADS=1 ";
   std::vector<Run> runs = {
@@ -441,20 +456,21 @@ void compare(const Args& args) {
     bool found = false;
     while (std::fgets(line, sizeof line, out)) {
       std::fputs(line, stdout);
-      found |= std::sscanf(line, kResultFormat, &run.ms, &run.bytes, &run.analytical) == 3;
+      found |=
+          std::sscanf(line, kResultFormat, &run.ms, &run.min_ms, &run.bytes, &run.analytical) == 4;
     }
     const int status = pclose(out);
     OMNI_CHECK(status == 0 && found, "[bench_parallel] ", run.command, " failed (status ", status,
                ")");
   }
-  std::printf("\n%-22s %12s %14s %14s %18s %18s\n", "run", "median ms", "vs 2 threads",
-              "vs 1 thread", "sent bytes/step", "analytical");
+  std::printf("\n%-20s %10s %8s %13s %12s %16s %16s\n", "run", "median ms", "min ms",
+              "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical");
   for (const Run& run : runs)
-    std::printf("%-22s %12.0f %13.2fx %13.2fx %18.0f %18.0f\n", run.name, run.ms,
+    std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f\n", run.name, run.ms, run.min_ms,
                 runs[0].ms / run.ms, runs[1].ms / run.ms, run.bytes, run.analytical);
   std::printf(
-      "(speed-up: one rank's median step time over this run's, same global batch; "
-      "sent: the most any rank sends, algorithmic count)\n");
+      "(vs: one rank's median step time over this run's, on the same global batch; sent: the "
+      "most any rank sends, algorithmic count)\n");
 }
 
 }  // namespace
