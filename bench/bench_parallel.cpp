@@ -313,7 +313,7 @@ Args parse_args(int argc, char** argv) {
 
 // What --compare reads from each measuring run: its last line, printed by rank 0.
 constexpr const char* kResultFormat =
-    "bench_parallel result: median %lf ms, min %lf ms, %lf bytes, %lf analytical\n";
+    "bench_parallel result: median %lf ms, min %lf ms, %lf bytes, %lf analytical, busy %lf\n";
 
 // Trains args.steps steps in the layout the world and the arguments give; rank 0 prints.
 void measure(const Args& args) {
@@ -423,7 +423,7 @@ void measure(const Args& args) {
         "or sleeping)\n");
   }
   std::printf(kResultFormat, step * 1000, *std::min_element(timed.begin(), timed.end()) * 1000,
-              most_sent, expected);
+              most_sent, expected, mine[3]);
 }
 
 // Runs the one-rank baseline at 2 and 1 OpenMP threads and DP 2 and TP 2 under mpirun (one
@@ -438,7 +438,7 @@ void compare(const Args& args) {
   struct Run {
     const char* name;
     std::string command;
-    double ms = 0, min_ms = 0, bytes = 0, analytical = 0;
+    double ms = 0, min_ms = 0, bytes = 0, analytical = 0, busy = 0;
   };
   const std::string mpirun = "mpirun -np 2 -x OMP_NUM_THREADS=1 ";
   std::vector<Run> runs = {
@@ -456,21 +456,24 @@ void compare(const Args& args) {
     bool found = false;
     while (std::fgets(line, sizeof line, out)) {
       std::fputs(line, stdout);
-      found |=
-          std::sscanf(line, kResultFormat, &run.ms, &run.min_ms, &run.bytes, &run.analytical) == 4;
+      found |= std::sscanf(line, kResultFormat, &run.ms, &run.min_ms, &run.bytes, &run.analytical,
+                           &run.busy) == 5;
     }
     const int status = pclose(out);
     OMNI_CHECK(status == 0 && found, "[bench_parallel] ", run.command, " failed (status ", status,
                ")");
   }
-  std::printf("\n%-20s %10s %8s %13s %12s %16s %16s\n", "run", "median ms", "min ms",
-              "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical");
+  std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %7s\n", "run", "median ms", "min ms",
+              "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "busy");
   for (const Run& run : runs)
-    std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f\n", run.name, run.ms, run.min_ms,
-                runs[0].ms / run.ms, runs[1].ms / run.ms, run.bytes, run.analytical);
+    std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %6.0f%%\n", run.name, run.ms,
+                run.min_ms, runs[0].ms / run.ms, runs[1].ms / run.ms, run.bytes, run.analytical,
+                100 * run.busy);
   std::printf(
       "(vs: one rank's median step time over this run's, on the same global batch; sent: the "
-      "most any rank sends, algorithmic count)\n");
+      "most any rank sends, algorithmic count;\n busy: rank 0's CPU time over its wall time, "
+      "in cores: under 100%% per thread, it was waiting for a core this machine's other work "
+      "held)\n");
 }
 
 }  // namespace
