@@ -1,0 +1,495 @@
+// Data- and tensor-parallel training on this machine's CPU ranks: the median step time and
+// the bytes each rank sends per step, measured by a counting Communicator, beside the
+// analytical count. Prints figures; never passes or fails on time.
+//
+//   build/bench_parallel                                   one rank (the baseline)
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --tp 2
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2
+//   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
+//                                        table of step times against one rank
+//   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
+//
+// As root, OpenMPI's mpirun needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
+//
+// Every run trains the same GPT-2-shaped model on the same global batch (8 sequences of 256
+// tokens, micro-batches of 4), so the step times compare directly: one rank does both
+// micro-batches, each DP 2 rank one of them, each TP 2 rank both at half the width.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/device.h"
+#include "base/error.h"
+#include "comm/communicator.h"
+#include "comm/process_grid.h"
+#include "config/options.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+namespace {
+
+using omni::CommRequest;
+using omni::Communicator;
+using omni::DType;
+
+enum class Call { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Send };
+
+const char* call_name(Call c) {
+  switch (c) {
+    case Call::AllReduce:
+      return "all-reduce";
+    case Call::ReduceScatter:
+      return "reduce-scatter";
+    case Call::AllGather:
+      return "all-gather";
+    case Call::AllToAll:
+      return "all-to-all";
+    case Call::Broadcast:
+      return "broadcast";
+    case Call::Send:
+      return "send";
+  }
+  return "?";
+}
+
+// What one rank handed to its communicators, per (group, call).
+struct Tally {
+  struct Entry {
+    int64_t calls = 0;
+    double payload = 0;      // bytes of the buffer this rank contributes
+    double algorithmic = 0;  // bytes a bandwidth-optimal algorithm makes this rank send
+  };
+  std::map<std::pair<std::string, Call>, Entry> entries;
+  double blocked_seconds = 0;  // inside communication calls and request waits
+  bool on = false;
+
+  double total_algorithmic() const {
+    double s = 0;
+    for (const auto& [key, e] : entries) s += e.algorithmic;
+    return s;
+  }
+};
+
+// Times a call into the communicator while the tally is on.
+class Blocked {
+ public:
+  explicit Blocked(Tally& t) : tally_(t), start_(std::chrono::steady_clock::now()) {}
+  ~Blocked() {
+    if (tally_.on)
+      tally_.blocked_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  Tally& tally_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+class CountingRequest : public CommRequest {
+ public:
+  CountingRequest(std::unique_ptr<CommRequest> inner, Tally& tally)
+      : inner_(std::move(inner)), tally_(tally) {}
+  void wait() override {
+    Blocked b(tally_);
+    inner_->wait();
+  }
+  bool test() override {
+    Blocked b(tally_);
+    return inner_->test();
+  }
+
+ private:
+  std::unique_ptr<CommRequest> inner_;
+  Tally& tally_;
+};
+
+// A Communicator that forwards every call to `inner` and counts, per group and call kind,
+// what this rank sends. Its splits count into the same tally, so wrapping the world counts
+// every group ProcessGrid makes of it. Groups of one rank send nothing and are not counted.
+//
+// "Algorithmic" bytes are those a bandwidth-optimal algorithm sends from each rank, the
+// count behind nccl-tests' bus bandwidth, for a buffer of n bytes over p ranks:
+// all-reduce 2(p-1)/p n (reduce-scatter then all-gather), reduce-scatter and all-gather
+// (p-1)/p of the full n-byte buffer, all-to-all the (p-1)/p of it that goes to others,
+// broadcast n from the root, send n. They are not the bytes OpenMPI's chosen algorithm
+// puts on the wire (for small messages it picks latency-bound ones, e.g. recursive
+// doubling, which send the whole buffer log2 p times).
+class CountingCommunicator : public Communicator {
+ public:
+  CountingCommunicator(Communicator& inner, Tally& tally) : inner_(&inner), tally_(tally) {}
+  CountingCommunicator(std::unique_ptr<Communicator> owned, Tally& tally)
+      : owned_(std::move(owned)), inner_(owned_.get()), tally_(tally) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+
+  void all_reduce(void* data, size_t n, DType t, omni::ReduceOp op) override {
+    count_all_reduce(n, t);
+    Blocked b(tally_);
+    inner_->all_reduce(data, n, t, op);
+  }
+  void reduce_scatter(void* out, const void* in, size_t n, DType t) override {
+    count_scatter(Call::ReduceScatter, n, t);
+    Blocked b(tally_);
+    inner_->reduce_scatter(out, in, n, t);
+  }
+  void all_gather(void* out, const void* in, size_t n, DType t) override {
+    const double p = size(), full = p * double(n) * omni::dtype_size(t);
+    record(Call::AllGather, full / p, (p - 1) / p * full);
+    Blocked b(tally_);
+    inner_->all_gather(out, in, n, t);
+  }
+  void all_to_all(void* out, const void* in, size_t n, DType t) override {
+    count_scatter(Call::AllToAll, n, t);
+    Blocked b(tally_);
+    inner_->all_to_all(out, in, n, t);
+  }
+  void broadcast(void* data, size_t bytes, int root) override {
+    const double sent = rank() == root ? double(bytes) : 0.0;
+    record(Call::Broadcast, sent, sent);
+    Blocked b(tally_);
+    inner_->broadcast(data, bytes, root);
+  }
+  void send(const void* data, size_t bytes, int peer, int tag) override {
+    record(Call::Send, double(bytes), double(bytes));
+    Blocked b(tally_);
+    inner_->send(data, bytes, peer, tag);
+  }
+  void recv(void* data, size_t bytes, int peer, int tag) override {
+    Blocked b(tally_);
+    inner_->recv(data, bytes, peer, tag);
+  }
+  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int tag) override {
+    record(Call::Send, double(bytes), double(bytes));
+    Blocked b(tally_);
+    return wrap(inner_->isend(data, bytes, peer, tag));
+  }
+  std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) override {
+    Blocked b(tally_);
+    return wrap(inner_->irecv(data, bytes, peer, tag));
+  }
+  std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) override {
+    count_all_reduce(n, t);
+    Blocked b(tally_);
+    return wrap(inner_->iall_reduce(data, n, t));
+  }
+  std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
+                                               DType t) override {
+    count_scatter(Call::ReduceScatter, n, t);
+    Blocked b(tally_);
+    return wrap(inner_->ireduce_scatter(out, in, n, t));
+  }
+  void barrier() override {
+    Blocked b(tally_);
+    inner_->barrier();
+  }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    return std::make_unique<CountingCommunicator>(inner_->split(color, key, name), tally_);
+  }
+
+ private:
+  void record(Call c, double payload, double algorithmic) {
+    if (!tally_.on || size() == 1) return;
+    Tally::Entry& e = tally_.entries[{name(), c}];
+    ++e.calls;
+    e.payload += payload;
+    e.algorithmic += algorithmic;
+  }
+  void count_all_reduce(size_t n, DType t) {
+    const double p = size(), bytes = double(n) * omni::dtype_size(t);
+    record(Call::AllReduce, bytes, 2 * (p - 1) / p * bytes);
+  }
+  // n elements per rank's block: the input holds size() blocks.
+  void count_scatter(Call c, size_t n, DType t) {
+    const double p = size(), full = p * double(n) * omni::dtype_size(t);
+    record(c, full, (p - 1) / p * full);
+  }
+  std::unique_ptr<CommRequest> wrap(std::unique_ptr<CommRequest> r) {
+    return std::make_unique<CountingRequest>(std::move(r), tally_);
+  }
+
+  std::unique_ptr<Communicator> owned_;
+  Communicator* inner_;
+  Tally& tally_;
+};
+
+struct Layout {
+  int tp = 1, dp = 1;
+};
+
+// The bytes one rank sends per step by the algorithmic count (a(n, p) = 2(p-1)/p n for an
+// all-reduce of n bytes over p ranks), for GPT-2 (learned positions, biases, LayerNorm,
+// tied embeddings) with L layers, hidden h, sequence s, micro-batch b (T = b s tokens), m
+// micro-batches per step on each rank, TP size t, DP size d:
+//
+// Tensor parallel, Megatron without sequence parallelism. Activations are replicated, so
+// each all-reduce carries T h fp32 values:
+//   per layer and micro-batch, 4: forward after the attention's and the MLP's row-parallel
+//     output; backward at the inputs of the column-parallel QKV and fc1;
+//   per micro-batch, 2 more: the vocabulary-parallel embedding's output (forward) and the
+//     classifier input's gradient (backward);
+//   the vocabulary-parallel cross-entropy, per token: its max logit, then its sum of
+//     exponentials and target logit (3 doubles);
+//   per step, the squared gradient norm (1 double) over the model-parallel group. No
+//     replicated GPT-2 tensor has a partial gradient to sum (its layer norms see every token
+//     without sequence parallelism; only qk-layernorm would).
+//   TP = a(m ((4 L + 2) T h 4 + 3 T 8) + 8, t)
+// Data parallel: the averaged fp32 gradients of this rank's P_t parameters, and the loss
+// (1 double):
+//   DP = a(4 P_t + 8, d),
+//   P_t = V_t h / t + s h + L (12 h^2 / t + 7 h / t + 6 h) + 2 h,
+// V_t the vocabulary padded to a multiple of 128 t; a layer's QKV, fc1 (weights and biases)
+// and projection, fc2 weights are split t ways, its two layer norms and two output biases
+// replicated (6 h).
+double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int micro_batches,
+                        const Layout& l) {
+  auto a = [](double bytes, double p) { return 2 * (p - 1) / p * bytes; };
+  const double L = c.num_layers, h = c.hidden_size, s = c.seq_length, t = l.tp;
+  const double T = double(micro_batch) * s;
+  const double tp = a(micro_batches * ((4 * L + 2) * T * h * 4 + 3 * T * 8) + 8, t);
+  const int multiple = c.make_vocab_size_divisible_by * l.tp;
+  const double vocab = double((c.vocab_size + multiple - 1) / multiple * multiple);
+  const double params = vocab * h / t + s * h + L * (12 * h * h / t + 7 * h / t + 6 * h) + 2 * h;
+  return tp + a(4 * params + 8, l.dp);
+}
+
+// User and system CPU seconds of this process so far, every thread's.
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct Args {
+  Layout layout;
+  int steps = 8, warmup = 2;
+  bool compare = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args r;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--compare") {
+      r.compare = true;
+      continue;
+    }
+    OMNI_REQUIRE(i + 1 < argc, "bench_parallel: ", a, " needs a value");
+    const int v = std::atoi(argv[++i]);
+    if (a == "--tp")
+      r.layout.tp = v;
+    else if (a == "--dp")
+      r.layout.dp = v;
+    else if (a == "--steps")
+      r.steps = v;
+    else if (a == "--warmup")
+      r.warmup = v;
+    else
+      OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
+                   " (expected --tp, --dp, --steps, --warmup, --compare)");
+  }
+  OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
+               ") must exceed --warmup (", r.warmup, ")");
+  return r;
+}
+
+// What --compare reads from each measuring run: its last line, printed by rank 0.
+constexpr const char* kResultFormat =
+    "bench_parallel result: median %lf ms, min %lf ms, %lf bytes, %lf analytical, busy %lf\n";
+
+// Trains args.steps steps in the layout the world and the arguments give; rank 0 prints.
+void measure(const Args& args) {
+  const Layout& layout = args.layout;
+  Communicator& world = omni::world_communicator();
+  const int dp = omni::data_parallel_size(world.size(), {.tp = layout.tp});
+  OMNI_REQUIRE(dp == layout.dp, "bench_parallel: ", world.size(), " ranks with --tp ", layout.tp,
+               " make data parallel ", dp, ", not --dp ", layout.dp);
+
+  const int micro_batch = 4, global_batch = 8;
+  omni::Options o;
+  omni::parse_options({"--mock-data",
+                       "--vocab-size",
+                       "50257",
+                       "--num-layers",
+                       "6",
+                       "--num-attention-heads",
+                       "6",
+                       "--hidden-size",
+                       "384",
+                       "--seq-length",
+                       "256",
+                       "--micro-batch-size",
+                       std::to_string(micro_batch),
+                       "--global-batch-size",
+                       std::to_string(global_batch),
+                       "--tensor-model-parallel-size",
+                       std::to_string(layout.tp),
+                       "--train-iters",
+                       std::to_string(args.steps),
+                       "--eval-iters",
+                       "0",
+                       "--log-interval",
+                       "1000000",
+                       "--no-progress"},
+                      o);
+  o.data_parallel_size = dp;
+  omni::finalize(o);
+  const omni::TransformerConfig& m = o.model;
+  const bool lead = world.rank() == 0;
+  if (lead) {
+    std::printf(
+        "model: GPT-2 shape, %d layers, hidden %d, %d heads, seq %d, vocab %d; %.1fM "
+        "parameters\n",
+        m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size,
+        m.num_parameters() / 1e6);
+    std::printf("batch: %d sequences per step in micro-batches of %d; micro-batches per rank: %d\n",
+                global_batch, micro_batch, o.grad_accumulation_steps());
+    std::printf("layout: %d rank(s) = tensor %d x data %d, OpenMP threads per rank: %d; cpu: %s\n",
+                world.size(), layout.tp, dp, omni::cpu_threads(), omni::cpu_model_name().c_str());
+    std::fflush(stdout);
+  }
+
+  Tally tally;
+  CountingCommunicator counted(world, tally);
+  omni::Trainer trainer(o, omni::make_mock_data(m.vocab_size, 1), 0, std::nullopt, &counted);
+  omni::MetricsSink sink("", false, nullptr);
+  tally.on = true;
+  const double cpu_before = cpu_seconds();
+  const omni::TrainResult r = trainer.run(sink);
+  const double cpu = cpu_seconds() - cpu_before;
+  tally.on = false;
+
+  const std::vector<double> timed(r.step_seconds.begin() + args.warmup, r.step_seconds.end());
+  const double step = median(timed);
+  double all_steps = 0;
+  for (double s : r.step_seconds) all_steps += s;
+  // Every step runs the same calls, so the run's bytes divided by its steps are one step's.
+  const double per_step = 1.0 / double(r.step_seconds.size());
+  std::vector<double> mine = {tally.total_algorithmic() * per_step, step,
+                              tally.blocked_seconds / all_steps, cpu / all_steps};
+  std::vector<double> ranks(mine.size() * world.size());
+  world.all_gather(ranks.data(), mine.data(), mine.size());
+  if (!lead) return;
+
+  std::printf(
+      "\nstep time, rank 0: median %.0f ms over steps %d..%d (min %.0f, max %.0f); "
+      "%.0f tokens/s; rank 0 busy %.0f%% of one core\n",
+      step * 1000, args.warmup + 1, args.steps,
+      *std::min_element(timed.begin(), timed.end()) * 1000,
+      *std::max_element(timed.begin(), timed.end()) * 1000,
+      double(global_batch) * m.seq_length / step, 100 * mine[3]);
+  const double expected = analytical_bytes(m, micro_batch, o.grad_accumulation_steps(), layout);
+  double most_sent = 0;
+  if (world.size() > 1) {
+    std::printf(
+        "\nsent by rank 0 per step (algorithmic bytes as nccl-tests' bus bandwidth counts "
+        "them: all-reduce 2(p-1)/p n,\nreduce-scatter and all-gather (p-1)/p of the full "
+        "buffer; not the wire bytes of the algorithm OpenMPI picks):\n");
+    std::printf("%-6s %-15s %10s %16s %18s\n", "group", "call", "calls", "payload bytes",
+                "algorithmic bytes");
+    for (const auto& [key, e] : tally.entries)
+      std::printf("%-6s %-15s %10.1f %16.0f %18.0f\n", key.first.c_str(), call_name(key.second),
+                  double(e.calls) * per_step, e.payload * per_step, e.algorithmic * per_step);
+    std::printf("\n%-6s %18s %18s %12s %14s %9s %9s\n", "rank", "sent bytes/step", "analytical",
+                "difference", "median ms", "in comm", "busy");
+    for (int k = 0; k < world.size(); ++k) {
+      const double* v = ranks.data() + k * mine.size();
+      most_sent = std::max(most_sent, v[0]);
+      std::printf("%-6d %18.0f %18.0f %12.0f %14.0f %8.0f%% %8.0f%%\n", k, v[0], expected,
+                  v[0] - expected, v[1] * 1000, 100 * v[2], 100 * v[3]);
+    }
+    std::printf(
+        "(in comm: share of all steps' time spent inside communication calls and waits, "
+        "waiting for the other ranks included;\n busy: the rank's CPU time over the same "
+        "steps' wall time, in cores: below 100%% per thread, the rank was waiting for a core "
+        "or sleeping)\n");
+  }
+  std::printf(kResultFormat, step * 1000, *std::min_element(timed.begin(), timed.end()) * 1000,
+              most_sent, expected, mine[3]);
+}
+
+// Runs the one-rank baseline at 2 and 1 OpenMP threads and DP 2 and TP 2 under mpirun (one
+// thread per rank), each in its own process, and prints their figures side by side.
+void compare(const Args& args) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  OMNI_CHECK(len > 0, "[bench_parallel] cannot read /proc/self/exe");
+  self[len] = '\0';
+  const std::string common = std::string(self) + " --steps " + std::to_string(args.steps) +
+                             " --warmup " + std::to_string(args.warmup);
+  struct Run {
+    const char* name;
+    std::string command;
+    double ms = 0, min_ms = 0, bytes = 0, analytical = 0, busy = 0;
+  };
+  const std::string mpirun = "mpirun -np 2 -x OMP_NUM_THREADS=1 ";
+  std::vector<Run> runs = {
+      {"one rank, 2 threads", "OMP_NUM_THREADS=2 " + common},
+      {"one rank, 1 thread", "OMP_NUM_THREADS=1 " + common},
+      {"DP 2, 1 thread each", mpirun + common + " --dp 2"},
+      {"TP 2, 1 thread each", mpirun + common + " --tp 2"},
+  };
+  for (Run& run : runs) {
+    std::printf("\n$ %s\n", run.command.c_str());
+    std::fflush(stdout);
+    FILE* out = popen((run.command + " 2>&1").c_str(), "r");
+    OMNI_CHECK(out, "[bench_parallel] cannot start ", run.command);
+    char line[1024];
+    bool found = false;
+    while (std::fgets(line, sizeof line, out)) {
+      std::fputs(line, stdout);
+      found |= std::sscanf(line, kResultFormat, &run.ms, &run.min_ms, &run.bytes, &run.analytical,
+                           &run.busy) == 5;
+    }
+    const int status = pclose(out);
+    OMNI_CHECK(status == 0 && found, "[bench_parallel] ", run.command, " failed (status ", status,
+               ")");
+  }
+  std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %7s\n", "run", "median ms", "min ms",
+              "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "busy");
+  for (const Run& run : runs)
+    std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %6.0f%%\n", run.name, run.ms,
+                run.min_ms, runs[0].ms / run.ms, runs[1].ms / run.ms, run.bytes, run.analytical,
+                100 * run.busy);
+  std::printf(
+      "(vs: one rank's median step time over this run's, on the same global batch; sent: the "
+      "most any rank sends, algorithmic count;\n busy: rank 0's CPU time over its wall time, "
+      "in cores: under 100%% per thread, it was waiting for a core this machine's other work "
+      "held)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  omni::ensure_blas_environment(argv);
+  try {
+    const Args args = parse_args(argc, argv);
+    if (args.compare)
+      compare(args);
+    else
+      measure(args);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_parallel: %s\n", e.what());
+    omni::abort_world(1);
+    return 1;
+  }
+}
