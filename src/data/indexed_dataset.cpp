@@ -92,40 +92,6 @@ IndexedDtype indexed_dtype_for_vocab(int64_t vocab_size) {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-// A buffered stdio file that closes itself; write errors name the file.
-class IndexedDatasetWriter::File {
- public:
-  File(std::string path, const char* mode) : path_(std::move(path)) {
-    f_ = std::fopen(path_.c_str(), mode);
-    OMNI_REQUIRE(f_ != nullptr, "cannot open ", path_, ": ", std::strerror(errno));
-    std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
-  }
-  ~File() {
-    if (f_) std::fclose(f_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  void write(const void* data, size_t n) {
-    OMNI_REQUIRE(n == 0 || std::fwrite(data, 1, n, f_) == n, "write to ", path_,
-                 " failed: ", std::strerror(errno));
-  }
-  template <typename T>
-  void put(T value) {
-    write(&value, sizeof(T));
-  }
-  size_t read(void* data, size_t n) { return std::fread(data, 1, n, f_); }
-  void close() {
-    const bool ok = std::fclose(f_) == 0;
-    f_ = nullptr;
-    OMNI_REQUIRE(ok, "closing ", path_, " failed: ", std::strerror(errno));
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  FILE* f_ = nullptr;
-};
 
 namespace {
 
@@ -142,9 +108,9 @@ IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, IndexedDty
   OMNI_REQUIRE(dtype == IndexedDtype::kUInt16 || dtype == IndexedDtype::kInt32,
                "[IndexedDatasetWriter] token dtype must be uint16 or int32, got ",
                indexed_dtype_name(dtype));
-  bin_ = std::make_unique<File>(prefix_ + ".bin.tmp", "wb");
-  lengths_ = std::make_unique<File>(prefix_ + ".lengths.tmp", "w+b");
-  boundaries_ = std::make_unique<File>(prefix_ + ".boundaries.tmp", "w+b");
+  bin_ = std::make_unique<BufferedFile>(prefix_ + ".bin.tmp", "wb");
+  lengths_ = std::make_unique<BufferedFile>(prefix_ + ".lengths.tmp", "w+b");
+  boundaries_ = std::make_unique<BufferedFile>(prefix_ + ".boundaries.tmp", "w+b");
 }
 
 IndexedDatasetWriter::~IndexedDatasetWriter() {
@@ -201,7 +167,7 @@ void IndexedDatasetWriter::finalize() {
   lengths_->close();
   boundaries_->close();
   {
-    File idx(prefix_ + ".idx.tmp", "wb");
+    BufferedFile idx(prefix_ + ".idx.tmp", "wb");
     idx.write(kMagic, sizeof(kMagic));
     idx.put(kVersion);
     idx.put(static_cast<uint8_t>(dtype_));
@@ -209,7 +175,7 @@ void IndexedDatasetWriter::finalize() {
     idx.put(static_cast<uint64_t>(documents_ + 1));
     copy_into(idx, lengths_->path(), 4 * sequences_);
     // Sequence pointers: the running byte offset of each sequence, as Megatron computes them.
-    File lengths(lengths_->path(), "rb");
+    BufferedFile lengths(lengths_->path(), "rb");
     std::vector<int32_t> chunk(1 << 16);
     int64_t offset = 0;
     for (int64_t left = sequences_; left > 0;) {
@@ -230,8 +196,8 @@ void IndexedDatasetWriter::finalize() {
   rename_into_place(prefix_ + ".idx.tmp", prefix_ + ".idx");
 }
 
-void IndexedDatasetWriter::copy_into(File& out, const std::string& path, int64_t bytes) {
-  File in(path, "rb");
+void IndexedDatasetWriter::copy_into(BufferedFile& out, const std::string& path, int64_t bytes) {
+  BufferedFile in(path, "rb");
   std::vector<char> buffer(1 << 20);
   while (bytes > 0) {
     const size_t want = static_cast<size_t>(std::min<int64_t>(bytes, 1 << 20));

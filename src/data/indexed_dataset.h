@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "base/buffered_file.h"
+
 namespace omni {
 
 // The dtype codes of the .idx header.
@@ -56,11 +58,10 @@ class IndexedDatasetWriter {
   int64_t tokens() const { return tokens_; }
 
  private:
-  class File;
-  static void copy_into(File& out, const std::string& path, int64_t bytes);
+  static void copy_into(BufferedFile& out, const std::string& path, int64_t bytes);
   std::string prefix_;
   IndexedDtype dtype_;
-  std::unique_ptr<File> bin_, lengths_, boundaries_;
+  std::unique_ptr<BufferedFile> bin_, lengths_, boundaries_;
   int64_t bin_bytes_ = 0, sequences_ = 0, documents_ = 0, tokens_ = 0;
 };
 

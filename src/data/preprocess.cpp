@@ -15,6 +15,7 @@
 #include <span>
 #include <thread>
 
+#include "base/buffered_file.h"
 #include "base/error.h"
 #include "data/jsonl.h"
 
@@ -22,40 +23,6 @@ namespace omni {
 
 namespace {
 
-// A buffered stdio file that closes itself; write errors name the file.
-class File {
- public:
-  File(std::string path, const char* mode) : path_(std::move(path)) {
-    f_ = std::fopen(path_.c_str(), mode);
-    OMNI_REQUIRE(f_ != nullptr, "cannot open ", path_, ": ", std::strerror(errno));
-    std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
-  }
-  ~File() {
-    if (f_) std::fclose(f_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  void write(const void* data, size_t n) {
-    OMNI_REQUIRE(n == 0 || std::fwrite(data, 1, n, f_) == n, "write to ", path_,
-                 " failed: ", std::strerror(errno));
-  }
-  template <typename T>
-  void put(T value) {
-    write(&value, sizeof(T));
-  }
-  size_t read(void* data, size_t n) { return std::fread(data, 1, n, f_); }
-  void close() {
-    const bool ok = std::fclose(f_) == 0;
-    f_ = nullptr;
-    OMNI_REQUIRE(ok, "closing ", path_, " failed: ", std::strerror(errno));
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  FILE* f_ = nullptr;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The pipeline: reader thread -> batches of lines -> worker threads -> in-order writer.
@@ -469,7 +436,7 @@ MergeStats merge_indexed_datasets(const std::vector<std::string>& prefixes,
     // its sequences lie back to back in order: check the sequence pointers say so.
     int64_t expected_offset = 0;
     {
-      File idx(prefix + ".idx", "rb");
+      BufferedFile idx(prefix + ".idx", "rb");
       std::vector<int64_t> offsets(1 << 16);
       std::vector<char> skip(static_cast<size_t>(34 + 4 * n));
       OMNI_CHECK(idx.read(skip.data(), skip.size()) == skip.size(), "short read of ", prefix,
@@ -493,7 +460,7 @@ MergeStats merge_indexed_datasets(const std::vector<std::string>& prefixes,
         std::filesystem::file_size(prefix + ".bin") == static_cast<uintmax_t>(expected_offset),
         "merge-datasets: ", prefix, ".bin has ", std::filesystem::file_size(prefix + ".bin"),
         " bytes but its .idx describes ", expected_offset);
-    File bin(prefix + ".bin", "rb");
+    BufferedFile bin(prefix + ".bin", "rb");
     for (int64_t left = expected_offset; left > 0;) {
       const size_t want = static_cast<size_t>(std::min<int64_t>(left, int64_t(buffer.size())));
       OMNI_REQUIRE(bin.read(buffer.data(), want) == want, "merge-datasets: short read of ", prefix,
