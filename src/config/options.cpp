@@ -377,6 +377,26 @@ std::vector<OptionDef> build_table() {
   t.push_back(number<int64_t>("--hysteresis", "N", MP,
                               "overflows before the dynamic scale halves",
                               [](Options& o) -> int64_t& { return o.loss_scale.hysteresis; }));
+  const std::string RC = "activation recompute";
+  t.push_back(OptionDef{"--checkpoint-activations", "", RC,
+                        "old name of --recompute-granularity full --recompute-method uniform",
+                        [](Options& o, const std::string&) {
+                          o.recompute_granularity = "full", o.recompute_method = "uniform";
+                          o.recompute_num_layers = 1;
+                        },
+                        [](const Options&) { return std::string(); }});
+  t.push_back(OptionDef{"--recompute-activations", "", RC,
+                        "recompute the attention probabilities (--recompute-granularity selective)",
+                        [](Options& o, const std::string&) { o.recompute_granularity = "selective"; },
+                        [](const Options&) { return std::string(); }});
+  t.push_back(text("--recompute-granularity", "full|selective", RC,
+                   "full: keep only layer inputs; selective: no attention probabilities",
+                   [](Options& o) -> std::string& { return o.recompute_granularity; }));
+  t.push_back(text("--recompute-method", "uniform|block", RC,
+                   "with full: every layer (uniform 1), or the first N of each stage (block N)",
+                   [](Options& o) -> std::string& { return o.recompute_method; }));
+  t.push_back(number<int>("--recompute-num-layers", "N", RC, "N for --recompute-method",
+                          [](Options& o) -> int& { return o.recompute_num_layers; }));
   const std::string PAR = "parallelism";
   t.push_back(number<int>("--tensor-model-parallel-size", "N", PAR,
                           "ranks that split each layer's matmuls (Megatron's TP)",
@@ -412,9 +432,6 @@ std::vector<OptionDef> build_table() {
 
   t.push_back(not_built("--expert-model-parallel-size", "N", "1", "expert parallelism"));
   t.push_back(not_built("--num-experts", "N", "", "mixture of experts"));
-  t.push_back(not_built("--checkpoint-activations", "", "", "activation recompute"));
-  t.push_back(not_built("--recompute-activations", "", "", "activation recompute"));
-  t.push_back(not_built("--recompute-granularity", "full|selective", "", "activation recompute"));
   for (const char* flag : {"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
                            "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
                            "--no-bias-dropout-fusion", "--no-rope-fusion",
@@ -514,6 +531,21 @@ void finalize(Options& o) {
   }
   o.model.validate();
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
+  const std::string& rg = o.recompute_granularity;
+  OMNI_REQUIRE(rg.empty() || rg == "full" || rg == "selective",
+               "--recompute-granularity: expected full or selective, got '", rg, "'");
+  if (rg == "full") {
+    if (o.recompute_method.empty()) o.recompute_method = "uniform";
+    if (o.recompute_num_layers == 0) o.recompute_num_layers = 1;
+    OMNI_REQUIRE(o.recompute_method == "uniform" || o.recompute_method == "block",
+                 "--recompute-method: expected uniform or block, got '", o.recompute_method, "'");
+    OMNI_REQUIRE(o.recompute_num_layers > 0, "--recompute-num-layers must be positive");
+    OMNI_REQUIRE(o.recompute_method == "block" || o.recompute_num_layers == 1,
+                 "--recompute-method uniform with --recompute-num-layers ",
+                 o.recompute_num_layers,
+                 " (groups of layers recomputed together) is not built yet; uniform 1 and "
+                 "block N are");
+  }
   OMNI_REQUIRE(o.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size must be at least 1");
   OMNI_REQUIRE(o.pipeline_model_parallel_size >= 1,
                "--pipeline-model-parallel-size must be at least 1");

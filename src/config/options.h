@@ -73,6 +73,11 @@ struct Options {
   // arithmetic) with fp32 master weights and optimizer states; fp16 with a loss scaler.
   bool bf16 = false, fp16 = false;
   LossScaleConfig loss_scale;
+  // Activation recompute, as Megatron's flags: granularity "" (none), "full" or
+  // "selective"; full with method "uniform" (every layer) or "block" (the first
+  // recompute_num_layers layers of each stage).
+  std::string recompute_granularity, recompute_method;
+  int recompute_num_layers = 0;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
   // Sampling: `omnitron generate`, and the text sample printed at the end of training.
   std::string prompt = "And it came to pass";

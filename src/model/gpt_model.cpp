@@ -181,39 +181,69 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
 }
 
 template <typename T>
-typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot) {
-  auto& slots = acts_[chunk];
-  if (slot >= int(slots.size())) slots.resize(slot + 1);
-  if (slots[slot]) return *slots[slot];
+void GPTModel<T>::allocate_layer(LayerActivations& l) {
   const int cp = cp_->size(), tp = tp_->size();
   const int64_t S = cfg_.seq_length, Sl = S / cp, hd = cfg_.head_dim(), C = cfg_.hidden_size;
   const int64_t N = int64_t(max_batch_) * Sl, R = sp_ ? N / tp : N;
   const int64_t H = heads_, G = groups_, fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
   const DType dt = dtype_of<T>();
   auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  l.ln1 = buf({R, C}), l.ln1_mean = buf({R}), l.ln1_rstd = buf({R});
+  l.ln1_full = sp_ ? buf({N, C}) : l.ln1;
+  l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * hd});
+  if (cfg_.qk_layernorm) {
+    l.q_raw = buf({N, H * hd}), l.k_raw = buf({N, G * hd});
+    l.qn_mean = buf({N * H}), l.qn_rstd = buf({N * H});
+    l.kn_mean = buf({N * G}), l.kn_rstd = buf({N * G});
+  }
+  if (cp > 1) {
+    l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
+    l.lse = buf({(cp + 1) * int64_t(max_batch_) * H * Sl});
+  }
+  // Selective recompute keeps no attention probabilities: every layer shares one buffer.
+  if (recompute_.granularity == Recompute::Selective) {
+    if (!shared_probs_.defined()) shared_probs_ = buf({max_batch_, H, Sl, S});
+    l.probs = shared_probs_;
+  } else {
+    l.probs = buf({max_batch_, H, Sl, S});
+  }
+  l.attn = buf({N, H * hd});
+  l.mid = buf({R, C});
+  l.ln2 = buf({R, C}), l.ln2_mean = buf({R}), l.ln2_rstd = buf({R});
+  l.ln2_full = sp_ ? buf({N, C}) : l.ln2;
+  l.fc1 = buf({N, fc1_out}), l.act = buf({N, ffn_});
+}
+
+template <typename T>
+bool GPTModel<T>::recomputed(int i) const {
+  return recompute_.granularity == Recompute::Full &&
+         (recompute_.num_layers == 0 || i < recompute_.num_layers);
+}
+
+template <typename T>
+typename GPTModel<T>::LayerActivations& GPTModel<T>::layer_activations(Activations& a, int i) {
+  if (!recomputed(i)) return a.layers[i];
+  if (!recompute_scratch_.ln1.defined()) allocate_layer(recompute_scratch_);
+  return recompute_scratch_;
+}
+
+template <typename T>
+typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot) {
+  auto& slots = acts_[chunk];
+  if (slot >= int(slots.size())) slots.resize(slot + 1);
+  if (slots[slot]) return *slots[slot];
+  const int cp = cp_->size(), tp = tp_->size();
+  const int64_t N = int64_t(max_batch_) * cfg_.seq_length / cp, R = sp_ ? N / tp : N;
+  const int64_t C = cfg_.hidden_size;
+  const DType dt = dtype_of<T>();
+  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
   auto a = std::make_unique<Activations>();
   const int layers = chunks_[chunk].second - chunks_[chunk].first;
   for (int i = 0; i <= layers; ++i) a->residual.push_back(buf({R, C}));
   a->layers.resize(layers);
-  for (LayerActivations& l : a->layers) {
-    l.ln1 = buf({R, C}), l.ln1_mean = buf({R}), l.ln1_rstd = buf({R});
-    l.ln1_full = sp_ ? buf({N, C}) : l.ln1;
-    l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * hd});
-    if (cfg_.qk_layernorm) {
-      l.q_raw = buf({N, H * hd}), l.k_raw = buf({N, G * hd});
-      l.qn_mean = buf({N * H}), l.qn_rstd = buf({N * H});
-      l.kn_mean = buf({N * G}), l.kn_rstd = buf({N * G});
-    }
-    if (cp > 1) {
-      l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
-      l.lse = buf({(cp + 1) * int64_t(max_batch_) * H * Sl});
-    }
-    l.probs = buf({max_batch_, H, Sl, S}), l.attn = buf({N, H * hd});
-    l.mid = buf({R, C});
-    l.ln2 = buf({R, C}), l.ln2_mean = buf({R}), l.ln2_rstd = buf({R});
-    l.ln2_full = sp_ ? buf({N, C}) : l.ln2;
-    l.fc1 = buf({N, fc1_out}), l.act = buf({N, ffn_});
-  }
+  // Fully recomputed layers keep only their input (the residual stream).
+  for (int i = 0; i < layers; ++i)
+    if (!recomputed(i)) allocate_layer(a->layers[i]);
   if (chunk == num_chunks() - 1 && parallel_.post_process) {
     a->final_norm = buf({R, C}), a->final_mean = buf({R}), a->final_rstd = buf({R});
     a->final_full = sp_ ? buf({N, C}) : a->final_norm;
@@ -222,6 +252,40 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
   a->positions.resize(N);
   slots[slot] = std::move(a);
   return *slots[slot];
+}
+
+template <typename T>
+int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
+  int64_t b = 0;
+  for (const Tensor* t : {&l.ln1, &l.ln1_mean, &l.ln1_rstd, &l.q, &l.k, &l.v, &l.q_raw, &l.k_raw,
+                          &l.qn_mean, &l.qn_rstd, &l.kn_mean, &l.kn_rstd, &l.lse, &l.k_all,
+                          &l.v_all, &l.attn, &l.mid, &l.ln2, &l.ln2_mean, &l.ln2_rstd, &l.fc1,
+                          &l.act})
+    if (t->defined()) b += int64_t(t->bytes());
+  if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
+  if (recompute_.granularity != Recompute::Selective && l.probs.defined())
+    b += int64_t(l.probs.bytes());
+  return b;
+}
+
+template <typename T>
+int64_t GPTModel<T>::activation_bytes() const {
+  int64_t b = layer_bytes(recompute_scratch_);
+  if (shared_probs_.defined()) b += int64_t(shared_probs_.bytes());
+  for (const auto& slots : acts_)
+    for (const auto& a : slots) {
+      if (!a) continue;
+      for (const Tensor& t : a->residual) b += int64_t(t.bytes());
+      for (const LayerActivations& l : a->layers) b += layer_bytes(l);
+    }
+  return b;
+}
+
+template <typename T>
+void GPTModel<T>::set_recompute(const Recompute& r) {
+  OMNI_CHECK(std::all_of(acts_.begin(), acts_.end(), [](const auto& s) { return s.empty(); }),
+             "[gpt] set_recompute before the first forward");
+  recompute_ = r;
 }
 
 template <typename T>
@@ -558,6 +622,15 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   ops::linear_backward(dattn, gp.proj_w, gp.proj_b, dy, a.attn.template data<T>(), p.proj_w, N,
                        H * hd, C);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
+  // Selective recompute: the attention probabilities were not kept; compute them again.
+  if (recompute_.granularity == Recompute::Selective) {
+    if (cp_->size() > 1)
+      ring_attention_forward(a, mb, g);
+    else
+      ops::attention_forward(a.attn.template data<T>(), a.probs.template data<T>(),
+                             a.q.template data<T>(), a.k.template data<T>(),
+                             a.v.template data<T>(), ad);
+  }
   if (cp_->size() > 1)
     ring_attention_backward(a, dq, dk, dv, dattn, mb, g);
   else
@@ -665,8 +738,9 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   }
   const int first = chunks_[chunk].first;
   for (size_t i = 0; i < a.layers.size(); ++i)
-    layer_forward(first + int(i), a.layers[i], a.residual[i].template data<T>(),
-                  a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
+    layer_forward(first + int(i), layer_activations(a, int(i)),
+                  a.residual[i].template data<T>(), a.residual[i + 1].template data<T>(), mb, g,
+                  a.positions.data());
   if (!has_loss(chunk)) return a.residual.back().template data<T>();
   *loss = head_forward(a, mb, g, train, grad_scale);
   return nullptr;
@@ -689,7 +763,11 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
   }
   const int first = chunks_[chunk].first;
   for (int i = int(a.layers.size()) - 1; i >= 0; --i) {
-    layer_backward(first + i, a.layers[i], a.residual[i].template data<T>(), dres, mb, g,
+    LayerActivations& la = layer_activations(a, i);
+    if (recomputed(i))  // the layer's forward again, from its saved input
+      layer_forward(first + i, la, a.residual[i].template data<T>(),
+                    a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
+    layer_backward(first + i, la, a.residual[i].template data<T>(), dres, mb, g,
                    a.positions.data());
     mark_ready(layer_ranges_[first + i]);
   }
@@ -733,7 +811,7 @@ std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int
   for (int n = 0; n < g.tokens; ++n) a.positions[n] = n % seq;
   embed(a, mb, g);
   for (size_t i = 0; i < a.layers.size(); ++i)
-    layer_forward(int(i), a.layers[i], a.residual[i].template data<T>(),
+    layer_forward(int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
                   a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
   final_norm_forward(a, g);
   const int C = cfg_.hidden_size, V = cfg_.vocab_size;

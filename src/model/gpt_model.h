@@ -68,6 +68,16 @@ struct ModelParallel {
   bool post_process = true;  // the last chunk ends with the final norm and the loss
 };
 
+// Activation recompute (Megatron's --recompute-granularity): Selective keeps no attention
+// probabilities and computes them again in the backward; Full keeps only each recomputed
+// layer's input and runs the layer's forward again before its backward (num_layers: the
+// first N layers of each chunk, Megatron's "block" method; 0: every layer). Gradients are
+// bit-identical to no recompute.
+struct Recompute {
+  enum Granularity { None, Selective, Full } granularity = None;
+  int num_layers = 0;
+};
+
 template <typename T>
 class GPTModel {
  public:
@@ -107,6 +117,10 @@ class GPTModel {
   // (unused when the chunk ends with the loss). Adds the parameters' gradients; returns
   // d/d(input), or null for the chunk that starts with the embedding.
   const T* chunk_backward(int chunk, int slot, const MicroBatch& mb, const T* grad_output);
+  // Before the first forward.
+  void set_recompute(const Recompute& r);
+  // Bytes of activation memory allocated so far (every slot, and recompute's scratch).
+  int64_t activation_bytes() const;
   // Called during backward with [begin, end) ranges of the flat gradient buffer that this
   // micro-batch's backward will not touch again (for data-parallel buckets); null: none.
   void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) {
@@ -159,6 +173,11 @@ class GPTModel {
   ops::AttentionDims attention_dims(const MicroBatch& mb) const;
   void check_batch(const MicroBatch& mb) const;
   Activations& activations(int chunk, int slot);
+  void allocate_layer(LayerActivations& l);
+  int64_t layer_bytes(const LayerActivations& l) const;
+  bool recomputed(int i) const;
+  // Layer i of the chunk's activations: its own, or the scratch a recomputed layer uses.
+  LayerActivations& layer_activations(Activations& a, int i);
   void embed(Activations& a, const MicroBatch& mb, const Geometry& g);
   void embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
                       const Geometry& g);
@@ -208,6 +227,9 @@ class GPTModel {
   std::vector<double> rope_cos_, rope_sin_;
   std::vector<std::vector<std::unique_ptr<Activations>>> acts_;  // [chunk][slot]
   std::function<void(int64_t, int64_t)> grads_ready_;
+  Recompute recompute_;
+  LayerActivations recompute_scratch_;  // Full: the layer being recomputed
+  Tensor shared_probs_;                 // Selective: every layer's probabilities
   // Scratch reused by every layer.
   // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
   // the residual stream.

@@ -71,6 +71,13 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
   model_ = std::make_unique<GPTModel<float>>(opts.model, opts.micro_batch_size,
                                              static_cast<uint64_t>(opts.seed), mp);
+  Recompute recompute;
+  if (opts.recompute_granularity == "selective") recompute.granularity = Recompute::Selective;
+  if (opts.recompute_granularity == "full") {
+    recompute.granularity = Recompute::Full;
+    recompute.num_layers = opts.recompute_method == "block" ? opts.recompute_num_layers : 0;
+  }
+  model_->set_recompute(recompute);
   pipeline_ = std::make_unique<PipelineExecutor<float>>(*model_, grid_->pp());
   ParameterSet<float>& params = model_->params();
   if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights &&

@@ -62,7 +62,7 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 }
 
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
-  expect_usage_error(kTiny + "--recompute-activations", "not built yet");
+  expect_usage_error(kTiny + "--num-experts 8", "not built yet");
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {

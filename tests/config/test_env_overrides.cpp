@@ -37,16 +37,12 @@ TEST(EnvOverrides, LauncherVariablesBecomeTheFlagsTheyStandFor) {
   EXPECT_EQ(o.optimizer, "sgd");
 }
 
-TEST(EnvOverrides, FeaturesNotBuiltYetAreRefusedThroughTheirFlags) {
-  Options o;
-  EXPECT_THROW(parse_options(flags({{"USE_ACTIVATION_CHECKPOINTING", "1"}}), o), UsageError);
-}
-
 TEST(EnvOverrides, ParallelLayoutVariablesSetTheirFlags) {
   Options o;
-  parse_options(flags({{"ZERO_STAGE", "1"}, {"DTYPE", "bf16"}}), o);
+  parse_options(flags({{"ZERO_STAGE", "1"}, {"DTYPE", "bf16"}, {"USE_ACTIVATION_CHECKPOINTING", "1"}}), o);
   EXPECT_TRUE(o.use_distributed_optimizer);
   EXPECT_TRUE(o.bf16);
+  EXPECT_EQ(o.recompute_granularity, "full");
   parse_options(flags({{"SP", "1"}, {"TP", "2"}}), o);
   EXPECT_TRUE(o.sequence_parallel);
   EXPECT_EQ(o.tensor_model_parallel_size, 2);

@@ -46,15 +46,39 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
 }
 
 TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
-  for (const char* flag : {"--checkpoint-activations", "--recompute-activations"}) {
+  for (const std::vector<std::string>& flag :
+       std::vector<std::vector<std::string>>{{"--num-experts", "8"},
+                                             {"--expert-model-parallel-size", "2"}}) {
     Options o;
     try {
-      parse_options({flag}, o);
-      ADD_FAILURE() << flag << " was accepted";
+      parse_options(flag, o);
+      ADD_FAILURE() << flag[0] << " was accepted";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("not built yet"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(MegatronFlags, RecomputeFlagsMeanWhatMegatronMeans) {
+  Options o;
+  parse_options({"--checkpoint-activations"}, o);  // the old name of full, uniform, 1
+  EXPECT_EQ(o.recompute_granularity, "full");
+  EXPECT_EQ(o.recompute_method, "uniform");
+  EXPECT_EQ(o.recompute_num_layers, 1);
+  Options s;
+  parse_options({"--recompute-activations"}, s);
+  EXPECT_EQ(s.recompute_granularity, "selective");
+  Options b;
+  parse_options({"--recompute-granularity", "full", "--recompute-method", "block",
+                 "--recompute-num-layers", "2", "--mock-data", "--vocab-size", "64"},
+                b);
+  finalize(b);
+  EXPECT_EQ(b.recompute_num_layers, 2);
+  Options u;
+  parse_options({"--recompute-granularity", "full", "--recompute-num-layers", "2", "--mock-data",
+                 "--vocab-size", "64"},
+                u);
+  EXPECT_THROW(finalize(u), UsageError);  // uniform groups of 2: not built
 }
 
 TEST(MegatronFlags, PythonPlumbingIsAcceptedWithANote) {
