@@ -155,6 +155,10 @@ int train(const std::vector<std::string>& raw_args) {
                 options_help().c_str());
     return 0;
   }
+  // As Megatron's print_rank_0: one rank reports (errors still reach stderr from any).
+  Communicator& world = world_communicator();
+  if (world.rank() != 0)
+    OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
   const std::optional<std::vector<std::string>> resolved = with_config(raw_args);
   if (!resolved) return 0;  // --print-config
   const std::vector<std::string>& args = *resolved;
@@ -186,15 +190,12 @@ int train(const std::vector<std::string>& raw_args) {
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   // The parallel layout: data parallel is what the world leaves after TP x CP x PP.
-  Communicator& world = world_communicator();
   opts.data_parallel_size = data_parallel_size(
       world.size(), ParallelLayout{.tp = opts.tensor_model_parallel_size,
                                    .cp = opts.context_parallel_size,
                                    .pp = opts.pipeline_model_parallel_size});
   finalize(opts);
-  // As Megatron's print_rank_0: one rank reports (errors still reach stderr from any).
-  if (world.rank() != 0) {
-    OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
+  if (world.rank() != 0) {  // rank 0 writes the logs
     opts.metrics_file.clear();
     opts.tensorboard_dir.clear();
   }
