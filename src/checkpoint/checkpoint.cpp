@@ -281,7 +281,7 @@ void read_tensor(const Metadata& md, const std::string& dir, const std::string& 
   OMNI_REQUIRE(t.shape == t.global && t.offset == Shape(t.global.size(), 0), "--load: tensor ",
                name, " in '", md.path, "' is a shard (offset [", join_dims(t.offset), "], shape [",
                join_dims(t.shape), "] of [", join_dims(t.global),
-               "]): loading at another parallel layout is not built yet");
+               "]): this omnitron writes and reads whole tensors only");
   const std::string path = dir + "/" + t.file;
   const int64_t bytes = numel_of(t.shape) * int64_t(sizeof(float));
   std::error_code ec;

@@ -4,11 +4,13 @@
 // An iteration directory holds:
 //   metadata.txt   "omnitron-checkpoint 1", then `key value` lines: iteration,
 //                  consumed_samples, lr_schedule_iteration (the schedule's position),
-//                  optimizer (name and step count), rng (none: see below), the resolved
+//                  optimizer (name and step count), rng (none: see below), loss_scaler
+//                  (fp16's scale and trackers, when there is one), the resolved
 //                  options one argument per line after `args N`, and one line per tensor:
 //                    tensor NAME FILE BYTE_OFFSET float32 global D,D offset O,O shape S,S
-//                  (the global shape, and where this shard sits in it, so a later layer can
-//                  load at another parallel layout), one line per data file:
+//                  (the global shape, and where this shard sits in it; every layout writes
+//                  the one-rank model's whole tensors, which the trainer assembles, so any
+//                  layout loads any checkpoint), one line per data file:
 //                    file NAME bytes N crc32 HEX
 //                  and closed by `end`.
 //   model.bin      the parameters, each tensor's values contiguous (no padding).

@@ -16,9 +16,9 @@
 //    the sequence split Megatron makes); all-gather before column-parallel layers and
 //    reduce-scatter after row-parallel ones replace the all-reduces.
 //  - Context parallel: this rank holds two of the sequence's 2*cp chunks (see
-//    parallel/context_parallel.h, which slices micro-batches); keys and values are
-//    all-gathered across the group for attention and their gradients reduce-scattered
-//    (Megatron's all-gather form of context parallelism).
+//    parallel/context_parallel.h, which slices micro-batches); causal ring attention:
+//    key/value blocks travel around the group, each merged into the output by its
+//    log-sum-exp, and their gradients travel back to their owners.
 //  - Pipeline parallel: this rank holds only its chunks' layers (one chunk per virtual
 //    stage); chunk_forward/chunk_backward run one micro-batch through one chunk and hand
 //    activations to the caller, which sends them to the neighbouring stage.
