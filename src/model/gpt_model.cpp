@@ -63,14 +63,14 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
   if (parallel_.pre_process || (parallel_.post_process && tied))
     rows("embedding.word_embeddings.weight", {Vl, C}, Vl * tp, ParamInit::Normal, true);
   if (parallel_.pre_process && learned)
-    replicated("embedding.position_embeddings.weight", {cfg_.max_positions(), C},
-               ParamInit::Normal, true, sp_);
+    replicated("embedding.position_embeddings.weight", {cfg_.max_positions(), C}, ParamInit::Normal,
+               true, sp_);
   for (const auto& [first, end] : chunks_)
     for (int layer = first; layer < end; ++layer) {
       const std::string l = layer_prefix(layer);
       norm(l + "input_layernorm", C, sp_);
-      rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp,
-           ParamInit::Normal, true);
+      rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp, ParamInit::Normal,
+           true);
       if (cfg_.qkv_bias())
         rows(l + "self_attention.linear_qkv.bias", {qkv_rows}, qkv_rows * tp, ParamInit::Zeros,
              false);
@@ -86,10 +86,10 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
       split(l + "mlp.linear_fc1.weight", {fc1_rows, C}, 0, fc1_global, fc1_segments,
             ParamInit::Normal, true);
       if (cfg_.add_bias_linear)
-        split(l + "mlp.linear_fc1.bias", {fc1_rows}, 0, fc1_global, fc1_segments,
-              ParamInit::Zeros, false);
-      split(l + "mlp.linear_fc2.weight", {C, Fl}, 1, F, {{0, r * Fl, Fl}},
-            ParamInit::ScaledNormal, true);
+        split(l + "mlp.linear_fc1.bias", {fc1_rows}, 0, fc1_global, fc1_segments, ParamInit::Zeros,
+              false);
+      split(l + "mlp.linear_fc2.weight", {C, Fl}, 1, F, {{0, r * Fl, Fl}}, ParamInit::ScaledNormal,
+            true);
       if (cfg_.add_bias_linear)
         replicated(l + "mlp.linear_fc2.bias", {C}, ParamInit::Zeros, false, false);
     }
@@ -113,7 +113,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   const int tp = tp_->size(), cp = cp_->size();
   sp_ = parallel_.sequence_parallel && tp > 1;
   const int H = cfg_.num_attention_heads, G = cfg_.query_groups(), F = cfg_.ffn_size();
-  OMNI_REQUIRE(G % tp == 0, cfg_.group_query_attention ? "--num-query-groups (" : "--num-attention-heads (", G,
+  OMNI_REQUIRE(G % tp == 0,
+               cfg_.group_query_attention ? "--num-query-groups (" : "--num-attention-heads (", G,
                ") must be divisible by --tensor-model-parallel-size (", tp, ")");
   OMNI_REQUIRE(F % tp == 0, "the MLP width (--ffn-hidden-size, ", F,
                ") must be divisible by --tensor-model-parallel-size (", tp, ")");
@@ -128,8 +129,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   chunks_ = parallel_.chunks;
   if (chunks_.empty()) chunks_.push_back({0, cfg_.num_layers});
   for (const auto& [first, end] : chunks_)
-    OMNI_CHECK(first >= 0 && first < end && end <= cfg_.num_layers, "[gpt] bad layer range ",
-               first, "..", end);
+    OMNI_CHECK(first >= 0 && first < end && end <= cfg_.num_layers, "[gpt] bad layer range ", first,
+               "..", end);
 
   params_ = ParameterSet<T>(parameter_layout(tp_->rank()));
   params_.initialize(seed, cfg_.init_method_std,
@@ -257,10 +258,10 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
 template <typename T>
 int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
   int64_t b = 0;
-  for (const Tensor* t : {&l.ln1, &l.ln1_mean, &l.ln1_rstd, &l.q, &l.k, &l.v, &l.q_raw, &l.k_raw,
-                          &l.qn_mean, &l.qn_rstd, &l.kn_mean, &l.kn_rstd, &l.lse, &l.k_all,
-                          &l.v_all, &l.attn, &l.mid, &l.ln2, &l.ln2_mean, &l.ln2_rstd, &l.fc1,
-                          &l.act})
+  for (const Tensor* t :
+       {&l.ln1,     &l.ln1_mean, &l.ln1_rstd, &l.q,        &l.k,   &l.v,     &l.q_raw, &l.k_raw,
+        &l.qn_mean, &l.qn_rstd,  &l.kn_mean,  &l.kn_rstd,  &l.lse, &l.k_all, &l.v_all, &l.attn,
+        &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
   if (recompute_.granularity != Recompute::Selective && l.probs.defined())
@@ -378,8 +379,8 @@ ops::AttentionDims GPTModel<T>::ring_block_dims(const MicroBatch& mb, const Geom
     ring_last_[n] = keys_before(mb.seq_index[n] + 1) - 1;
     ring_first_[n] = mb.key_start ? keys_before(mb.key_start[n]) : 0;
   }
-  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), ring_first_.data(),
-          ring_last_.data()};
+  return {mb.batch,           mb.seq,           heads_, groups_, cfg_.head_dim(),
+          ring_first_.data(), ring_last_.data()};
 }
 
 template <typename T>
@@ -414,28 +415,30 @@ void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& 
                            a.q.template data<T>(), k_all + src * kv, v_all + src * kv, ad,
                            block_lse);
     // Merge: out = sum over blocks of exp(lse_block - lse) out_block.
-    for (int b = 0; b < g.batch; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int i = 0; i < g.seq; ++i) {
-          const size_t row = (size_t(b) * H + h) * g.seq + i;
-          const T lb = block_lse[row], lm = merged[row];
-          if (lb == -std::numeric_limits<T>::infinity()) continue;
-          const T m = std::max(lb, lm), total = m + std::log(std::exp(lm - m) + std::exp(lb - m));
-          const T keep = std::exp(lm - total), add = std::exp(lb - total);
-          T* o = attn + (size_t(b) * g.seq + i) * H * hd + h * hd;
-          const T* ob = out + (size_t(b) * g.seq + i) * H * hd + h * hd;
-          for (int c = 0; c < hd; ++c) o[c] = o[c] * keep + ob[c] * add;
-          merged[row] = total;
-        }
-    for (auto& q : recvs) if (q) q->wait();
-    for (auto& q : sends) if (q) q->wait();
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < g.batch * H; ++bh)
+      for (int i = 0; i < g.seq; ++i) {
+        const int b = bh / H, h = bh % H;
+        const size_t row = size_t(bh) * g.seq + i;
+        const T lb = block_lse[row], lm = merged[row];
+        if (lb == -std::numeric_limits<T>::infinity()) continue;
+        const T m = std::max(lb, lm), total = m + std::log(std::exp(lm - m) + std::exp(lb - m));
+        const T keep = std::exp(lm - total), add = std::exp(lb - total);
+        T* o = attn + (size_t(b) * g.seq + i) * H * hd + h * hd;
+        const T* ob = out + (size_t(b) * g.seq + i) * H * hd + h * hd;
+        for (int c = 0; c < hd; ++c) o[c] = o[c] * keep + ob[c] * add;
+        merged[row] = total;
+      }
+    for (auto& q : recvs)
+      if (q) q->wait();
+    for (auto& q : sends)
+      if (q) q->wait();
   }
 }
 
 template <typename T>
-void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv,
-                                          const T* dattn, const MicroBatch& mb,
-                                          const Geometry& g) {
+void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
+                                          const MicroBatch& mb, const Geometry& g) {
   const int cp = cp_->size(), r = cp_->rank(), H = heads_, hd = cfg_.head_dim();
   const size_t kv = size_t(g.tokens) * groups_ * hd, rows = size_t(g.batch) * H * g.seq;
   const size_t block_probs = rows * g.seq;
@@ -448,8 +451,10 @@ void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* 
     const int src = (r - t + cp) % cp;
     // The accumulated key/value gradient of block src comes from the rank that worked on
     // it last step (none yet at step 0).
-    T *acc_k = ring_acc_[t % 2][0].template data<T>(), *acc_v = ring_acc_[t % 2][1].template data<T>();
-    for (auto& q : in_flight[t % 2]) if (q) q->wait();
+    T *acc_k = ring_acc_[t % 2][0].template data<T>(),
+      *acc_v = ring_acc_[t % 2][1].template data<T>();
+    for (auto& q : in_flight[t % 2])
+      if (q) q->wait();
     if (t == 0) {
       std::fill(acc_k, acc_k + kv, T(0));
       std::fill(acc_v, acc_v + kv, T(0));
@@ -461,6 +466,7 @@ void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* 
     T* P = ring_probs_.template data<T>();
     const T* P_block = a.probs.template data<T>() + src * block_probs;
     const T* block_lse = lse + size_t(src) * rows;
+#pragma omp parallel for schedule(static)
     for (size_t row = 0; row < rows; ++row) {
       const T scale = block_lse[row] == -std::numeric_limits<T>::infinity()
                           ? T(0)
@@ -482,7 +488,8 @@ void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* 
   cp_->recv(dk, kv * sizeof(T), prev, 12);
   cp_->recv(dv, kv * sizeof(T), prev, 13);
   for (auto& pair : in_flight)
-    for (auto& q : pair) if (q) q->wait();
+    for (auto& q : pair)
+      if (q) q->wait();
 }
 
 template <typename T>
@@ -512,8 +519,8 @@ void GPTModel<T>::embed(Activations& a, const MicroBatch& mb, const Geometry& g)
   T* out = a.residual[0].template data<T>();
   T* words = sp_ ? full_.template data<T>() : out;
   ops::embedding_forward(words, mb.tokens, params_.value("embedding.word_embeddings.weight"),
-                         static_cast<const T*>(nullptr), g.tokens, g.seq, C, nullptr,
-                         vocab_start_, vocab_start_ + vocab_rows_);
+                         static_cast<const T*>(nullptr), g.tokens, g.seq, C, nullptr, vocab_start_,
+                         vocab_start_ + vocab_rows_);
   reduce_rows(out, words, g);
   if (const T* wpe = params_.value_or_null("embedding.position_embeddings.weight"))
     ops::position_embedding_add(out, wpe, g.rows, g.seq, C,
@@ -529,14 +536,13 @@ void GPTModel<T>::embed_backward(const T* d_rows, const Activations& a, const Mi
                             a.positions.data() + (sp_ ? tp_->rank() * g.rows : 0));
   const T* d_words = gather_rows(d_full_.template data<T>(), d_rows, g);
   ops::embedding_backward(params_.grad("embedding.word_embeddings.weight"),
-                          static_cast<T*>(nullptr), mb.tokens, d_words, g.tokens, g.seq, C,
-                          nullptr, vocab_start_, vocab_start_ + vocab_rows_);
+                          static_cast<T*>(nullptr), mb.tokens, d_words, g.tokens, g.seq, C, nullptr,
+                          vocab_start_, vocab_start_ + vocab_rows_);
 }
 
 template <typename T>
 void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* out,
-                                const MicroBatch& mb, const Geometry& g,
-                                const int32_t* positions) {
+                                const MicroBatch& mb, const Geometry& g, const int32_t* positions) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
   const ops::AttentionDims ad = attention_dims(mb);
@@ -611,8 +617,8 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     ops::swiglu_backward(dfc1, dffn, a.fc1.template data<T>(), N, F);
   else
     ops::gelu_backward(dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F);
-  ops::linear_backward(partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(), p.fc1_w,
-                       N, C, fc1_out);
+  ops::linear_backward(partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(), p.fc1_w, N,
+                       C, fc1_out);
   const T* dln2 = reduce_rows(d_rows, partial, g);
   norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
                 a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), R, C);
@@ -628,8 +634,8 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
       ring_attention_forward(a, mb, g);
     else
       ops::attention_forward(a.attn.template data<T>(), a.probs.template data<T>(),
-                             a.q.template data<T>(), a.k.template data<T>(),
-                             a.v.template data<T>(), ad);
+                             a.q.template data<T>(), a.k.template data<T>(), a.v.template data<T>(),
+                             ad);
   }
   if (cp_->size() > 1)
     ring_attention_backward(a, dq, dk, dv, dattn, mb, g);
@@ -653,8 +659,8 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   }
   T* dqkv = qkv_.template data<T>();
   ops::qkv_merge(dqkv, dq, dk, dv, ad);
-  ops::linear_backward(partial, gp.qkv_w, gp.qkv_b, dqkv, a.ln1_full.template data<T>(), p.qkv_w,
-                       N, C, ad.qkv_width());
+  ops::linear_backward(partial, gp.qkv_w, gp.qkv_b, dqkv, a.ln1_full.template data<T>(), p.qkv_w, N,
+                       C, ad.qkv_width());
   const T* dln1 = reduce_rows(d_rows, partial, g);
   norm_backward(dres, gp.ln1_w, gp.ln1_b, dln1, x, p.ln1_w, a.ln1_mean.template data<T>(),
                 a.ln1_rstd.template data<T>(), R, C);
@@ -700,9 +706,9 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
       tp_->all_reduce(values, size_t(n), max ? ReduceOp::Max : ReduceOp::Sum);
     };
   T* dh = train ? full_.template data<T>() : nullptr;
-  double loss = ops::classifier_cross_entropy<T>(
-      nullptr, dh, train ? classifier_weight(true) : nullptr, h, classifier_weight(false),
-      mb.labels, mb.loss_mask, ca);
+  double loss =
+      ops::classifier_cross_entropy<T>(nullptr, dh, train ? classifier_weight(true) : nullptr, h,
+                                       classifier_weight(false), mb.labels, mb.loss_mask, ca);
   cp_->all_reduce(&loss, 1);
   if (train) {
     const T* d_norm = reduce_rows(d_rows_.template data<T>(), dh, g);
@@ -738,9 +744,8 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   }
   const int first = chunks_[chunk].first;
   for (size_t i = 0; i < a.layers.size(); ++i)
-    layer_forward(first + int(i), layer_activations(a, int(i)),
-                  a.residual[i].template data<T>(), a.residual[i + 1].template data<T>(), mb, g,
-                  a.positions.data());
+    layer_forward(first + int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
+                  a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
   if (!has_loss(chunk)) return a.residual.back().template data<T>();
   *loss = head_forward(a, mb, g, train, grad_scale);
   return nullptr;
@@ -801,8 +806,8 @@ double GPTModel<T>::forward_loss(const MicroBatch& mb) {
 
 template <typename T>
 std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int seq) {
-  OMNI_CHECK(tp_->size() == 1 && cp_->size() == 1 && num_chunks() == 1 &&
-                 parallel_.pre_process && parallel_.post_process,
+  OMNI_CHECK(tp_->size() == 1 && cp_->size() == 1 && num_chunks() == 1 && parallel_.pre_process &&
+                 parallel_.post_process,
              "[gpt] logits are computed by a one-rank model");
   const MicroBatch mb{tokens, nullptr, nullptr, batch, seq};
   check_batch(mb);

@@ -45,11 +45,17 @@ double PipelineExecutor<T>::run(int num_microbatches,
     return s;
   };
 
-  std::deque<std::vector<T>> send_buffers;
-  std::vector<std::unique_ptr<CommRequest>> sends;
+  // Sends in flight with their buffers, oldest first; completed ones are released as the
+  // schedule goes on, so a step holds no more of them than the pipeline has in flight.
+  struct Send {
+    std::vector<T> buffer;
+    std::unique_ptr<CommRequest> request;
+  };
+  std::deque<Send> sends;
   auto send = [&](const T* data, size_t n, int peer, int tag) {
-    send_buffers.emplace_back(data, data + n);
-    sends.push_back(pp_.isend(send_buffers.back().data(), n * sizeof(T), peer, tag));
+    while (!sends.empty() && sends.front().request->test()) sends.pop_front();
+    sends.push_back({std::vector<T>(data, data + n), nullptr});
+    sends.back().request = pp_.isend(sends.back().buffer.data(), n * sizeof(T), peer, tag);
   };
   std::vector<T> received;
 
@@ -89,7 +95,7 @@ double PipelineExecutor<T>::run(int num_microbatches,
       if (s > 0) send(d_input, n, prev, kGradientTag);
     }
   }
-  for (auto& r : sends) r->wait();
+  for (Send& send : sends) send.request->wait();
   return loss_sum;
 }
 

@@ -6,9 +6,9 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "optim/lr_schedule.h"
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
-#include "optim/lr_schedule.h"
 #include "train/flops.h"
 
 namespace omni {
@@ -213,7 +213,7 @@ std::string Trainer::save(MetricsSink& sink) {
   return dir;
 }
 
-const MicroBatch& Trainer::read_batch(int m, int64_t first, bool train) {
+void Trainer::read_batch(int m, int64_t first, bool train) {
   const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
   const size_t n = size_t(mb) * seq;
   if (m >= int(batches_.size())) batches_.resize(m + 1);
@@ -232,9 +232,11 @@ const MicroBatch& Trainer::read_batch(int m, int64_t first, bool train) {
     if (doc_masks_.reset_position_ids) b.full.position_ids = b.positions.data();
     if (doc_masks_.reset_attention_mask) b.full.key_start = b.key_start.data();
   }
-  if (grid_->cp_size() == 1) return b.full;
-  b.local.slice(b.full, grid_->cp_size(), grid_->cp_rank());
-  return b.local.batch();
+  if (grid_->cp_size() > 1) b.local.slice(b.full, grid_->cp_size(), grid_->cp_rank());
+}
+
+const MicroBatch& Trainer::batch(int m) const {
+  return grid_->cp_size() > 1 ? batches_[m].local.batch() : batches_[m].full;
 }
 
 double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) {
@@ -267,20 +269,16 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   ParameterSet<float>& params = model_->params();
   params.zero_grads();
   for (int m = 0; m < accum; ++m)
-    read_batch(m,
-               micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(),
-                                        grid_->dp_size()),
-               true);
-  auto batch = [this](int m) -> const MicroBatch& {
-    return grid_->cp_size() > 1 ? batches_[m].local.batch() : batches_[m].full;
-  };
+    read_batch(
+        m, micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(), grid_->dp_size()),
+        true);
+  auto batch = [this](int m) -> const MicroBatch& { return this->batch(m); };
   // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is that
   // of the global batch's mean loss. Context-parallel ranks each hold part of it, and the
   // data-parallel reduction averages over dp x cp ranks: hence the factor cp. Under fp16
   // the loss is multiplied by the loss scale too.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  const double loss_sum =
-      pipeline_->run(accum, batch, true, loss_scale * grid_->cp_size() / accum);
+  const double loss_sum = pipeline_->run(accum, batch, true, loss_scale * grid_->cp_size() / accum);
   consumed_samples_ += opts_.global_batch_size;
   if (shared_embedding_.second > 0) {
     const int64_t b = shared_embedding_.first, e = shared_embedding_.second;
@@ -337,9 +335,7 @@ double Trainer::evaluate() {
   // Validation micro-batch i of data-parallel rank r: samples (i * dp + r) * mb ...
   for (int i = 0; i < n; ++i)
     read_batch(i, (int64_t(i) * grid_->dp_size() + grid_->dp_rank()) * mb, false);
-  auto batch = [this](int m) -> const MicroBatch& {
-    return grid_->cp_size() > 1 ? batches_[m].local.batch() : batches_[m].full;
-  };
+  auto batch = [this](int m) -> const MicroBatch& { return this->batch(m); };
   return reduce_loss(pipeline_->run(n, batch, false, 0.0), n);
 }
 
@@ -394,9 +390,9 @@ TrainResult Trainer::run(MetricsSink& sink) {
     // Every rank must stop at the same step: the duration and a caught signal are decided
     // by whichever rank sees them first (as Megatron all-reduces them).
     const double minutes = std::chrono::duration<double>(clock::now() - run_start).count() / 60;
-    double stop[2] = {opts_.exit_duration_in_mins > 0 && minutes >= opts_.exit_duration_in_mins
-                          ? 1.0 : 0.0,
-                      signal_handler_installed_ && g_exit_signal != 0 ? 1.0 : 0.0};
+    double stop[2] = {
+        opts_.exit_duration_in_mins > 0 && minutes >= opts_.exit_duration_in_mins ? 1.0 : 0.0,
+        signal_handler_installed_ && g_exit_signal != 0 ? 1.0 : 0.0};
     if (opts_.exit_duration_in_mins > 0 || signal_handler_installed_)
       grid_->world().all_reduce(stop, 2, ReduceOp::Max);
     if (opts_.exit_interval > 0 && it % opts_.exit_interval == 0)

@@ -88,8 +88,11 @@ class Trainer {
     return mixed_ ? mixed_->master() : model_->params();
   }
   // Reads micro-batch `m` of this step (training: from consumed sample `first`) into
-  // batches_[m], with document masks when the options ask for them.
-  const MicroBatch& read_batch(int m, int64_t first, bool train);
+  // batches_[m], with document masks when the options ask for them, and slices it for
+  // context parallelism.
+  void read_batch(int m, int64_t first, bool train);
+  // Micro-batch m as this rank trains on it (its context-parallel share, if any).
+  const MicroBatch& batch(int m) const;
   // The parameters' squared gradient norm over `ranges` of the flat buffer, each
   // parameter counted once across the model-parallel ranks.
   double gradient_norm_squared(const std::vector<ShardRange>& ranges);
