@@ -16,7 +16,7 @@ int gpu_device_count() {
 
 std::string gpu_backend_name() {
   int v = 0;
-  gpuRuntimeGetVersion(&v);
+  if (gpuRuntimeGetVersion(&v) != gpuSuccess) return std::string(OMNI_GPU_RUNTIME) + " (no driver)";
   return std::string(OMNI_GPU_RUNTIME) + " runtime " + std::to_string(v / 1000) + "." +
          std::to_string((v % 1000) / 10);
 }

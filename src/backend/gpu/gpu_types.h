@@ -1,0 +1,34 @@
+// Types shared by the GPU kernels and the host code that calls them (backend/gpu/gpu_ops.h):
+// plain C++, no GPU headers.
+#pragma once
+
+#include <cstdint>
+
+// The emulated build (OMNITRON_GPU_EMULATE: kernels run on the CPU, for tests) and the device
+// build may be linked into one program: their symbols live in different inline namespaces,
+// while code written against omni::gpu:: reads the same for both.
+#if defined(OMNITRON_GPU_EMULATE)
+#define OMNI_GPU_NAMESPACE_BEGIN \
+  namespace omni::gpu {          \
+  inline namespace emulated {
+#else
+#define OMNI_GPU_NAMESPACE_BEGIN \
+  namespace omni::gpu {          \
+  inline namespace device {
+#endif
+#define OMNI_GPU_NAMESPACE_END \
+  }                            \
+  }
+
+OMNI_GPU_NAMESPACE_BEGIN
+
+// 16-bit floating-point storage: bit patterns, converted to and from float by to_float and
+// from_float<T> (gpu_runtime.h) in kernels. Arithmetic is always in float.
+struct bf16 {
+  uint16_t bits;
+};
+struct f16 {
+  uint16_t bits;
+};
+
+OMNI_GPU_NAMESPACE_END
