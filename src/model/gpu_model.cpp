@@ -394,6 +394,43 @@ void GPUGPTModel<T>::adamw_step(float lr, float beta1, float beta2, float eps, f
   }
 }
 
+template <typename T>
+const DeviceArray<float>& GPUGPTModel<T>::state(const std::string& name) const {
+  if (name == "exp_avg") return exp_avg_;
+  if (name == "exp_avg_sq") return exp_avg_sq_;
+  throw UsageError("the GPU model's AdamW has no state '" + name +
+                   "' (expected exp_avg or exp_avg_sq)");
+}
+
+template <typename T>
+std::vector<float> GPUGPTModel<T>::get_state(const std::string& name) const {
+  std::vector<float> v(size_);
+  copy_to_host(v.data(), state(name).data(), v.size() * sizeof(float));
+  return v;
+}
+
+template <typename T>
+void GPUGPTModel<T>::set_state(const std::string& name, const std::vector<float>& values) {
+  OMNI_CHECK(int64_t(values.size()) == size_, "[gpu model] ", values.size(), " values of ", name,
+             " for ", size_, " parameters");
+  copy_to_device(state(name).data(), values.data(), values.size() * sizeof(float));
+}
+
+std::unique_ptr<GPUTrainingModel> make_gpu_model(const TransformerConfig& config, int max_batch,
+                                                 uint64_t seed, DType storage) {
+  switch (storage) {
+    case DType::F32:
+      return std::make_unique<GPUGPTModel<float>>(config, max_batch, seed);
+    case DType::BF16:
+      return std::make_unique<GPUGPTModel<bf16>>(config, max_batch, seed);
+    case DType::F16:
+      return std::make_unique<GPUGPTModel<f16>>(config, max_batch, seed);
+    default:
+      throw UsageError(std::string("the GPU model stores f32, bf16 or f16, not ") +
+                       dtype_name(storage));
+  }
+}
+
 template class GPUGPTModel<float>;
 template class GPUGPTModel<bf16>;
 template class GPUGPTModel<f16>;

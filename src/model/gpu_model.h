@@ -15,56 +15,85 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/gpu/gpu_ops.h"
+#include "base/dtype.h"
 #include "model/gpt_model.h"
 #include "model/parameters.h"
 #include "model/transformer_config.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 
+// What the trainer needs of the GPU model, whatever its storage type.
+class GPUTrainingModel {
+ public:
+  virtual ~GPUTrainingModel() = default;
+  virtual int64_t num_params() const = 0;
+  virtual double forward_backward(const MicroBatch& mb, double grad_scale) = 0;
+  virtual double forward_loss(const MicroBatch& mb) = 0;
+  virtual void zero_grads() = 0;
+  virtual double grad_sum_squares() const = 0;
+  virtual bool grads_nonfinite() const = 0;
+  virtual void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
+                          int step, float grad_scale) = 0;
+  virtual std::vector<float> get_params() const = 0;
+  virtual void set_params(const std::vector<float>& values) = 0;
+  // AdamW's moments by PyTorch's names ("exp_avg", "exp_avg_sq"), host copies in the
+  // parameters' layout (checkpoints).
+  virtual std::vector<float> get_state(const std::string& name) const = 0;
+  virtual void set_state(const std::string& name, const std::vector<float>& values) = 0;
+};
+
+// storage: F32, BF16 or F16.
+std::unique_ptr<GPUTrainingModel> make_gpu_model(const TransformerConfig& config, int max_batch,
+                                                 uint64_t seed, DType storage);
+
 template <typename T>
-class GPUGPTModel {
+class GPUGPTModel final : public GPUTrainingModel {
  public:
   GPUGPTModel(const TransformerConfig& config, int max_batch, uint64_t seed);
-  ~GPUGPTModel();
+  ~GPUGPTModel() override;
   GPUGPTModel(const GPUGPTModel&) = delete;
   GPUGPTModel& operator=(const GPUGPTModel&) = delete;
 
   const TransformerConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
-  int64_t num_params() const { return size_; }
+  int64_t num_params() const override { return size_; }
 
   // Micro-batch arrays (tokens, labels, mask, positions, key_start) are host memory, copied
   // to the device per call. Gradients of grad_scale * mean masked loss are added (fp32) to
   // grads(); returns the mean masked loss.
-  double forward_backward(const MicroBatch& mb, double grad_scale);
-  double forward_loss(const MicroBatch& mb);
+  double forward_backward(const MicroBatch& mb, double grad_scale) override;
+  double forward_loss(const MicroBatch& mb) override;
 
   // Flat fp32 buffers on the device, in infos()'s layout.
   float* master() const { return master_.data(); }
   float* grads() const { return grads_.data(); }
-  void zero_grads();
+  void zero_grads() override;
   // Host copies, in infos()'s layout (for tests and checkpoints); set_params also refreshes
   // the T copy the forward reads.
-  std::vector<float> get_params() const;
+  std::vector<float> get_params() const override;
   std::vector<float> get_grads() const;
-  void set_params(const std::vector<float>& values);
+  void set_params(const std::vector<float>& values) override;
+  std::vector<float> get_state(const std::string& name) const override;
+  void set_state(const std::string& name, const std::vector<float>& values) override;
 
   // Sum of squares of every gradient (fp32, summed in double in a fixed order).
-  double grad_sum_squares() const;
+  double grad_sum_squares() const override;
   // True when a gradient holds inf or NaN (fp16's loss scaler skips the step).
-  bool grads_nonfinite() const;
+  bool grads_nonfinite() const override;
   // One AdamW step over every parameter (weight decay only where ParamInfo says);
   // grad_scale multiplies the gradients first (1/loss scale times the clipping factor).
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
-                  float grad_scale);
+                  float grad_scale) override;
 
  private:
   struct Layer;
   struct Buffers;
   void refresh_model_copy();
+  const DeviceArray<float>& state(const std::string& name) const;
   void upload_batch(const MicroBatch& mb);
   void layer_forward(int i, const T* x, T* out);
   void layer_backward(int i, const T* x, T* dres);
