@@ -1,5 +1,6 @@
 // Embedding GPU ops against the CPU ops: lookup with a vocabulary slice, position embeddings
 // by row or from a positions array, and the deterministic scatter-add of the backward.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 

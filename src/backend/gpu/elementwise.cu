@@ -63,7 +63,7 @@ __global__ void map_kernel(D* out, const S* a, const S* b, size_t n, Op op) {
 }
 
 template <int kInputs, typename D, typename S, typename Op>
-void map(D* out, const S* a, const S* b, size_t n, Op op, Stream stream) {
+void map_elements(D* out, const S* a, const S* b, size_t n, Op op, Stream stream) {
   constexpr int V = kPackWidth<std::conditional_t<(sizeof(D) > sizeof(S)), D, S>>;
   const auto s = static_cast<gpuStream_t>(stream);
   if (aligned_to(sizeof(S) * V, a, b) && aligned_to(sizeof(D) * V, out))
@@ -132,27 +132,27 @@ __global__ void swiglu_backward_kernel(T* dx, const T* dout, const T* x, int N, 
 
 template <typename T>
 void convert_from_float(T* dst, const float* src, size_t n, Stream stream) {
-  map<1>(dst, src, static_cast<const float*>(nullptr), n, Identity{}, stream);
+  map_elements<1>(dst, src, static_cast<const float*>(nullptr), n, Identity{}, stream);
 }
 
 template <typename T>
 void convert_to_float(float* dst, const T* src, size_t n, Stream stream) {
-  map<1>(dst, src, static_cast<const T*>(nullptr), n, Identity{}, stream);
+  map_elements<1>(dst, src, static_cast<const T*>(nullptr), n, Identity{}, stream);
 }
 
 template <typename T>
 void add(T* out, const T* a, const T* b, size_t n, Stream stream) {
-  map<2>(out, a, b, n, Sum{}, stream);
+  map_elements<2>(out, a, b, n, Sum{}, stream);
 }
 
 template <typename T>
 void gelu_forward(T* out, const T* x, size_t n, Stream stream) {
-  map<1>(out, x, static_cast<const T*>(nullptr), n, Gelu{}, stream);
+  map_elements<1>(out, x, static_cast<const T*>(nullptr), n, Gelu{}, stream);
 }
 
 template <typename T>
 void gelu_backward(T* dx, const T* dout, const T* x, size_t n, Stream stream) {
-  map<2>(dx, dout, x, n, GeluBackward{}, stream);
+  map_elements<2>(dx, dout, x, n, GeluBackward{}, stream);
 }
 
 // The row kernels take packs when V divides the row width and the base pointers are aligned
