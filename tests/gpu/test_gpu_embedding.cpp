@@ -156,18 +156,20 @@ TYPED_TEST(GpuEmbedding, BackwardMatchesCpu) {
 TYPED_TEST(GpuEmbedding, BackwardOfOneTokenInEveryRowMatchesCpu) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  // One segment across all pieces (the partials' chain from first to last piece), and an
-  // N that is not a multiple of the piece or the sort's tile.
-  const int N = 263, seq = 263;
-  const Case k{16, false, false, 0, kVocab};
-  const std::vector<int32_t> tokens(N, 3), positions(N, 0);
-  const auto dout = rounded<T>(random_vector(size_t(N) * k.C, 16));
-  const auto dwte0 = random_vector(size_t(kVocab) * k.C, 17);
-  std::vector<float> want = dwte0;
-  ops::embedding_backward(want.data(), static_cast<float*>(nullptr), tokens.data(), dout.data(), N,
-                          seq, k.C, nullptr, 0, kVocab);
-  const auto got = gpu_backward<T>(k, N, seq, tokens, positions, dout, dwte0, {0.0f}).first;
-  EXPECT_TRUE(close(got, want, 1e-6, 1e-5));
+  // One segment across all pieces (the partials' chain from first to last piece), with N not
+  // a multiple of the piece or the sort's tile; and a single row.
+  for (int N : {263, 1}) {
+    const int seq = N;
+    const Case k{16, false, false, 0, kVocab};
+    const std::vector<int32_t> tokens(N, 3), positions(N, 0);
+    const auto dout = rounded<T>(random_vector(size_t(N) * k.C, 16));
+    const auto dwte0 = random_vector(size_t(kVocab) * k.C, 17);
+    std::vector<float> want = dwte0;
+    ops::embedding_backward(want.data(), static_cast<float*>(nullptr), tokens.data(), dout.data(),
+                            N, seq, k.C, nullptr, 0, kVocab);
+    const auto got = gpu_backward<T>(k, N, seq, tokens, positions, dout, dwte0, {0.0f}).first;
+    EXPECT_TRUE(close(got, want, 1e-6, 1e-5)) << N << " rows";
+  }
 }
 
 TYPED_TEST(GpuEmbedding, BackwardIsBitwiseDeterministic) {
