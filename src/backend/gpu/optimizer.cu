@@ -130,8 +130,10 @@ double sum_squares(const float* const* arrays, const size_t* sizes, int count, S
   const auto s = static_cast<gpuStream_t>(stream);
   std::vector<unsigned> blocks(count);
   int total = 0;
-  for (int i = 0; i < count; ++i)
-    total += static_cast<int>(blocks[i] = grid_for(ceil_div(sizes[i], kFloatPack)));
+  for (int i = 0; i < count; ++i) {
+    blocks[i] = grid_for(ceil_div(sizes[i], kFloatPack));
+    total += static_cast<int>(blocks[i]);
+  }
   // partials[0..total) then the result.
   auto* partial = static_cast<double*>(scratch((total + 1) * sizeof(double)));
   int offset = 0;
