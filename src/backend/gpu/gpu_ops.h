@@ -172,7 +172,7 @@ double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, con
 
 // ---- Optimizer -----------------------------------------------------------------------------------
 // Sum of squares of every element of several float arrays (gradient buffers), in a fixed order,
-// in double. Waits for the stream.
+// in double; `arrays` (of device pointers) and `sizes` are host arrays. Waits for the stream.
 double sum_squares(const float* const* arrays, const size_t* sizes, int count,
                    Stream stream = nullptr);
 // True when any element of x[0..n) is inf or NaN (the loss scaler's overflow check).

@@ -59,8 +59,8 @@ void copy_to_host(void* host_dst, const void* src, size_t bytes) {
 
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes)
-    OMNI_GPU_CHECK(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToDevice,
-                                  static_cast<gpuStream_t>(stream)));
+    OMNI_GPU_CHECK(
+        gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToDevice, static_cast<gpuStream_t>(stream)));
 }
 
 void fill_zero(void* p, size_t bytes, Stream stream) {
