@@ -23,6 +23,7 @@ OMNI_GPU_NAMESPACE_BEGIN
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kTileElements = 4;  // per thread, held in registers between a tile's read and write
 std::atomic<size_t> chunk_elements{size_t{1} << 25};
 
 // Rows of the logits buffer start 256 bytes apart (64 floats), the alignment cuBLASLt's
@@ -69,8 +70,9 @@ __global__ void row_sums_kernel(double* row_sums, const double* row_max, const f
 // One block per row: loss = log(sum) + max - z[target] (in double, like the CPU), and with
 // write_grad the row's float logits overwritten by its gradient as T, in place: T element j
 // lands in bytes [j sizeof(T), (j+1) sizeof(T)) of the row, inside floats 0..j, so the row is
-// walked in tiles of blockDim.x elements and each tile is read whole (barrier) before it is
-// written; the GEMMs then read the gradient with a leading dimension of ldz * 4 / sizeof(T).
+// walked in tiles of kTileElements * blockDim.x elements and each tile is read whole (barrier)
+// before it is written; the GEMMs then read the gradient with a leading dimension of ldz * 4 /
+// sizeof(T).
 template <typename T>
 __global__ void row_finish_kernel(float* z, int ldz, int V, const double* row_max,
                                   const double* row_sums, const int32_t* targets, const float* mask,
@@ -99,12 +101,18 @@ __global__ void row_finish_kernel(float* z, int ldz, int V, const double* row_ma
   const float g = static_cast<float>(grad_scale * m), scale = static_cast<float>(1.0 / sum) * g;
   const float mxf = static_cast<float>(mx);
   const int t = targets[i] - vocab_start;
-  for (int base = 0; base < V; base += blockDim.x) {
-    const int j = base + threadIdx.x;
-    float d = 0.0f;
-    if (j < V) d = __expf(row[j] - mxf) * scale - (j == t ? g : 0.0f);
+  const int tile = kTileElements * blockDim.x;
+  for (int base = 0; base < V; base += tile) {
+    float d[kTileElements];
+    for (int k = 0; k < kTileElements; ++k) {
+      const int j = base + k * blockDim.x + threadIdx.x;
+      d[k] = j < V ? __expf(row[j] - mxf) * scale - (j == t ? g : 0.0f) : 0.0f;
+    }
     __syncthreads();
-    if (j < V) grad[j] = from_float<T>(d);
+    for (int k = 0; k < kTileElements; ++k) {
+      const int j = base + k * blockDim.x + threadIdx.x;
+      if (j < V) grad[j] = from_float<T>(d[k]);
+    }
   }
 }
 
