@@ -1,0 +1,466 @@
+// The GEMM wrapper of blas.h over cuBLASLt (CUDA), hipBLASLt (HIP) or the CPU (emulated).
+#include "backend/gpu/blas.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backend/gpu/gelu.h"
+#include "backend/gpu/gpu_runtime.h"
+#include "base/error.h"
+
+// ---- BLAS library names -------------------------------------------------------------------
+// hipBLASLt mirrors cuBLASLt call for call; the names below are written once for both, like
+// gpu_runtime.h's runtime names. Debian ships no hipBLASLt: a HIP build without its header
+// compiles, and a matmul there throws saying so.
+#if defined(OMNITRON_GPU_EMULATE)
+#include "backend/ops.h"
+#elif defined(__HIPCC__) || defined(OMNITRON_HIP)
+#if __has_include(<hipblaslt/hipblaslt.h>)
+#include <hipblaslt/hipblaslt.h>
+#define OMNI_BLAS_LT 1
+#define OMNI_BLAS_NAME "hipBLASLt"
+#define blasStatus_t hipblasStatus_t
+#define BLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
+#define blasOperation_t hipblasOperation_t
+#define BLAS_OP_N HIPBLAS_OP_N
+#define BLAS_OP_T HIPBLAS_OP_T
+#define blasComputeType_t hipblasComputeType_t
+#define BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
+#define BLAS_COMPUTE_32F_FAST_TF32 HIPBLAS_COMPUTE_32F  // no TF32 path on AMD: plain fp32
+#define blasDataType_t hipDataType
+#define BLAS_R_32F HIP_R_32F
+#define BLAS_R_16BF HIP_R_16BF
+#define BLAS_R_16F HIP_R_16F
+#define blasLtHandle_t hipblasLtHandle_t
+#define blasLtCreate hipblasLtCreate
+#define blasLtMatmulDesc_t hipblasLtMatmulDesc_t
+#define blasLtMatmulDescCreate hipblasLtMatmulDescCreate
+#define blasLtMatmulDescSetAttribute hipblasLtMatmulDescSetAttribute
+#define blasLtMatrixLayout_t hipblasLtMatrixLayout_t
+#define blasLtMatrixLayoutCreate hipblasLtMatrixLayoutCreate
+#define blasLtMatmulPreference_t hipblasLtMatmulPreference_t
+#define blasLtMatmulPreferenceCreate hipblasLtMatmulPreferenceCreate
+#define blasLtMatmulPreferenceDestroy hipblasLtMatmulPreferenceDestroy
+#define blasLtMatmulPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
+#define blasLtMatmulAlgo_t hipblasLtMatmulAlgo_t
+#define blasLtMatmulHeuristicResult_t hipblasLtMatmulHeuristicResult_t
+#define blasLtMatmulAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
+#define blasLtMatmul hipblasLtMatmul
+#define blasLtEpilogue_t hipblasLtEpilogue_t
+#define BLASLT_EPILOGUE_DEFAULT HIPBLASLT_EPILOGUE_DEFAULT
+#define BLASLT_EPILOGUE_BIAS HIPBLASLT_EPILOGUE_BIAS
+#define BLASLT_EPILOGUE_GELU_AUX HIPBLASLT_EPILOGUE_GELU_AUX
+#define BLASLT_EPILOGUE_GELU_AUX_BIAS HIPBLASLT_EPILOGUE_GELU_AUX_BIAS
+#define BLASLT_MATMUL_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
+#define BLASLT_MATMUL_DESC_TRANSB HIPBLASLT_MATMUL_DESC_TRANSB
+#define BLASLT_MATMUL_DESC_EPILOGUE HIPBLASLT_MATMUL_DESC_EPILOGUE
+#define BLASLT_MATMUL_DESC_BIAS_POINTER HIPBLASLT_MATMUL_DESC_BIAS_POINTER
+#define BLASLT_MATMUL_DESC_BIAS_DATA_TYPE HIPBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+#define BLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
+#define BLASLT_MATMUL_DESC_EPILOGUE_AUX_LD HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD
+#define BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#else
+#define OMNI_BLAS_MISSING 1
+#endif
+#else
+#include <cublasLt.h>
+#define OMNI_BLAS_LT 1
+#define OMNI_BLAS_NAME "cuBLASLt"
+#define OMNI_BLAS_HAS_ALIGNMENT_PREFERENCES 1
+#define blasStatus_t cublasStatus_t
+#define BLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
+#define blasOperation_t cublasOperation_t
+#define BLAS_OP_N CUBLAS_OP_N
+#define BLAS_OP_T CUBLAS_OP_T
+#define blasComputeType_t cublasComputeType_t
+#define BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
+#define BLAS_COMPUTE_32F_FAST_TF32 CUBLAS_COMPUTE_32F_FAST_TF32
+#define blasDataType_t cudaDataType_t
+#define BLAS_R_32F CUDA_R_32F
+#define BLAS_R_16BF CUDA_R_16BF
+#define BLAS_R_16F CUDA_R_16F
+#define blasLtHandle_t cublasLtHandle_t
+#define blasLtCreate cublasLtCreate
+#define blasLtMatmulDesc_t cublasLtMatmulDesc_t
+#define blasLtMatmulDescCreate cublasLtMatmulDescCreate
+#define blasLtMatmulDescSetAttribute cublasLtMatmulDescSetAttribute
+#define blasLtMatrixLayout_t cublasLtMatrixLayout_t
+#define blasLtMatrixLayoutCreate cublasLtMatrixLayoutCreate
+#define blasLtMatmulPreference_t cublasLtMatmulPreference_t
+#define blasLtMatmulPreferenceCreate cublasLtMatmulPreferenceCreate
+#define blasLtMatmulPreferenceDestroy cublasLtMatmulPreferenceDestroy
+#define blasLtMatmulPreferenceSetAttribute cublasLtMatmulPreferenceSetAttribute
+#define blasLtMatmulAlgo_t cublasLtMatmulAlgo_t
+#define blasLtMatmulHeuristicResult_t cublasLtMatmulHeuristicResult_t
+#define blasLtMatmulAlgoGetHeuristic cublasLtMatmulAlgoGetHeuristic
+#define blasLtMatmul cublasLtMatmul
+#define blasLtEpilogue_t cublasLtEpilogue_t
+#define BLASLT_EPILOGUE_DEFAULT CUBLASLT_EPILOGUE_DEFAULT
+#define BLASLT_EPILOGUE_BIAS CUBLASLT_EPILOGUE_BIAS
+#define BLASLT_EPILOGUE_GELU_AUX CUBLASLT_EPILOGUE_GELU_AUX
+#define BLASLT_EPILOGUE_GELU_AUX_BIAS CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+#define BLASLT_MATMUL_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA
+#define BLASLT_MATMUL_DESC_TRANSB CUBLASLT_MATMUL_DESC_TRANSB
+#define BLASLT_MATMUL_DESC_EPILOGUE CUBLASLT_MATMUL_DESC_EPILOGUE
+#define BLASLT_MATMUL_DESC_BIAS_POINTER CUBLASLT_MATMUL_DESC_BIAS_POINTER
+#define BLASLT_MATMUL_DESC_BIAS_DATA_TYPE CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+#define BLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
+#define BLASLT_MATMUL_DESC_EPILOGUE_AUX_LD CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD
+#define BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#endif
+
+OMNI_GPU_NAMESPACE_BEGIN
+namespace blas {
+namespace {
+
+const char* type_name(DataType t) {
+  return t == DataType::F32 ? "f32" : t == DataType::BF16 ? "bf16" : "f16";
+}
+
+bool has_bias(Epilogue e) {
+  return e == Epilogue::Bias || e == Epilogue::GeluAuxBias;
+}
+bool has_gelu(Epilogue e) {
+  return e == Epilogue::GeluAux || e == Epilogue::GeluAuxBias;
+}
+
+// Argument errors, the same in every build. Empty when the problem is well formed.
+std::string check_arguments(const GemmProblem& p) {
+  if (p.M < 0 || p.N < 0 || p.K < 0) return "negative size";
+  if (p.M == 0 || p.N == 0) return {};
+  if (p.K == 0) return "K = 0 (the caller handles the empty sum)";
+  if (p.d_type != p.ab_type && p.d_type != DataType::F32)
+    return "D must have the inputs' type or be f32";
+  if (!p.A || !p.B || !p.D) return "null matrix pointer";
+  if (p.lda < (p.trans_a ? p.M : p.K)) return "lda shorter than a row of A";
+  if (p.ldb < (p.trans_b ? p.K : p.N)) return "ldb shorter than a row of B";
+  if (p.ldd < p.N) return "ldd shorter than a row of D";
+  if (has_bias(p.epilogue) && !p.bias) return "bias epilogue without a bias";
+  if (has_gelu(p.epilogue)) {
+    if (!p.aux) return "GELU epilogue without its aux (pre-activation) output";
+    // cuBLASLt's documented constraint on the GELU input matrix; the emulated build keeps it
+    // so that callers' fallbacks run in tests too.
+    if (p.ld_aux < p.N || p.ld_aux % 8 != 0) return "ld_aux must be >= N and a multiple of 8";
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string describe(const GemmProblem& p) {
+  static const char* const kEpilogue[] = {"", ", bias", ", gelu(aux)", ", gelu(aux = + bias)"};
+  return "[gemm] " + std::to_string(p.M) + "x" + std::to_string(p.N) + "x" + std::to_string(p.K) +
+         " " + type_name(p.ab_type) + " x " + type_name(p.ab_type) + " -> " + type_name(p.d_type) +
+         " (" + (p.trans_a ? "T" : "N") + "," + (p.trans_b ? "T" : "N") + ")" +
+         kEpilogue[static_cast<int>(p.epilogue)] + (p.beta != 0.0f ? ", beta != 0" : "");
+}
+
+#if defined(OMNITRON_GPU_EMULATE)
+// ---- Emulated: the CPU multiplies float copies ----------------------------------------------
+namespace {
+
+float load(DataType t, const void* p, size_t i) {
+  switch (t) {
+    case DataType::F32:
+      return static_cast<const float*>(p)[i];
+    case DataType::BF16:
+      return to_float(static_cast<const bf16*>(p)[i]);
+    default:
+      return to_float(static_cast<const f16*>(p)[i]);
+  }
+}
+void store(DataType t, void* p, size_t i, float v) {
+  switch (t) {
+    case DataType::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DataType::BF16:
+      static_cast<bf16*>(p)[i] = from_float<bf16>(v);
+      break;
+    default:
+      static_cast<f16*>(p)[i] = from_float<f16>(v);
+      break;
+  }
+}
+
+}  // namespace
+
+std::string Gemm::can_implement(const GemmProblem& p) {
+  return check_arguments(p);
+}
+
+size_t Gemm::get_workspace_size(const GemmProblem&) {
+  return 0;
+}
+
+void Gemm::run(const GemmProblem& p, void*, size_t, Stream) {
+  if (const std::string why = check_arguments(p); !why.empty())
+    throw InternalError(describe(p) + ": " + why);
+  if (p.M == 0 || p.N == 0) return;
+  const int M = p.M, N = p.N, K = p.K;
+  std::vector<float> a(size_t(M) * K), b(size_t(K) * N), c(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k)
+      a[size_t(m) * K + k] =
+          load(p.ab_type, p.A, p.trans_a ? size_t(k) * p.lda + m : size_t(m) * p.lda + k);
+  for (int k = 0; k < K; ++k)
+    for (int n = 0; n < N; ++n)
+      b[size_t(k) * N + n] =
+          load(p.ab_type, p.B, p.trans_b ? size_t(n) * p.ldb + k : size_t(k) * p.ldb + n);
+  ops::gemm<float>(false, false, M, N, K, p.alpha, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+  for (int m = 0; m < M; ++m) {
+    for (int n = 0; n < N; ++n) {
+      const size_t d = size_t(m) * p.ldd + n;
+      float v = c[size_t(m) * N + n];
+      if (p.beta != 0.0f) v += p.beta * load(p.d_type, p.D, d);
+      if (has_bias(p.epilogue)) v += load(p.d_type, p.bias, n);
+      if (has_gelu(p.epilogue)) {
+        store(p.d_type, p.aux, size_t(m) * p.ld_aux + n, v);
+        v = gelu_tanh(v);
+      }
+      store(p.d_type, p.D, d, v);
+    }
+  }
+}
+
+#elif defined(OMNI_BLAS_LT)
+// ---- cuBLASLt / hipBLASLt ----------------------------------------------------------------------
+namespace {
+
+// cuBLAS's recommended workspace on Hopper; enough for every split-K choice of the heuristic.
+constexpr size_t kMaxWorkspaceBytes = size_t{32} << 20;
+
+#define OMNI_BLAS_CHECK(call)                                                               \
+  do {                                                                                      \
+    const blasStatus_t status_ = (call);                                                    \
+    if (status_ != BLAS_STATUS_SUCCESS)                                                     \
+      throw InternalError(std::string(#call) + " failed: " OMNI_BLAS_NAME " status " +      \
+                          std::to_string(static_cast<int>(status_)) + " at " __FILE__ ":" + \
+                          std::to_string(__LINE__));                                        \
+  } while (0)
+
+blasDataType_t library_type(DataType t) {
+  return t == DataType::F32 ? BLAS_R_32F : t == DataType::BF16 ? BLAS_R_16BF : BLAS_R_16F;
+}
+
+// The largest power of two up to 256 dividing the address: the algorithm choice depends on it.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+blasLtHandle_t handle() {
+  static std::mutex mutex;
+  static std::vector<blasLtHandle_t> handles;  // per device, for the life of the process
+  int device = 0;
+  OMNI_GPU_CHECK(gpuGetDevice(&device));
+  const std::lock_guard lock(mutex);
+  if (handles.size() <= static_cast<size_t>(device)) handles.resize(device + 1, nullptr);
+  if (!handles[device]) OMNI_BLAS_CHECK(blasLtCreate(&handles[device]));
+  return handles[device];
+}
+
+// A problem's descriptors and chosen algorithm. Pointers are set per call (under the plan's
+// mutex: the descriptor is shared); their alignments are part of the cache key.
+struct Plan {
+  blasLtMatmulDesc_t desc = nullptr;
+  blasLtMatrixLayout_t first = nullptr, second = nullptr, d = nullptr;
+  blasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  std::string failure;  // non-empty: no algorithm for this problem
+  std::mutex mutex;
+};
+
+using Key = std::array<int64_t, 20>;
+
+Key key_of(const GemmProblem& p) {
+  int device = 0;
+  OMNI_GPU_CHECK(gpuGetDevice(&device));
+  return {device,
+          p.M,
+          p.N,
+          p.K,
+          p.trans_a,
+          p.trans_b,
+          static_cast<int64_t>(p.ab_type),
+          static_cast<int64_t>(p.d_type),
+          p.lda,
+          p.ldb,
+          p.ldd,
+          static_cast<int64_t>(p.epilogue),
+          has_gelu(p.epilogue) ? p.ld_aux : 0,
+          p.allow_tf32 && p.ab_type == DataType::F32,
+          alignment(p.A),
+          alignment(p.B),
+          alignment(p.D),
+          has_bias(p.epilogue) ? alignment(p.bias) : 0,
+          has_gelu(p.epilogue) ? alignment(p.aux) : 0,
+          p.beta != 0.0f};
+}
+
+void set_pointers(const Plan& plan, const GemmProblem& p) {
+  if (has_bias(p.epilogue))
+    OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan.desc, BLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &p.bias, sizeof(p.bias)));
+  if (has_gelu(p.epilogue))
+    OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan.desc, BLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                 &p.aux, sizeof(p.aux)));
+}
+
+// Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T: the library sees B's
+// buffer as its first operand, A's as its second, and D as an N x M column-major matrix.
+std::unique_ptr<Plan> make_plan(const GemmProblem& p) {
+  auto plan = std::make_unique<Plan>();
+  const bool tf32 = p.allow_tf32 && p.ab_type == DataType::F32;
+  const blasComputeType_t compute = tf32 ? BLAS_COMPUTE_32F_FAST_TF32 : BLAS_COMPUTE_32F;
+  OMNI_BLAS_CHECK(blasLtMatmulDescCreate(&plan->desc, compute, BLAS_R_32F));
+  const blasOperation_t op_first = p.trans_b ? BLAS_OP_T : BLAS_OP_N;
+  const blasOperation_t op_second = p.trans_a ? BLAS_OP_T : BLAS_OP_N;
+  OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                               sizeof(op_first)));
+  OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                               sizeof(op_second)));
+  blasLtEpilogue_t epilogue = BLASLT_EPILOGUE_DEFAULT;
+  switch (p.epilogue) {
+    case Epilogue::None:
+      break;
+    case Epilogue::Bias:
+      epilogue = BLASLT_EPILOGUE_BIAS;
+      break;
+    case Epilogue::GeluAux:
+      epilogue = BLASLT_EPILOGUE_GELU_AUX;
+      break;
+    case Epilogue::GeluAuxBias:
+      epilogue = BLASLT_EPILOGUE_GELU_AUX_BIAS;
+      break;
+  }
+  OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                               sizeof(epilogue)));
+  if (has_bias(p.epilogue)) {
+    const int32_t bias_type = library_type(p.d_type);
+    OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                 &bias_type, sizeof(bias_type)));
+  }
+  if (has_gelu(p.epilogue)) {
+    const int64_t ld_aux = p.ld_aux;
+    OMNI_BLAS_CHECK(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                 &ld_aux, sizeof(ld_aux)));
+  }
+  set_pointers(*plan, p);
+  const blasDataType_t ab = library_type(p.ab_type), d = library_type(p.d_type);
+  OMNI_BLAS_CHECK(blasLtMatrixLayoutCreate(&plan->first, ab, p.trans_b ? p.K : p.N,
+                                           p.trans_b ? p.N : p.K, p.ldb));
+  OMNI_BLAS_CHECK(blasLtMatrixLayoutCreate(&plan->second, ab, p.trans_a ? p.M : p.K,
+                                           p.trans_a ? p.K : p.M, p.lda));
+  OMNI_BLAS_CHECK(blasLtMatrixLayoutCreate(&plan->d, d, p.N, p.M, p.ldd));
+
+  blasLtMatmulPreference_t preference = nullptr;
+  OMNI_BLAS_CHECK(blasLtMatmulPreferenceCreate(&preference));
+  const uint64_t max_workspace = kMaxWorkspaceBytes;
+  OMNI_BLAS_CHECK(blasLtMatmulPreferenceSetAttribute(
+      preference, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+#if defined(OMNI_BLAS_HAS_ALIGNMENT_PREFERENCES)
+  // cuBLASLt assumes 256-byte aligned buffers unless told otherwise.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(p.B)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.A)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.D)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(p.D)}};
+  for (const auto& [attribute, bytes] : alignments)
+    OMNI_BLAS_CHECK(
+        blasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes)));
+#endif
+  blasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const blasStatus_t status =
+      blasLtMatmulAlgoGetHeuristic(handle(), plan->desc, plan->first, plan->second, plan->d,
+                                   plan->d, preference, 1, &result, &count);
+  OMNI_BLAS_CHECK(blasLtMatmulPreferenceDestroy(preference));
+  if (status != BLAS_STATUS_SUCCESS || count == 0 || result.state != BLAS_STATUS_SUCCESS) {
+    plan->failure = OMNI_BLAS_NAME " has no algorithm for it (heuristic status " +
+                    std::to_string(static_cast<int>(status)) + ")";
+  } else {
+    plan->algo = result.algo;
+    plan->workspace = result.workspaceSize;
+  }
+  return plan;
+}
+
+// The plan of a problem, made on first use and kept for the life of the process (descriptors
+// included), so a shape always runs the same algorithm.
+Plan& plan_for(const GemmProblem& p) {
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<Plan> > plans;
+  const Key key = key_of(p);
+  const std::lock_guard lock(mutex);
+  auto& plan = plans[key];
+  if (!plan) plan = make_plan(p);
+  return *plan;
+}
+
+}  // namespace
+
+std::string Gemm::can_implement(const GemmProblem& p) {
+  std::string why = check_arguments(p);
+  if (why.empty() && p.M > 0 && p.N > 0) why = plan_for(p).failure;
+  return why;
+}
+
+size_t Gemm::get_workspace_size(const GemmProblem& p) {
+  if (!check_arguments(p).empty() || p.M == 0 || p.N == 0) return 0;
+  return plan_for(p).workspace;
+}
+
+void Gemm::run(const GemmProblem& p, void* workspace, size_t workspace_bytes, Stream stream) {
+  if (const std::string why = check_arguments(p); !why.empty())
+    throw InternalError(describe(p) + ": " + why);
+  if (p.M == 0 || p.N == 0) return;
+  Plan& plan = plan_for(p);
+  if (!plan.failure.empty()) throw InternalError(describe(p) + ": " + plan.failure);
+  if (workspace_bytes < plan.workspace)
+    throw InternalError(describe(p) + ": needs " + std::to_string(plan.workspace) +
+                        " bytes of workspace, given " + std::to_string(workspace_bytes));
+  const std::lock_guard lock(plan.mutex);
+  set_pointers(plan, p);
+  // The algorithm's own workspace size, not the buffer's: the same work split on every call.
+  OMNI_BLAS_CHECK(blasLtMatmul(handle(), plan.desc, &p.alpha, p.B, plan.first, p.A, plan.second,
+                               &p.beta, p.D, plan.d, p.D, plan.d, &plan.algo, workspace,
+                               plan.workspace, static_cast<gpuStream_t>(stream)));
+}
+
+#else
+// ---- HIP without hipBLASLt ---------------------------------------------------------------------
+namespace {
+[[noreturn]] void missing(const GemmProblem& p) {
+  throw UsageError(describe(p) +
+                   ": this omnitron was built without hipBLASLt (install ROCm's hipblaslt "
+                   "development package and rebuild), so it has no GPU matmul");
+}
+}  // namespace
+
+std::string Gemm::can_implement(const GemmProblem& p) {
+  std::string why = check_arguments(p);
+  return why.empty() ? "built without hipBLASLt" : why;
+}
+size_t Gemm::get_workspace_size(const GemmProblem&) {
+  return 0;
+}
+void Gemm::run(const GemmProblem& p, void*, size_t, Stream) {
+  missing(p);
+}
+#endif
+
+void gemm(const GemmProblem& p, Stream stream) {
+  if (p.M == 0 || p.N == 0) return;
+  const size_t bytes = Gemm::get_workspace_size(p);
+  void* workspace = bytes ? scratch(bytes, kWorkspaceSlot) : nullptr;
+  Gemm::run(p, workspace, bytes, stream);
+}
+
+}  // namespace blas
+OMNI_GPU_NAMESPACE_END
