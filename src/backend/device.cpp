@@ -67,12 +67,13 @@ ResolvedDevice resolve_device(const std::string& requested, const GpuAvailabilit
     want = requested == "cuda" ? DeviceKind::CUDA : DeviceKind::HIP;
     const bool cuda = want == DeviceKind::CUDA;
     OMNI_REQUIRE(here.backend == want, "--device ", requested, ": this omnitron was built without ",
-                 cuda ? "CUDA" : "HIP", ": rebuild with ",
+                 cuda ? "CUDA" : "HIP",
+                 here.backend == DeviceKind::CPU ? ""
+                 : cuda                          ? " (it has HIP)"
+                                                 : " (it has CUDA)",
+                 ": rebuild with ",
                  cuda ? "-DOMNITRON_CUDA=ON (nvcc on the PATH or in /usr/local/cuda/bin)"
                       : "-DOMNITRON_HIP=ON (ROCm's hipcc)",
-                 here.backend == DeviceKind::CPU
-                     ? ""
-                     : std::string(" (this build has ") + (cuda ? "HIP" : "CUDA") + ")",
                  ", or use --device cpu");
     OMNI_REQUIRE(here.devices > 0, "--device ", requested, ": no ", cuda ? "CUDA" : "HIP",
                  " GPU is visible (",

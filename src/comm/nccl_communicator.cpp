@@ -55,10 +55,11 @@ void check_nccl(ncclResult_t rc, const char* call, const std::string& who, ncclC
   if (rc == ncclSuccess) return;
   std::string detail;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
-  if (const char* last = ncclGetLastError(comm); last && *last) detail = std::string(" (") + last + ")";
+  if (const char* last = ncclGetLastError(comm); last && *last)
+    detail = std::string(" (") + last + ")";
 #endif
-  throw InternalError("[comm " + who + "] " + call + " failed: " + ncclGetErrorString(rc) +
-                      detail + "; rerun with NCCL_DEBUG=WARN for NCCL's own account");
+  throw InternalError("[comm " + who + "] " + call + " failed: " + ncclGetErrorString(rc) + detail +
+                      "; rerun with NCCL_DEBUG=WARN for NCCL's own account");
 }
 
 #define OMNI_COMM_GPU_CHECK(call) check_gpu((call), #call, name_)
@@ -66,19 +67,27 @@ void check_nccl(ncclResult_t rc, const char* call, const std::string& who, ncclC
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::BF16: return ncclBfloat16;
-    case DType::F16: return ncclFloat16;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
   }
   throw InternalError("[comm] unknown dtype");
 }
 
 // Sums of bf16/f16 are rounded to that type at every step of NCCL's ring, which is why the
 // trainer reduces gradients in f32 (Megatron's main_grad); NCCL accepts all four types.
-ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::Sum ? ncclSum : ncclMax;
+}
 
-std::byte* at(void* p, size_t offset) { return static_cast<std::byte*>(p) + offset; }
+std::byte* at(void* p, size_t offset) {
+  return static_cast<std::byte*>(p) + offset;
+}
 const std::byte* at(const void* p, size_t offset) {
   return static_cast<const std::byte*>(p) + offset;
 }
@@ -200,8 +209,8 @@ class NcclCommunicator : public Communicator {
     finish();
   }
   void broadcast(void* data, size_t bytes, int root) override {
-    OMNI_CHECK(root >= 0 && root < size_, "[comm ", name_, "] broadcast from rank ", root,
-               " of ", size_);
+    OMNI_CHECK(root >= 0 && root < size_, "[comm ", name_, "] broadcast from rank ", root, " of ",
+               size_);
     if (bytes == 0) return;
     flush();
     OMNI_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), stream_));
@@ -222,8 +231,8 @@ class NcclCommunicator : public Communicator {
   // NCCL has no barrier: a one-word all-reduce that every rank must reach does the same.
   void barrier() override {
     flush();
-    OMNI_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclMax, live(),
-                                  stream_));
+    OMNI_NCCL_CHECK(
+        ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclMax, live(), stream_));
     finish();
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
@@ -335,8 +344,8 @@ class NcclCommunicator : public Communicator {
 #endif
     ncclCommAbort(comm_);  // the communicator is unusable; free it without waiting on peers
     comm_ = nullptr;
-    throw InternalError("[comm " + name_ + "] " + OMNI_NCCL_LIBRARY + " failed while waiting: " +
-                        ncclGetErrorString(async) + detail +
+    throw InternalError("[comm " + name_ + "] " + OMNI_NCCL_LIBRARY +
+                        " failed while waiting: " + ncclGetErrorString(async) + detail +
                         "; rerun with NCCL_DEBUG=WARN for NCCL's own account");
   }
 
@@ -393,8 +402,8 @@ std::string nccl_version() {
   // NCCL_VERSION(X, Y, Z) is X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
   const int major = v >= 10000 ? v / 10000 : v / 1000;
   const int minor = v >= 10000 ? (v % 10000) / 100 : (v % 1000) / 100;
-  return std::string(OMNI_NCCL_LIBRARY " ") + std::to_string(major) + "." +
-         std::to_string(minor) + "." + std::to_string(v % 100);
+  return std::string(OMNI_NCCL_LIBRARY " ") + std::to_string(major) + "." + std::to_string(minor) +
+         "." + std::to_string(v % 100);
 }
 
 }  // namespace omni
