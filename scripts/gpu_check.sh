@@ -6,7 +6,8 @@
 #   bash scripts/gpu_check.sh -DFOO=BAR ...   extra arguments go to cmake
 # Needs a compiler, cmake and the GPU toolkit; omnitron's Debian packages are installed with
 # scripts/setup.sh when some are missing and apt can reach its mirrors (skipped offline).
-# Logs: build-gpu/gpu_check/*.log. Exits non-zero when the build or a test failed.
+# Logs: build-gpu/gpu_check/*.log. Exits non-zero when the build or a check failed, or when
+# no GPU was visible (every device test would only skip).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -74,20 +75,32 @@ if command -v ccache >/dev/null 2>&1; then
   gpu_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   [[ $backend == CUDA ]] && gpu_flags+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-targets=(omnitron omnitron_gpu_tests)
-[[ -f bench/bench_gpu_ops.cpp ]] && targets+=(bench_gpu_ops)
-[[ -f bench/bench_train_step.cpp ]] && grep -q -- '--device' bench/bench_train_step.cpp &&
-  targets+=(bench_train_step)
-
-say "configure and build (${targets[*]}) in build-gpu/"
+say "configure and build in build-gpu/"
 build_ok=1
-if ! cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${gpu_flags[@]}" \
+targets=()
+if cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${gpu_flags[@]}" \
      "$@" >"$logs/configure.log" 2>&1; then
-  tail -30 "$logs/configure.log"
-  build_ok=0
-elif ! cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}" \
+  # What this configuration can build of: the binary, the device tests, the NCCL check and the
+  # GPU benchmarks (each exists only once its sources and build wiring do).
+  if [[ -f "$build/build.ninja" ]]; then
+    available=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's|^\([^:]*/\)\{0,1\}\([A-Za-z0-9_]*\): .*|\2|p')
+  else
+    available=$(make -C "$build" help 2>/dev/null | sed -n 's/^\.\.\. \([A-Za-z0-9_]*\)$/\1/p')
+  fi
+  wanted=(omnitron omnitron_gpu_tests omnitron_nccl_check bench_gpu_ops)
+  # bench_train_step measures the GPU only once it takes --device.
+  grep -q -- '--device' bench/bench_train_step.cpp 2>/dev/null && wanted+=(bench_train_step)
+  for t in "${wanted[@]}"; do
+    grep -qx "$t" <<<"$available" && targets+=("$t")
+  done
+  echo "targets: ${targets[*]}"
+  if ! cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}" \
        >"$logs/build.log" 2>&1; then
-  grep -E 'error|Error' "$logs/build.log" | head -30
+    grep -E 'error|Error' "$logs/build.log" | head -30
+    build_ok=0
+  fi
+else
+  tail -30 "$logs/configure.log"
   build_ok=0
 fi
 if ((build_ok)); then note "build ($backend)" "ok"; else
@@ -96,10 +109,16 @@ if ((build_ok)); then note "build ($backend)" "ok"; else
 fi
 
 # ---- omnitron info ----
+gpus=0
 if [[ -x "$build/omnitron" ]]; then
   say "omnitron info"
   if "$build/omnitron" info 2>&1 | tee "$logs/info.log"; then
-    note "omnitron info" "$(grep -m1 '^gpu devices:' "$logs/info.log" | sed 's/^gpu devices: *//')"
+    devices=$(grep -m1 '^gpu devices:' "$logs/info.log" | sed 's/^gpu devices: *//')
+    gpus=$(grep -cE '^  [0-9]+: ' "$logs/info.log")
+    if ((gpus > 0)); then note "omnitron info" "$devices"; else
+      note "omnitron info" "FAILED: no GPU visible: ${devices:-?}"
+      status=1
+    fi
   else
     note "omnitron info" "FAILED"
     status=1
@@ -109,16 +128,43 @@ fi
 # ---- GPU op tests on the device ----
 tests="$build/tests/omnitron_gpu_tests"
 if [[ -x "$tests" ]]; then
-  say "GPU op tests (device)"
-  timeout 1800 "$tests" 2>&1 | tee "$logs/gpu_tests.log"
+  say "GPU op tests (device; failures in full, passes counted)"
+  timeout 1800 "$tests" --gtest_brief=1 2>&1 | tee "$logs/gpu_tests.log"
   rc=${PIPESTATUS[0]}
-  passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$logs/gpu_tests.log" | grep -oE '[0-9]+$' || true)
-  failed=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$logs/gpu_tests.log" | grep -oE '[0-9]+' || true)
-  skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$logs/gpu_tests.log" | grep -oE '[0-9]+$' || true)
-  note "gpu op tests" "passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0} (exit $rc)"
-  ((rc == 0)) || status=1
+  count() { grep -oE "^\[  $1 *\] [0-9]+ test" "$logs/gpu_tests.log" | grep -oE '[0-9]+' | tail -1; }
+  passed=$(count PASSED)
+  failed=$(count FAILED)
+  skipped=$(count SKIPPED)
+  line="passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0} (exit $rc)"
+  if ((rc != 0)); then
+    status=1
+  elif ((${passed:-0} == 0)); then
+    line="$line: none ran on a device"
+    status=1
+  fi
+  note "gpu op tests" "$line"
 else
   note "gpu op tests" "not built"
+  status=1
+fi
+
+# ---- NCCL communicator on every GPU (one rank per GPU) ----
+check="$build/tests/omnitron_nccl_check"
+if [[ -x "$check" ]]; then
+  say "NCCL communicator check on $gpus GPU(s)"
+  if ((gpus > 1)) && command -v mpirun >/dev/null 2>&1; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
+      mpirun -np "$gpus" --oversubscribe "$check" 2>&1 | tee "$logs/nccl_check.log"
+  else
+    timeout 300 "$check" 2>&1 | tee "$logs/nccl_check.log"
+  fi
+  rc=${PIPESTATUS[0]}
+  if ((rc == 0)); then note "nccl check" "$(tail -1 "$logs/nccl_check.log")"; else
+    note "nccl check" "FAILED (exit $rc)"
+    status=1
+  fi
+else
+  note "nccl check" "not built (OMNITRON_NCCL not wired or NCCL not found)"
 fi
 
 # ---- Benchmarks that exist ----
