@@ -1,7 +1,8 @@
-// What hardware is here, and how fast it multiplies: the figures `omnitron info` prints
-// and the peak that MFU is measured against.
+// What hardware is here, and how fast it multiplies: the figures `omnitron info` prints,
+// the peak that MFU is measured against, and which device --device names.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace omni {
@@ -18,9 +19,40 @@ std::string blas_config();  // e.g. "OpenBLAS 0.3.21 ... SkylakeX MAX_THREADS=64
 // Best sgemm rate over a few n x n x n products, in GFLOP/s (the CPU's achievable peak).
 double measure_sgemm_gflops(int n = 2048, int reps = 3);
 
-// GPU devices visible to the compiled-in GPU backend (0 when built without one).
+// ---- GPUs (backend/gpu/device.cu in a GPU build, backend/gpu/no_gpu.cpp otherwise) ----
+
+// GPU devices visible to the compiled-in GPU backend (0 when built without one, or when the
+// runtime finds no device or no usable driver).
 int gpu_device_count();
-std::string gpu_backend_name();  // "CUDA 13.0", or "none (built without a GPU backend)"
+// Why gpu_device_count() is 0 in a GPU build, in the runtime's words ("no CUDA-capable device
+// is detected", "CUDA driver version is insufficient for CUDA runtime version"); empty when
+// devices were found or the build has no GPU backend.
+std::string gpu_probe_error();
+// "CUDA runtime 13.0, driver 12.8", or "none (built without ...)".
+std::string gpu_backend_name();
 std::string gpu_device_name(int index);
+
+struct GpuDeviceInfo {
+  std::string name;          // "NVIDIA H100 80GB HBM3"
+  size_t memory_bytes = 0;   // total device memory
+  int multiprocessors = 0;   // SMs (NVIDIA) or compute units (AMD)
+  std::string architecture;  // "compute capability 9.0" or "gfx942:sramecc+:xnack-"
+};
+GpuDeviceInfo gpu_device_info(int index);
+
+// ---- Peaks and placement (backend/device.cpp; --device is backend/device_selection.h) ----
+
+// The environment variable that restricts the GPUs this build's runtime sees:
+// "CUDA_VISIBLE_DEVICES" (or HIP_VISIBLE_DEVICES in a HIP build).
+const char* gpu_visible_devices_variable();
+
+// Dense bf16 tensor-core peak of a GPU, by the name its runtime reports, in TFLOP/s: the
+// denominator of MFU on that GPU. 0 when the device is not in the table.
+double gpu_peak_bf16_tflops(const std::string& device_name);
+
+// This process's index among the ranks on its node, from the launcher's environment
+// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID, LOCAL_RANK); 0 when started
+// alone. One GPU per process: the local rank modulo the visible devices picks it.
+int launcher_local_rank();
 
 }  // namespace omni

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "backend/device.h"
+#include "backend/device_selection.h"
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
@@ -21,19 +22,21 @@ namespace omni::cli {
 
 namespace {
 
-// --device auto picks a GPU when one is present; GPU training arrives with the GPU backend.
-void check_device(const Options& o) {
-  if (o.device == "cpu") return;
-  const int gpus = gpu_device_count();
-  if (o.device == "auto") {
-    if (gpus > 0)
-      std::printf("note: %d GPU(s) found, but GPU training is not built yet: training on the CPU\n",
-                  gpus);
-    return;
-  }
-  throw UsageError("--device " + o.device + ": GPU training is not built yet in omnitron (" +
-                   std::to_string(gpus) + " GPU(s) visible to " + gpu_backend_name() +
-                   "); use --device cpu");
+// --device: training runs on the CPU in this version. The GPU ops exist (backend/gpu) but the
+// model does not run on them yet, so asking for a GPU by name fails, and auto says why it chose
+// the CPU when a GPU is present. Returns that reason (empty when there is none), for the
+// "device:" line printed once the run is set up, so that earlier errors stay one line.
+std::string check_device(const Options& o) {
+  const ResolvedDevice d = resolve_device(o.device);
+  if (d.device.kind == DeviceKind::CPU) return "";
+  const std::string gpus = std::to_string(d.gpus_visible) + " " +
+                           (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
+                           (d.gpus_visible == 1 ? "" : "s");
+  OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": training on the GPU is not built yet ",
+               "in this version (the GPU ops are; see issue 6); ", gpus,
+               " visible; use --device cpu or auto");
+  return "--device auto: " + gpus +
+         " visible, but training on the GPU is not built yet in this version, so the CPU trains";
 }
 
 // `omnitron train` without data options: a small GPT (rotary positions, which learn far faster
@@ -201,7 +204,7 @@ int train(const std::vector<std::string>& raw_args) {
   }
   if (world.size() > 1) opts.progress = false;  // mpirun's output is a log, not a terminal
   for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
-  check_device(opts);
+  const std::string device_note = check_device(opts);
 
   // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the
   // others open it after.
@@ -226,6 +229,7 @@ int train(const std::vector<std::string>& raw_args) {
       (long long)opts.lr_schedule.warmup_iters);
   std::printf("  device: cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)\n",
               cpu_threads(), blas_config().c_str(), peak);
+  if (!device_note.empty()) std::printf("  %s\n", device_note.c_str());
   if (world.size() > 1)
     std::printf("  layout: %d ranks = tensor %d x context %d x pipeline %d x data %d%s%s\n",
                 world.size(), opts.tensor_model_parallel_size, opts.context_parallel_size,
@@ -287,6 +291,7 @@ int generate(const std::vector<std::string>& args) {
   parse_options(args, opts);
   OMNI_REQUIRE(!opts.load.empty(),
                "generate needs --load DIR (a checkpoint directory written by train --save)");
+  check_device(opts);  // decoding runs on the CPU, as training does
   load_checkpoint_model_options(opts.load, opts);  // the latest iteration's model
   opts.model.vocab_size = opts.model.vocab_size ? opts.model.vocab_size : 256;
   GPTModel<float> model(opts.model, 1, static_cast<uint64_t>(opts.seed));
