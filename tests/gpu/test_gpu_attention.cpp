@@ -31,7 +31,8 @@ constexpr double attention_tol() {
 
 ::testing::AssertionResult close_scaled(const std::vector<float>& got,
                                         const std::vector<float>& want, double tol) {
-  double peak = 0;
+  // Floor 1e-2: gradients that cancel to ~0 (one key: dS = P (dP - D) = 0) are rounding noise.
+  double peak = 1e-2;
   for (float w : want)
     if (std::isfinite(w)) peak = std::max(peak, double(std::abs(w)));
   return close(got, want, tol, tol * peak);
@@ -127,7 +128,7 @@ TYPED_TEST_SUITE(GpuFlashAttention, StorageTypes);
 // Sequences not a multiple of any tile (70), two samples, 4 query heads on 2 key heads.
 TYPED_TEST(GpuFlashAttention, CausalGroupedQueryHeadDim64) {
   OMNI_REQUIRE_GPU();
-  expect_matches_cpu<TypeParam>({{2, 70, 4, 2, 64}});
+  expect_matches_cpu<TypeParam>({{2, 70, 4, 2, 64}, {}, {}, 1});
 }
 
 // Multi-query (one key head), head_dim 128.
