@@ -4,14 +4,17 @@
 // and multi-query heads, packed documents (key_start) and ring-attention key blocks (q_index).
 //
 // Tolerances, as |gpu - cpu| <= rtol |cpu| + rtol * max|cpu| per tensor (an absolute floor
-// scaled to the tensor, since gradients mix signs and cancel):
-//   float: 1e-4. The same math in another order (online softmax, exp2 of pre-scaled scores,
-//          tiles of keys); errors are ~1e-6, the margin covers long dot products.
-//   bf16:  3e-2. Outputs are rounded to bf16 (2^-9); the tensor-core path also rounds the
+// scaled to the tensor, since gradients mix signs and cancel). Measured in the emulator, the
+// worst errors are ~2.7e-3 for bf16, below 1.5e-3 for f16 and below 1e-5 for float; the
+// tolerances leave about 4x for other shapes and the device's approximate exp2:
+//   float: 5e-5. The same math in another order (online softmax, exp2 of pre-scaled scores,
+//          tiles of keys).
+//   bf16:  1e-2. Outputs are rounded to bf16 (2^-9); the tensor-core path also rounds the
 //          probabilities P and the score gradients dS to bf16 before their matmuls (2^-9
 //          each, averaged over the keys) and the backward reads the bf16-rounded output for
 //          D = dO . O, whose error is multiplied by P in every dS.
-//   f16:   8e-3. The same roundings with f16's 2^-12.
+//   f16:   4e-3. The same roundings with f16's 2^-12 (plus f16's smaller range of exponents
+//          for small gradients).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -24,9 +27,9 @@ namespace {
 
 template <typename T>
 constexpr double attention_tol() {
-  if constexpr (std::is_same_v<T, float>) return 1e-4;
-  if constexpr (std::is_same_v<T, bf16>) return 3e-2;
-  return 8e-3;
+  if constexpr (std::is_same_v<T, float>) return 5e-5;
+  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
+  return 4e-3;
 }
 
 ::testing::AssertionResult close_scaled(const std::vector<float>& got,
