@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
   using Tile = ScalarTile<MaxHD>;
   constexpr int R = Tile::kRows, kSub = Tile::kSub, kThreads = Tile::kThreads;
   const int hd = d.head_dim, ld = hd + 1;
-  const int b = blockIdx.z, g = blockIdx.y, k0 = blockIdx.x * R;
+  const int b = blockIdx.y, g = blockIdx.x, k0 = blockIdx.z * R;
   const int hpg = (d.heads / d.groups), ldq = d.heads * hd, ldk = d.groups * hd;
   const int tid = threadIdx.x, c = tid / kSub, sub = tid % kSub;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd)), qscale = scale * kLog2e;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
   using Tile = ScalarTile<MaxHD>;
   constexpr int R = Tile::kRows, kSub = Tile::kSub, kThreads = Tile::kThreads;
   const int hd = d.head_dim, ld = hd + 1;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * R;
+  const int b = blockIdx.y, h = blockIdx.x, q0 = last_tile_first(R);
   const int g = h / (d.heads / d.groups), ldq = d.heads * hd, ldk = d.groups * hd;
   const int tid = threadIdx.x, r = tid / kSub, sub = tid % kSub;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd)), qscale = scale * kLog2e;
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     dkdv_mma_kernel(T* dk, T* dv, const T* dout, const float* lse, const float* D, const T* q,
                     const T* k, const T* v, ops::AttentionDims d) {
   constexpr int kLd = HD + kMmaPad, kLdT = kMmaRows + kMmaPad, R = kMmaRows;
-  const int b = blockIdx.z, g_head = blockIdx.y, k0 = blockIdx.x * R;
+  const int b = blockIdx.y, g_head = blockIdx.x, k0 = blockIdx.z * R;
   const int hpg = d.heads / d.groups;
   const size_t ldq = static_cast<size_t>(d.heads) * HD, ldk = static_cast<size_t>(d.groups) * HD;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     dq_mma_kernel(T* dq, const T* dout, const float* lse, const float* D, const T* q, const T* k,
                   const T* v, ops::AttentionDims d) {
   constexpr int kLd = HD + kMmaPad, kLdT = kMmaRows + kMmaPad, R = kMmaRows;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * R;
+  const int b = blockIdx.y, h = blockIdx.x, q0 = last_tile_first(R);
   const int g_head = h / (d.heads / d.groups);
   const size_t ldq = static_cast<size_t>(d.heads) * HD, ldk = static_cast<size_t>(d.groups) * HD;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -478,12 +478,12 @@ bool backward_mma(T* dq, T* dk, T* dv, const T* dout, const float* lse, const fl
       const size_t kv_bytes = 4 * rows_bytes + 2 * transposed_bytes + 4 * sizeof(float) * R;
       auto dkdv = dkdv_mma_kernel<T, HD>;
       allow_shared(dkdv, kv_bytes);
-      launch(dkdv, dim3(tiles, d.groups, d.batch), kMmaWarps * kWarpSize, kv_bytes, stream, dk, dv,
+      launch(dkdv, dim3(d.groups, d.batch, tiles), kMmaWarps * kWarpSize, kv_bytes, stream, dk, dv,
              dout, lse, D, q, k, v, d);
       const size_t q_bytes = 2 * rows_bytes + transposed_bytes + 2 * sizeof(int) * R;
       auto dqk = dq_mma_kernel<T, HD>;
       allow_shared(dqk, q_bytes);
-      launch(dqk, dim3(tiles, d.heads, d.batch), kMmaWarps * kWarpSize, q_bytes, stream, dq, dout,
+      launch(dqk, dim3(d.heads, d.batch, tiles), kMmaWarps * kWarpSize, q_bytes, stream, dq, dout,
              lse, D, q, k, v, d);
     };
     if (hd == 64)
@@ -508,12 +508,12 @@ void backward_scalar(T* dq, T* dk, T* dv, const T* dout, const float* lse, const
         sizeof(float) * (4 * R * ld + 2 * R * (R + 1) + 2 * R) + sizeof(int) * 2 * R;
     auto dkdv = dkdv_scalar_kernel<T, MaxHD>;
     allow_shared(dkdv, kv_bytes);
-    launch(dkdv, dim3(tiles, d.groups, d.batch), Tile::kThreads, kv_bytes, stream, dk, dv, dout,
+    launch(dkdv, dim3(d.groups, d.batch, tiles), Tile::kThreads, kv_bytes, stream, dk, dv, dout,
            lse, D, q, k, v, d);
     const size_t q_bytes = sizeof(float) * (4 * R * ld + R * (R + 1)) + sizeof(int) * 2 * R;
     auto dqk = dq_scalar_kernel<T, MaxHD>;
     allow_shared(dqk, q_bytes);
-    launch(dqk, dim3(tiles, d.heads, d.batch), Tile::kThreads, q_bytes, stream, dq, dout, lse, D, q,
+    launch(dqk, dim3(d.heads, d.batch, tiles), Tile::kThreads, q_bytes, stream, dq, dout, lse, D, q,
            k, v, d);
   });
 }

@@ -46,6 +46,13 @@ OMNI_DEVICE KeyRange key_range(const ops::AttentionDims& d, int b, int i) {
   return {first, last};
 }
 
+// Grids are (heads, batch, query tiles): blocks start in that order, so the first row of a
+// block's tile counts down from the last tile: causal rows late in the sequence see the most
+// keys, and the longest blocks of every head start first, the short ones filling the tail.
+OMNI_DEVICE int last_tile_first(int rows) {
+  return static_cast<int>(gridDim.z - 1 - blockIdx.z) * rows;
+}
+
 inline void check_dims(const ops::AttentionDims& d, const char* op) {
   if (d.batch < 0 || d.seq < 0 || d.heads <= 0 || d.groups <= 0 || d.heads % d.groups != 0 ||
       d.head_dim <= 0 || d.head_dim > 256)

@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
   using Tile = ScalarTile<MaxHD>;
   constexpr int R = Tile::kRows, kSub = Tile::kSub;
   const int hd = d.head_dim, ld = hd + 1;  // +1: rows of a tile fall in different banks
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * R;
+  const int b = blockIdx.y, h = blockIdx.x, q0 = last_tile_first(R);
   const int g = h / (d.heads / d.groups);
   const int ldq = d.heads * hd, ldk = d.groups * hd;
   const int tid = threadIdx.x, r = tid / kSub, sub = tid % kSub;
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
                        ops::AttentionDims d) {
   constexpr int BK = kMmaRows, kLd = HD + kMmaPad, kLdT = BK + kMmaPad;
   constexpr int KSteps = HD / 16, NKey = BK / 8, NDim = HD / 8;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kMmaRows;
+  const int b = blockIdx.y, h = blockIdx.x, q0 = last_tile_first(kMmaRows);
   const int g_head = h / (d.heads / d.groups);
   const size_t ldq = static_cast<size_t>(d.heads) * HD, ldk = static_cast<size_t>(d.groups) * HD;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -281,7 +281,7 @@ bool forward_mma(T* out, float* lse, const T* q, const T* k, const T* v,
                            sizeof(int) * 2 * kMmaRows;
       auto kernel = forward_mma_kernel<T, HD>;
       allow_shared(kernel, bytes);
-      launch(kernel, dim3(ceil_div(d.seq, kMmaRows), d.heads, d.batch), kMmaWarps * kWarpSize,
+      launch(kernel, dim3(d.heads, d.batch, ceil_div(d.seq, kMmaRows)), kMmaWarps * kWarpSize,
              bytes, stream, out, lse, q, k, v, d);
     };
     if (hd == 64)
@@ -303,7 +303,7 @@ void forward_scalar(T* out, float* lse, const T* q, const T* k, const T* v,
     const size_t bytes = sizeof(float) * (3 * R * ld + R * (R + 1)) + sizeof(int) * 2 * R;
     auto kernel = forward_scalar_kernel<T, MaxHD>;
     allow_shared(kernel, bytes);
-    launch(kernel, dim3(ceil_div(d.seq, R), d.heads, d.batch), Tile::kThreads, bytes, stream, out,
+    launch(kernel, dim3(d.heads, d.batch, ceil_div(d.seq, R)), Tile::kThreads, bytes, stream, out,
            lse, q, k, v, d);
   });
 }
