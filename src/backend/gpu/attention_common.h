@@ -1,5 +1,6 @@
 // Shared by attention_forward.cu and attention_backward.cu (flash attention, gpu_ops.h): the
-// visible key range of a query row, the shape checks and the scalar tile geometry.
+// visible key range of a query row, shape checks, the scalar tile geometry and the tile
+// loaders and fragment helpers of the tensor-core path.
 #pragma once
 
 #include <stdexcept>
