@@ -87,9 +87,7 @@ if cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${
   else
     available=$(make -C "$build" help 2>/dev/null | sed -n 's/^\.\.\. \([A-Za-z0-9_]*\)$/\1/p')
   fi
-  wanted=(omnitron omnitron_gpu_tests omnitron_nccl_check bench_gpu_ops)
-  # bench_train_step measures the GPU only once it takes --device.
-  grep -q -- '--device' bench/bench_train_step.cpp 2>/dev/null && wanted+=(bench_train_step)
+  wanted=(omnitron omnitron_gpu_tests omnitron_nccl_check bench_gpu_ops bench_gpu_train_step)
   for t in "${wanted[@]}"; do
     grep -qx "$t" <<<"$available" && targets+=("$t")
   done
@@ -181,16 +179,29 @@ run_bench() {  # name, then its command line
   fi
   # The figures: lines with a rate or a time per step (else the last lines of the output).
   local figures
-  figures=$(grep -E 'FLOP/s|GB/s|tokens/s|ms/step' "$logs/$name.log" | tail -n 12)
+  figures=$(grep -E 'FLOP/s|GB/s|tokens/s|ms/step|validation' "$logs/$name.log" | tail -n 40)
   [[ -n $figures ]] || figures=$(tail -n 5 "$logs/$name.log")
   while IFS= read -r line; do bench_lines+=("$name: $line"); done <<<"$figures"
 }
 if [[ -x "$build/bench_gpu_ops" ]]; then run_bench bench_gpu_ops "$build/bench_gpu_ops"; else
   note "bench_gpu_ops" "not built (no bench/bench_gpu_ops.cpp)"; fi
-if [[ -x "$build/bench_train_step" ]] && grep -q -- '--device' bench/bench_train_step.cpp; then
-  run_bench bench_train_step "$build/bench_train_step" --device cuda
+if [[ -x "$build/bench_gpu_train_step" ]]; then
+  run_bench bench_gpu_train_step "$build/bench_gpu_train_step"
 else
-  note "bench_train_step" "skipped (no --device support yet)"
+  note "bench_gpu_train_step" "not built"
+fi
+# The demo trained end to end on the GPU (bf16), to read beside the CPU demo's validation loss.
+if [[ -x "$build/omnitron" ]] && ((gpus > 0)); then
+  run_bench gpu_demo "$build/omnitron" train --device cuda --bf16 --no-progress \
+    --save "$build/gpu-demo-model" --log-interval 100
+  bench_lines+=("gpu_demo: $(grep -m1 '^done:' "$logs/gpu_demo.log")")
+fi
+# The reference on the same GPU: PyTorch's SDPA (cuDNN and flash) and a PyTorch training step.
+if command -v python3 >/dev/null 2>&1 && python3 -c 'import torch; assert torch.cuda.is_available()' \
+     >/dev/null 2>&1; then
+  run_bench pytorch_reference python3 "$root/bench/pytorch_reference.py"
+else
+  note "pytorch_reference" "skipped (no PyTorch with CUDA)"
 fi
 
 # ---- Summary ----

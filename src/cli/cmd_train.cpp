@@ -8,10 +8,10 @@
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
-#include "comm/process_grid.h"
 #include "cli/commands.h"
-#include "config/options.h"
+#include "comm/process_grid.h"
 #include "config/env_overrides.h"
+#include "config/options.h"
 #include "config/yaml_config.h"
 #include "data/dataset.h"
 #include "data/prefetch.h"
@@ -22,21 +22,37 @@ namespace omni::cli {
 
 namespace {
 
-// --device: training runs on the CPU in this version. The GPU ops exist (backend/gpu) but the
-// model does not run on them yet, so asking for a GPU by name fails, and auto says why it chose
-// the CPU when a GPU is present. Returns that reason (empty when there is none), for the
-// "device:" line printed once the run is set up, so that earlier errors stay one line.
-std::string check_device(const Options& o) {
+// --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
+// GPU model supports (model/gpu_model.h: one rank, AdamW, no recompute or qk-layernorm); auto
+// falls back to the CPU and says why. `note` is printed with the run's set-up lines, so that
+// earlier errors stay one line.
+struct DeviceChoice {
+  std::string device;  // "cpu", "cuda" or "hip"
+  std::string note;
+};
+
+DeviceChoice choose_device(const Options& o, int world_size) {
   const ResolvedDevice d = resolve_device(o.device);
-  if (d.device.kind == DeviceKind::CPU) return "";
+  if (d.device.kind == DeviceKind::CPU) return {"cpu", ""};
+  const std::string name = d.device.kind == DeviceKind::CUDA ? "cuda" : "hip";
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
-                           (d.gpus_visible == 1 ? "" : "s");
-  OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": training on the GPU is not built yet ",
-               "in this version (the GPU ops are; see issue 6); ", gpus,
-               " visible; use --device cpu or auto");
-  return "--device auto: " + gpus +
-         " visible, but training on the GPU is not built yet in this version, so the CPU trains";
+                           (d.gpus_visible == 1 ? "" : "s") + " visible";
+  std::string unsupported;
+  if (world_size > 1)
+    unsupported = "runs of several ranks";
+  else if (o.model.qk_layernorm)
+    unsupported = "--qk-layernorm";
+  else if (!o.recompute_granularity.empty())
+    unsupported = "activation recompute";
+  else if (o.optim.kind != OptimizerKind::AdamW)
+    unsupported = "optimizers other than adam (AdamW)";
+  if (unsupported.empty()) return {name, ""};
+  OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
+               ", but training on the GPU does not support ", unsupported,
+               " yet in this version; use --device cpu");
+  return {"cpu", "--device auto: " + gpus + ", but training on the GPU does not support " +
+                     unsupported + " yet in this version, so the CPU trains"};
 }
 
 // `omnitron train` without data options: a small GPT (rotary positions, which learn far faster
@@ -46,13 +62,44 @@ std::vector<std::string> demo_args() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string save = ec ? "demo-model" : (exe.parent_path() / "demo-model").string();
-  return {"--data-path", demo_dataset_prefix(), "--tokenizer-type", "ByteLevelTokenizer",
-          "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
-          "--seq-length", "256", "--position-embedding-type", "rope", "--micro-batch-size", "16",
-          "--train-iters", "700", "--lr", "2e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
-          "--lr-warmup-iters", "40", "--adam-beta2", "0.95", "--weight-decay", "0.1",
-          "--log-interval", "50", "--eval-interval", "100", "--eval-iters", "20",
-          "--save", save};
+  return {"--data-path",
+          demo_dataset_prefix(),
+          "--tokenizer-type",
+          "ByteLevelTokenizer",
+          "--num-layers",
+          "4",
+          "--hidden-size",
+          "256",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "256",
+          "--position-embedding-type",
+          "rope",
+          "--micro-batch-size",
+          "16",
+          "--train-iters",
+          "700",
+          "--lr",
+          "2e-3",
+          "--min-lr",
+          "1e-4",
+          "--lr-decay-style",
+          "cosine",
+          "--lr-warmup-iters",
+          "40",
+          "--adam-beta2",
+          "0.95",
+          "--weight-decay",
+          "0.1",
+          "--log-interval",
+          "50",
+          "--eval-interval",
+          "100",
+          "--eval-iters",
+          "20",
+          "--save",
+          save};
 }
 
 }  // namespace
@@ -70,9 +117,9 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed);
   if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
     bool weighted = true;
-    const std::vector<WeightedPrefix> prefixes =
-        opts.data_file_list.empty() ? parse_data_path(opts.data_path, &weighted)
-                                    : read_data_file_list(opts.data_file_list);
+    const std::vector<WeightedPrefix> prefixes = opts.data_file_list.empty()
+                                                     ? parse_data_path(opts.data_path, &weighted)
+                                                     : read_data_file_list(opts.data_file_list);
     return std::make_unique<PrefetchingData>(
         make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
                            opts.train_samples(), opts.valid_samples()));
@@ -125,10 +172,11 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
 
 int data_samples(const std::vector<std::string>& raw_args) {
   if (wants_help(raw_args)) {
-    std::printf("usage: omnitron data-samples --data-path ... --seq-length N --global-batch-size N "
-                "--train-iters N [--split A,B,C] [--seed N] [--print-samples N]\n"
-                "Prints the first training samples in order with their token ids, to compare "
-                "with a Megatron run on the same data and flags.\n");
+    std::printf(
+        "usage: omnitron data-samples --data-path ... --seq-length N --global-batch-size N "
+        "--train-iters N [--split A,B,C] [--seed N] [--print-samples N]\n"
+        "Prints the first training samples in order with their token ids, to compare "
+        "with a Megatron run on the same data and flags.\n");
     return 0;
   }
   const std::optional<std::vector<std::string>> resolved = with_config(raw_args);
@@ -193,10 +241,10 @@ int train(const std::vector<std::string>& raw_args) {
   }
   const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
   // The parallel layout: data parallel is what the world leaves after TP x CP x PP.
-  opts.data_parallel_size = data_parallel_size(
-      world.size(), ParallelLayout{.tp = opts.tensor_model_parallel_size,
-                                   .cp = opts.context_parallel_size,
-                                   .pp = opts.pipeline_model_parallel_size});
+  opts.data_parallel_size =
+      data_parallel_size(world.size(), ParallelLayout{.tp = opts.tensor_model_parallel_size,
+                                                      .cp = opts.context_parallel_size,
+                                                      .pp = opts.pipeline_model_parallel_size});
   finalize(opts);
   if (world.rank() != 0) {  // rank 0 writes the logs
     opts.metrics_file.clear();
@@ -204,7 +252,8 @@ int train(const std::vector<std::string>& raw_args) {
   }
   if (world.size() > 1) opts.progress = false;  // mpirun's output is a log, not a terminal
   for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
-  const std::string device_note = check_device(opts);
+  const DeviceChoice device = choose_device(opts, world.size());
+  opts.device = device.device;
 
   // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the
   // others open it after.
@@ -213,7 +262,24 @@ int train(const std::vector<std::string>& raw_args) {
   world.barrier();
   if (world.rank() != 0) data = open_training_data(opts);
 
-  const double peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
+  // MFU is against the GPU's dense bf16 peak, or the CPU's measured sgemm rate.
+  double peak = 0.0;
+  std::string device_line;
+  if (opts.device == "cpu") {
+    peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)",
+                  cpu_threads(), blas_config().c_str(), peak);
+    device_line = text;
+  } else {
+    const GpuDeviceInfo gpu = gpu_device_info(0);
+    peak = gpu_peak_bf16_tflops(gpu.name) * 1000.0;
+    device_line = opts.device + ":0 " + gpu.name + ", " + gpu_backend_name() +
+                  (peak > 0 ? "; bf16 peak " + std::to_string(int(peak / 1000)) +
+                                  " TFLOP/s (MFU is against this)"
+                            : "; bf16 peak unknown (no MFU)");
+  }
   const TransformerConfig& m = opts.model;
   std::printf(
       "omnitron train: %lld parameters | %d layers, hidden %d, ffn %d, heads %d/%d, %s, %s%s\n",
@@ -227,9 +293,8 @@ int train(const std::vector<std::string>& raw_args) {
       opts.global_batch_size, m.seq_length, opts.micro_batch_size, opts.grad_accumulation_steps(),
       (long long)opts.train_iters, opts.lr, opts.min_lr, opts.lr_decay_style.c_str(),
       (long long)opts.lr_schedule.warmup_iters);
-  std::printf("  device: cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)\n",
-              cpu_threads(), blas_config().c_str(), peak);
-  if (!device_note.empty()) std::printf("  %s\n", device_note.c_str());
+  std::printf("  device: %s\n", device_line.c_str());
+  if (!device.note.empty()) std::printf("  %s\n", device.note.c_str());
   if (world.size() > 1)
     std::printf("  layout: %d ranks = tensor %d x context %d x pipeline %d x data %d%s%s\n",
                 world.size(), opts.tensor_model_parallel_size, opts.context_parallel_size,
@@ -239,8 +304,7 @@ int train(const std::vector<std::string>& raw_args) {
   std::fflush(stdout);
 
   if (tokenizer) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
-  Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt,
-                  &world);
+  Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt, &world);
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
                 (long long)latest_checkpoint_iteration(opts.load),
@@ -271,6 +335,7 @@ int train(const std::vector<std::string>& raw_args) {
     std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,
                 opts.prompt.c_str());
     std::fflush(stdout);
+    trainer.sync_host_model();  // the GPU's weights, when a GPU trained
     sample_bytes(trainer.model(), opts.prompt, so, [](char c) {
       std::fputc(c, stdout);
       std::fflush(stdout);
@@ -291,7 +356,11 @@ int generate(const std::vector<std::string>& args) {
   parse_options(args, opts);
   OMNI_REQUIRE(!opts.load.empty(),
                "generate needs --load DIR (a checkpoint directory written by train --save)");
-  check_device(opts);  // decoding runs on the CPU, as training does
+  // Decoding runs on the CPU: a GPU asked for by name is refused, as before any work.
+  OMNI_REQUIRE(resolve_device(opts.device).device.kind == DeviceKind::CPU || opts.device == "auto",
+               "--device ", opts.device,
+               ": generate decodes on the CPU in this version; use "
+               "--device cpu or auto");
   load_checkpoint_model_options(opts.load, opts);  // the latest iteration's model
   opts.model.vocab_size = opts.model.vocab_size ? opts.model.vocab_size : 256;
   GPTModel<float> model(opts.model, 1, static_cast<uint64_t>(opts.seed));

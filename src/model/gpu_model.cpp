@@ -28,8 +28,7 @@ struct GPUGPTModel<T>::Buffers {
   std::unordered_map<std::string, const ParamInfo*> by_name;
   std::vector<DeviceArray<T>> residual;  // num_layers + 1 streams [N, C]
   std::vector<Layer> layers;
-  DeviceArray<T> final_norm, d_final, qkv, d_resid, partial, d_ffn, d_fc1, d_attn, dq, dk, dv,
-      dh;
+  DeviceArray<T> final_norm, d_final, qkv, d_resid, partial, d_ffn, d_fc1, d_attn, dq, dk, dv, dh;
   DeviceArray<float> final_mean, final_rstd, mask, rope_cos, rope_sin;
   DeviceArray<int32_t> tokens, labels, positions, key_start;
 };
@@ -75,7 +74,8 @@ GPUGPTModel<T>::GPUGPTModel(const TransformerConfig& config, int max_batch, uint
   b.final_norm = DeviceArray<T>(N * C), b.d_final = DeviceArray<T>(N * C);
   b.final_mean = DeviceArray<float>(N), b.final_rstd = DeviceArray<float>(N);
   b.qkv = DeviceArray<T>(N * (H + 2 * G) * hd);
-  b.d_resid = DeviceArray<T>(N * C), b.partial = DeviceArray<T>(N * C), b.dh = DeviceArray<T>(N * C);
+  b.d_resid = DeviceArray<T>(N * C), b.partial = DeviceArray<T>(N * C),
+  b.dh = DeviceArray<T>(N * C);
   b.d_ffn = DeviceArray<T>(N * F), b.d_fc1 = DeviceArray<T>(N * fc1_out);
   b.d_attn = DeviceArray<T>(N * H * hd), b.dq = DeviceArray<T>(N * H * hd);
   b.dk = DeviceArray<T>(N * G * hd), b.dv = DeviceArray<T>(N * G * hd);
@@ -132,8 +132,8 @@ float* GPUGPTModel<T>::grad(const std::string& name) const {
 
 template <typename T>
 void GPUGPTModel<T>::upload_batch(const MicroBatch& mb) {
-  OMNI_CHECK(mb.batch > 0 && mb.batch <= max_batch_, "[gpu model] batch ", mb.batch,
-             " outside 1..", max_batch_);
+  OMNI_CHECK(mb.batch > 0 && mb.batch <= max_batch_, "[gpu model] batch ", mb.batch, " outside 1..",
+             max_batch_);
   OMNI_CHECK(mb.seq > 0 && mb.seq <= cfg_.seq_length, "[gpu model] sequence ", mb.seq,
              " outside 1..", cfg_.seq_length);
   OMNI_REQUIRE(mb.seq_index == nullptr, "context parallelism is not built for the GPU model yet");
@@ -148,8 +148,8 @@ void GPUGPTModel<T>::upload_batch(const MicroBatch& mb) {
     mask_sum_ += m;
     // Masked-out rows may carry any label; the kernel gets 0 there.
     if (mb.labels && m != 0.0f) {
-      OMNI_REQUIRE(mb.labels[i] >= 0 && mb.labels[i] < cfg_.vocab_size, "label id ",
-                   mb.labels[i], " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
+      OMNI_REQUIRE(mb.labels[i] >= 0 && mb.labels[i] < cfg_.vocab_size, "label id ", mb.labels[i],
+                   " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
       labels[i] = mb.labels[i];
     }
     positions[i] = mb.position_ids ? mb.position_ids[i] : int32_t(i % size_t(seq_));
@@ -304,10 +304,9 @@ double GPUGPTModel<T>::forward_backward(const MicroBatch& mb, double grad_scale)
   upload_batch(mb);
   Buffers& b = *b_;
   const int N = tokens_, C = cfg_.hidden_size;
-  embedding_forward(b.residual[0].data(), b.tokens.data(),
-                    weight("embedding.word_embeddings.weight"),
-                    weight_or_null("embedding.position_embeddings.weight"), N, seq_, C,
-                    b.positions.data());
+  embedding_forward(
+      b.residual[0].data(), b.tokens.data(), weight("embedding.word_embeddings.weight"),
+      weight_or_null("embedding.position_embeddings.weight"), N, seq_, C, b.positions.data());
   for (int i = 0; i < cfg_.num_layers; ++i)
     layer_forward(i, b.residual[i].data(), b.residual[i + 1].data());
   const double loss = head(true, grad_scale);
@@ -355,8 +354,8 @@ std::vector<float> GPUGPTModel<T>::get_grads() const {
 
 template <typename T>
 void GPUGPTModel<T>::set_params(const std::vector<float>& values) {
-  OMNI_CHECK(int64_t(values.size()) == size_, "[gpu model] ", values.size(), " values for ",
-             size_, " parameters");
+  OMNI_CHECK(int64_t(values.size()) == size_, "[gpu model] ", values.size(), " values for ", size_,
+             " parameters");
   copy_to_device(master_.data(), values.data(), values.size() * sizeof(float));
   refresh_model_copy();
 }
@@ -376,8 +375,13 @@ bool GPUGPTModel<T>::grads_nonfinite() const {
 template <typename T>
 void GPUGPTModel<T>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
                                 int step, float grad_scale) {
-  AdamWStep s{lr, beta1, beta2, eps, 0.0f,
-              float(1.0 - std::pow(double(beta1), step)), float(1.0 - std::pow(double(beta2), step)),
+  AdamWStep s{lr,
+              beta1,
+              beta2,
+              eps,
+              0.0f,
+              float(1.0 - std::pow(double(beta1), step)),
+              float(1.0 - std::pow(double(beta2), step)),
               grad_scale};
   T* model = std::is_same_v<T, float> ? nullptr : model_.data();
   // Consecutive tensors with the same decay are one range (the alignment gaps between them

@@ -78,6 +78,26 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     recompute.num_layers = opts.recompute_method == "block" ? opts.recompute_num_layers : 0;
   }
   model_->set_recompute(recompute);
+  if (opts.device == "cuda" || opts.device == "hip") {
+#if defined(OMNITRON_GPU)
+    // The GPU model is one rank with every layer (gpu_model.h).
+    OMNI_REQUIRE(world->size() == 1, "training on the GPU runs on one rank in this version (",
+                 world->size(), " ranks launched); use --device cpu for multi-rank runs");
+    OMNI_REQUIRE(opts.optim.kind == OptimizerKind::AdamW,
+                 "--optimizer: the GPU trains with adam "
+                 "(AdamW, decoupled weight decay) in this version");
+    OMNI_REQUIRE(recompute.granularity == Recompute::None,
+                 "activation recompute is not built for the GPU model yet");
+    OMNI_REQUIRE(!opts.use_distributed_optimizer,
+                 "--use-distributed-optimizer needs more than one GPU rank");
+    const DType storage = opts.bf16 ? DType::BF16 : opts.fp16 ? DType::F16 : DType::F32;
+    gpu_ = gpu::make_gpu_model(opts.model, opts.micro_batch_size, static_cast<uint64_t>(opts.seed),
+                               storage);
+    if (opts.bf16 || opts.fp16) scaler_ = make_grad_scaler(opts.loss_scale, storage);
+#else
+    throw UsageError("--device " + opts.device + ": this omnitron was built without a GPU backend");
+#endif
+  }
   pipeline_ = std::make_unique<PipelineExecutor<float>>(*model_, grid_->pp());
   ParameterSet<float>& params = model_->params();
   if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights &&
@@ -98,7 +118,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     }
     ddp_->mark_ready(begin, end);
   });
-  if (opts.bf16 || opts.fp16) {
+  if ((opts.bf16 || opts.fp16) && !on_gpu()) {
     // Megatron keeps bf16 gradients in fp32 and fp16 ones in fp16.
     const DType dtype = opts.bf16 ? DType::BF16 : DType::F16;
     mixed_ = std::make_unique<MixedPrecision>(params, dtype, opts.bf16 ? DType::F32 : dtype);
@@ -117,6 +137,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need a "
                "tokenizer with an end-of-document token (--tokenizer-type)");
   if (!opts_.load.empty()) load(opts_.load);
+  if (on_gpu() && opts_.load.empty()) host_to_gpu();  // the same initial weights either way
   if (opts_.exit_signal_handler) {
     install_exit_signal_handler();
     signal_handler_installed_ = true;
@@ -125,6 +146,77 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
 
 Trainer::~Trainer() {
   if (signal_handler_installed_) restore_signal_handlers();
+}
+
+bool Trainer::on_gpu() const {
+#if defined(OMNITRON_GPU)
+  return gpu_ != nullptr;
+#else
+  return false;
+#endif
+}
+
+void Trainer::gpu_to_host() {
+#if defined(OMNITRON_GPU)
+  const std::vector<float> values = gpu_->get_params();
+  std::copy(values.begin(), values.end(), model_->params().values());
+  for (const std::string& name : optimizer_->state_names()) {
+    const std::vector<float> state = gpu_->get_state(name);
+    std::copy(state.begin(), state.end(), optimizer_->state_buffer(name));
+  }
+#endif
+}
+
+void Trainer::host_to_gpu() {
+#if defined(OMNITRON_GPU)
+  const ParameterSet<float>& params = model_->params();
+  gpu_->set_params(std::vector<float>(params.values(), params.values() + params.size()));
+  for (const std::string& name : optimizer_->state_names()) {
+    const float* state = optimizer_->state_buffer(name);
+    gpu_->set_state(name, std::vector<float>(state, state + params.size()));
+  }
+#endif
+}
+
+Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
+  Step step;
+#if defined(OMNITRON_GPU)
+  const int mb = opts_.micro_batch_size, accum = opts_.grad_accumulation_steps();
+  gpu_->zero_grads();
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  double loss_sum = 0;
+  for (int m = 0; m < accum; ++m) {
+    read_batch(m, micro_batch_first_sample(consumed_samples_, m, mb, 0, 1), true);
+    loss_sum += gpu_->forward_backward(batch(m), loss_scale / accum);
+  }
+  consumed_samples_ += opts_.global_batch_size;
+  step.loss = loss_sum / accum;
+  step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
+  if (scaler_) {
+    const bool found_inf = gpu_->grads_nonfinite();
+    scaler_->update(found_inf);
+    if (found_inf) {
+      step.skipped = true;
+      step.grad_norm = NAN;
+      return step;
+    }
+  }
+  step.grad_norm = std::sqrt(gpu_->grad_sum_squares()) / loss_scale;
+  OMNI_REQUIRE(std::isfinite(step.grad_norm), "iteration ", iteration,
+               ": the gradient norm is not finite (lm loss ", step.loss,
+               "); lower --lr or enable --clip-grad");
+  double coeff = 1.0;  // Megatron's clip_coeff, applied when below 1
+  if (opts_.optim.clip_grad > 0)
+    coeff = std::min(1.0, opts_.optim.clip_grad / (step.grad_norm + 1e-6));
+  optimizer_->set_steps(optimizer_->steps() + 1);
+  const OptimizerConfig& o = opts_.optim;
+  gpu_->adamw_step(float(step.lr), float(o.adam_beta1), float(o.adam_beta2), float(o.adam_eps),
+                   float(o.weight_decay), int(optimizer_->steps()), float(coeff / loss_scale));
+  ++lr_steps_;
+#else
+  (void)iteration;
+#endif
+  return step;
 }
 
 void Trainer::load(const std::string& dir) {
@@ -157,6 +249,7 @@ void Trainer::load(const std::string& dir) {
     }
   }
   if (mixed_) mixed_->copy_master_to_model();
+  if (on_gpu()) host_to_gpu();
   if (resume) {
     iteration_ = p.iteration;
     lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
@@ -176,6 +269,7 @@ std::string Trainer::save(MetricsSink& sink) {
   progress.lr_schedule_iteration = lr_steps_;
   if (scaler_) progress.loss_scaler = scaler_->state();
   std::string dir;
+  if (on_gpu()) gpu_to_host();
   if (world.size() == 1 && optimizer_) {
     dir = save_checkpoint(opts_.save, opts_, progress, params, *optimizer_);
   } else {
@@ -265,6 +359,7 @@ double Trainer::reduce_loss(double loss_sum, int microbatches) const {
 }
 
 Trainer::Step Trainer::train_step(int64_t iteration) {
+  if (on_gpu()) return gpu_train_step(iteration);
   const int mb = opts_.micro_batch_size, accum = opts_.grad_accumulation_steps();
   ParameterSet<float>& params = model_->params();
   params.zero_grads();
@@ -335,6 +430,13 @@ double Trainer::evaluate() {
   // Validation micro-batch i of data-parallel rank r: samples (i * dp + r) * mb ...
   for (int i = 0; i < n; ++i)
     read_batch(i, (int64_t(i) * grid_->dp_size() + grid_->dp_rank()) * mb, false);
+#if defined(OMNITRON_GPU)
+  if (gpu_) {
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += gpu_->forward_loss(batch(i));
+    return sum / n;
+  }
+#endif
   auto batch = [this](int m) -> const MicroBatch& { return this->batch(m); };
   return reduce_loss(pipeline_->run(n, batch, false, 0.0), n);
 }

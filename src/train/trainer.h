@@ -21,6 +21,10 @@
 #include "train/document_masks.h"
 #include "train/metrics.h"
 
+#if defined(OMNITRON_GPU)
+#include "model/gpu_model.h"
+#endif
+
 namespace omni {
 
 struct TrainResult {
@@ -63,8 +67,13 @@ class Trainer {
   std::string save(MetricsSink& sink);
   // Mean validation loss over --eval-iters micro-batches (of every data-parallel rank).
   double evaluate();
-  // This rank's part of the model.
+  // This rank's part of the model. When a GPU trains, it holds the weights of the last
+  // checkpoint or sync_host_model() call.
   GPTModel<float>& model() { return *model_; }
+  // Copies the GPU's weights and optimizer states into model() (nothing on the CPU).
+  void sync_host_model() {
+    if (on_gpu()) gpu_to_host();
+  }
   const ProcessGrid& grid() const { return *grid_; }
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
@@ -82,11 +91,17 @@ class Trainer {
     bool skipped = false;  // fp16: the gradients overflowed, no update
   };
   Step train_step(int64_t iteration);
+  // The same step on the GPU model (one rank): gradients, norm, clipping, loss scaling and
+  // AdamW all on the device.
+  Step gpu_train_step(int64_t iteration);
+  bool on_gpu() const;
+  // Checkpoints are written from the host model: the GPU's parameters and AdamW states are
+  // copied into it before saving, and out of it after loading.
+  void gpu_to_host();
+  void host_to_gpu();
   // The parameters the optimizer updates: the fp32 master under mixed precision, else the
   // model's own.
-  ParameterSet<float>& optimizer_params() {
-    return mixed_ ? mixed_->master() : model_->params();
-  }
+  ParameterSet<float>& optimizer_params() { return mixed_ ? mixed_->master() : model_->params(); }
   // Reads micro-batch `m` of this step (training: from consumed sample `first`) into
   // batches_[m], with document masks when the options ask for them, and slices it for
   // context parallelism.
@@ -109,9 +124,9 @@ class Trainer {
   std::unique_ptr<GPTModel<float>> model_;
   std::unique_ptr<PipelineExecutor<float>> pipeline_;
   std::unique_ptr<DataParallelBuckets<float>> ddp_;
-  std::unique_ptr<MixedPrecision> mixed_;   // --bf16, --fp16
-  std::unique_ptr<GradScaler> scaler_;      // --fp16 (dynamic) or --loss-scale
-  std::unique_ptr<Optimizer<float>> optimizer_;                   // or:
+  std::unique_ptr<MixedPrecision> mixed_;                        // --bf16, --fp16
+  std::unique_ptr<GradScaler> scaler_;                           // --fp16 (dynamic) or --loss-scale
+  std::unique_ptr<Optimizer<float>> optimizer_;                  // or:
   std::unique_ptr<DistributedOptimizer<float>> dist_optimizer_;  // --use-distributed-optimizer
   // The word embeddings' flat range when the first and last pipeline stages each hold a
   // copy (tied, pipeline > 1): summed across the two before data-parallel reduction.
@@ -123,6 +138,11 @@ class Trainer {
   bool signal_handler_installed_ = false;
   DocumentMaskOptions doc_masks_;
   std::vector<Batch> batches_;
+#if defined(OMNITRON_GPU)
+  // --device cuda/hip: the model trains here; model_ and optimizer_ then only hold the
+  // host copies checkpoints are read from and written to.
+  std::unique_ptr<gpu::GPUTrainingModel> gpu_;
+#endif
 };
 
 }  // namespace omni

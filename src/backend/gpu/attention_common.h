@@ -18,13 +18,6 @@ namespace attention {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Loops over register arrays must be unrolled on the GPU, or the arrays go to local memory.
-#if defined(OMNITRON_GPU_EMULATE)
-#define OMNI_UNROLL
-#else
-#define OMNI_UNROLL _Pragma("unroll")
-#endif
-
 OMNI_HD int imin(int a, int b) {
   return a < b ? a : b;
 }

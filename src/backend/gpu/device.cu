@@ -6,13 +6,6 @@
 #include "backend/gpu/gpu_runtime.h"
 #include "base/error.h"
 
-// Not in gpu_runtime.h's rename section yet.
-#if defined(__HIPCC__) || defined(OMNITRON_HIP)
-#define gpuDriverGetVersion hipDriverGetVersion
-#else
-#define gpuDriverGetVersion cudaDriverGetVersion
-#endif
-
 namespace omni {
 
 int gpu_device_count() {

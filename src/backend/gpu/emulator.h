@@ -73,8 +73,7 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
 #define __syncwarp() ::omni::gpu::emulator::sync_warp()
 #define OMNI_HD inline
 #define OMNI_DEVICE inline
-#define OMNI_DYNAMIC_SHARED(name) \
-  unsigned char* name = ::omni::gpu::emulator::ids().dynamic_shared
+#define OMNI_DYNAMIC_SHARED(name) unsigned char* name = ::omni::gpu::emulator::ids().dynamic_shared
 
 // ---- The runtime API subset the backend uses, over host memory ---------------------------
 using gpuError_t = int;

@@ -30,9 +30,9 @@ using Stream = void*;  // cudaStream_t / hipStream_t
 // ---- Devices and memory -----------------------------------------------------------------------
 int device_count();
 void set_device(int index);
-void synchronize();                    // the whole device
+void synchronize();  // the whole device
 void synchronize(Stream stream);
-void* device_alloc(size_t bytes);      // throws OutOfMemory-style error naming the size
+void* device_alloc(size_t bytes);  // throws OutOfMemory-style error naming the size
 void device_free(void* p);
 void copy_to_device(void* dst, const void* host_src, size_t bytes);
 void copy_to_host(void* host_dst, const void* src, size_t bytes);
@@ -85,7 +85,8 @@ void swiglu_forward(T* out, const T* x, int N, int F, Stream stream = nullptr);
 template <typename T>
 void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F, Stream stream = nullptr);
 
-// ---- Embeddings ----------------------------------------------------------------------------------
+// ---- Embeddings
+// ----------------------------------------------------------------------------------
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N, int seq,
                        int C, const int32_t* positions = nullptr, int vocab_start = 0,
@@ -100,7 +101,8 @@ template <typename T>
 void position_embedding_add(T* out, const T* wpe, int N, int seq, int C,
                             const int32_t* positions = nullptr, Stream stream = nullptr);
 
-// ---- Norms ---------------------------------------------------------------------------------------
+// ---- Norms
+// ---------------------------------------------------------------------------------------
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int N,
                        int C, float eps, Stream stream = nullptr);
@@ -116,7 +118,8 @@ template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
                       int N, int C, Stream stream = nullptr);
 
-// ---- Attention helpers ---------------------------------------------------------------------------
+// ---- Attention helpers
+// ---------------------------------------------------------------------------
 template <typename T>
 void qkv_split(T* q, T* k, T* v, const T* qkv, const ops::AttentionDims& d,
                Stream stream = nullptr);
@@ -132,12 +135,13 @@ template <typename T>
 void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq, int nheads,
                    int head_dim, const int32_t* positions = nullptr, Stream stream = nullptr);
 
-// ---- Flash attention -----------------------------------------------------------------------------
-// Causal softmax attention without the probability matrix: q [batch*seq, heads*hd], k/v
-// [batch*seq, groups*hd] (grouped-query), out [batch*seq, heads*hd], lse float [batch, heads,
-// seq] (natural-log log-sum-exp of each row's scaled scores; -inf for a row with no keys, whose
-// output is 0). Scale 1/sqrt(head_dim). d.key_start / d.q_index, when set, are device arrays
-// with ops.h's meaning. The backward recomputes probabilities from lse (FlashAttention-2).
+// ---- Flash attention
+// ----------------------------------------------------------------------------- Causal softmax
+// attention without the probability matrix: q [batch*seq, heads*hd], k/v [batch*seq, groups*hd]
+// (grouped-query), out [batch*seq, heads*hd], lse float [batch, heads, seq] (natural-log
+// log-sum-exp of each row's scaled scores; -inf for a row with no keys, whose output is 0). Scale
+// 1/sqrt(head_dim). d.key_start / d.q_index, when set, are device arrays with ops.h's meaning. The
+// backward recomputes probabilities from lse (FlashAttention-2).
 template <typename T>
 void flash_attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                              const ops::AttentionDims& d, Stream stream = nullptr);
@@ -159,7 +163,8 @@ template <typename T>
 void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w, int M,
                      int K, int N, bool accumulate_dx = false, Stream stream = nullptr);
 
-// ---- Output layer and loss -----------------------------------------------------------------------
+// ---- Output layer and loss
+// -----------------------------------------------------------------------
 // ops::classifier_cross_entropy on the device: logits = h w[:vocab]^T a chunk of rows at a time,
 // softmax and cross-entropy fused, probabilities never stored whole. losses (float, may be null)
 // per row; dh (may be null) overwritten, dw += (float). Returns sum mask*loss (waits for the
@@ -170,9 +175,10 @@ double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, con
                                 const int32_t* targets, const float* mask,
                                 const ops::ClassifierLossArgs& a, Stream stream = nullptr);
 
-// ---- Optimizer -----------------------------------------------------------------------------------
-// Sum of squares of every element of several float arrays (gradient buffers), in a fixed order,
-// in double; `arrays` (of device pointers) and `sizes` are host arrays. Waits for the stream.
+// ---- Optimizer
+// ----------------------------------------------------------------------------------- Sum of
+// squares of every element of several float arrays (gradient buffers), in a fixed order, in double;
+// `arrays` (of device pointers) and `sizes` are host arrays. Waits for the stream.
 double sum_squares(const float* const* arrays, const size_t* sizes, int count,
                    Stream stream = nullptr);
 // True when any element of x[0..n) is inf or NaN (the loss scaler's overflow check).

@@ -42,6 +42,7 @@
 #define gpuDeviceProp hipDeviceProp_t
 #define gpuGetDeviceProperties hipGetDeviceProperties
 #define gpuRuntimeGetVersion hipRuntimeGetVersion
+#define gpuDriverGetVersion hipDriverGetVersion
 #define gpuSetDevice hipSetDevice
 #define gpuGetDevice hipGetDevice
 #define gpuMalloc hipMalloc
@@ -64,7 +65,8 @@
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuMemGetInfo hipMemGetInfo
-#define gpuFuncSetAttribute(f, attr, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), attr, v)
+#define gpuFuncSetAttribute(f, attr, v) \
+  hipFuncSetAttribute(reinterpret_cast<const void*>(f), attr, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #else
 #define OMNI_GPU_RUNTIME "CUDA"
@@ -78,6 +80,7 @@
 #define gpuDeviceProp cudaDeviceProp
 #define gpuGetDeviceProperties cudaGetDeviceProperties
 #define gpuRuntimeGetVersion cudaRuntimeGetVersion
+#define gpuDriverGetVersion cudaDriverGetVersion
 #define gpuSetDevice cudaSetDevice
 #define gpuGetDevice cudaGetDevice
 #define gpuMalloc cudaMalloc
@@ -119,6 +122,15 @@
 constexpr int kWarpSize = 64;
 #else
 constexpr int kWarpSize = 32;
+#endif
+
+// Full unrolling of loops over a thread's registers (arrays indexed by the loop counter stay
+// in registers only when every index is a constant). Nothing on the emulator, where g++ would
+// warn about the pragma.
+#if defined(OMNITRON_GPU_EMULATE)
+#define OMNI_UNROLL
+#else
+#define OMNI_UNROLL _Pragma("unroll")
 #endif
 
 #if !defined(OMNITRON_GPU_EMULATE)
@@ -276,9 +288,9 @@ OMNI_HD f16 from_float<f16>(float f) {
 // c[16x8] += a[16x16] b[16x8] on one warp, T = bf16 or f16 inputs, float accumulators: PTX's
 // mma.sync.m16n8k16.row.col. Fragments as PTX lays them out, with g = lane / 4, t = lane % 4
 // and two elements per uint32_t (the lower index in the low half):
-//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
-//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
-//   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8,
+//   2t+9] b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g] c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3]
+//   = C[g+8][2t, 2t+1]
 // kHasMma16816 says whether this build has it (NVIDIA sm_80+, and the emulator, which computes
 // it from the same layout); AMD's matrix cores have other shapes and wave size, so kernels
 // take their scalar path there (if constexpr).
@@ -310,7 +322,9 @@ OMNI_DEVICE void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], const uint32
   auto A = [&](int r, int k) {
     return to_float(half(lane_frags((r % 8) * 4 + (k % 8) / 2).a[(r >= 8) + 2 * (k >= 8)], k));
   };
-  auto B = [&](int k, int n) { return to_float(half(lane_frags(n * 4 + (k % 8) / 2).b[k >= 8], k)); };
+  auto B = [&](int k, int n) {
+    return to_float(half(lane_frags(n * 4 + (k % 8) / 2).b[k >= 8], k));
+  };
   const int g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; ++i) {
     const int r = g + 8 * (i >= 2), n = 2 * t + (i & 1);

@@ -19,7 +19,7 @@
 
 #include "backend/gpu/gpu_ops.h"
 #include "backend/gpu/gpu_runtime.h"
-#include "backend/gpu/packed_io.h"
+#include "backend/gpu/vectorized.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 namespace {
@@ -194,15 +194,15 @@ __global__ void __launch_bounds__(kFinalizeThreads)
 
 // How a row is spread over a block: V elements per chunk, at most K chunks per thread.
 struct RowPlan {
-  bool packed;  // V = kPackElems<T> (else 1)
+  bool packed;  // V = kPackWidth<T> (else 1)
   int chunks_per_thread;
   int threads;
 };
 
 template <typename T>
 RowPlan plan_row(const char* op, int C, bool aligned) {
-  RowPlan plan{aligned && C % kPackElems<T> == 0, 1, 0};
-  const int chunks = plan.packed ? C / kPackElems<T> : C;
+  RowPlan plan{aligned && C % kPackWidth<T> == 0, 1, 0};
+  const int chunks = plan.packed ? C / kPackWidth<T> : C;
   while (plan.chunks_per_thread < kMaxChunksPerThread &&
          ceil_div(chunks, plan.chunks_per_thread) > kMaxThreads)
     plan.chunks_per_thread *= 2;
@@ -236,7 +236,7 @@ void with_plan(const RowPlan& plan, F&& f) {
     }
   };
   if (plan.packed) {
-    with_k(std::integral_constant<int, kPackElems<T>>{});
+    with_k(std::integral_constant<int, kPackWidth<T>>{});
   } else {
     with_k(std::integral_constant<int, 1>{});
   }
@@ -246,7 +246,7 @@ template <bool kLayerNorm, typename T>
 void norm_forward(const char* op, T* out, float* mean, float* rstd, const T* x, const T* w,
                   const T* b, int N, int C, float eps, Stream stream) {
   if (N <= 0 || C <= 0) return;
-  const bool aligned = aligned16(out) && aligned16(x) && aligned16(w) && (!b || aligned16(b));
+  const bool aligned = aligned_to(16, out, x, w, b);
   const RowPlan plan = plan_row<T>(op, C, aligned);
   with_plan<T>(plan, [&](auto vec, auto k) {
     launch(norm_forward_kernel<T, decltype(vec)::value, decltype(k)::value, kLayerNorm>,
@@ -259,7 +259,7 @@ template <bool kLayerNorm, typename T>
 void norm_backward(const char* op, T* dx, float* dw, float* db, const T* dout, const T* x,
                    const T* w, const float* mean, const float* rstd, int N, int C, Stream stream) {
   if (N <= 0 || C <= 0) return;
-  const bool aligned = aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w);
+  const bool aligned = aligned_to(16, dx, dout, x, w);
   const RowPlan plan = plan_row<T>(op, C, aligned);
   const int blocks = static_cast<int>(
       std::min<size_t>(ceil_div(N, kMinRowsPerBlock), std::max(1, kTargetThreads / plan.threads)));

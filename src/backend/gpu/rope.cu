@@ -7,7 +7,7 @@
 
 #include "backend/gpu/gpu_ops.h"
 #include "backend/gpu/gpu_runtime.h"
-#include "backend/gpu/packed_io.h"
+#include "backend/gpu/vectorized.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 namespace {
@@ -85,9 +85,8 @@ void qkv_permute(Fused* qkv, Part* q, Part* k, Part* v, const ops::AttentionDims
   if (d.heads % d.groups != 0)
     throw UsageError("[qkv_split/merge] heads = " + std::to_string(d.heads) +
                      " is not a multiple of groups = " + std::to_string(d.groups));
-  constexpr int P = kPackElems<T>;
-  const bool packed =
-      d.head_dim % P == 0 && aligned16(qkv) && aligned16(q) && aligned16(k) && aligned16(v);
+  constexpr int P = kPackWidth<T>;
+  const bool packed = d.head_dim % P == 0 && aligned_to(16, qkv, q, k, v);
   const size_t elems = N * d.qkv_width();
   const auto s = static_cast<gpuStream_t>(stream);
   if (packed) {
@@ -104,10 +103,10 @@ void rope(T* x, const float* cos, const float* sin, int N, int seq, int nheads, 
           const int32_t* positions, float sign, Stream stream) {
   const int half = head_dim / 2;
   if (N <= 0 || nheads <= 0 || half <= 0) return;
-  constexpr int P = kPackElems<T>;
+  constexpr int P = kPackWidth<T>;
   // Chunks of P pairs: half a multiple of P keeps both halves, and the float tables' rows
   // (half floats, P * 4 bytes a chunk), on 16-byte boundaries.
-  const bool packed = half % P == 0 && aligned16(x) && aligned16(cos) && aligned16(sin);
+  const bool packed = half % P == 0 && aligned_to(16, x, cos, sin);
   const size_t pairs = static_cast<size_t>(N) * nheads * half;
   const auto s = static_cast<gpuStream_t>(stream);
   if (packed) {

@@ -29,6 +29,55 @@ OMNI_DEVICE void store_pack(T* p, size_t pack_index, const Pack<T, V>& x) {
   reinterpret_cast<Pack<T, V>*>(p)[pack_index] = x;
 }
 
+// dst[0..V) = float(p[0..V)); p is 16-byte aligned unless V == 1.
+template <int V, typename T>
+OMNI_DEVICE void load_floats(float (&dst)[V], const T* p) {
+  constexpr int P = kPackWidth<T>;
+  static_assert(V == 1 || V % P == 0, "a vector access is whole 16-byte packs");
+  if constexpr (V == 1) {
+    dst[0] = to_float(p[0]);
+  } else {
+    OMNI_UNROLL
+    for (int i = 0; i < V / P; ++i) {
+      const Pack<T, P> pk = reinterpret_cast<const Pack<T, P>*>(p)[i];
+      OMNI_UNROLL
+      for (int e = 0; e < P; ++e) dst[i * P + e] = to_float(pk.v[e]);
+    }
+  }
+}
+
+// p[0..V) = T(src[0..V)), rounded to nearest even.
+template <int V, typename T>
+OMNI_DEVICE void store_floats(T* p, const float (&src)[V]) {
+  constexpr int P = kPackWidth<T>;
+  static_assert(V == 1 || V % P == 0, "a vector access is whole 16-byte packs");
+  if constexpr (V == 1) {
+    p[0] = from_float<T>(src[0]);
+  } else {
+    OMNI_UNROLL
+    for (int i = 0; i < V / P; ++i) {
+      Pack<T, P> pk;
+      OMNI_UNROLL
+      for (int e = 0; e < P; ++e) pk.v[e] = from_float<T>(src[i * P + e]);
+      reinterpret_cast<Pack<T, P>*>(p)[i] = pk;
+    }
+  }
+}
+
+// dst[0..V) = src[0..V), bits unchanged (no round trip through float).
+template <int V, typename T>
+OMNI_DEVICE void copy_elems(T* dst, const T* src) {
+  constexpr int P = kPackWidth<T>;
+  static_assert(V == 1 || V % P == 0, "a vector access is whole 16-byte packs");
+  if constexpr (V == 1) {
+    dst[0] = src[0];
+  } else {
+    OMNI_UNROLL
+    for (int i = 0; i < V / P; ++i)
+      reinterpret_cast<Pack<T, P>*>(dst)[i] = reinterpret_cast<const Pack<T, P>*>(src)[i];
+  }
+}
+
 // True when every pointer may be read as packs of `bytes` (null pointers pass: unused inputs).
 template <typename... P>
 inline bool aligned_to(size_t bytes, const P*... p) {
