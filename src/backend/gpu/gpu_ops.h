@@ -169,7 +169,8 @@ void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, co
 // softmax and cross-entropy fused, probabilities never stored whole. losses (float, may be null)
 // per row; dh (may be null) overwritten, dw += (float). Returns sum mask*loss (waits for the
 // stream). Vocabulary-parallel: a.vocab_start and a.reduce as in ops.h; reduce is called with
-// device pointers to float64 values.
+// device pointers to float64 values, after the stream has finished writing them, and must have
+// combined them in place when it returns.
 template <typename T>
 double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, const T* w,
                                 const int32_t* targets, const float* mask,

@@ -116,10 +116,10 @@
   } while (0)
 
 // ---- Warp size ----------------------------------------------------------------------------
-#if defined(__HIP_PLATFORM_AMD__) &&                                                             \
-    (defined(__gfx90a__) || defined(__gfx908__) || defined(__gfx940__) || defined(__gfx941__) || \
-     defined(__gfx942__))
-constexpr int kWarpSize = 64;
+// AMD's compiler says the wavefront size of what it compiles: 64 on CDNA (gfx90a, gfx94x) and
+// in host code, which sizes launches in multiples of it; 32 in device code for RDNA.
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+constexpr int kWarpSize = __AMDGCN_WAVEFRONT_SIZE;
 #else
 constexpr int kWarpSize = 32;
 #endif

@@ -39,6 +39,7 @@ __global__ void mma_kernel(float* c, const T* a, const T* b) {
 }  // namespace
 
 void block_reduce_check(float* out, const float* x, int blocks, int n, int threads) {
+  threads = (threads + kWarpSize - 1) / kWarpSize * kWarpSize;  // whole warps (64 on CDNA)
   launch(block_reduce_kernel, blocks, threads, 0, nullptr, out, x, n);
   synchronize();
 }
