@@ -17,8 +17,18 @@ std::string layer_prefix(int i) {
 }
 }  // namespace
 
+// A layer's weights (the T copy) or fp32 gradients, looked up by name once; null where the
+// model has no such tensor (biases off, RMSNorm).
+template <typename P>
+struct LayerTensors {
+  P *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w,
+      *fc2_b;
+};
+
 template <typename T>
 struct GPUGPTModel<T>::Layer {
+  LayerTensors<const T> w;
+  LayerTensors<float> g;
   DeviceArray<T> ln1, q, k, v, attn, mid, ln2, fc1, act;
   DeviceArray<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
 };
@@ -62,7 +72,37 @@ GPUGPTModel<T>::GPUGPTModel(const TransformerConfig& config, int max_batch, uint
   Buffers& b = *b_;
   for (int i = 0; i <= cfg_.num_layers; ++i) b.residual.emplace_back(N * C);
   b.layers.resize(cfg_.num_layers);
-  for (Layer& l : b.layers) {
+  for (int i = 0; i < cfg_.num_layers; ++i) {
+    const std::string p = layer_prefix(i);
+    auto w = [&](const char* name) { return weight_or_null(p + name); };
+    auto g = [&](const char* name) { return grad_or_null(p + name); };
+    Layer& l = b.layers[i];
+    l.w = {w("input_layernorm.weight"),
+           w("input_layernorm.bias"),
+           w("self_attention.linear_qkv.weight"),
+           w("self_attention.linear_qkv.bias"),
+           w("self_attention.linear_proj.weight"),
+           w("self_attention.linear_proj.bias"),
+           w("pre_mlp_layernorm.weight"),
+           w("pre_mlp_layernorm.bias"),
+           w("mlp.linear_fc1.weight"),
+           w("mlp.linear_fc1.bias"),
+           w("mlp.linear_fc2.weight"),
+           w("mlp.linear_fc2.bias")};
+    l.g = {g("input_layernorm.weight"),
+           g("input_layernorm.bias"),
+           g("self_attention.linear_qkv.weight"),
+           g("self_attention.linear_qkv.bias"),
+           g("self_attention.linear_proj.weight"),
+           g("self_attention.linear_proj.bias"),
+           g("pre_mlp_layernorm.weight"),
+           g("pre_mlp_layernorm.bias"),
+           g("mlp.linear_fc1.weight"),
+           g("mlp.linear_fc1.bias"),
+           g("mlp.linear_fc2.weight"),
+           g("mlp.linear_fc2.bias")};
+    OMNI_CHECK(l.w.ln1_w && l.w.qkv_w && l.w.proj_w && l.w.ln2_w && l.w.fc1_w && l.w.fc2_w,
+               "[gpu model] layer ", i, " lacks a weight");
     l.ln1 = DeviceArray<T>(N * C), l.ln2 = DeviceArray<T>(N * C), l.mid = DeviceArray<T>(N * C);
     l.ln1_mean = DeviceArray<float>(N), l.ln1_rstd = DeviceArray<float>(N);
     l.ln2_mean = DeviceArray<float>(N), l.ln2_rstd = DeviceArray<float>(N);
@@ -186,16 +226,13 @@ template <typename T>
 void GPUGPTModel<T>::layer_forward(int i, const T* x, T* out) {
   Buffers& b = *b_;
   Layer& a = b.layers[i];
-  const std::string p = layer_prefix(i);
   const int N = tokens_, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = cfg_.num_attention_heads, G = cfg_.query_groups(), F = cfg_.ffn_size();
   ops::AttentionDims ad{batch_, seq_, H, G, hd};
   if (has_key_start_) ad.key_start = b.key_start.data();
 
-  norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x,
-               weight(p + "input_layernorm.weight"), weight_or_null(p + "input_layernorm.bias"), N);
-  linear_forward(b.qkv.data(), a.ln1.data(), weight(p + "self_attention.linear_qkv.weight"),
-                 weight_or_null(p + "self_attention.linear_qkv.bias"), N, C, ad.qkv_width());
+  norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, a.w.ln1_w, a.w.ln1_b, N);
+  linear_forward(b.qkv.data(), a.ln1.data(), a.w.qkv_w, a.w.qkv_b, N, C, ad.qkv_width());
   gpu::qkv_split(a.q.data(), a.k.data(), a.v.data(), b.qkv.data(), ad);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     rope_forward(a.q.data(), b.rope_cos.data(), b.rope_sin.data(), N, seq_, H, hd,
@@ -204,23 +241,20 @@ void GPUGPTModel<T>::layer_forward(int i, const T* x, T* out) {
                  b.positions.data());
   }
   flash_attention_forward(a.attn.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), ad);
-  linear_forward(a.mid.data(), a.attn.data(), weight(p + "self_attention.linear_proj.weight"),
-                 weight_or_null(p + "self_attention.linear_proj.bias"), N, H * hd, C);
+  linear_forward(a.mid.data(), a.attn.data(), a.w.proj_w, a.w.proj_b, N, H * hd, C);
   add(a.mid.data(), a.mid.data(), x, size_t(N) * C);
 
-  norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.mid.data(),
-               weight(p + "pre_mlp_layernorm.weight"), weight_or_null(p + "pre_mlp_layernorm.bias"),
-               N);
-  const T* fc1_w = weight(p + "mlp.linear_fc1.weight");
-  const T* fc1_b = weight_or_null(p + "mlp.linear_fc1.bias");
+  norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.mid.data(), a.w.ln2_w,
+               a.w.ln2_b, N);
+  const T* fc1_w = a.w.fc1_w;
+  const T* fc1_b = a.w.fc1_b;
   if (cfg_.swiglu) {
     linear_forward(a.fc1.data(), a.ln2.data(), fc1_w, fc1_b, N, C, 2 * F);
     swiglu_forward(a.act.data(), a.fc1.data(), N, F);
   } else {  // the bias-GELU epilogue keeps the pre-activation for the backward
     linear_forward(a.fc1.data(), a.ln2.data(), fc1_w, fc1_b, N, C, F, nullptr, a.act.data());
   }
-  linear_forward(out, a.act.data(), weight(p + "mlp.linear_fc2.weight"),
-                 weight_or_null(p + "mlp.linear_fc2.bias"), N, F, C);
+  linear_forward(out, a.act.data(), a.w.fc2_w, a.w.fc2_b, N, F, C);
   add(out, out, a.mid.data(), size_t(N) * C);
 }
 
@@ -228,7 +262,6 @@ template <typename T>
 void GPUGPTModel<T>::layer_backward(int i, const T* x, T* dres) {
   Buffers& b = *b_;
   Layer& a = b.layers[i];
-  const std::string p = layer_prefix(i);
   const int N = tokens_, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = cfg_.num_attention_heads, G = cfg_.query_groups(), F = cfg_.ffn_size();
   const int fc1_out = cfg_.swiglu ? 2 * F : F;
@@ -236,23 +269,18 @@ void GPUGPTModel<T>::layer_backward(int i, const T* x, T* dres) {
   if (has_key_start_) ad.key_start = b.key_start.data();
 
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
-  linear_backward(b.d_ffn.data(), grad(p + "mlp.linear_fc2.weight"),
-                  grad_or_null(p + "mlp.linear_fc2.bias"), dres, a.act.data(),
-                  weight(p + "mlp.linear_fc2.weight"), N, F, C);
+  linear_backward(b.d_ffn.data(), a.g.fc2_w, a.g.fc2_b, dres, a.act.data(), a.w.fc2_w, N, F, C);
   if (cfg_.swiglu)
     swiglu_backward(b.d_fc1.data(), b.d_ffn.data(), a.fc1.data(), N, F);
   else
     gelu_backward(b.d_fc1.data(), b.d_ffn.data(), a.fc1.data(), size_t(N) * F);
-  linear_backward(b.partial.data(), grad(p + "mlp.linear_fc1.weight"),
-                  grad_or_null(p + "mlp.linear_fc1.bias"), b.d_fc1.data(), a.ln2.data(),
-                  weight(p + "mlp.linear_fc1.weight"), N, C, fc1_out);
-  norm_backward(dres, grad(p + "pre_mlp_layernorm.weight"),
-                grad_or_null(p + "pre_mlp_layernorm.bias"), b.partial.data(), a.mid.data(),
-                weight(p + "pre_mlp_layernorm.weight"), a.ln2_mean.data(), a.ln2_rstd.data(), N);
+  linear_backward(b.partial.data(), a.g.fc1_w, a.g.fc1_b, b.d_fc1.data(), a.ln2.data(), a.w.fc1_w,
+                  N, C, fc1_out);
+  norm_backward(dres, a.g.ln2_w, a.g.ln2_b, b.partial.data(), a.mid.data(), a.w.ln2_w,
+                a.ln2_mean.data(), a.ln2_rstd.data(), N);
   // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
-  linear_backward(b.d_attn.data(), grad(p + "self_attention.linear_proj.weight"),
-                  grad_or_null(p + "self_attention.linear_proj.bias"), dres, a.attn.data(),
-                  weight(p + "self_attention.linear_proj.weight"), N, H * hd, C);
+  linear_backward(b.d_attn.data(), a.g.proj_w, a.g.proj_b, dres, a.attn.data(), a.w.proj_w, N,
+                  H * hd, C);
   flash_attention_backward(b.dq.data(), b.dk.data(), b.dv.data(), b.d_attn.data(), a.attn.data(),
                            a.lse.data(), a.q.data(), a.k.data(), a.v.data(), ad);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
@@ -262,11 +290,9 @@ void GPUGPTModel<T>::layer_backward(int i, const T* x, T* dres) {
                   b.positions.data());
   }
   gpu::qkv_merge(b.qkv.data(), b.dq.data(), b.dk.data(), b.dv.data(), ad);
-  linear_backward(b.partial.data(), grad(p + "self_attention.linear_qkv.weight"),
-                  grad_or_null(p + "self_attention.linear_qkv.bias"), b.qkv.data(), a.ln1.data(),
-                  weight(p + "self_attention.linear_qkv.weight"), N, C, ad.qkv_width());
-  norm_backward(dres, grad(p + "input_layernorm.weight"), grad_or_null(p + "input_layernorm.bias"),
-                b.partial.data(), x, weight(p + "input_layernorm.weight"), a.ln1_mean.data(),
+  linear_backward(b.partial.data(), a.g.qkv_w, a.g.qkv_b, b.qkv.data(), a.ln1.data(), a.w.qkv_w, N,
+                  C, ad.qkv_width());
+  norm_backward(dres, a.g.ln1_w, a.g.ln1_b, b.partial.data(), x, a.w.ln1_w, a.ln1_mean.data(),
                 a.ln1_rstd.data(), N);
 }
 
