@@ -462,5 +462,19 @@ void gemm(const GemmProblem& p, Stream stream) {
   Gemm::run(p, workspace, bytes, stream);
 }
 
+void accumulate_weight_grad(float* dw, const void* dy, int ld_dy, const void* x, int ld_x, int M,
+                            int N, int K, DataType type, Stream stream) {
+  if (M == 0) return;
+  GemmProblem p;
+  p.M = N, p.N = K, p.K = M;
+  p.trans_a = true;
+  p.ab_type = type, p.d_type = DataType::F32;
+  p.A = dy, p.lda = ld_dy;
+  p.B = x, p.ldb = ld_x;
+  p.D = dw, p.ldd = K;
+  p.beta = 1.0f;
+  gemm(p, stream);
+}
+
 }  // namespace blas
 OMNI_GPU_NAMESPACE_END

@@ -87,6 +87,12 @@ class Gemm {
 // to do. K must be positive (callers handle the empty sum themselves).
 void gemm(const GemmProblem& p, Stream stream);
 
+// dw[N, K] += dy[M, N]^T x[M, K] in float: the weight gradient of y = x w^T (linear layers and
+// the classifier). dy and x are of `type` with leading dimensions ld_dy and ld_x; M == 0 adds
+// nothing.
+void accumulate_weight_grad(float* dw, const void* dy, int ld_dy, const void* x, int ld_x, int M,
+                            int N, int K, DataType type, Stream stream);
+
 // "[gemm] 64x50304x768 bf16 x bf16 -> f32 (T,N), bias" for error messages.
 std::string describe(const GemmProblem& p);
 

@@ -207,17 +207,7 @@ double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, con
       p.D = dhb, p.ldd = C;
       blas::gemm(p, stream);
     }
-    if (dw) {  // dw[V, C] += dz^T h, in float
-      blas::GemmProblem p;
-      p.M = V, p.N = C, p.K = rows;
-      p.trans_a = true;
-      p.ab_type = type, p.d_type = blas::DataType::F32;
-      p.A = grad, p.lda = ld_grad;
-      p.B = hb, p.ldb = C;
-      p.D = dw, p.ldd = C;
-      p.beta = 1.0f;
-      blas::gemm(p, stream);
-    }
+    if (dw) blas::accumulate_weight_grad(dw, grad, ld_grad, hb, C, rows, V, C, type, stream);
   }
   launch(total_kernel, 1, kThreads, 0, s, total, row_loss, N);
   double result = 0.0;

@@ -118,17 +118,7 @@ void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, co
     }
   }
   if (M == 0 || N == 0) return;  // the empty sum adds nothing to dw and dbias
-  if (K > 0) {                   // dw[N,K] += dy^T x, the weights' gradient accumulated in float
-    blas::GemmProblem p;
-    p.M = N, p.N = K, p.K = M;
-    p.trans_a = true;
-    p.ab_type = type, p.d_type = blas::DataType::F32;
-    p.A = dy, p.lda = N;
-    p.B = x, p.ldb = K;
-    p.D = dw, p.ldd = K;
-    p.beta = 1.0f;
-    blas::gemm(p, stream);
-  }
+  blas::accumulate_weight_grad(dw, dy, N, x, K, M, N, K, type, stream);
   if (dbias) {
     const unsigned row_blocks = ceil_div(M, kSumRows);
     auto* partials =
