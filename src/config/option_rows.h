@@ -1,0 +1,93 @@
+// The row makers of the option table and the groups it is built from (internal to
+// src/config/): each options_<group>.cpp appends the rows of one of Megatron's argument
+// groups, and option_table() concatenates them into the one table.
+#pragma once
+
+#include <charconv>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/error.h"
+#include "config/options.h"
+
+namespace omni::option_rows {
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) {
+    throw UsageError(flag + " expects " + (std::is_integral_v<T> ? "an integer" : "a number") +
+                     ", got '" + text + "'");
+  }
+  return value;
+}
+
+// Shortest text that parses back to the same value.
+template <typename T>
+std::string format_number(T v) {
+  char buf[64];
+  auto [ptr, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, ptr);
+}
+
+template <typename T, typename Access>
+OptionDef number(std::string flag, std::string metavar, std::string group, std::string help,
+                 Access access) {
+  return OptionDef{
+      flag,
+      std::move(metavar),
+      std::move(group),
+      std::move(help),
+      [flag, access](Options& o, const std::string& v) { access(o) = parse_number<T>(flag, v); },
+      [access](const Options& o) { return format_number(access(const_cast<Options&>(o))); }};
+}
+
+template <typename Access>
+OptionDef text(std::string flag, std::string metavar, std::string group, std::string help,
+               Access access) {
+  return OptionDef{flag,
+                   std::move(metavar),
+                   std::move(group),
+                   std::move(help),
+                   [access](Options& o, const std::string& v) { access(o) = v; },
+                   [access](const Options& o) { return access(const_cast<Options&>(o)); }};
+}
+
+// A switch: present means `value`.
+template <typename Access>
+OptionDef toggle(std::string flag, std::string group, std::string help, Access access,
+                 bool value = true) {
+  return OptionDef{flag,
+                   "",
+                   std::move(group),
+                   std::move(help),
+                   [access, value](Options& o, const std::string&) { access(o) = value; },
+                   [access, value](const Options& o) {
+                     return access(const_cast<Options&>(o)) == value ? "true" : "";
+                   }};
+}
+
+// Accepted because Megatron launch scripts pass it, but meaningful only where it equals
+// `supported`; anything else is refused with a message saying it is not built yet.
+OptionDef not_built(std::string flag, std::string metavar, std::string supported, std::string what);
+
+// Accepted because Megatron launch scripts pass it, with no effect here: `why` becomes a
+// one-line note.
+OptionDef plumbing(std::string flag, std::string metavar, std::string why);
+
+// The groups, in the order --help lists them.
+void add_model_options(std::vector<OptionDef>& t);
+void add_training_options(std::vector<OptionDef>& t);
+void add_learning_rate_options(std::vector<OptionDef>& t);
+void add_data_options(std::vector<OptionDef>& t);
+void add_logging_options(std::vector<OptionDef>& t);
+void add_command_options(std::vector<OptionDef>& t);
+void add_checkpointing_options(std::vector<OptionDef>& t);
+void add_distributed_options(std::vector<OptionDef>& t);
+void add_mixed_precision_options(std::vector<OptionDef>& t);
+void add_noted_and_refused_options(std::vector<OptionDef>& t);
+
+}  // namespace omni::option_rows

@@ -1,0 +1,50 @@
+// Megatron's data and tokenizer groups: where samples come from and how text becomes tokens.
+#include "config/option_rows.h"
+
+namespace omni::option_rows {
+
+void add_data_options(std::vector<OptionDef>& t) {
+  const std::string D = "data";
+  t.push_back(toggle("--mock-data", D, "random tokens (with --vocab-size) instead of a corpus",
+                     [](Options& o) -> bool& { return o.mock_data; }));
+  t.push_back(
+      text("--train-text", "FILE", D,
+           "plain-text corpus, tokenised byte-level (default: the King James Bible demo corpus)",
+           [](Options& o) -> std::string& { return o.train_text; }));
+  OptionDef data_path = text("--data-path", "[W] PREFIX ...", D,
+                             "Megatron indexed data: PREFIX, or weights and prefixes to blend",
+                             [](Options& o) -> std::string& { return o.data_path; });
+  data_path.many = true;
+  t.push_back(std::move(data_path));
+  t.push_back(text("--data-file-list", "FILE", D,
+                   "Megatron-DeepSpeed data list: one 'weight prefix corpus' line per dataset",
+                   [](Options& o) -> std::string& { return o.data_file_list; }));
+  t.push_back(text("--tokenizer-type", "NAME", D,
+                   "GPT2BPETokenizer, TikTokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+                   "Llama2Tokenizer, NullTokenizer or ByteLevelTokenizer",
+                   [](Options& o) -> std::string& { return o.tokenizer.type; }));
+  t.push_back(text("--vocab-file", "FILE", D, "GPT-2 vocab.json",
+                   [](Options& o) -> std::string& { return o.tokenizer.vocab_file; }));
+  t.push_back(text("--merge-file", "FILE", D, "GPT-2 merges.txt",
+                   [](Options& o) -> std::string& { return o.tokenizer.merge_file; }));
+  t.push_back(text("--tokenizer-model", "FILE", D,
+                   "*.tiktoken ranks, Hugging Face tokenizer.json or SentencePiece .model",
+                   [](Options& o) -> std::string& { return o.tokenizer.tokenizer_model; }));
+  t.push_back(text("--tiktoken-pattern", "v1|v2", D, "TikTokenizer pre-tokenisation pattern",
+                   [](Options& o) -> std::string& { return o.tokenizer.tiktoken_pattern; }));
+  t.push_back(toggle("--eod-mask-loss", D, "no loss on end-of-document tokens",
+                     [](Options& o) -> bool& { return o.eod_mask_loss; }));
+  t.push_back(toggle("--reset-position-ids", D,
+                     "positions restart after each end-of-document token",
+                     [](Options& o) -> bool& { return o.reset_position_ids; }));
+  t.push_back(toggle("--reset-attention-mask", D,
+                     "tokens attend only within their document (packed samples)",
+                     [](Options& o) -> bool& { return o.reset_attention_mask; }));
+  t.push_back(text("--split", "A,B,C", D, "train, validation, test weights of the corpus",
+                   [](Options& o) -> std::string& { return o.split; }));
+  t.push_back(number<int>("--print-samples", "N", D,
+                          "omnitron data-samples: how many training samples to print",
+                          [](Options& o) -> int& { return o.print_samples; }));
+}
+
+}  // namespace omni::option_rows

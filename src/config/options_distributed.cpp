@@ -1,0 +1,45 @@
+// Megatron's distributed group: the parallel layout, and the device it runs on.
+#include "config/option_rows.h"
+
+namespace omni::option_rows {
+
+void add_distributed_options(std::vector<OptionDef>& t) {
+  const std::string W = "weights and device";
+  t.push_back(text("--device", "auto|cpu|cuda|hip", W, "where to train (auto: a GPU when present)",
+                   [](Options& o) -> std::string& { return o.device; }));
+
+  const std::string PAR = "parallelism";
+  t.push_back(number<int>("--tensor-model-parallel-size", "N", PAR,
+                          "ranks that split each layer's matmuls (Megatron's TP)",
+                          [](Options& o) -> int& { return o.tensor_model_parallel_size; }));
+  t.push_back(number<int>("--pipeline-model-parallel-size", "N", PAR,
+                          "pipeline stages, each holding a slice of the layers",
+                          [](Options& o) -> int& { return o.pipeline_model_parallel_size; }));
+  t.push_back(
+      number<int>("--num-layers-per-virtual-pipeline-stage", "N", PAR,
+                  "interleaved schedule: each stage holds chunks of N layers",
+                  [](Options& o) -> int& { return o.num_layers_per_virtual_pipeline_stage; }));
+  t.push_back(number<int>("--decoder-first-pipeline-num-layers", "N", PAR,
+                          "layers of the first pipeline stage (uneven split)",
+                          [](Options& o) -> int& { return o.decoder_first_pipeline_num_layers; }));
+  t.push_back(number<int>("--decoder-last-pipeline-num-layers", "N", PAR,
+                          "layers of the last pipeline stage (uneven split)",
+                          [](Options& o) -> int& { return o.decoder_last_pipeline_num_layers; }));
+  t.push_back(number<int>("--context-parallel-size", "N", PAR,
+                          "ranks that split each sequence (causal, load-balanced chunks)",
+                          [](Options& o) -> int& { return o.context_parallel_size; }));
+  t.push_back(toggle("--sequence-parallel", PAR,
+                     "shard norm regions along the sequence across tensor-parallel ranks",
+                     [](Options& o) -> bool& { return o.sequence_parallel; }));
+  t.push_back(toggle("--use-distributed-optimizer", PAR,
+                     "shard optimizer states and master weights across data-parallel ranks",
+                     [](Options& o) -> bool& { return o.use_distributed_optimizer; }));
+  t.push_back(toggle("--use-tp-pp-dp-mapping", PAR,
+                     "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
+                     [](Options& o) -> bool& { return o.use_tp_pp_dp_mapping; }));
+  t.push_back(number<double>("--ddp-bucket-size", "N", PAR,
+                             "gradient elements per data-parallel all-reduce bucket (0: default)",
+                             [](Options& o) -> double& { return o.ddp_bucket_size; }));
+}
+
+}  // namespace omni::option_rows
