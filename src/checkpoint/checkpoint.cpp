@@ -300,8 +300,6 @@ const char* optimizer_name(OptimizerKind k) {
   switch (k) {
     case OptimizerKind::AdamW:
       return "adamw";
-    case OptimizerKind::Adam:
-      return "adam";
     case OptimizerKind::SGD:
       return "sgd";
   }
@@ -368,7 +366,8 @@ std::string write_checkpoint(const std::string& root, const Options& opts,
     model_chunks.emplace_back(params.values() + p.offset, p.numel * sizeof(float));
     model_bytes += p.numel * int64_t(sizeof(float));
   }
-  for (const std::string& state : optimizer ? optimizer->state_names() : std::vector<std::string>{}) {
+  for (const std::string& state :
+       optimizer ? optimizer->state_names() : std::vector<std::string>{}) {
     const float* buffer = optimizer->state_buffer(state);
     for (const ParamInfo& p : params.infos()) {
       entry("optimizer." + state + "." + p.name, kOptimizerFile, optim_bytes, p.shape);
@@ -416,7 +415,7 @@ std::string write_checkpoint(const std::string& root, const Options& opts,
 std::string save_checkpoint(const std::string& root, const Options& opts,
                             const TrainingProgress& progress, const ParameterSet<float>& params,
                             const Optimizer<float>& optimizer) {
-  return write_checkpoint(root, opts, progress, params, &optimizer);
+  return write_checkpoint(root, opts, progress, params, opts.no_save_optim ? nullptr : &optimizer);
 }
 
 std::string save_model_checkpoint(const std::string& root, const Options& opts,
@@ -444,21 +443,24 @@ int64_t latest_checkpoint_iteration(const std::string& root) {
   return iteration;
 }
 
-void load_checkpoint_model_options(const std::string& root, Options& opts) {
-  if (is_hf_model_dir(root)) return load_hf_model_options(root, opts);
+std::vector<std::string> checkpoint_model_args(const std::string& root) {
+  if (is_hf_model_dir(root)) return hf_model_args(root);
   const Metadata md = read_metadata(root);
   std::vector<std::string> model_args;
   for (size_t i = 0; i < md.args.size(); ++i) {
-    const OptionDef* def = nullptr;
-    for (const OptionDef& d : option_table())
-      if (d.flag == md.args[i]) def = &d;
+    const OptionDef* def = find_option(md.args[i]);
     OMNI_REQUIRE(def, "--load: '", md.path, "' stores an unknown option '", md.args[i], "'");
     const bool takes_value = !def->metavar.empty();
     if (def->group == "model")
       model_args.push_back(takes_value ? md.args[i] + "=" + md.args[i + 1] : md.args[i]);
     if (takes_value) ++i;
   }
-  parse_options(model_args, opts);
+  return model_args;
+}
+
+void load_checkpoint_model_options(const std::string& root, Options& opts) {
+  if (is_hf_model_dir(root)) return load_hf_model_options(root, opts);
+  parse_options(checkpoint_model_args(root), opts);
 }
 
 TrainingProgress load_checkpoint(const std::string& root, ParameterSet<float>& params,

@@ -72,6 +72,8 @@ int64_t latest_checkpoint_iteration(const std::string& root);
 // replacing the architecture in `opts` but for --make-vocab-size-divisible-by), so the
 // model can be built before loading.
 void load_checkpoint_model_options(const std::string& root, Options& opts);
+// The same options as a command line ("--num-layers=4 ..."), to parse under other flags.
+std::vector<std::string> checkpoint_model_args(const std::string& root);
 
 // Loads the latest checkpoint under `root` into `params`, and into `optimizer` (state and
 // step count) unless it is null or the checkpoint is model-only; returns where training

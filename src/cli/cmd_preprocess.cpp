@@ -12,6 +12,7 @@
 #include "config/options.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
+#include "train/run_options.h"
 
 namespace omni::cli {
 

@@ -15,6 +15,7 @@
 #include "config/yaml_config.h"
 #include "data/dataset.h"
 #include "data/prefetch.h"
+#include "train/run_options.h"
 #include "train/sampler.h"
 #include "train/trainer.h"
 
@@ -55,63 +56,7 @@ DeviceChoice choose_device(const Options& o, int world_size) {
                      unsupported + " yet in this version, so the CPU trains"};
 }
 
-// `omnitron train` without data options: a small GPT (rotary positions, which learn far faster
-// than a learned table at this size) byte by byte on the King James Bible, sized to reach
-// a validation loss under 1.45 nats/byte in under 5 minutes on 2 cores.
-std::vector<std::string> demo_args() {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::string save = ec ? "demo-model" : (exe.parent_path() / "demo-model").string();
-  return {"--data-path",
-          demo_dataset_prefix(),
-          "--tokenizer-type",
-          "ByteLevelTokenizer",
-          "--num-layers",
-          "4",
-          "--hidden-size",
-          "256",
-          "--num-attention-heads",
-          "4",
-          "--seq-length",
-          "256",
-          "--position-embedding-type",
-          "rope",
-          "--micro-batch-size",
-          "16",
-          "--train-iters",
-          "700",
-          "--lr",
-          "2e-3",
-          "--min-lr",
-          "1e-4",
-          "--lr-decay-style",
-          "cosine",
-          "--lr-warmup-iters",
-          "40",
-          "--adam-beta2",
-          "0.95",
-          "--weight-decay",
-          "0.1",
-          "--log-interval",
-          "50",
-          "--eval-interval",
-          "100",
-          "--eval-iters",
-          "20",
-          "--save",
-          save};
-}
-
 }  // namespace
-
-std::unique_ptr<Tokenizer> open_tokenizer(Options& opts) {
-  if (opts.tokenizer.type.empty()) return nullptr;
-  opts.tokenizer.vocab_size = opts.model.vocab_size;  // NullTokenizer's size
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(opts.tokenizer);
-  // The model embeds what the tokenizer can produce (Megatron pads it afterwards).
-  opts.model.vocab_size = static_cast<int>(tokenizer->vocab_size());
-  return tokenizer;
-}
 
 std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed);
@@ -130,9 +75,12 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
 
 // --config FILE: the YAML's options go first, then the launcher's environment variables
 // (scripts/launch.sh), so the command line wins (CLI > environment > YAML overrides >
-// experiment > model > bases). --print-config prints the resolved YAML options
-// with the file and line each came from, then the command-line flags, and returns nothing.
-std::optional<std::vector<std::string>> with_config(const std::vector<std::string>& raw) {
+// experiment > model > bases). --print-config checks the resolved options as train does
+// (resolve_run_options: every error a run would stop on), then prints the YAML options with
+// the file and line each came from, the environment's and the command line's flags, and the
+// notes; it returns nothing.
+std::optional<std::vector<std::string>> with_config(const std::vector<std::string>& raw,
+                                                    int world_size) {
   std::vector<std::string> cli;
   std::string config;
   bool print_only = false;
@@ -154,20 +102,20 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
   std::vector<EnvOverride> overrides;
   if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
     overrides = env_overrides(env);
-  if (print_only) {
-    std::printf("%s", format_config_entries(entries).c_str());
-    for (const EnvOverride& o : overrides) {
-      for (const std::string& a : o.args) std::printf("%s ", a.c_str());
-      std::printf(" # environment %s=%s\n", o.variable.c_str(), o.value.c_str());
-    }
-    for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
-    std::printf("%s", cli.empty() ? "" : "  # command line\n");
-    return std::nullopt;
-  }
   std::vector<std::string> args = config_entries_to_args(entries);
   for (const EnvOverride& o : overrides) args.insert(args.end(), o.args.begin(), o.args.end());
   args.insert(args.end(), cli.begin(), cli.end());
-  return args;
+  if (!print_only) return args;
+  const RunOptions run = resolve_run_options(args, world_size);
+  std::printf("%s", format_config_entries(entries).c_str());
+  for (const EnvOverride& o : overrides) {
+    for (const std::string& a : o.args) std::printf("%s ", a.c_str());
+    std::printf(" # environment %s=%s\n", o.variable.c_str(), o.value.c_str());
+  }
+  for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
+  std::printf("%s", cli.empty() ? "" : "  # command line\n");
+  for (const std::string& n : run.opts.notes) std::printf("%s\n", n.c_str());
+  return std::nullopt;
 }
 
 int data_samples(const std::vector<std::string>& raw_args) {
@@ -179,13 +127,10 @@ int data_samples(const std::vector<std::string>& raw_args) {
         "with a Megatron run on the same data and flags.\n");
     return 0;
   }
-  const std::optional<std::vector<std::string>> resolved = with_config(raw_args);
+  const std::optional<std::vector<std::string>> resolved = with_config(raw_args, 1);
   if (!resolved) return 0;  // --print-config
-  const std::vector<std::string>& args = *resolved;
-  Options opts;
-  parse_options(args, opts);
-  open_tokenizer(opts);
-  finalize(opts);
+  RunOptions run = resolve_run_options(*resolved, 1);
+  Options& opts = run.opts;
   std::unique_ptr<TrainingData> data = open_training_data(opts);
   std::printf("# %s\n", data->describe().c_str());
   const int seq = opts.model.seq_length;
@@ -210,42 +155,18 @@ int train(const std::vector<std::string>& raw_args) {
   Communicator& world = world_communicator();
   if (world.rank() != 0)
     OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
-  const std::optional<std::vector<std::string>> resolved = with_config(raw_args);
+  const std::optional<std::vector<std::string>> resolved = with_config(raw_args, world.size());
   if (!resolved) return 0;  // --print-config
-  const std::vector<std::string>& args = *resolved;
-  Options opts;
-  parse_options(args, opts);
-  if (!opts.mock_data && opts.train_text.empty() && opts.data_path.empty() &&
-      opts.data_file_list.empty() && opts.load.empty()) {
-    // No data named: the demo. Its preset goes first, so any flag given still wins.
+  RunOptions run = resolve_run_options(*resolved, world.size());
+  Options& opts = run.opts;
+  const std::unique_ptr<Tokenizer>& tokenizer = run.tokenizer;
+  if (run.demo) {
     std::string line;
     for (const std::string& a : demo_args()) line += " " + a;
     std::printf(
         "no --train-text, --data-path or --mock-data: training the demo, as omnitron train%s ...\n",
         line.c_str());
-    opts = Options();
-    parse_options(demo_args(), opts);
   }
-  parse_options(args, opts);
-  if (!opts.load.empty()) {
-    // The architecture travels with the checkpoint; flags on the command line still win.
-    load_checkpoint_model_options(opts.load, opts);
-    parse_options(args, opts);
-    // A Hugging Face model directory brings its tokenizer too.
-    const std::string hf_tokenizer = opts.load + "/tokenizer.json";
-    if (opts.tokenizer.type.empty() && is_hf_model_dir(opts.load) &&
-        std::filesystem::exists(hf_tokenizer)) {
-      opts.tokenizer.type = "HuggingFaceTokenizer";
-      opts.tokenizer.tokenizer_model = hf_tokenizer;
-    }
-  }
-  const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(opts);
-  // The parallel layout: data parallel is what the world leaves after TP x CP x PP.
-  opts.data_parallel_size =
-      data_parallel_size(world.size(), ParallelLayout{.tp = opts.tensor_model_parallel_size,
-                                                      .cp = opts.context_parallel_size,
-                                                      .pp = opts.pipeline_model_parallel_size});
-  finalize(opts);
   if (world.rank() != 0) {  // rank 0 writes the logs
     opts.metrics_file.clear();
     opts.tensorboard_dir.clear();

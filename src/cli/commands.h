@@ -16,9 +16,6 @@ inline bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
-// The tokenizer --tokenizer-type names (null when none); sets the model's vocabulary size
-// from it.
-std::unique_ptr<Tokenizer> open_tokenizer(Options& opts);
 // The training data the options name: --mock-data, --data-path/--data-file-list, or
 // --train-text (the demo corpus when none is given).
 std::unique_ptr<TrainingData> open_training_data(Options& opts);

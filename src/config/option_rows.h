@@ -4,6 +4,7 @@
 #pragma once
 
 #include <charconv>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -70,13 +71,32 @@ OptionDef toggle(std::string flag, std::string group, std::string help, Access a
                    }};
 }
 
-// Accepted because Megatron launch scripts pass it, but meaningful only where it equals
-// `supported`; anything else is refused with a message saying it is not built yet.
-OptionDef not_built(std::string flag, std::string metavar, std::string supported, std::string what);
+// Another spelling of `target`, a row already in `t` (Megatron's older or encoder-side
+// names): it sets what `target` sets.
+void add_alias(std::vector<OptionDef>& t, const std::string& flag, const std::string& target);
 
-// Accepted because Megatron launch scripts pass it, with no effect here: `why` becomes a
-// one-line note.
+// A refused feature's flag: anything but `off` (the value that means the feature is off;
+// empty: every value, and every use of a switch) raises NotBuiltError naming `feature`.
+OptionDef not_built(std::string flag, std::string metavar, std::string off, std::string feature);
+
+// A flag that only tunes Megatron's machinery: accepted, with a note saying `why`.
 OptionDef plumbing(std::string flag, std::string metavar, std::string why);
+
+// Megatron's flags as data: the flag and its metavar ("" for a switch; ending in "..." for a
+// list of values, read up to the next --flag).
+struct ListedFlag {
+  const char* flag;
+  const char* metavar;
+};
+// Noted, each with the same reason.
+void add_noted(std::vector<OptionDef>& t, const std::string& why,
+               std::initializer_list<ListedFlag> flags);
+// Noted because they tune `feature`, which only `switch_flag` turns on and which is refused.
+void add_tuning(std::vector<OptionDef>& t, const std::string& feature,
+                const std::string& switch_flag, std::initializer_list<ListedFlag> flags);
+// Refused for every value.
+void add_refused(std::vector<OptionDef>& t, const std::string& feature,
+                 std::initializer_list<ListedFlag> flags);
 
 // The groups, in the order --help lists them.
 void add_model_options(std::vector<OptionDef>& t);
@@ -88,6 +108,7 @@ void add_command_options(std::vector<OptionDef>& t);
 void add_checkpointing_options(std::vector<OptionDef>& t);
 void add_distributed_options(std::vector<OptionDef>& t);
 void add_mixed_precision_options(std::vector<OptionDef>& t);
-void add_noted_and_refused_options(std::vector<OptionDef>& t);
+void add_noted_options(std::vector<OptionDef>& t);    // options_noted.cpp
+void add_refused_options(std::vector<OptionDef>& t);  // options_refused.cpp
 
 }  // namespace omni::option_rows

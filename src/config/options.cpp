@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -10,49 +11,14 @@
 
 namespace omni {
 
-namespace option_rows {
-
-OptionDef not_built(std::string flag, std::string metavar, std::string supported,
-                    std::string what) {
-  std::string help = what + (metavar.empty() ? "" : " (" + supported + " works)");
-  return OptionDef{flag,
-                   metavar,
-                   "not built yet",
-                   std::move(help),
-                   [flag, supported, what, metavar](Options&, const std::string& v) {
-                     if (metavar.empty() || v != supported)
-                       throw UsageError(flag + ": " + what + " is not built yet in omnitron");
-                   },
-                   [](const Options&) { return std::string(); }};
-}
-
-// Accepted because Megatron launch scripts pass it, with no effect here: `why` becomes a
-// one-line note.
-OptionDef plumbing(std::string flag, std::string metavar, std::string why) {
-  return OptionDef{flag,
-                   metavar,
-                   "accepted, no effect",
-                   why,
-                   [flag, why](Options& o, const std::string&) {
-                     // Commands parse some arguments twice (a preset, then a checkpoint's
-                     // options under the command line): note each flag once.
-                     std::string note = "note: " + flag + " has no effect here: " + why;
-                     if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end())
-                       o.notes.push_back(std::move(note));
-                   },
-                   [](const Options&) { return std::string(); }};
-}
-
-}  // namespace option_rows
-
 const std::vector<OptionDef>& option_table() {
   static const std::vector<OptionDef> table = [] {
     using namespace option_rows;
     std::vector<OptionDef> t;
-    for (auto add :
-         {add_model_options, add_training_options, add_learning_rate_options, add_data_options,
-          add_logging_options, add_command_options, add_checkpointing_options,
-          add_distributed_options, add_mixed_precision_options, add_noted_and_refused_options})
+    for (auto add : {add_model_options, add_training_options, add_learning_rate_options,
+                     add_data_options, add_logging_options, add_command_options,
+                     add_checkpointing_options, add_distributed_options,
+                     add_mixed_precision_options, add_noted_options, add_refused_options})
       add(t);
     return t;
   }();
@@ -93,7 +59,30 @@ const OptionDef& closest_option(const std::string& flag) {
   return *best;
 }
 
+namespace {
+
+// "--num-experts 8, --moe-grouped-gemm: not built yet: mixture of experts; --fp8-format
+// hybrid: not built yet: fp8 training", features in the order the command line names them.
+std::string not_built_message(const std::vector<NotBuiltError>& refused) {
+  std::vector<std::pair<std::string, std::string>> by_feature;  // feature, its flags
+  for (const NotBuiltError& e : refused) {
+    auto it = std::find_if(by_feature.begin(), by_feature.end(),
+                           [&](const auto& f) { return f.first == e.feature; });
+    if (it == by_feature.end())
+      by_feature.emplace_back(e.feature, e.flag_and_value);
+    else if ((", " + it->second + ", ").find(", " + e.flag_and_value + ", ") == std::string::npos)
+      it->second += ", " + e.flag_and_value;
+  }
+  std::string message;
+  for (const auto& [feature, flags] : by_feature)
+    message += (message.empty() ? "" : "; ") + flags + ": not built yet: " + feature;
+  return message;
+}
+
+}  // namespace
+
 void parse_options(const std::vector<std::string>& args, Options& opts) {
+  std::vector<NotBuiltError> refused;  // reported together, after the whole line
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;
     const bool has_inline = flag.rfind("--", 0) == 0 && flag.find('=') != std::string::npos;
@@ -115,11 +104,49 @@ void parse_options(const std::vector<std::string>& args, Options& opts) {
       while (def->many && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
         value += " " + args[++i];
     }
-    def->set(opts, value);
+    try {
+      def->set(opts, value);
+    } catch (const NotBuiltError& e) {
+      refused.push_back(e);
+    }
   }
+  if (!refused.empty()) throw UsageError(not_built_message(refused));
 }
 
+namespace {
+
+// --data-args-path FILE: --data-path's value read from a file (Megatron reads its
+// whitespace-separated words), for blends too long for a command line.
+void read_data_args(Options& o) {
+  OMNI_REQUIRE(o.data_path.empty(), "give one of --data-path and --data-args-path");
+  std::ifstream in(o.data_args_path);
+  OMNI_REQUIRE(in.good(), "--data-args-path: cannot read '", o.data_args_path, "'");
+  for (std::string word; in >> word;) o.data_path += (o.data_path.empty() ? "" : " ") + word;
+  OMNI_REQUIRE(!o.data_path.empty(), "--data-args-path: '", o.data_args_path, "' is empty");
+  o.data_args_path.clear();  // read once, so finalizing again changes nothing
+}
+
+// --num-virtual-stages-per-pipeline-rank V: the interleaved schedule as a count of chunks,
+// turned into the layers per chunk (Megatron: 1 chunk is no interleaving).
+void virtual_stages_to_layers(Options& o) {
+  const int v = o.num_virtual_stages_per_pipeline_rank, pp = o.pipeline_model_parallel_size;
+  OMNI_REQUIRE(o.num_layers_per_virtual_pipeline_stage == 0,
+               "give one of --num-layers-per-virtual-pipeline-stage and "
+               "--num-virtual-stages-per-pipeline-rank");
+  OMNI_REQUIRE(o.decoder_first_pipeline_num_layers == 0 && o.decoder_last_pipeline_num_layers == 0,
+               "--num-virtual-stages-per-pipeline-rank with an uneven pipeline split "
+               "(--decoder-first/last-pipeline-num-layers) is not built yet");
+  OMNI_REQUIRE(o.model.num_layers % (pp * v) == 0, "--num-virtual-stages-per-pipeline-rank ", v,
+               " x --pipeline-model-parallel-size ", pp, " must divide --num-layers (",
+               o.model.num_layers, ")");
+  o.num_layers_per_virtual_pipeline_stage = v == 1 ? 0 : o.model.num_layers / (pp * v);
+  o.num_virtual_stages_per_pipeline_rank = 0;
+}
+
+}  // namespace
+
 void finalize(Options& o) {
+  if (!o.data_args_path.empty()) read_data_args(o);
   const bool indexed = !o.data_path.empty() || !o.data_file_list.empty();
   OMNI_REQUIRE(
       int(o.mock_data) + int(!o.data_path.empty()) + int(!o.data_file_list.empty()) +
@@ -134,6 +161,15 @@ void finalize(Options& o) {
                  "--vocab-size applies to --mock-data and --data-path; byte-level text has 256 "
                  "tokens");
     o.model.vocab_size = 256;
+  }
+  if (!o.pad_vocab_size) {
+    // Megatron's --no-pad-vocab-size: the embedding holds exactly the tokenizer's ids, which
+    // the tensor-parallel ranks must then split evenly.
+    OMNI_REQUIRE(o.model.vocab_size % o.tensor_model_parallel_size == 0,
+                 "--no-pad-vocab-size: the vocabulary (", o.model.vocab_size,
+                 ") must divide evenly among --tensor-model-parallel-size ",
+                 o.tensor_model_parallel_size, " ranks");
+    o.model.make_vocab_size_divisible_by = 1;
   }
   o.model.validate();
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
@@ -156,6 +192,9 @@ void finalize(Options& o) {
   OMNI_REQUIRE(o.pipeline_model_parallel_size >= 1,
                "--pipeline-model-parallel-size must be at least 1");
   OMNI_REQUIRE(o.context_parallel_size >= 1, "--context-parallel-size must be at least 1");
+  OMNI_REQUIRE(o.num_virtual_stages_per_pipeline_rank >= 0,
+               "--num-virtual-stages-per-pipeline-rank must be positive");
+  if (o.num_virtual_stages_per_pipeline_rank > 0) virtual_stages_to_layers(o);
   OMNI_REQUIRE(o.num_layers_per_virtual_pipeline_stage >= 0,
                "--num-layers-per-virtual-pipeline-stage must be 0 (off) or positive");
   OMNI_REQUIRE(o.ddp_bucket_size >= 0, "--ddp-bucket-size must be 0 (default) or positive");
@@ -172,12 +211,23 @@ void finalize(Options& o) {
                "--global-batch-size (", o.global_batch_size,
                ") must be a positive multiple of --micro-batch-size (", o.micro_batch_size,
                ") x data-parallel size (", o.data_parallel_size, ")");
+  OMNI_REQUIRE(o.eval_global_batch_size == 0 || o.eval_global_batch_size == o.global_batch_size,
+               "--eval-global-batch-size ", o.eval_global_batch_size,
+               ": not built yet: an evaluation batch other than --global-batch-size (",
+               o.global_batch_size, ")");
+  OMNI_REQUIRE(o.eval_micro_batch_size == 0 || o.eval_micro_batch_size == o.micro_batch_size,
+               "--eval-micro-batch-size ", o.eval_micro_batch_size,
+               ": not built yet: an evaluation micro batch other than --micro-batch-size (",
+               o.micro_batch_size, ")");
   OMNI_REQUIRE(o.train_iters > 0, "--train-iters must be positive (got ", o.train_iters, ")");
   OMNI_REQUIRE(o.lr >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr (", o.min_lr,
                ") must be between 0 and --lr (", o.lr, ")");
   OMNI_REQUIRE(o.log_interval > 0, "--log-interval must be positive (got ", o.log_interval, ")");
   OMNI_REQUIRE(o.eval_interval >= 0, "--eval-interval must be 0 or positive");
   OMNI_REQUIRE(o.eval_iters >= 0, "--eval-iters must be 0 or positive");
+  OMNI_REQUIRE(o.start_eval_at_iter >= 0, "--start-eval-at-iter must be 0 or positive");
+  OMNI_REQUIRE(o.exit_signal >= 1 && o.exit_signal <= 64, "--exit-signal: ", o.exit_signal,
+               " is not a signal number");
   OMNI_REQUIRE(o.hidden_dropout == 0 && o.attention_dropout == 0,
                "--hidden-dropout/--attention-dropout: dropout is not built yet (use 0)");
   OMNI_REQUIRE(o.optim.clip_grad >= 0, "--clip-grad must be 0 or positive");
@@ -198,6 +248,9 @@ void finalize(Options& o) {
           ? o.lr_warmup_iters
           : (o.lr_warmup_fraction > 0 ? static_cast<int64_t>(o.lr_warmup_fraction * s.decay_iters)
                                       : 0);
+  s.warmup_init = o.lr_warmup_init;
+  OMNI_REQUIRE(o.lr_warmup_init >= 0 && o.lr_warmup_init <= o.lr, "--lr-warmup-init (",
+               o.lr_warmup_init, ") must be between 0 and --lr (", o.lr, ")");
   s.wsd_decay_iters = o.lr_wsd_decay_iters;
   if (s.style == LRDecayStyle::WSD)
     OMNI_REQUIRE(s.wsd_decay_iters > 0 && s.wsd_decay_iters <= s.decay_iters - s.warmup_iters,
@@ -206,30 +259,73 @@ void finalize(Options& o) {
                "--device: '", o.device, "' is not one of auto, cpu, cuda, hip");
 }
 
+namespace {
+
+// "  why:" then the flags, wrapped at 100 columns: Megatron's noted and refused flags are
+// hundreds, so --help lists them by reason rather than one a line.
+void list_by_reason(std::ostringstream& os, Support support, const std::string& title) {
+  std::vector<std::pair<std::string, std::string>> reasons;  // reason, its flags
+  for (const OptionDef& d : option_table()) {
+    if (d.support != support) continue;
+    std::string reason = d.help, flag = d.flag;
+    const size_t works = reason.find(" works)");
+    if (works != std::string::npos) {  // "feature (1 works)": the flag carries its "off" value
+      const size_t open = reason.rfind(" (", works);
+      flag += " " + reason.substr(open + 2, works - open - 2);
+      reason = reason.substr(0, open);
+    }
+    auto it = std::find_if(reasons.begin(), reasons.end(),
+                           [&](const auto& r) { return r.first == reason; });
+    if (it == reasons.end())
+      reasons.emplace_back(reason, flag);
+    else
+      it->second += "\n" + flag;
+  }
+  os << "\n" << title << ":\n";
+  for (const auto& [reason, flags] : reasons) {
+    os << "  " << reason << ":\n";
+    std::string line = "   ";
+    std::istringstream in(flags);
+    for (std::string flag; std::getline(in, flag);) {
+      if (line.size() + flag.size() + 1 > 100) os << line << "\n", line = "   ";
+      line += " " + flag;
+    }
+    os << line << "\n";
+  }
+}
+
+}  // namespace
+
 std::string options_help() {
   std::ostringstream os;
   std::vector<std::string> groups;
   for (const OptionDef& d : option_table())
-    if (std::find(groups.begin(), groups.end(), d.group) == groups.end()) groups.push_back(d.group);
+    if (d.support == Support::Built &&
+        std::find(groups.begin(), groups.end(), d.group) == groups.end())
+      groups.push_back(d.group);
   const Options defaults;
   for (const std::string& g : groups) {
     os << "\n" << g << ":\n";
     for (const OptionDef& d : option_table()) {
-      if (d.group != g) continue;
+      if (d.group != g || d.support != Support::Built) continue;
       std::string left = "  " + d.flag + (d.metavar.empty() ? "" : " " + d.metavar);
       os << left << std::string(left.size() < 44 ? 44 - left.size() : 1, ' ') << d.help;
-      std::string def = d.get(defaults);
-      if (!d.metavar.empty() && !def.empty() && g != "not built yet") os << " [" << def << "]";
+      const std::string def = d.get ? d.get(defaults) : "";
+      if (!d.metavar.empty() && !def.empty()) os << " [" << def << "]";
       os << "\n";
     }
   }
+  list_by_reason(os, Support::Noted,
+                 "Megatron flags accepted with a note (no effect here, for the reason given)");
+  list_by_reason(os, Support::NotBuilt,
+                 "Megatron flags of features not built yet (refused, naming the feature)");
   return os.str();
 }
 
 std::vector<std::string> options_as_args(const Options& opts, const std::string& group) {
   std::vector<std::string> args;
   for (const OptionDef& d : option_table()) {
-    if (d.group != group) continue;
+    if (d.group != group || !d.get) continue;
     std::string v = d.get(opts);
     if (d.metavar.empty()) {
       if (!v.empty()) args.push_back(d.flag);

@@ -3,10 +3,12 @@
 // "did you mean" hint all come from the table.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "data/tokenizer.h"
 #include "model/transformer_config.h"
 #include "optim/loss_scaler.h"
@@ -17,8 +19,8 @@ namespace omni {
 
 struct Options {
   TransformerConfig model;
-  // One line per accepted option that has no effect here (Megatron's Python/NVIDIA
-  // plumbing); the command prints them.
+  // The accepted options that have no effect here (Megatron's Python/NVIDIA plumbing), one
+  // line per reason naming its flags; the command prints them.
   std::vector<std::string> notes;
   // Batching and length of training. Defaults are Megatron's where it has one.
   int micro_batch_size = 1;
@@ -32,42 +34,54 @@ struct Options {
   int64_t lr_decay_iters = 0;      // 0: train_iters
   int64_t lr_wsd_decay_iters = 0;
   std::string lr_wsd_decay_style = "exponential";
-  std::string optimizer = "adamw";
+  double lr_warmup_init = 0.0;     // the warm-up starts from this learning rate
+  std::string optimizer = "adam";  // Megatron's name for AdamW (optim/optimizer.h)
   OptimizerConfig optim;
   int64_t seed = 1234;
   // Logging and evaluation.
   int log_interval = 100;
   int eval_interval = 1000;
   int eval_iters = 100;
+  int64_t start_eval_at_iter = 0;  // no evaluation before this iteration
+  // Megatron's separate evaluation batch sizes; 0: the training ones (the only ones built).
+  int eval_global_batch_size = 0, eval_micro_batch_size = 0;
   std::string metrics_file;
   bool progress = true;
   std::string tensorboard_dir;       // TensorBoard event files (train/tensorboard.h)
   int tensorboard_log_interval = 1;  // Megatron's default
   bool log_memory_to_tensorboard = false, log_throughput = false;
+  bool log_loss_scale_to_tensorboard = true;
   // Primus's averaging of the throughput it logs: the first N iterations (start-up) are
   // left out, and the average restarts every M iterations (0: never).
   int log_avg_skip_iterations = 2, log_avg_reset_interval = 10;  // Primus's defaults
   // Data.
   bool mock_data = false;
-  std::string train_text;  // a plain-text file, tokenised byte-level
+  std::string train_text;      // a plain-text file, tokenised byte-level
   std::string data_path;       // Megatron indexed data: "PREFIX" or "w1 p1 w2 p2 ..."
   std::string data_file_list;  // Megatron-DeepSpeed's "weight prefix corpus" lines
+  std::string data_args_path;  // a file holding --data-path's value (finalize() reads it)
   std::string split = "969,30,1";
   TokenizerOptions tokenizer;  // --tokenizer-type and its files
+  bool pad_vocab_size = true;  // false: no padding of the embedding rows (finalize() applies it)
   bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
   // `omnitron preprocess` (Megatron's tools/preprocess_data.py flags).
   std::string input, output_prefix, json_keys = "text";
   bool append_eod = false;
-  int workers = 0;  // 0: all cores
+  int workers = 0;         // 0: all cores
   int print_samples = 10;  // `omnitron data-samples`
   // Checkpoints (Megatron's flags; src/checkpoint/checkpoint.h has the layout).
   std::string save, load;
   int64_t save_interval = 0;  // 0: only at the end (and on an early exit)
   bool finetune = false;      // --load the model only: iteration 0, fresh optimizer
-  bool no_load_optim = false, no_load_rng = false;
+  bool no_load_optim = false, no_save_optim = false;
+  // --load DIR's model options win over the command line's (Megatron's --use-checkpoint-args).
+  bool use_checkpoint_args = false;
+  bool exit_on_missing_checkpoint = false;
   int64_t exit_interval = 0;         // 0: off
   double exit_duration_in_mins = 0;  // 0: off
-  bool exit_signal_handler = false;  // SIGTERM/SIGINT: save, then stop after the step
+  bool exit_signal_handler = false;  // --exit-signal or SIGINT: save, then stop after the step
+  int exit_signal = 15;              // SIGTERM, Megatron's default
+  bool check_for_nan_in_loss_and_grad = true;  // a non-finite gradient norm stops the run
   std::string device = "auto";
   // Mixed precision: bf16 or fp16 parameters (on the CPU: values rounded to them, fp32
   // arithmetic) with fp32 master weights and optimizer states; fp16 with a loss scaler.
@@ -89,6 +103,7 @@ struct Options {
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int context_parallel_size = 1;
   int num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
+  int num_virtual_stages_per_pipeline_rank = 0;   // the same, as a count (finalize() converts)
   // Uneven pipeline split: the first (last) stage's layers; 0: an even split.
   int decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
   bool sequence_parallel = false, use_distributed_optimizer = false;
@@ -105,19 +120,39 @@ struct Options {
   // Megatron's sample counts: what the train and validation datasets must hold.
   int64_t train_samples() const { return train_iters * global_batch_size; }
   int64_t valid_samples() const {
-    return eval_interval ? (train_iters / eval_interval + 1) * eval_iters * global_batch_size
-                         : int64_t(eval_iters) * global_batch_size;
+    if (!eval_interval) return int64_t(eval_iters) * global_batch_size;
+    const int64_t points = train_iters / eval_interval + 1 - start_eval_at_iter / eval_interval;
+    return std::max<int64_t>(points, 0) * eval_iters * global_batch_size;
   }
 };
+
+// What a Megatron flag does here: what Megatron does (Built), nothing but a one-line note
+// because it only tunes Megatron's Python/CUDA machinery (Noted), or a refusal naming the
+// feature that is not built yet (NotBuilt; some accept the value that means "off").
+enum class Support { Built, Noted, NotBuilt };
 
 struct OptionDef {
   std::string flag;     // "--num-layers"
   std::string metavar;  // "N"; empty for a switch that takes no value
   std::string group;
-  std::string help;
+  std::string help;  // Noted: why it has no effect; NotBuilt: the feature
   std::function<void(Options&, const std::string&)> set;
+  // The value as a command-line value; empty for rows that hold no value of their own
+  // (aliases, notes, refusals), which options_as_args() leaves out.
   std::function<std::string(const Options&)> get;
   bool many = false;  // takes every following value up to the next --flag (space-joined)
+  Support support = Support::Built;
+};
+
+// Thrown by a row whose feature is not built yet; parse_options() collects these and throws
+// one UsageError that names every refused flag and feature.
+class NotBuiltError : public UsageError {
+ public:
+  NotBuiltError(const std::string& flag_and_value, const std::string& feature)
+      : UsageError(flag_and_value + ": not built yet: " + feature),
+        flag_and_value(flag_and_value),
+        feature(feature) {}
+  std::string flag_and_value, feature;
 };
 
 const std::vector<OptionDef>& option_table();
@@ -127,7 +162,9 @@ const OptionDef* find_option(const std::string& flag);
 const OptionDef& closest_option(const std::string& flag);
 
 // Parses `--flag value`, `--flag=value` and switches onto `opts`. Unknown flags raise
-// UsageError naming the closest known flag. Does not finalize.
+// UsageError naming the closest known flag; flags of features not built yet raise one
+// UsageError after the whole line is read, naming each ("--num-experts 8: not built yet:
+// mixture of experts"). Does not finalize.
 void parse_options(const std::vector<std::string>& args, Options& opts);
 // Fills in derived values and validates everything, naming the offending flag.
 void finalize(Options& opts);

@@ -10,6 +10,7 @@ void add_checkpointing_options(std::vector<OptionDef>& t) {
                    [](Options& o) -> std::string& { return o.save; }));
   t.push_back(number<int64_t>("--save-interval", "N", C, "checkpoint every N steps (0: at the end)",
                               [](Options& o) -> int64_t& { return o.save_interval; }));
+  add_alias(t, "--persistent-save-interval", "--save-interval");
   t.push_back(text("--load", "DIR", C,
                    "resume from DIR's latest checkpoint (latest_checkpointed_iteration.txt)",
                    [](Options& o) -> std::string& { return o.load; }));
@@ -18,10 +19,14 @@ void add_checkpointing_options(std::vector<OptionDef>& t) {
                      [](Options& o) -> bool& { return o.finetune; }));
   t.push_back(toggle("--no-load-optim", C, "--load without the optimizer state",
                      [](Options& o) -> bool& { return o.no_load_optim; }));
-  t.push_back(toggle("--no-load-rng", C,
-                     "accepted: there is no RNG state to skip (initialisation and data order "
-                     "are functions of --seed and the consumed samples)",
-                     [](Options& o) -> bool& { return o.no_load_rng; }));
+  t.push_back(toggle("--no-save-optim", C, "--save the model without the optimizer state",
+                     [](Options& o) -> bool& { return o.no_save_optim; }));
+  t.push_back(toggle("--use-checkpoint-args", C,
+                     "--load DIR's model options win over the command line's",
+                     [](Options& o) -> bool& { return o.use_checkpoint_args; }));
+  t.push_back(toggle("--exit-on-missing-checkpoint", C,
+                     "stop with an error when --load DIR holds no checkpoint",
+                     [](Options& o) -> bool& { return o.exit_on_missing_checkpoint; }));
   t.push_back(number<int64_t>("--exit-interval", "N", C,
                               "save and stop when the iteration is a multiple of N",
                               [](Options& o) -> int64_t& { return o.exit_interval; }));
@@ -29,8 +34,10 @@ void add_checkpointing_options(std::vector<OptionDef>& t) {
                              "save and stop after the step that passes X minutes of training",
                              [](Options& o) -> double& { return o.exit_duration_in_mins; }));
   t.push_back(toggle("--exit-signal-handler", C,
-                     "on SIGTERM or SIGINT, finish the step, save and stop",
+                     "on --exit-signal or SIGINT, finish the step, save and stop",
                      [](Options& o) -> bool& { return o.exit_signal_handler; }));
+  t.push_back(number<int>("--exit-signal", "N", C, "the signal --exit-signal-handler waits for",
+                          [](Options& o) -> int& { return o.exit_signal; }));
 }
 
 }  // namespace omni::option_rows

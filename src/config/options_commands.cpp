@@ -26,7 +26,7 @@ void add_command_options(std::vector<OptionDef>& t) {
                    "Primus-style YAML (bases:/extends:, model: + overrides:, "
                    "${VAR:default}); command-line flags win"},
         std::tuple{"--print-config", "",
-                   "print the resolved YAML options with their files, stop"}}) {
+                   "check the options as train does, print them with their files, stop"}}) {
     const std::string f = flag;
     t.push_back(OptionDef{f, metavar, Y, help,
                           [f](Options&, const std::string&) {

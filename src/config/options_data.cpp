@@ -1,6 +1,8 @@
 // Megatron's data and tokenizer groups: where samples come from and how text becomes tokens.
 #include "config/option_rows.h"
 
+#include <cstdlib>
+
 namespace omni::option_rows {
 
 void add_data_options(std::vector<OptionDef>& t) {
@@ -16,6 +18,8 @@ void add_data_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> std::string& { return o.data_path; });
   data_path.many = true;
   t.push_back(std::move(data_path));
+  t.push_back(text("--data-args-path", "FILE", D, "a file holding --data-path's value",
+                   [](Options& o) -> std::string& { return o.data_args_path; }));
   t.push_back(text("--data-file-list", "FILE", D,
                    "Megatron-DeepSpeed data list: one 'weight prefix corpus' line per dataset",
                    [](Options& o) -> std::string& { return o.data_file_list; }));
@@ -40,6 +44,21 @@ void add_data_options(std::vector<OptionDef>& t) {
   t.push_back(toggle("--reset-attention-mask", D,
                      "tokens attend only within their document (packed samples)",
                      [](Options& o) -> bool& { return o.reset_attention_mask; }));
+  add_alias(t, "--dataloader-inter-document-masking", "--reset-attention-mask");
+  add_alias(t, "--encoder-seq-length", "--seq-length");
+  // Megatron's blends build each dataset 0.5% larger than its share (blended_dataset.cpp).
+  t.push_back(OptionDef{"--mid-level-dataset-surplus", "X", D,
+                        "extra share each blended dataset is built with: 0.005 (the one built)",
+                        [](Options&, const std::string& v) {
+                          if (std::strtod(v.c_str(), nullptr) != 0.005)
+                            throw NotBuiltError("--mid-level-dataset-surplus " + v,
+                                                "a blend surplus other than 0.005");
+                        },
+                        nullptr});
+  for (const char* flag : {"--no-pad-vocab-size", "--disable-pad-vocab-size"})
+    t.push_back(toggle(
+        flag, D, "no padding of the embedding rows (--make-vocab-size-divisible-by is ignored)",
+        [](Options& o) -> bool& { return o.pad_vocab_size; }, false));
   t.push_back(text("--split", "A,B,C", D, "train, validation, test weights of the corpus",
                    [](Options& o) -> std::string& { return o.split; }));
   t.push_back(number<int>("--print-samples", "N", D,

@@ -16,6 +16,10 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                           "pipeline stages, each holding a slice of the layers",
                           [](Options& o) -> int& { return o.pipeline_model_parallel_size; }));
   t.push_back(
+      number<int>("--num-virtual-stages-per-pipeline-rank", "N", PAR,
+                  "interleaved schedule: N chunks of layers per stage",
+                  [](Options& o) -> int& { return o.num_virtual_stages_per_pipeline_rank; }));
+  t.push_back(
       number<int>("--num-layers-per-virtual-pipeline-stage", "N", PAR,
                   "interleaved schedule: each stage holds chunks of N layers",
                   [](Options& o) -> int& { return o.num_layers_per_virtual_pipeline_stage; }));

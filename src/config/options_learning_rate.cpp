@@ -25,6 +25,24 @@ void add_learning_rate_options(std::vector<OptionDef>& t) {
   t.push_back(text("--lr-wsd-decay-style", "STYLE", L,
                    "WSD decay: linear, cosine, exponential, minus_sqrt",
                    [](Options& o) -> std::string& { return o.lr_wsd_decay_style; }));
+  t.push_back(number<double>("--lr-warmup-init", "X", L, "learning rate the warm-up starts from",
+                             [](Options& o) -> double& { return o.lr_warmup_init; }));
+  // The schedule here is always the command line's (Megatron's "override" behaviour).
+  for (const char* flag : {"--override-opt-param-scheduler", "--override-opt_param-scheduler"})
+    t.push_back(OptionDef{flag, "", L,
+                          "the schedule comes from the command line, not a checkpoint (always)",
+                          [](Options&, const std::string&) {}, nullptr});
+  t.push_back(OptionDef{"--weight-decay-incr-style", "constant|linear|cosine", L,
+                        "constant: --weight-decay throughout (the one built)",
+                        [](Options&, const std::string& v) {
+                          if (v == "linear" || v == "cosine")
+                            throw NotBuiltError("--weight-decay-incr-style " + v,
+                                                "weight-decay schedules");
+                          if (v != "constant")
+                            throw UsageError("--weight-decay-incr-style: '" + v +
+                                             "' is not one of constant, linear, cosine");
+                        },
+                        nullptr});
 }
 
 }  // namespace omni::option_rows

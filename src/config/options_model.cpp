@@ -8,6 +8,7 @@ void add_model_options(std::vector<OptionDef>& t) {
   const std::string M = "model";
   t.push_back(number<int>("--num-layers", "N", M, "transformer layers",
                           [](Options& o) -> int& { return o.model.num_layers; }));
+  add_alias(t, "--encoder-num-layers", "--num-layers");  // Megatron's other name for it
   t.push_back(number<int>("--hidden-size", "N", M, "model width",
                           [](Options& o) -> int& { return o.model.hidden_size; }));
   t.push_back(number<int>("--ffn-hidden-size", "N", M, "MLP width (0: 4 x hidden size)",
@@ -15,10 +16,11 @@ void add_model_options(std::vector<OptionDef>& t) {
   t.push_back(number<int>("--num-attention-heads", "N", M, "query heads",
                           [](Options& o) -> int& { return o.model.num_attention_heads; }));
   t.push_back(toggle("--group-query-attention", M,
-                     "grouped-query attention (with --num-query-groups)",
+                     "grouped-query attention: --num-query-groups key/value heads",
                      [](Options& o) -> bool& { return o.model.group_query_attention; }));
   t.push_back(number<int>("--num-query-groups", "N", M,
-                          "key/value heads under grouped-query attention",
+                          "key/value heads under --group-query-attention (without it: one per "
+                          "query head)",
                           [](Options& o) -> int& { return o.model.num_query_groups; }));
   t.push_back(number<int>("--kv-channels", "N", M, "head dimension (0: hidden size / heads)",
                           [](Options& o) -> int& { return o.model.kv_channels; }));
@@ -49,6 +51,9 @@ void add_model_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> double& { return o.model.norm_epsilon; }));
   t.push_back(toggle("--swiglu", M, "SwiGLU MLP (gate and up projections)",
                      [](Options& o) -> bool& { return o.model.swiglu; }));
+  // omnitron's GELU is the tanh approximation that --openai-gelu selects in Megatron.
+  t.push_back(OptionDef{"--openai-gelu", "", M, "GELU's tanh approximation (always, here)",
+                        [](Options&, const std::string&) {}, nullptr});
   t.push_back(OptionDef{
       "--position-embedding-type", "learned_absolute|rope", M, "position encoding",
       [](Options& o, const std::string& v) {
@@ -56,11 +61,27 @@ void add_model_options(std::vector<OptionDef>& t) {
           o.model.position_embedding_type = PositionEmbedding::LearnedAbsolute;
         else if (v == "rope")
           o.model.position_embedding_type = PositionEmbedding::Rope;
+        else if (v == "yarn")
+          throw NotBuiltError("--position-embedding-type yarn", "YaRN rotary scaling");
+        else if (v == "mrope")
+          throw NotBuiltError("--position-embedding-type mrope", "multimodal rotary embedding");
+        else if (v == "relative")
+          throw NotBuiltError("--position-embedding-type relative",
+                              "relative position buckets (T5)");
+        else if (v == "none")
+          throw NotBuiltError("--position-embedding-type none",
+                              "a model without position embedding");
         else
           throw UsageError("--position-embedding-type: '" + v +
-                           "' is not one of learned_absolute, rope");
+                           "' is not one of learned_absolute, rope, yarn, mrope, relative, none");
       },
       [](const Options& o) { return std::string(to_string(o.model.position_embedding_type)); }});
+  t.push_back(OptionDef{"--use-rotary-position-embeddings", "", M,
+                        "the old name of --position-embedding-type rope",
+                        [](Options& o, const std::string&) {
+                          o.model.position_embedding_type = PositionEmbedding::Rope;
+                        },
+                        nullptr});
   t.push_back(number<double>("--rotary-base", "X", M, "RoPE base (Llama 2: 10000, Llama 3: 500000)",
                              [](Options& o) -> double& { return o.model.rotary_base; }));
   t.push_back(toggle(

@@ -2,6 +2,8 @@
 // optimizer and activation recompute.
 #include "config/option_rows.h"
 
+#include <sstream>
+
 namespace omni::option_rows {
 
 void add_training_options(std::vector<OptionDef>& t) {
@@ -16,8 +18,17 @@ void add_training_options(std::vector<OptionDef>& t) {
                               [](Options& o) -> int64_t& { return o.train_iters; }));
   t.push_back(number<int64_t>("--seed", "N", T, "seed of initialisation and data order",
                               [](Options& o) -> int64_t& { return o.seed; }));
-  t.push_back(text("--optimizer", "NAME", O, "adamw, adam or sgd",
-                   [](Options& o) -> std::string& { return o.optimizer; }));
+  t.push_back(OptionDef{
+      "--optimizer", "adam|sgd", O,
+      "adam: Adam with decoupled weight decay (AdamW, as Megatron's; adamw is the same); sgd: "
+      "SGD with momentum and L2 weight decay",
+      [](Options& o, const std::string& v) {
+        for (const char* other : {"muon", "dist_muon", "adaptive_muon", "lion", "soap"})
+          if (v == other) throw NotBuiltError("--optimizer " + v, "the " + v + " optimizer");
+        parse_optimizer(v);  // names the choices when `v` is none of them
+        o.optimizer = v;
+      },
+      [](const Options& o) { return o.optimizer; }});
   t.push_back(number<double>("--weight-decay", "X", O,
                              "decoupled weight decay (not on biases and norms)",
                              [](Options& o) -> double& { return o.optim.weight_decay; }));
@@ -31,6 +42,45 @@ void add_training_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> double& { return o.optim.sgd_momentum; }));
   t.push_back(number<double>("--clip-grad", "X", O, "clip the global gradient norm to X (0: off)",
                              [](Options& o) -> double& { return o.optim.clip_grad; }));
+  // Megatron keeps main gradients, main parameters and Adam's moments in fp32 unless its
+  // precision-aware optimizer is given other dtypes; fp32 is what omnitron keeps.
+  for (const char* flag :
+       {"--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"}) {
+    const std::string f = flag;
+    t.push_back(OptionDef{f, "fp32", O, "fp32 (lower precisions are not built yet)",
+                          [f](Options&, const std::string& v) {
+                            if (v != "fp32")
+                              throw NotBuiltError(f + " " + v,
+                                                  "optimizer states and main parameters in "
+                                                  "less than fp32");
+                          },
+                          nullptr});
+  }
+  t.push_back(toggle(
+      "--no-check-for-nan-in-loss-and-grad", T,
+      "train on through a non-finite gradient norm (by default it stops the run)",
+      [](Options& o) -> bool& { return o.check_for_nan_in_loss_and_grad; }, false));
+  // Megatron's retired spellings, refused as Megatron refuses them.
+  for (auto [flag, use] : {std::pair{"--batch-size", "--micro-batch-size"},
+                           std::pair{"--warmup", "--lr-warmup-fraction or --lr-warmup-iters"},
+                           std::pair{"--model-parallel-size", "--tensor-model-parallel-size"}}) {
+    const std::string f = flag, u = use;
+    t.push_back(OptionDef{f, "N", T, "no longer valid: use " + u,
+                          [f, u](Options&, const std::string&) {
+                            throw UsageError(f + " is no longer valid (as in Megatron); use " + u);
+                          },
+                          nullptr});
+  }
+  t.push_back(OptionDef{
+      "--dataloader-type", "single|cyclic|external", T,
+      "single: samples in Megatron's order, each once (the one built)",
+      [](Options&, const std::string& v) {
+        if (v == "cyclic" || v == "external")
+          throw NotBuiltError("--dataloader-type " + v, "the cyclic and external data loaders");
+        if (v != "single")
+          throw UsageError("--dataloader-type: '" + v + "' is not one of single, cyclic, external");
+      },
+      nullptr});
 
   const std::string RC = "activation recompute";
   t.push_back(OptionDef{"--checkpoint-activations", "", RC,
@@ -53,6 +103,24 @@ void add_training_options(std::vector<OptionDef>& t) {
                    [](Options& o) -> std::string& { return o.recompute_method; }));
   t.push_back(number<int>("--recompute-num-layers", "N", RC, "N for --recompute-method",
                           [](Options& o) -> int& { return o.recompute_num_layers; }));
+  // Selective recompute here recomputes the core attention (Megatron's default module);
+  // recompute trades memory for time and never changes results, so others get a note.
+  OptionDef modules{
+      "--recompute-modules",
+      "M...",
+      RC,
+      "modules selective recompute recomputes: core_attn",
+      [](Options& o, const std::string& v) {
+        std::istringstream in(v);
+        for (std::string m; in >> m;)
+          if (m != "core_attn")
+            plumbing("--recompute-modules", "M...",
+                     "selective recompute here recomputes the core attention (core_attn) only")
+                .set(o, v);
+      },
+      nullptr};
+  modules.many = true;
+  t.push_back(std::move(modules));
 }
 
 }  // namespace omni::option_rows

@@ -19,8 +19,10 @@ struct TransformerConfig {
   int ffn_hidden_size = 0;  // 0: 4 * hidden_size
   int num_attention_heads = 12;
   bool group_query_attention = false;
-  int num_query_groups = 0;  // 0 (or no --group-query-attention): one group per head
-  int kv_channels = 0;       // head dim; 0: hidden_size / num_attention_heads
+  // Megatron's default: --group-query-attention alone is one key/value head (multi-query
+  // attention); without --group-query-attention every query head has its own.
+  int num_query_groups = 1;
+  int kv_channels = 0;  // head dim; 0: hidden_size / num_attention_heads
   int seq_length = 1024;
   int max_position_embeddings = 0;  // 0: seq_length
   int vocab_size = 0;
@@ -39,7 +41,7 @@ struct TransformerConfig {
   // Derived values; valid after validate().
   int head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
   int query_groups() const {
-    return group_query_attention && num_query_groups ? num_query_groups : num_attention_heads;
+    return group_query_attention ? num_query_groups : num_attention_heads;
   }
   int ffn_size() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
   int max_positions() const {

@@ -29,7 +29,8 @@ WSDDecayStyle parse_wsd_decay_style(const std::string& s) {
 
 double learning_rate(const LRScheduleConfig& c, int64_t it) {
   if (c.warmup_iters > 0 && it <= c.warmup_iters)
-    return c.lr * static_cast<double>(it) / static_cast<double>(c.warmup_iters);
+    return c.warmup_init +
+           (c.lr - c.warmup_init) * static_cast<double>(it) / static_cast<double>(c.warmup_iters);
   if (c.style == LRDecayStyle::Constant) return c.lr;
   if (c.style == LRDecayStyle::InverseSquareRoot) {
     const double w = static_cast<double>(std::max<int64_t>(c.warmup_iters, 1));

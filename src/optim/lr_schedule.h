@@ -1,5 +1,6 @@
 // Learning-rate schedules as Megatron's OptimizerParamScheduler defines them: linear
-// warm-up from 0 to --lr over the warm-up iterations, then decay to --min-lr.
+// warm-up from --lr-warmup-init (0) to --lr over the warm-up iterations, then decay to
+// --min-lr.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,8 @@ struct LRScheduleConfig {
   double lr = 1e-4;
   double min_lr = 0.0;
   int64_t warmup_iters = 0;
-  int64_t decay_iters = 0;  // the iteration where the decay ends (Megatron: --lr-decay-iters)
+  double warmup_init = 0.0;  // the learning rate the warm-up starts from
+  int64_t decay_iters = 0;   // the iteration where the decay ends (Megatron: --lr-decay-iters)
   LRDecayStyle style = LRDecayStyle::Linear;
   int64_t wsd_decay_iters = 0;  // WSD: length of the final decay phase
   WSDDecayStyle wsd_style = WSDDecayStyle::Exponential;

@@ -8,10 +8,9 @@
 namespace omni {
 
 OptimizerKind parse_optimizer(const std::string& s) {
-  if (s == "adamw") return OptimizerKind::AdamW;
-  if (s == "adam") return OptimizerKind::Adam;
+  if (s == "adam" || s == "adamw") return OptimizerKind::AdamW;
   if (s == "sgd") return OptimizerKind::SGD;
-  throw UsageError("--optimizer: '" + s + "' is not one of adamw, adam, sgd");
+  throw UsageError("--optimizer: '" + s + "' is not one of adam (adamw), sgd");
 }
 
 template <typename T>
@@ -54,19 +53,17 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
                      const T* g, T* m, T* v, int64_t n) {
   const double wd = decay ? cfg.weight_decay : 0.0;
   switch (cfg.kind) {
-    case OptimizerKind::AdamW:
-    case OptimizerKind::Adam: {
+    case OptimizerKind::AdamW: {
       const double b1 = cfg.adam_beta1, b2 = cfg.adam_beta2;
       const double bc1 = 1.0 - std::pow(b1, double(step)), bc2 = 1.0 - std::pow(b2, double(step));
-      const bool decoupled = cfg.kind == OptimizerKind::AdamW;
       const T tb1 = T(b1), tb2 = T(b2), tlr = T(lr), twd = T(wd), eps = T(cfg.adam_eps);
       const T step_size = T(lr / bc1), inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        // Adam (L2 regularisation folded into the gradient) vs AdamW (decay applied to
-        // the weights directly: Loshchilov & Hutter, "Decoupled Weight Decay").
-        T grad = decoupled ? g[i] : g[i] + twd * w[i];
-        if (decoupled) w[i] -= tlr * twd * w[i];
+        // Decay applied to the weights directly, not folded into the gradient (Loshchilov &
+        // Hutter, "Decoupled Weight Decay"; torch.optim.AdamW's order: decay, then Adam).
+        const T grad = g[i];
+        w[i] -= tlr * twd * w[i];
         m[i] = tb1 * m[i] + (T(1) - tb1) * grad;
         v[i] = tb2 * v[i] + (T(1) - tb2) * grad * grad;
         w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);

@@ -10,7 +10,10 @@
 
 namespace omni {
 
-enum class OptimizerKind { AdamW, Adam, SGD };
+// Megatron's --optimizer adam is Adam with decoupled weight decay (its OptimizerConfig's
+// decoupled_weight_decay defaults to true and no flag turns it off): AdamW. "adamw" names the
+// same. sgd is torch.optim.SGD: momentum, weight decay added to the gradient (L2).
+enum class OptimizerKind { AdamW, SGD };
 OptimizerKind parse_optimizer(const std::string& s);
 
 struct OptimizerConfig {

@@ -53,6 +53,7 @@ MetricsSink::MetricsSink(const Options& opts, FILE* out)
   log_interval_ = opts.log_interval;
   tensorboard_log_interval_ = opts.tensorboard_log_interval;
   log_memory_to_tensorboard_ = opts.log_memory_to_tensorboard;
+  log_loss_scale_to_tensorboard_ = opts.log_loss_scale_to_tensorboard;
   log_throughput_ = opts.log_throughput;
   log_avg_skip_iterations_ = opts.log_avg_skip_iterations;
   log_avg_reset_interval_ = opts.log_avg_reset_interval;
@@ -124,7 +125,7 @@ void MetricsSink::write_tensorboard(const StepMetrics& m, const ProcessMemory& m
   both("learning-rate", m.lr);
   both("batch-size", m.global_batch_size);
   if (m.iterations > m.skipped_iterations) both("lm loss", m.lm_loss);
-  both("loss-scale", m.loss_scale);
+  if (log_loss_scale_to_tensorboard_) both("loss-scale", m.loss_scale);
   both("grad-norm", m.grad_norm);
   if (log_memory_to_tensorboard_) {
     tensorboard_->add_scalar("mem-rss-bytes", double(mem.rss_bytes), m.iteration);

@@ -90,6 +90,7 @@ class MetricsSink {
   bool live_ = false, progress_shown_ = false;
   int log_interval_ = 1, tensorboard_log_interval_ = 1;
   bool log_memory_to_tensorboard_ = false, log_throughput_ = false;
+  bool log_loss_scale_to_tensorboard_ = true;
   int log_avg_skip_iterations_ = 0, log_avg_reset_interval_ = 0;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   Window window_;

@@ -18,24 +18,27 @@ namespace {
 // Megatron's --exit-signal-handler: the handler only records the signal; the training
 // loop checks after each step, saves and returns (library code never exits the process).
 volatile std::sig_atomic_t g_exit_signal = 0;
-struct sigaction g_previous_term, g_previous_int;
+struct sigaction g_previous_handled, g_previous_int;
 
 extern "C" void record_exit_signal(int signal) {
   g_exit_signal = signal;
 }
 
-void install_exit_signal_handler() {
+int g_handled_signal = SIGTERM;  // --exit-signal
+
+void install_exit_signal_handler(int signal) {
   g_exit_signal = 0;
+  g_handled_signal = signal;
   struct sigaction sa = {};
   sa.sa_handler = record_exit_signal;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, &g_previous_term);
-  sigaction(SIGINT, &sa, &g_previous_int);
+  sigaction(signal, &sa, &g_previous_handled);
+  if (signal != SIGINT) sigaction(SIGINT, &sa, &g_previous_int);
 }
 
 void restore_signal_handlers() {
-  sigaction(SIGTERM, &g_previous_term, nullptr);
-  sigaction(SIGINT, &g_previous_int, nullptr);
+  sigaction(g_handled_signal, &g_previous_handled, nullptr);
+  if (g_handled_signal != SIGINT) sigaction(SIGINT, &g_previous_int, nullptr);
 }
 
 }  // namespace
@@ -139,7 +142,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   if (!opts_.load.empty()) load(opts_.load);
   if (on_gpu() && opts_.load.empty()) host_to_gpu();  // the same initial weights either way
   if (opts_.exit_signal_handler) {
-    install_exit_signal_handler();
+    install_exit_signal_handler(opts_.exit_signal);
     signal_handler_installed_ = true;
   }
 }
@@ -202,9 +205,10 @@ Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
     }
   }
   step.grad_norm = std::sqrt(gpu_->grad_sum_squares()) / loss_scale;
-  OMNI_REQUIRE(std::isfinite(step.grad_norm), "iteration ", iteration,
-               ": the gradient norm is not finite (lm loss ", step.loss,
-               "); lower --lr or enable --clip-grad");
+  OMNI_REQUIRE(std::isfinite(step.grad_norm) || !opts_.check_for_nan_in_loss_and_grad, "iteration ",
+               iteration, ": the gradient norm is not finite (lm loss ", step.loss,
+               "); lower --lr or enable --clip-grad (--no-check-for-nan-in-loss-and-grad trains "
+               "on)");
   double coeff = 1.0;  // Megatron's clip_coeff, applied when below 1
   if (opts_.optim.clip_grad > 0)
     coeff = std::min(1.0, opts_.optim.clip_grad / (step.grad_norm + 1e-6));
@@ -407,9 +411,10 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   grid_->model_parallel().all_reduce(&norm2, 1);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
   step.grad_norm = std::sqrt(norm2);
-  OMNI_REQUIRE(std::isfinite(step.grad_norm), "iteration ", iteration,
-               ": the gradient norm is not finite (lm loss ", step.loss,
-               "); lower --lr or enable --clip-grad");
+  OMNI_REQUIRE(std::isfinite(step.grad_norm) || !opts_.check_for_nan_in_loss_and_grad, "iteration ",
+               iteration, ": the gradient norm is not finite (lm loss ", step.loss,
+               "); lower --lr or enable --clip-grad (--no-check-for-nan-in-loss-and-grad trains "
+               "on)");
   // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
   if (opts_.optim.clip_grad > 0) {
     const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
@@ -480,8 +485,9 @@ TrainResult Trainer::run(MetricsSink& sink) {
     m.mfu = peak_gflops_ > 0 ? flops_per_iter / step_seconds / (peak_gflops_ * 1e9) : 0.0;
     sink.log(m);
     const bool eval_now =
-        opts_.eval_iters > 0 &&
-        ((opts_.eval_interval > 0 && it % opts_.eval_interval == 0) || it == opts_.train_iters);
+        opts_.eval_iters > 0 && ((opts_.eval_interval > 0 && it % opts_.eval_interval == 0 &&
+                                  it >= opts_.start_eval_at_iter) ||
+                                 it == opts_.train_iters);
     if (eval_now) {
       m.val_loss = evaluate();
       result.val_losses.emplace_back(it, *m.val_loss);

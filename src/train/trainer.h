@@ -49,7 +49,7 @@ class Trainer {
   // (0: not reported). eod is the tokenizer's end-of-document id, needed by
   // --eod-mask-loss, --reset-position-ids and --reset-attention-mask.
   // With --load, the model (and unless --finetune the optimizer, iteration and data
-  // position) come from the checkpoint; with --exit-signal-handler, SIGTERM and SIGINT
+  // position) come from the checkpoint; with --exit-signal-handler, --exit-signal and SIGINT
   // are caught from construction to destruction.
   // `world` holds the ranks of the parallel layout the options ask for (tensor, pipeline,
   // context and data parallel); null: this process alone. opts.data_parallel_size must

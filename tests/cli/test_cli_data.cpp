@@ -24,13 +24,13 @@ TEST(CliData, PreprocessMergeTrainAndPrintSamples) {
   }
   const std::string tok = " --tokenizer-type NullTokenizer --vocab-size 10 ";
   for (const char* part : {"a", "b"}) {
-    ProcessResult r = run_omnitron("preprocess --input " + dir + "/" + part + ".jsonl" + tok +
-                                   "--append-eod --workers 2 --no-progress --output-prefix " +
-                                   dir + "/" + part);
+    ProcessResult r =
+        run_omnitron("preprocess --input " + dir + "/" + part + ".jsonl" + tok +
+                     "--append-eod --workers 2 --no-progress --output-prefix " + dir + "/" + part);
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  ProcessResult merged = run_omnitron("merge-datasets --input " + dir + "/a_text_document," +
-                                      dir + "/b_text_document --output-prefix " + dir + "/ab");
+  ProcessResult merged = run_omnitron("merge-datasets --input " + dir + "/a_text_document," + dir +
+                                      "/b_text_document --output-prefix " + dir + "/ab");
   ASSERT_EQ(merged.exit_code, 0) << merged.output;
   EXPECT_EQ(std::filesystem::file_size(dir + "/ab.bin"),
             std::filesystem::file_size(dir + "/a_text_document.bin") +
@@ -60,7 +60,8 @@ TEST(CliData, PreprocessNamesTheBadLine) {
   std::ofstream(dir + "/bad.jsonl") << "{\"text\": \"1 2\"}\n{\"text\": 3}\n";
   ProcessResult r = run_omnitron("preprocess --input " + dir +
                                  "/bad.jsonl --tokenizer-type NullTokenizer --vocab-size 10 "
-                                 "--no-progress --output-prefix " + dir + "/bad");
+                                 "--no-progress --output-prefix " +
+                                 dir + "/bad");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("bad.jsonl:2"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad_text_document.idx"));
@@ -84,6 +85,28 @@ TEST(CliConfig, YamlExperimentTrainsAndTheCommandLineWins) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("| 1 layers,"), std::string::npos) << r.output;  // CLI over YAML
   EXPECT_NE(r.output.find("RMSNorm"), std::string::npos) << r.output;      // from the model
+}
+
+TEST(CliConfig, PrintConfigChecksValuesAsTrainDoes) {
+  // --print-config resolves and finalizes the options as train would before printing, so a
+  // value train would stop on stops it too, with the same message.
+  ProcessResult bad =
+      run_omnitron("train --print-config --mock-data --vocab-size 64 --num-layers 0");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--num-layers must be at least 1"), std::string::npos) << bad.output;
+  ProcessResult refused = run_omnitron(
+      "train --print-config --mock-data --vocab-size 64 "
+      "--num-experts 8");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--num-experts 8: not built yet: mixture of experts"),
+            std::string::npos)
+      << refused.output;
+  ProcessResult good = run_omnitron(
+      "train --print-config --mock-data --vocab-size 64 --use-flash-attn --num-layers 2");
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  EXPECT_NE(good.output.find("--num-layers 2  # command line"), std::string::npos) << good.output;
+  EXPECT_NE(good.output.find("note: --use-flash-attn has no effect here"), std::string::npos)
+      << good.output;
 }
 
 TEST(CliConfig, UnknownYamlKeyNamesFileAndClosestOption) {

@@ -67,8 +67,8 @@ TEST(LRSchedule, WsdHoldsThenDecaysOverTheLastIterations) {
 }
 
 omni::ParameterSet<double> two_params() {
-  omni::ParameterSet<double> p({{"w", {2}, omni::ParamInit::Zeros, true},
-                                {"b", {1}, omni::ParamInit::Zeros, false}});
+  omni::ParameterSet<double> p(
+      {{"w", {2}, omni::ParamInit::Zeros, true}, {"b", {1}, omni::ParamInit::Zeros, false}});
   p.value("w")[0] = 1.0, p.value("w")[1] = -2.0, p.value("b")[0] = 0.5;
   p.grad("w")[0] = 0.1, p.grad("w")[1] = 0.2, p.grad("b")[0] = -0.3;
   return p;
@@ -85,6 +85,21 @@ TEST(Optimizer, AdamWFirstStepMovesByLrTimesSignPlusDecoupledDecay) {
   EXPECT_NEAR(p.value("w")[0], 1.0 - 0.01 * 0.1 * 1.0 - 0.01, 1e-15);
   EXPECT_NEAR(p.value("w")[1], -2.0 + 0.01 * 0.1 * 2.0 - 0.01, 1e-15);
   EXPECT_NEAR(p.value("b")[0], 0.5 + 0.01, 1e-15);  // no decay on a bias
+}
+
+TEST(Optimizer, MegatronsAdamDecaysTheWeightsNotTheGradient) {
+  // --optimizer adam in Megatron is Adam with decoupled weight decay (its OptimizerConfig's
+  // decoupled_weight_decay is true, and no flag turns it off). By hand, step 1 with eps 0:
+  //   decoupled: w <- w - lr*wd*w - lr*sign(g)      = 1 - 0.001 - 0.01 = 0.989
+  //   L2 (what an L2-coupled Adam gives): g' = g + wd*w = 0.2, w <- w - lr*sign(g') = 0.99
+  auto p = two_params();
+  omni::OptimizerConfig c;
+  c.kind = omni::parse_optimizer("adam");
+  c.weight_decay = 0.1;
+  c.adam_eps = 0;
+  omni::Optimizer<double> opt(c, p);
+  opt.step(p, 0.01);
+  EXPECT_NEAR(p.value("w")[0], 0.989, 1e-15);
 }
 
 TEST(Optimizer, AdamWSecondStepUsesBiasCorrectedMoments) {
