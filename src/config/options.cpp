@@ -281,16 +281,20 @@ void list_by_reason(std::ostringstream& os, Support support, const std::string& 
     else
       it->second += "\n" + flag;
   }
-  os << "\n" << title << ":\n";
-  for (const auto& [reason, flags] : reasons) {
-    os << "  " << reason << ":\n";
-    std::string line = "   ";
-    std::istringstream in(flags);
-    for (std::string flag; std::getline(in, flag);) {
-      if (line.size() + flag.size() + 1 > 100) os << line << "\n", line = "   ";
-      line += " " + flag;
+  // Words joined into lines of at most 100 columns, each starting with `indent`.
+  const auto wrap = [&os](std::istringstream words, const std::string& indent) {
+    std::string line = indent;
+    for (std::string w; words >> w;) {
+      if (line.size() > indent.size() && line.size() + w.size() + 1 > 100)
+        os << line << "\n", line = indent;
+      line += (line.size() > indent.size() ? " " : "") + w;
     }
     os << line << "\n";
+  };
+  os << "\n" << title << ":\n";
+  for (const auto& [reason, flags] : reasons) {
+    wrap(std::istringstream(reason + ":"), "  ");
+    wrap(std::istringstream(flags), "    ");
   }
 }
 
@@ -318,7 +322,8 @@ std::string options_help() {
   list_by_reason(os, Support::Noted,
                  "Megatron flags accepted with a note (no effect here, for the reason given)");
   list_by_reason(os, Support::NotBuilt,
-                 "Megatron flags of features not built yet (refused, naming the feature)");
+                 "Megatron flags of features not built yet (refused, naming the feature; a value "
+                 "shown with a flag is accepted: it means the feature is off)");
   return os.str();
 }
 

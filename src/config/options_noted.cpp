@@ -135,12 +135,11 @@ void add_noted_options(std::vector<OptionDef>& t) {
             "--decoder-first/last-pipeline-num-layers)",
             {{"--account-for-embedding-in-pipeline-split", ""},
              {"--account-for-loss-in-pipeline-split", ""}});
-  add_noted(t,
-            "omnitron computes attention scores, softmax and gradients in fp32 (reductions "
-            "included), where this changes nothing",
-            {{"--apply-query-key-layer-scaling", ""},
-             {"--attention-softmax-in-fp32", ""},
-             {"--accumulate-allreduce-grads-in-fp32", ""}});
+  add_noted(
+      t, "omnitron computes attention scores and their softmax in fp32, where this changes nothing",
+      {{"--apply-query-key-layer-scaling", ""},
+       {"--attention-softmax-in-fp32", ""},
+       {"--accumulate-allreduce-grads-in-fp32", ""}});
   add_noted(t,
             "CUDA graphs are PyTorch's cure for kernel-launch overhead; omnitron launches its "
             "kernels itself",
