@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "base/error.h"
 #include "config/options.h"
 #include "data/dataset.h"
+#include "train/run_options.h"
 #include "train/trainer.h"
 
 namespace {
@@ -126,9 +128,10 @@ TEST(MixedPrecision, Bf16TracksTheFp32LossCurve) {
   double worst = 0;
   for (size_t i = 0; i < bf16.train_losses.size(); ++i)
     worst = std::max(worst, std::abs(bf16.train_losses[i] - fp32.train_losses[i]));
-  std::printf("bf16 against fp32 over 100 steps: largest loss difference %.3g nats; final "
-              "validation %.4f against %.4f\n",
-              worst, bf16.val_losses.back().second, fp32.val_losses.back().second);
+  std::printf(
+      "bf16 against fp32 over 100 steps: largest loss difference %.3g nats; final "
+      "validation %.4f against %.4f\n",
+      worst, bf16.val_losses.back().second, fp32.val_losses.back().second);
   // The curves fall steeply together (5.5 to under 0.1 nats), so a slight lag shows as a
   // tenth of a nat mid-way; they end within 0.02 of each other.
   EXPECT_GT(worst, 0.0);  // the parameters really are rounded
@@ -139,15 +142,64 @@ TEST(MixedPrecision, Bf16TracksTheFp32LossCurve) {
 TEST(MixedPrecision, Fp16SkipsTheOverflowingStepsThenTrains) {
   // The dynamic scale starts at 2^32: fp16 gradients overflow until it has backed off.
   const omni::TrainResult r = train_repetitive({"--fp16"});
-  std::printf("fp16 from a loss scale of 2^32: %lld of 100 steps skipped, final validation "
-              "%.4f\n",
-              (long long)r.skipped_iterations, r.val_losses.back().second);
+  std::printf(
+      "fp16 from a loss scale of 2^32: %lld of 100 steps skipped, final validation "
+      "%.4f\n",
+      (long long)r.skipped_iterations, r.val_losses.back().second);
   EXPECT_GT(r.skipped_iterations, 5);
   EXPECT_LT(r.skipped_iterations, 30);
   EXPECT_LT(r.val_losses.back().second, 1.0);
   const omni::TrainResult fixed = train_repetitive({"--fp16", "--loss-scale", "1024"});
   EXPECT_EQ(fixed.skipped_iterations, 0);
   EXPECT_LT(fixed.val_losses.back().second, 1.0);
+}
+
+std::vector<int64_t> evaluated_iterations(const omni::TrainResult& r) {
+  std::vector<int64_t> its;
+  for (const auto& [it, loss] : r.val_losses) its.push_back(it);
+  return its;
+}
+
+TEST(Training, StartEvalAtIterLeavesOutTheEarlierEvaluations) {
+  const std::vector<std::string> every2 = {"--eval-iters", "1", "--eval-interval", "2"};
+  EXPECT_EQ(evaluated_iterations(train(tiny_options(every2))), (std::vector<int64_t>{2, 4, 6}));
+  std::vector<std::string> late = every2;
+  late.insert(late.end(), {"--start-eval-at-iter", "4"});
+  EXPECT_EQ(evaluated_iterations(train(tiny_options(late))), (std::vector<int64_t>{4, 6}));
+}
+
+TEST(Training, ANonFiniteGradientStopsTheRunUnlessTheNanCheckIsOff) {
+  // A learning rate of 1e38 overflows the logits after the first step.
+  const std::vector<std::string> diverging = {"--lr", "1e38", "--clip-grad", "0"};
+  EXPECT_THROW(train(tiny_options(diverging)), omni::UsageError);
+  std::vector<std::string> unchecked = diverging;
+  unchecked.push_back("--no-check-for-nan-in-loss-and-grad");
+  EXPECT_EQ(train(tiny_options(unchecked)).train_losses.size(), 6u);
+}
+
+TEST(Training, NoSaveOptimWritesAModelOnlyCheckpoint) {
+  const std::string dir = ::testing::TempDir() + "omnitron_no_save_optim";
+  std::filesystem::remove_all(dir);
+  train(tiny_options({"--save", dir, "--no-save-optim"}));
+  std::ifstream md(dir + "/iter_0000006/metadata.txt");
+  std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\noptimizer none "), std::string::npos) << text;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/iter_0000006/optimizer.bin"));
+}
+
+TEST(RunOptions, LoadPutsTheCheckpointsModelUnderTheCommandLineOrOverItWithUseCheckpointArgs) {
+  const std::string dir = ::testing::TempDir() + "omnitron_checkpoint_args";
+  std::filesystem::remove_all(dir);
+  train(tiny_options({"--save", dir}));  // a 2-layer, 32-wide model
+  const std::vector<std::string> args = {
+      "--load", dir, "--mock-data", "--vocab-size", "97", "--num-layers", "3", "--eval-iters", "0"};
+  const omni::RunOptions cli_wins = omni::resolve_run_options(args, 1);
+  EXPECT_EQ(cli_wins.opts.model.num_layers, 3);
+  EXPECT_EQ(cli_wins.opts.model.hidden_size, 32);  // from the checkpoint
+  std::vector<std::string> with_flag = args;
+  with_flag.push_back("--use-checkpoint-args");
+  EXPECT_EQ(omni::resolve_run_options(with_flag, 1).opts.model.num_layers, 2);
+  EXPECT_FALSE(cli_wins.demo);
 }
 
 TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {
