@@ -73,9 +73,9 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
 }
 
-// --config FILE: the YAML's options go first, then the launcher's environment variables
-// (scripts/launch.sh), so the command line wins (CLI > environment > YAML overrides >
-// experiment > model > bases). --print-config checks the resolved options as train does
+// --config FILE (or Primus's EXP=FILE.yaml): the YAML's options go first, then the launcher's
+// environment variables (scripts/launch.sh), so the command line wins (CLI > environment > YAML
+// overrides > experiment > model > bases). --print-config checks the resolved options as train does
 // (resolve_run_options: every error a run would stop on), then prints the YAML options with
 // the file and line each came from, the environment's and the command line's flags, and the
 // notes; it returns nothing.
@@ -96,9 +96,13 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
       cli.push_back(raw[i]);
     }
   }
-  std::vector<ConfigEntry> entries;
-  if (!config.empty()) entries = resolve_yaml_config(config);
   const std::map<std::string, std::string> env = process_environment();
+  // Primus's launch scripts take the experiment from EXP (EXP=examples/megatron/configs/X.yaml).
+  if (auto exp = env.find("EXP"); config.empty() && exp != env.end() &&
+                                  (exp->second.ends_with(".yaml") || exp->second.ends_with(".yml")))
+    config = exp->second;
+  std::vector<ConfigEntry> entries;
+  if (!config.empty()) entries = resolve_yaml_config(config, env);
   std::vector<EnvOverride> overrides;
   if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
     overrides = env_overrides(env);

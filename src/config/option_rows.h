@@ -110,5 +110,6 @@ void add_distributed_options(std::vector<OptionDef>& t);
 void add_mixed_precision_options(std::vector<OptionDef>& t);
 void add_noted_options(std::vector<OptionDef>& t);    // options_noted.cpp
 void add_refused_options(std::vector<OptionDef>& t);  // options_refused.cpp
+void add_primus_options(std::vector<OptionDef>& t);   // options_primus.cpp: Primus's keys
 
 }  // namespace omni::option_rows

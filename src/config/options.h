@@ -82,6 +82,8 @@ struct Options {
   bool exit_signal_handler = false;  // --exit-signal or SIGINT: save, then stop after the step
   int exit_signal = 15;              // SIGTERM, Megatron's default
   bool check_for_nan_in_loss_and_grad = true;  // a non-finite gradient norm stops the run
+  // Primus's: no checkpoint at the end of training; resume from --save when it holds one.
+  bool disable_last_saving = false, auto_continue_train = false;
   std::string device = "auto";
   // Mixed precision: bf16 or fp16 parameters (on the CPU: values rounded to them, fp32
   // arithmetic) with fp32 master weights and optimizer states; fp16 with a loss scaler.

@@ -1,14 +1,18 @@
-// Primus-style YAML configs: a file of option keys (Megatron's flag names with
-// underscores, `num_layers: 24` for `--num-layers 24`), resolved into the equivalent
-// command line, which the CLI parses before its own arguments so that the CLI wins.
+// YAML configs, as omnitron's own configs and AMD Primus's files write them, resolved into
+// the equivalent command line, which the CLI parses before its own arguments so that the CLI
+// wins.
 //
-// A file may inherit: `bases: [a.yaml, b.yaml]` (AMD's Primus migration guide) or
-// `extends: a.yaml` / a list (Primus today), paths relative to the including file. Maps
-// merge deeply (the later base and the including file win), lists are replaced. An
-// experiment file names `model:` (a path, or a name from the model zoo, configs/models/
-// NAME.yaml) and `overrides:`. Precedence, highest first:
-//   overrides > the file's own keys > model > bases (in order, the last winning).
-// Scalars may use ${VAR} and ${VAR:default}.
+// A key is a Megatron flag with underscores (`num_layers: 24` is `--num-layers 24`) or one
+// of Megatron's internal argument names, as Primus writes them (`add_bias_linear: false` is
+// `--disable-bias-linear`; config/megatron_dests.h), or one of Primus's own keys
+// (`disable_last_saving`; config/options_primus.cpp). A null value says nothing and is
+// dropped before keys are judged; so is an empty list, and a value equal to Megatron's
+// default for a flag that omnitron only notes or refuses (Primus's files spell out every
+// default). `1`/`0` are switches' true/false.
+//
+// Inheritance (`bases:`, `includes:`, `extends:`, `model:`, `overrides:`) and ${VAR}
+// substitution are described in config/yaml_tree.h; a Primus experiment (a file with
+// `modules: pre_trainer: ...`) in config/primus_experiment.h.
 #pragma once
 
 #include <map>
@@ -20,22 +24,20 @@ namespace omni {
 // The process environment as a map (the default for the functions below).
 std::map<std::string, std::string> process_environment();
 
-// One resolved option: the YAML key, its flag, its value(s) and where it was set.
+// One resolved key: what it means on the command line and where it was set.
 struct ConfigEntry {
-  std::string key;                  // "num_layers"
-  std::string flag;                 // "--num-layers"
-  std::vector<std::string> values;  // one value; several for a list (options taking many)
-  bool is_list = false;
-  bool is_switch = false;  // values[0] is "true" or "false"
-  std::string file;        // the file that set it
-  int line = 0;            // 1-based
+  std::string key;                // "add_bias_linear"
+  std::string text;               // the value as the YAML gives it: "false", "[0.5, a, 0.5, b]"
+  std::vector<std::string> args;  // "--disable-bias-linear"; "--num-layers", "24"
+  std::string file;               // the file that set it
+  int line = 0;                   // 1-based
 };
 
-// Loads `path`, resolves inheritance, model and overrides, substitutes variables from
-// `env`, and checks every key against option_table(). Unknown keys, malformed YAML,
-// inheritance cycles and unset variables raise UsageError naming the file (and line).
-// Entries come in a stable order: the first definition's position. Null values are
-// dropped (they reset an inherited key to the option's default).
+// Loads `path`, resolves inheritance (or a Primus experiment's layout), substitutes
+// variables from `env`, and checks every key against option_table(). Unknown keys,
+// malformed YAML, inheritance cycles and unset variables raise UsageError naming the file
+// (and line). Entries come in a stable order: the first definition's position. Keys that
+// ask for nothing (false switches, Megatron's defaults of noted flags) have no entry.
 //
 // The model zoo for `model: NAME` is looked up in $OMNITRON_MODEL_DIR (from `env`), then
 // in `configs/models/` and `models/` next to the including file and each of its parent
@@ -43,15 +45,15 @@ struct ConfigEntry {
 std::vector<ConfigEntry> resolve_yaml_config(
     const std::string& path, const std::map<std::string, std::string>& env = process_environment());
 
-// The resolved entries as a command line: "--num-layers", "24", "--swiglu", ... A switch
-// set to false is omitted.
+// The resolved entries as a command line: "--num-layers", "24", "--swiglu", ...
 std::vector<std::string> config_entries_to_args(const std::vector<ConfigEntry>& entries);
 
 // resolve_yaml_config followed by config_entries_to_args.
 std::vector<std::string> yaml_to_args(
     const std::string& path, const std::map<std::string, std::string>& env = process_environment());
 
-// For --print-config: one line per entry, "num_layers: 24  # from path/to/file.yaml:3".
+// For --print-config: one line per entry,
+// "add_bias_linear: false  # --disable-bias-linear  from path/to/file.yaml:3".
 std::string format_config_entries(const std::vector<ConfigEntry>& entries);
 
 }  // namespace omni

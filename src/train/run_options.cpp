@@ -65,10 +65,22 @@ std::unique_ptr<Tokenizer> open_tokenizer(Options& opts) {
   return tokenizer;
 }
 
-RunOptions resolve_run_options(const std::vector<std::string>& args, int world_size) {
+RunOptions resolve_run_options(const std::vector<std::string>& command_line, int world_size) {
   RunOptions run;
   Options named;  // what the command line names: its data and its checkpoint
-  parse_options(args, named);
+  parse_options(command_line, named);
+  // Primus's auto_continue_train: a --save that holds a checkpoint is resumed, with its
+  // optimizer and its options, as Primus's trainer sets load, finetune, no_load_optim and
+  // use_checkpoint_args; without one, the run starts afresh.
+  std::vector<std::string> args = command_line;
+  const bool resume = named.auto_continue_train && !named.save.empty() &&
+                      std::filesystem::exists(std::filesystem::path(named.save) /
+                                              "latest_checkpointed_iteration.txt");
+  if (resume) {
+    args.insert(args.end(), {"--load", named.save, "--use-checkpoint-args"});
+    named.load = named.save;
+    named.use_checkpoint_args = true;
+  }
   run.demo = !named.mock_data && named.train_text.empty() && named.data_path.empty() &&
              named.data_file_list.empty() && named.data_args_path.empty() && named.load.empty();
   std::vector<std::string> all = run.demo ? demo_args() : std::vector<std::string>{};
@@ -80,6 +92,7 @@ RunOptions resolve_run_options(const std::vector<std::string>& args, int world_s
     all.insert(all.end(), from_checkpoint.begin(), from_checkpoint.end());
   Options& o = run.opts;
   parse_options(all, o);
+  if (resume) o.finetune = o.no_load_optim = false;
   // A Hugging Face model directory brings its tokenizer too.
   const std::string hf_tokenizer = o.load + "/tokenizer.json";
   if (!o.load.empty() && o.tokenizer.type.empty() && is_hf_model_dir(o.load) &&

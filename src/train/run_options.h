@@ -1,7 +1,8 @@
 // The options of one `omnitron train` (or `data-samples`, or `--print-config`) run, resolved
 // in one place from its command line, so every command checks values the same way:
 //   1. no data and no --load: the demo's preset (demo_args()) goes first;
-//   2. --load DIR: the checkpoint's model options go under the command line (over it with
+//   2. --load DIR (or --auto-continue-train's --save DIR when it holds a checkpoint): the
+//      checkpoint's model options go under the command line (over it with
 //      --use-checkpoint-args), and a Hugging Face directory brings its tokenizer;
 //   3. the command line, parsed once over those;
 //   4. the tokenizer, which sets the vocabulary size, and the parallel layout;

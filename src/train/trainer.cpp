@@ -515,9 +515,11 @@ TrainResult Trainer::run(MetricsSink& sink) {
     }
     result.exit_reason.clear();
   }
-  // Megatron saves at the end unless the last step was just saved.
+  // Megatron saves at the end unless the last step was just saved; Primus's
+  // --disable-last-saving skips that save, but not an early exit's.
   const int64_t steps_run = int64_t(result.train_losses.size());
-  if (!opts_.save.empty() && steps_run > 0 && last_saved_ != iteration_)
+  const bool last_save = !opts_.disable_last_saving || !result.exit_reason.empty();
+  if (!opts_.save.empty() && steps_run > 0 && last_saved_ != iteration_ && last_save)
     result.saved.push_back(save(sink));
   result.last_iteration = iteration_;
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
