@@ -25,14 +25,18 @@ void add_data_options(std::vector<OptionDef>& t) {
                    [](Options& o) -> std::string& { return o.data_file_list; }));
   t.push_back(text("--tokenizer-type", "NAME", D,
                    "GPT2BPETokenizer, TikTokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
-                   "Llama2Tokenizer, NullTokenizer or ByteLevelTokenizer",
+                   "Llama2Tokenizer, NullTokenizer, ByteLevelTokenizer, or Primus's "
+                   "Llama3Tokenizer, Llama4Tokenizer, MixtralTokenizer, DeepSeekV2Tokenizer, "
+                   "DeepSeekV3Tokenizer",
                    [](Options& o) -> std::string& { return o.tokenizer.type; }));
   t.push_back(text("--vocab-file", "FILE", D, "GPT-2 vocab.json",
                    [](Options& o) -> std::string& { return o.tokenizer.vocab_file; }));
   t.push_back(text("--merge-file", "FILE", D, "GPT-2 merges.txt",
                    [](Options& o) -> std::string& { return o.tokenizer.merge_file; }));
   t.push_back(text("--tokenizer-model", "FILE", D,
-                   "*.tiktoken ranks, Hugging Face tokenizer.json or SentencePiece .model",
+                   "*.tiktoken ranks, Hugging Face tokenizer.json or SentencePiece .model; for "
+                   "Hugging Face and SentencePiece kinds also a directory, or a hub id "
+                   "(org/name) found in the local Hugging Face cache",
                    [](Options& o) -> std::string& { return o.tokenizer.tokenizer_model; }));
   t.push_back(text("--tiktoken-pattern", "v1|v2", D, "TikTokenizer pre-tokenisation pattern",
                    [](Options& o) -> std::string& { return o.tokenizer.tiktoken_pattern; }));

@@ -28,14 +28,17 @@ class Tokenizer {
 
 // The --tokenizer-* options, Megatron's names.
 struct TokenizerOptions {
-  std::string type;             // --tokenizer-type: GPT2BPETokenizer, TikTokenizer,
-                                // HuggingFaceTokenizer, SentencePieceTokenizer,
-                                // Llama2Tokenizer, NullTokenizer, ByteLevelTokenizer
-  std::string vocab_file;       // --vocab-file (GPT-2 vocab.json)
-  std::string merge_file;       // --merge-file (GPT-2 merges.txt)
-  std::string tokenizer_model;  // --tokenizer-model (.tiktoken, tokenizer.json or .model)
-  std::string tiktoken_pattern; // --tiktoken-pattern: v1 (cl100k-style, default), v2 (o200k)
-  int64_t vocab_size = 0;       // --vocab-size: NullTokenizer's size
+  std::string type;              // --tokenizer-type: GPT2BPETokenizer, TikTokenizer,
+                                 // HuggingFaceTokenizer, SentencePieceTokenizer,
+                                 // Llama2Tokenizer, NullTokenizer, ByteLevelTokenizer;
+                                 // Primus's Llama3Tokenizer, Llama4Tokenizer,
+                                 // MixtralTokenizer, DeepSeekV2Tokenizer, DeepSeekV3Tokenizer
+  std::string vocab_file;        // --vocab-file (GPT-2 vocab.json)
+  std::string merge_file;        // --merge-file (GPT-2 merges.txt)
+  std::string tokenizer_model;   // --tokenizer-model (.tiktoken, tokenizer.json or .model;
+                                 // a directory or a hub id: data/hf_hub.h)
+  std::string tiktoken_pattern;  // --tiktoken-pattern: v1 (cl100k-style, default), v2 (o200k)
+  int64_t vocab_size = 0;        // --vocab-size: NullTokenizer's size
 };
 
 // Throws UsageError naming the option or file that is missing or malformed.

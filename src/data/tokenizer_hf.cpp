@@ -79,7 +79,7 @@ std::unique_ptr<Tokenizer> make_huggingface_tokenizer(const TokenizerOptions& o)
   OMNI_REQUIRE(!normalizer || normalizer->is_null(), where, ": normalizers are not supported");
 
   bpe::BpeModel m;
-  m.name = "HuggingFaceTokenizer";
+  m.name = o.type.empty() ? "HuggingFaceTokenizer" : o.type;  // Primus names its kinds
   m.rule = bpe::MergeRule::kPairRank;
   m.pattern = pretokenizer_pattern(doc.find("pre_tokenizer"), path);
   const json::Value* ignore = model->find("ignore_merges");
@@ -89,8 +89,8 @@ std::unique_ptr<Tokenizer> make_huggingface_tokenizer(const TokenizerOptions& o)
   OMNI_REQUIRE(vocab && vocab->is_object(), where, ": expected model.vocab, an object");
   bpe::TokenMap by_text;
   for (const auto& [text, id] : vocab->obj()) {
-    OMNI_REQUIRE(id.is_number() && id.num() >= 0 && id.num() < 1e9, where, ": model.vocab['",
-                 text, "'] is not a non-negative integer");
+    OMNI_REQUIRE(id.is_number() && id.num() >= 0 && id.num() < 1e9, where, ": model.vocab['", text,
+                 "'] is not a non-negative integer");
     const auto index = int32_t(id.num());
     const auto bytes = bpe::unicode_to_bytes(text);
     OMNI_REQUIRE(bytes, where, ": model.vocab token '", text,
@@ -120,8 +120,8 @@ std::unique_ptr<Tokenizer> make_huggingface_tokenizer(const TokenizerOptions& o)
       right = merge.arr()[1].str();
     }
     const auto l = by_text.find(left), r = by_text.find(right), j = by_text.find(left + right);
-    OMNI_REQUIRE(l != by_text.end() && r != by_text.end() && j != by_text.end(), where,
-                 ": merge '", left, " ", right, "' uses a token missing from model.vocab");
+    OMNI_REQUIRE(l != by_text.end() && r != by_text.end() && j != by_text.end(), where, ": merge '",
+                 left, " ", right, "' uses a token missing from model.vocab");
     const uint64_t key = (uint64_t(uint32_t(l->second)) << 32) | uint32_t(r->second);
     m.pair_merges.emplace(key, std::make_pair(rank++, j->second));
   }
