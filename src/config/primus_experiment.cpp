@@ -91,10 +91,11 @@ Node load_primus_experiment(const std::string& path,
                        "workspace, modules, platform)");
   const std::string what = "a Primus experiment";
   const Node& workspace = require(exp, "workspace", what);
-  const fs::path run_dir = fs::path(scalar(workspace, "workspace")) /
-                           scalar(require(exp, "work_group", what), "work_group") /
-                           scalar(require(exp, "user_name", what), "user_name") /
-                           scalar(require(exp, "exp_name", what), "exp_name");
+  const fs::path run_dir = (fs::path(scalar(workspace, "workspace")) /
+                            scalar(require(exp, "work_group", what), "work_group") /
+                            scalar(require(exp, "user_name", what), "user_name") /
+                            scalar(require(exp, "exp_name", what), "exp_name"))
+                               .lexically_normal();
 
   const Node& modules = require(exp, "modules", what);
   if (modules.kind != Node::Kind::Map)
@@ -157,6 +158,13 @@ Node load_primus_experiment(const std::string& path,
   if (is_true(merged.find("disable_wandb")))
     for (const char* key : {"wandb_project", "wandb_exp_name", "wandb_save_dir", "wandb_entity"})
       if (Node* n = merged.find(key)) *n = Node{};
+  // Primus hands Megatron its null num_query_groups as None, which Megatron's
+  // TransformerConfig reads as one group per head (the command line's default is 1).
+  const Node* heads = merged.find("num_attention_heads");
+  if (Node* groups = merged.find("num_query_groups"); groups && groups->is_null() && heads &&
+                                                      !heads->is_null() &&
+                                                      is_true(merged.find("group_query_attention")))
+    *groups = derived(heads->scalar, *heads);
   if (is_true(merged.find("mock_data")))
     for (const char* key : {"data_path", "train_data_path", "valid_data_path", "test_data_path"})
       if (Node* n = merged.find(key)) *n = Node{};

@@ -36,6 +36,10 @@ void TransformerConfig::validate() const {
   }
   OMNI_REQUIRE(ffn_hidden_size >= 0, "--ffn-hidden-size must be positive (got ", ffn_hidden_size,
                ")");
+  OMNI_REQUIRE(ffn_size() > 0,
+               "--swiglu without --ffn-hidden-size: Megatron's default, 8h/3 "
+               "rounded down to a multiple of 64, is 0 for --hidden-size ",
+               hidden_size, "; set --ffn-hidden-size");
   OMNI_REQUIRE(seq_length > 0, "--seq-length must be positive (got ", seq_length, ")");
   OMNI_REQUIRE(max_positions() >= seq_length, "--max-position-embeddings (", max_positions(),
                ") must be at least --seq-length (", seq_length, ")");

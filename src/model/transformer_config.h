@@ -16,7 +16,7 @@ const char* to_string(PositionEmbedding p);
 struct TransformerConfig {
   int num_layers = 12;
   int hidden_size = 768;
-  int ffn_hidden_size = 0;  // 0: 4 * hidden_size
+  int ffn_hidden_size = 0;  // 0: Megatron's default (ffn_size())
   int num_attention_heads = 12;
   bool group_query_attention = false;
   // Megatron's default: --group-query-attention alone is one key/value head (multi-query
@@ -43,7 +43,13 @@ struct TransformerConfig {
   int query_groups() const {
     return group_query_attention ? num_query_groups : num_attention_heads;
   }
-  int ffn_size() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
+  // Megatron's default MLP width: 4h, or with SwiGLU's two projections 8h/3 rounded down to a
+  // multiple of 64 (its int((4 * h * 2 / 3) / 64) * 64).
+  int ffn_size() const {
+    return ffn_hidden_size ? ffn_hidden_size
+           : swiglu        ? 8 * hidden_size / 192 * 64
+                           : 4 * hidden_size;
+  }
   int max_positions() const {
     return max_position_embeddings ? max_position_embeddings : seq_length;
   }

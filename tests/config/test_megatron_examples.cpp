@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "config/config_test_helpers.h"
 #include "config/megatron_flag_list.h"
 #include "config/options.h"
 #include "train/run_options.h"
@@ -44,17 +45,6 @@ std::vector<std::string> flatten(const Arguments& args, bool keep_refused) {
     out.insert(out.end(), a.begin(), a.end());
   }
   return out;
-}
-
-// The features a command line is refused for, from its error ("FLAGS: not built yet: F; ...").
-std::set<std::string> refused_features(const std::string& error) {
-  std::set<std::string> features;
-  const std::string mark = ": not built yet: ";
-  for (size_t at = error.find(mark); at != std::string::npos; at = error.find(mark, at + 1)) {
-    const size_t start = at + mark.size(), end = error.find("; ", start);
-    features.insert(error.substr(start, end == std::string::npos ? end : end - start));
-  }
-  return features;
 }
 
 std::set<std::string> refusals_of(const std::string& name) {

@@ -1,4 +1,4 @@
-// YAML configs as Primus writes them: inheritance through `bases:` and `extends:`, deep
+// YAML configs as omnitron writes them: inheritance through `bases:` and `extends:`, deep
 // merging, an experiment's `model:` and `overrides:`, ${VAR} substitution, and the model
 // zoo in configs/models checked against the published architecture numbers.
 #include "config/yaml_config.h"
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "config/config_test_helpers.h"
 #include "config/options.h"
 #include "model/gpt_model.h"
 
@@ -26,32 +27,7 @@ using Env = std::map<std::string, std::string>;
 const fs::path kConfigs = fs::path(OMNITRON_FIXTURE_DIR).parent_path().parent_path() / "configs";
 
 // A fresh directory per test, for the test's YAML files.
-class YamlConfig : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / (std::string("yaml_config_") + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path p = dir_ / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  fs::path dir_;
-};
-
-std::string usage_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UsageError";
-  return "";
-}
+class YamlConfig : public YamlFiles {};
 
 Options parse(const Args& args) {
   Options o;
@@ -73,13 +49,13 @@ TEST_F(YamlConfig, SwitchTrueIsTheFlagAndFalseIsOmitted) {
             std::string::npos);
 }
 
-TEST_F(YamlConfig, LaterBaseAndIncludingFileWin) {
+TEST_F(YamlConfig, FirstBaseAndIncludingFileWin) {
   write("a.yaml", "num_layers: 2\nhidden_size: 64\nseq_length: 32\n");
   write("b.yaml", "hidden_size: 128\n");
   const auto path = write("c.yaml", "bases: [a.yaml, b.yaml]\nseq_length: 16\n");
   const Options o = parse(yaml_to_args(path, {}));
   EXPECT_EQ(o.model.num_layers, 2);
-  EXPECT_EQ(o.model.hidden_size, 128);
+  EXPECT_EQ(o.model.hidden_size, 64);  // Primus: the first base listed wins
   EXPECT_EQ(o.model.seq_length, 16);
 }
 
