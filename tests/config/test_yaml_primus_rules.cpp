@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "cli/process.h"
 #include "config/config_test_helpers.h"
 #include "config/megatron_dests.h"
 #include "config/megatron_flag_list.h"
@@ -269,6 +270,24 @@ TEST_F(PrimusExperiment, ThePrimusTreeIsFoundFromPrimusPath) {
   Options o;
   parse_options(yaml_to_args(elsewhere, {{"PRIMUS_PATH", dir_.string()}}), o);
   EXPECT_EQ(o.train_iters, 10);
+}
+
+TEST_F(PrimusExperiment, TheBinaryRunsAnExperimentFromThePrimusRootAsItsUsersDo) {
+  experiment(
+      "    config: trainer.yaml\n    model: tiny.yaml\n"
+      "    overrides:\n      mock_data: true\n");
+  const std::string root = "cd " + dir_.string() + " && ";
+  for (const std::string& how : {root + "EXP=examples/exp.yaml " + OMNITRON_BINARY + " train",
+                                 root + OMNITRON_BINARY + " train --config examples/exp.yaml"}) {
+    SCOPED_TRACE(how);
+    const ProcessResult r = run_command(how + " --vocab-size 64 --print-config");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("num_layers: 2  # " +
+                            (dir_ / "primus/configs/models/megatron/tiny.yaml").string()),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("save: out/amd/"), std::string::npos) << r.output;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
