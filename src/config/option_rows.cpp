@@ -33,6 +33,11 @@ void add_note(std::vector<std::string>& notes, const std::string& flag, const st
   notes.push_back("note: " + flag + " has" + tail);
 }
 
+// A metavar ending in "..." is a list of values, read up to the next --flag.
+bool takes_list(const std::string& metavar) {
+  return metavar.size() > 3 && metavar.compare(metavar.size() - 3, 3, "...") == 0;
+}
+
 }  // namespace
 
 void add_alias(std::vector<OptionDef>& t, const std::string& flag, const std::string& target) {
@@ -53,7 +58,7 @@ OptionDef not_built(std::string flag, std::string metavar, std::string off, std:
                   throw NotBuiltError(metavar.empty() ? flag : flag + " " + v, feature);
               },
               nullptr};
-  d.many = metavar.size() > 3 && metavar.compare(metavar.size() - 3, 3, "...") == 0;
+  d.many = takes_list(metavar);
   d.support = Support::NotBuilt;
   return d;
 }
@@ -65,7 +70,7 @@ OptionDef plumbing(std::string flag, std::string metavar, std::string why) {
               why,
               [flag, why](Options& o, const std::string&) { add_note(o.notes, flag, why); },
               nullptr};
-  d.many = metavar.size() > 3 && metavar.compare(metavar.size() - 3, 3, "...") == 0;
+  d.many = takes_list(metavar);
   d.support = Support::Noted;
   return d;
 }

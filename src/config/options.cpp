@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -265,7 +266,7 @@ namespace {
 // "  why:" then the flags, wrapped at 100 columns: Megatron's noted and refused flags are
 // hundreds, so --help lists them by reason rather than one a line.
 void list_by_reason(std::ostringstream& os, Support support, const std::string& title) {
-  std::vector<std::pair<std::string, std::string>> reasons;  // reason, its flags
+  std::vector<std::pair<std::string, std::vector<std::string>>> reasons;  // and their flags
   for (const OptionDef& d : option_table()) {
     if (d.support != support) continue;
     std::string reason = d.help, flag = d.flag;
@@ -277,25 +278,24 @@ void list_by_reason(std::ostringstream& os, Support support, const std::string& 
     }
     auto it = std::find_if(reasons.begin(), reasons.end(),
                            [&](const auto& r) { return r.first == reason; });
-    if (it == reasons.end())
-      reasons.emplace_back(reason, flag);
-    else
-      it->second += "\n" + flag;
+    if (it == reasons.end()) it = reasons.insert(reasons.end(), {reason, {}});
+    it->second.push_back(flag);
   }
-  // Words joined into lines of at most 100 columns, each starting with `indent`.
-  const auto wrap = [&os](std::istringstream words, const std::string& indent) {
+  // Items joined into lines of at most 100 columns, each starting with `indent`.
+  const auto wrap = [&os](const std::vector<std::string>& items, const std::string& indent) {
     std::string line = indent;
-    for (std::string w; words >> w;) {
-      if (line.size() > indent.size() && line.size() + w.size() + 1 > 100)
+    for (const std::string& item : items) {
+      if (line.size() > indent.size() && line.size() + item.size() + 1 > 100)
         os << line << "\n", line = indent;
-      line += (line.size() > indent.size() ? " " : "") + w;
+      line += (line.size() > indent.size() ? " " : "") + item;
     }
     os << line << "\n";
   };
   os << "\n" << title << ":\n";
   for (const auto& [reason, flags] : reasons) {
-    wrap(std::istringstream(reason + ":"), "  ");
-    wrap(std::istringstream(flags), "    ");
+    std::istringstream words(reason + ":");
+    wrap({std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()}, "  ");
+    wrap(flags, "    ");
   }
 }
 

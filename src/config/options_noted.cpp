@@ -21,7 +21,6 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--use-sharp", ""},
              {"--sharp-enabled-group", "dp|dp_replica"},
              {"--high-priority-stream-groups", "V..."},
-             {"--distributed-timeout-seconds-after-init", "N"},
              {"--flight-recorder-dump-path", "V"},
              {"--flight-recorder-trace-buffer-size", "N"},
              {"--no-flight-recorder-dump-on-timeout", ""},
@@ -137,9 +136,7 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--account-for-loss-in-pipeline-split", ""}});
   add_noted(
       t, "omnitron computes attention scores and their softmax in fp32, where this changes nothing",
-      {{"--apply-query-key-layer-scaling", ""},
-       {"--attention-softmax-in-fp32", ""},
-       {"--accumulate-allreduce-grads-in-fp32", ""}});
+      {{"--apply-query-key-layer-scaling", ""}, {"--attention-softmax-in-fp32", ""}});
   add_noted(t,
             "CUDA graphs are PyTorch's cure for kernel-launch overhead; omnitron launches its "
             "kernels itself",
@@ -171,13 +168,21 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--gpu-sniff-test-interval", "N"},
              {"--check-for-large-grads", ""},
              {"--test-mode", ""}});
+  add_noted(
+      t,
+      "a signal ends omnitron without a Python traceback anyway; --exit-signal-handler saves "
+      "before stopping",
+      {{"--exit-signal-handler-for-dataloader", ""}, {"--exit-signal-handler-for-training", ""}});
+  add_noted(t, "there is no Python garbage collector to drive",
+            {{"--manual-gc", ""},
+             {"--manual-gc-interval", "N"},
+             {"--no-manual-gc-eval", ""},
+             {"--disable-manual-gc-eval", ""}});
   add_noted(t,
             "NVIDIA Resiliency Extension machinery (in-process restart, fault-tolerance package, "
             "rerun engine, fault injector, ADLR autoresume) is not part of omnitron; "
             "--exit-signal-handler and --save handle restarts",
-            {{"--exit-signal-handler-for-dataloader", ""},
-             {"--exit-signal-handler-for-training", ""},
-             {"--result-rejected-tracker-filename", "V"},
+            {{"--result-rejected-tracker-filename", "V"},
              {"--adlr-autoresume", ""},
              {"--adlr-autoresume-interval", "N"},
              {"--inprocess-restart", ""},
@@ -212,11 +217,6 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--fault-injector-mtti-seconds", "X"},
              {"--fault-injector-offset-seconds", "X"},
              {"--fault-injector-seed", "N"}});
-  add_noted(t, "there is no Python garbage collector to drive",
-            {{"--manual-gc", ""},
-             {"--manual-gc-interval", "N"},
-             {"--no-manual-gc-eval", ""},
-             {"--disable-manual-gc-eval", ""}});
   add_noted(t,
             "Megatron's debugging dumps and extra checkpoint kinds are not written; "
             "--save-interval checkpoints are",
@@ -284,19 +284,24 @@ void add_noted_options(std::vector<OptionDef>& t) {
             "a checkpoint holds no random-number state: initialisation and data order are "
             "functions of --seed and the consumed samples",
             {{"--no-save-rng", ""}, {"--no-load-rng", ""}});
+  add_noted(t, "gradients are accumulated and reduced across data-parallel ranks in fp32 here",
+            {{"--accumulate-allreduce-grads-in-fp32", ""}});
   add_noted(t,
             "the local rank is read from the launcher's environment (OMPI_COMM_WORLD_LOCAL_RANK, "
             "SLURM_LOCALID, MPI_LOCALRANKID, LOCAL_RANK)",
             {{"--local-rank", "N"}});
+  add_noted(
+      t,
+      "the collective timeout here is --distributed-timeout-minutes's, the same from start to end",
+      {{"--distributed-timeout-seconds-after-init", "N"}});
   add_noted(t,
             "data-parallel buckets here are sized by --ddp-bucket-size; bucketing does not change "
             "the sums",
             {{"--ddp-num-buckets", "N"}});
-  add_noted(
-      t,
-      "it tunes how the distributed optimizer's copies and communication are laid out; the update "
-      "is the same",
-      {{"--num-distributed-optimizer-instances", "N"}, {"--use-precision-aware-optimizer", ""}});
+  add_noted(t,
+            "it tunes how the distributed optimizer's copies and communication are laid out; the "
+            "update is the same",
+            {{"--num-distributed-optimizer-instances", "N"}});
   add_noted(t,
             "it tunes PyTorch's data loader or dataset-building workers; omnitron reads data with "
             "one background thread from memory-mapped files",
@@ -306,10 +311,11 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--no-mmap-bin-files", ""},
              {"--num-workers", "N"},
              {"--no-create-attention-mask-in-dataloader", ""},
-             {"--num-dataset-builder-threads", "N"},
-             {"--object-storage-cache-path", "V"},
-             {"--enable-msc", ""},
-             {"--disable-msc", ""}});
+             {"--num-dataset-builder-threads", "N"}});
+  add_noted(t,
+            "object storage (Multi-Storage Client) is not built in; data and checkpoints are paths "
+            "in a file system",
+            {{"--object-storage-cache-path", "V"}, {"--enable-msc", ""}, {"--disable-msc", ""}});
   add_noted(t, "pad tokens are never masked out of the loss here",
             {{"--allow-ambiguous-pad-tokens", ""}});
   add_noted(t,
@@ -334,6 +340,9 @@ void add_noted_options(std::vector<OptionDef>& t) {
   add_noted(t, "TensorBoard events are written directly, without a queue",
             {{"--tensorboard-queue-size", "N"}});
   add_noted(
+      t, "memory use is written with the other TensorBoard scalars (--log-memory-to-tensorboard)",
+      {{"--log-memory-interval", "N"}});
+  add_noted(
       t,
       "NVIDIA's telemetry and monitoring services (one-logger, OpenTelemetry, straggler detector, "
       "workload inspector, energy and nvidia-smi readings) are not part of omnitron",
@@ -353,6 +362,8 @@ void add_noted_options(std::vector<OptionDef>& t) {
        {"--one-logger-async", ""},
        {"--app-tag-run-name", "V"},
        {"--app-tag-run-version", "V"}});
+  add_noted(t, "this scalar (the world size, the largest attention logit) is not logged here",
+            {{"--log-max-attention-logit", ""}, {"--log-world-size-to-tensorboard", ""}});
   add_noted(t, "Weights & Biases logging is not built in; use --tensorboard-dir or --metrics-file",
             {{"--wandb-project", "V"},
              {"--wandb-exp-name", "V"},
@@ -360,6 +371,10 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--wandb-entity", "V"}});
   add_noted(t, "it only unlocks Megatron features marked experimental",
             {{"--enable-experimental", ""}});
+  add_noted(t,
+            "main parameters and optimizer states are fp32 here, the precision-aware optimizer's "
+            "default dtypes (--main-params-dtype and its siblings refuse others)",
+            {{"--use-precision-aware-optimizer", ""}});
   add_tuning(t, "mixture of experts", "--num-experts",
              {{"--expert-tensor-parallel-size", "N"},
               {"--overlap-moe-expert-parallel-comm", ""},
@@ -545,7 +560,8 @@ void add_noted_options(std::vector<OptionDef>& t) {
               {"--muon-extra-scale-factor", "X"},
               {"--muon-scalar-optimizer", "adam|lion"},
               {"--lion-beta1", "X"},
-              {"--lion-beta2", "X"}});
+              {"--lion-beta2", "X"},
+              {"--no-use-layer-wise-param-layout", ""}});
   add_tuning(t, "fully sharded data parallelism (FSDP)", "--use-megatron-fsdp",
              {{"--megatron-fsdp-version", "1|2"},
               {"--fsdp-manual-registration", ""},

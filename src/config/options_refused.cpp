@@ -193,8 +193,6 @@ void add_refused_options(std::vector<OptionDef>& t) {
               {{"--use-megatron-fsdp", ""}, {"--use-torch-fsdp2", ""}});
   add_refused(t, "custom pipeline layouts (use --decoder-first/last-pipeline-num-layers)",
               {{"--pipeline-model-parallel-layout", "V"}});
-  add_refused(t, "Megatron's layer-wise optimizer parameter layout",
-              {{"--no-use-layer-wise-param-layout", ""}});
   add_refused(t, "fake process groups", {{"--fake-process-group", ""}});
   add_refused(t, "evaluation-only runs", {{"--skip-train", ""}});
   add_refused(t, "several validation sets and full validation",
@@ -256,10 +254,6 @@ void add_refused_options(std::vector<OptionDef>& t) {
   add_refused(t, "heterogeneous layer configurations",
               {{"--heterogeneous-layers-config-path", "V"},
                {"--heterogeneous-layers-config-encoded-json", "V"}});
-  add_refused(t, "a separate memory-logging interval", {{"--log-memory-interval", "N"}});
-  add_refused(t, "logging the maximum attention logit", {{"--log-max-attention-logit", ""}});
-  add_refused(t, "logging the world size to TensorBoard",
-              {{"--log-world-size-to-tensorboard", ""}});
   add_refused(t, "logits distillation",
               {{"--logits-save-top-k", "N"},
                {"--logits-save-top-p", "X"},
