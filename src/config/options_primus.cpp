@@ -44,7 +44,6 @@ const std::map<std::string, const char*>& primus_defaults() {
       {"enable_turbo_attention_float8", "false"},
       {"enable_turbo_gemm_float8", "false"},
       {"disable_primus_topk_router", "false"},
-      {"moe_router_force_load_balancing", "false"},
       {"use_deprecated_20241209_moe_layer", "false"},
       {"fused_padded_mla_attention", "false"},
       {"standalone_embedding_stage", "false"},
@@ -121,7 +120,6 @@ void add_primus_options(std::vector<OptionDef>& t) {
              {{"--use-turbo-grouped-mlp", ""},
               {"--moe-use-fused-router-with-aux-score", ""},
               {"--disable-primus-topk-router", ""},
-              {"--moe-router-force-load-balancing", ""},
               {"--use-deprecated-20241209-moe-layer", ""},
               {"--moe-use-legacy-grouped-gemm", ""}});
   add_tuning(t, "multi-latent attention (MLA)", "--multi-latent-attention",
