@@ -16,11 +16,11 @@ const std::vector<OptionDef>& option_table() {
   static const std::vector<OptionDef> table = [] {
     using namespace option_rows;
     std::vector<OptionDef> t;
-    for (auto add : {add_model_options, add_training_options, add_learning_rate_options,
-                     add_data_options, add_logging_options, add_command_options,
-                     add_checkpointing_options, add_distributed_options,
-                     add_mixed_precision_options, add_noted_options, add_refused_options,
-                     add_primus_options})
+    for (auto add :
+         {add_model_options, add_training_options, add_learning_rate_options, add_data_options,
+          add_logging_options, add_command_options, add_checkpointing_options,
+          add_distributed_options, add_mixed_precision_options, add_noted_options,
+          add_refused_options, add_primus_options})
       add(t);
     return t;
   }();

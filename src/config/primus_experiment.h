@@ -30,7 +30,9 @@ bool is_primus_experiment(const std::string& path, const std::map<std::string, s
 
 // The pre_trainer module's keys, flattened: module config, model and overrides merged, with
 // the run folder's save and tensorboard_dir, and the data paths dropped under mock_data (as
-// Primus's trainer does). Raises UsageError naming the file for anything Primus refuses.
+// Primus's trainer does); a null num_query_groups under grouped-query attention becomes the
+// head count, as Megatron reads Primus's None. Raises UsageError naming the file for
+// anything Primus refuses.
 yaml::Node load_primus_experiment(const std::string& path,
                                   const std::map<std::string, std::string>& env);
 
