@@ -39,7 +39,9 @@ class PrimusFiles : public ::testing::Test {
                       "-DOMNITRON_PRIMUS_SPECS_DIR=DIR)";
     ASSERT_TRUE(fs::exists(kLlama3Tokenizer))
         << kLlama3Tokenizer << " is missing: run scripts/setup.sh (it fetches tokenizer files)";
-    cache_ = fs::path(::testing::TempDir()) / "primus_hf_cache";
+    // One per test: ctest runs tests as separate processes, two at a time.
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    cache_ = fs::path(::testing::TempDir()) / (std::string("primus_hf_cache_") + info->name());
     fs::remove_all(cache_);
     for (const char* id :
          {"Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Llama-3.3-70B-Instruct"}) {
