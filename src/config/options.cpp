@@ -84,7 +84,8 @@ std::string not_built_message(const std::vector<NotBuiltError>& refused) {
 }  // namespace
 
 void parse_options(const std::vector<std::string>& args, Options& opts) {
-  std::vector<NotBuiltError> refused;  // reported together, after the whole line
+  // Refusals by flag, reported together after the whole line.
+  std::vector<std::pair<std::string, NotBuiltError>> refused;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;
     const bool has_inline = flag.rfind("--", 0) == 0 && flag.find('=') != std::string::npos;
@@ -106,13 +107,19 @@ void parse_options(const std::vector<std::string>& args, Options& opts) {
       while (def->many && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
         value += " " + args[++i];
     }
+    // A later value of the same flag replaces an earlier one, refusal included (a YAML's
+    // value overridden on the command line).
+    std::erase_if(refused, [&](const auto& r) { return r.first == flag; });
     try {
       def->set(opts, value);
     } catch (const NotBuiltError& e) {
-      refused.push_back(e);
+      refused.emplace_back(flag, e);
     }
   }
-  if (!refused.empty()) throw UsageError(not_built_message(refused));
+  if (refused.empty()) return;
+  std::vector<NotBuiltError> errors;
+  for (auto& r : refused) errors.push_back(r.second);
+  throw UsageError(not_built_message(errors));
 }
 
 namespace {

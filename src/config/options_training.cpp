@@ -73,11 +73,20 @@ void add_training_options(std::vector<OptionDef>& t) {
   }
   t.push_back(OptionDef{
       "--dataloader-type", "single|cyclic|external", T,
-      "single: samples in Megatron's order, each once (the one built)",
-      [](Options&, const std::string& v) {
-        if (v == "cyclic" || v == "external")
-          throw NotBuiltError("--dataloader-type " + v, "the cyclic and external data loaders");
-        if (v != "single")
+      "single: samples in Megatron's order, each once; cyclic: noted (single's order)",
+      [](Options& o, const std::string& v) {
+        // Megatron's cyclic sampler reshuffles the (already shuffled) GPT samples each epoch
+        // with PyTorch's generator: the same samples per epoch in another order. Primus sets
+        // it in every experiment, so it is accepted with a note rather than refused.
+        if (v == "cyclic")
+          plumbing("--dataloader-type", "cyclic",
+                   "samples are read in the single loader's order; cyclic's extra per-epoch "
+                   "reshuffle (PyTorch's generator) is not reproduced, so the same samples "
+                   "come in another order")
+              .set(o, v);
+        if (v == "external")
+          throw NotBuiltError("--dataloader-type " + v, "the external data loader");
+        if (v != "single" && v != "cyclic")
           throw UsageError("--dataloader-type: '" + v + "' is not one of single, cyclic, external");
       },
       nullptr});

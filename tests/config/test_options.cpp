@@ -59,6 +59,24 @@ TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
   }
 }
 
+// A YAML file's refused value overridden later on the command line is not refused.
+TEST(MegatronFlags, ALaterValueReplacesAnEarlierRefusedOne) {
+  Options o;
+  EXPECT_NO_THROW(
+      parse_options({"--expert-model-parallel-size", "2", "--expert-model-parallel-size", "1"}, o));
+  EXPECT_THROW(parse_options({"--dataloader-type", "single", "--dataloader-type", "external"}, o),
+               UsageError);
+}
+
+// Megatron's cyclic sampler (set by every Primus experiment) only reorders the samples of an
+// epoch: accepted, with a note saying so.
+TEST(MegatronFlags, CyclicDataLoaderIsAcceptedWithANote) {
+  Options o;
+  parse_options({"--dataloader-type", "cyclic"}, o);
+  ASSERT_EQ(o.notes.size(), 1u);
+  EXPECT_NE(o.notes[0].find("another order"), std::string::npos) << o.notes[0];
+}
+
 TEST(MegatronFlags, RecomputeFlagsMeanWhatMegatronMeans) {
   Options o;
   parse_options({"--checkpoint-activations"}, o);  // the old name of full, uniform, 1
