@@ -479,7 +479,7 @@ void compare(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  omni::ensure_blas_environment(argv);
+  omni::ensure_runtime_environment(argv);
   try {
     const Args args = parse_args(argc, argv);
     if (args.compare)

@@ -91,7 +91,7 @@ void run_config(const BenchConfig& b, int steps, double sgemm_gflops) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  omni::ensure_blas_environment(argv);
+  omni::ensure_runtime_environment(argv);
   int steps = 4;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--steps") steps = std::atoi(argv[i + 1]);

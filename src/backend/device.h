@@ -7,11 +7,16 @@
 
 namespace omni {
 
-// OpenBLAS picks its kernels when the library loads, from OPENBLAS_CORETYPE or its own
-// CPU detection, which chooses a slower kernel set on some AVX-512 machines. When the
-// variable is unset and the CPU has AVX-512, set it and re-execute this program, so
-// users never need to know. Returns only when no re-exec was needed or it failed.
-void ensure_blas_environment(char** argv);
+// The CPU runtime's settings that are read when its libraries load, set before they are:
+// OpenBLAS picks its kernels from OPENBLAS_CORETYPE or its own CPU detection, which chooses
+// a slower kernel set on some AVX-512 machines; libgomp reads how idle threads wait
+// (OMP_WAIT_POLICY), where its spinning default slows small models by orders of magnitude
+// on a busy machine. When the user left them unset, set them (SkylakeX kernels on an
+// AVX-512 CPU, passive waiting) and re-execute this program, so users never need to know.
+// Returns only when no re-exec was needed or it failed.
+void ensure_runtime_environment(char** argv);
+// How idle OpenMP threads wait: "passive", "active", "GOMP_SPINCOUNT=N" or libgomp's default.
+std::string openmp_wait_policy();
 
 std::string cpu_model_name();
 int cpu_threads();          // OpenMP threads a parallel region uses

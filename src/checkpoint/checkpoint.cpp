@@ -443,6 +443,29 @@ int64_t latest_checkpoint_iteration(const std::string& root) {
   return iteration;
 }
 
+bool holds_checkpoint(const std::string& root) {
+  if (is_hf_model_dir(root) || fs::exists(latest_iteration_file(root))) return true;
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return false;
+  OMNI_REQUIRE(fs::is_directory(root, ec), "--load: '", root,
+               "' is a file, not a checkpoint directory (one written by --save, or a Hugging "
+               "Face model directory)");
+  // A save in progress when a job died leaves iter_NNNNNNN.tmp, and logs may share the
+  // directory: neither is a checkpoint. A complete iteration directory without the file
+  // that names the latest is one whose index was lost: starting afresh would discard it.
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool iteration_dir = e.is_directory() && name.size() == 12 &&
+                               name.rfind("iter_", 0) == 0 &&
+                               name.find_first_not_of("0123456789", 5) == std::string::npos;
+    OMNI_REQUIRE(!iteration_dir, "--load: '", root, "' holds ", name, " but no ",
+                 latest_iteration_file(root),
+                 " naming the latest checkpoint (write that iteration number into it to "
+                 "resume from it)");
+  }
+  return false;
+}
+
 std::vector<std::string> checkpoint_model_args(const std::string& root) {
   if (is_hf_model_dir(root)) return hf_model_args(root);
   const Metadata md = read_metadata(root);

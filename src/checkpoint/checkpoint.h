@@ -67,6 +67,12 @@ std::string save_model_checkpoint(const std::string& root, const Options& opts,
 // model directory).
 int64_t latest_checkpoint_iteration(const std::string& root);
 
+// Whether `root` holds a checkpoint to load (latest_checkpointed_iteration.txt, or a Hugging
+// Face model directory). False for a directory that does not exist yet or holds none (a first
+// run whose --load is its --save: Megatron then starts from random). A file, or iteration
+// directories without the file naming the latest, are a UsageError.
+bool holds_checkpoint(const std::string& root);
+
 // Sets the model's architecture options in `opts` from the latest checkpoint under `root`
 // (the options stored with it; for a Hugging Face directory, those config.json maps to,
 // replacing the architecture in `opts` but for --make-vocab-size-divisible-by), so the

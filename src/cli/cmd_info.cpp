@@ -52,7 +52,8 @@ std::string collectives() {
 }  // namespace
 
 int info(const std::vector<std::string>&) {
-  std::printf("cpu:          %s, %d threads\n", cpu_model_name().c_str(), cpu_threads());
+  std::printf("cpu:          %s, %d threads (idle OpenMP threads wait: %s)\n",
+              cpu_model_name().c_str(), cpu_threads(), openmp_wait_policy().c_str());
   std::printf("blas:         %s\n", blas_config().c_str());
   std::printf("sgemm peak:   %.0f GFLOP/s (measured now; MFU on the CPU is against this)\n",
               measure_sgemm_gflops());

@@ -58,8 +58,14 @@ DeviceChoice choose_device(const Options& o, int world_size) {
 
 }  // namespace
 
-std::unique_ptr<TrainingData> open_training_data(Options& opts) {
-  if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed);
+std::optional<int32_t> end_of_document(const Options& opts, const Tokenizer* tokenizer) {
+  if (tokenizer) return tokenizer->eod();
+  if (opts.mock_data) return opts.model.vocab_size - 1;
+  return std::nullopt;
+}
+
+std::unique_ptr<TrainingData> open_training_data(Options& opts, std::optional<int32_t> eod) {
+  if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed, eod.value_or(-1));
   if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
     bool weighted = true;
     const std::vector<WeightedPrefix> prefixes = opts.data_file_list.empty()
@@ -135,7 +141,8 @@ int data_samples(const std::vector<std::string>& raw_args) {
   if (!resolved) return 0;  // --print-config
   RunOptions run = resolve_run_options(*resolved, 1);
   Options& opts = run.opts;
-  std::unique_ptr<TrainingData> data = open_training_data(opts);
+  std::unique_ptr<TrainingData> data =
+      open_training_data(opts, end_of_document(opts, run.tokenizer.get()));
   std::printf("# %s\n", data->describe().c_str());
   const int seq = opts.model.seq_length;
   std::vector<int32_t> tokens(seq), labels(seq);
@@ -182,20 +189,22 @@ int train(const std::vector<std::string>& raw_args) {
 
   // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the
   // others open it after.
+  const std::optional<int32_t> eod = end_of_document(opts, tokenizer.get());
   std::unique_ptr<TrainingData> data;
-  if (world.rank() == 0) data = open_training_data(opts);
+  if (world.rank() == 0) data = open_training_data(opts, eod);
   world.barrier();
-  if (world.rank() != 0) data = open_training_data(opts);
+  if (world.rank() != 0) data = open_training_data(opts, eod);
 
   // MFU is against the GPU's dense bf16 peak, or the CPU's measured sgemm rate.
   double peak = 0.0;
   std::string device_line;
   if (opts.device == "cpu") {
     peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
-    char text[256];
+    char text[512];
     std::snprintf(text, sizeof text,
-                  "cpu, %d threads, %s; sgemm peak %.0f GFLOP/s (MFU is against this)",
-                  cpu_threads(), blas_config().c_str(), peak);
+                  "cpu, %d threads (waiting %s), %s; sgemm peak %.0f GFLOP/s (MFU is against "
+                  "this)",
+                  cpu_threads(), openmp_wait_policy().c_str(), blas_config().c_str(), peak);
     device_line = text;
   } else {
     const GpuDeviceInfo gpu = gpu_device_info(0);
@@ -229,7 +238,7 @@ int train(const std::vector<std::string>& raw_args) {
   std::fflush(stdout);
 
   if (tokenizer) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
-  Trainer trainer(opts, std::move(data), peak, tokenizer ? tokenizer->eod() : std::nullopt, &world);
+  Trainer trainer(opts, std::move(data), peak, eod, &world);
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
                 (long long)latest_checkpoint_iteration(opts.load),

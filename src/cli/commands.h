@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,11 @@ inline bool wants_help(const std::vector<std::string>& args) {
 }
 
 // The training data the options name: --mock-data, --data-path/--data-file-list, or
-// --train-text (the demo corpus when none is given).
-std::unique_ptr<TrainingData> open_training_data(Options& opts);
+// --train-text (the demo corpus when none is given). `eod`: the end-of-document token that
+// --mock-data closes its documents with (end_of_document()).
+std::unique_ptr<TrainingData> open_training_data(Options& opts, std::optional<int32_t> eod);
+// The end-of-document token: the tokenizer's, or --mock-data's own (its last id) without one.
+std::optional<int32_t> end_of_document(const Options& opts, const Tokenizer* tokenizer);
 int data_samples(const std::vector<std::string>& args);
 int preprocess(const std::vector<std::string>& args);
 int merge_datasets(const std::vector<std::string>& args);

@@ -49,7 +49,7 @@ int fail(const std::string& cmd, const char* kind, const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  omni::ensure_blas_environment(argv);
+  omni::ensure_runtime_environment(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   const std::string cmd = args.empty() ? "help" : args[0];
   if (!args.empty()) args.erase(args.begin());

@@ -36,8 +36,9 @@ inline int64_t micro_batch_first_sample(int64_t consumed, int micro_step, int mi
   return consumed + int64_t(micro_step) * micro_batch * dp_size + int64_t(dp_rank) * micro_batch;
 }
 
-// Random tokens in [0, vocab) (Megatron's --mock-data).
-std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed);
+// Megatron's --mock-data: documents of random tokens in [0, vocab), each closed by `eod`
+// (the tokenizer's end-of-document token; -1: the last id, vocab - 1).
+std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed, int32_t eod = -1);
 
 // Bytes of a text file as tokens (vocabulary 256). The file is cut into train and
 // validation parts by the --split weights ("969,30,1": the first 96.9% trains).

@@ -1,10 +1,12 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "base/error.h"
 #include "base/philox.h"
@@ -15,9 +17,14 @@ namespace omni {
 
 namespace {
 
+// Megatron's MockGPTDataset: documents of 1 to 4095 tokens, each closed by the
+// end-of-document token (so --eod-mask-loss and --reset-* have boundaries to act on). Its
+// tokens count up; ours are uniform random other than the end-of-document token. Sample i
+// is seq + 1 tokens drawn from (seed, i) alone, starting inside a document.
 class MockData final : public TrainingData {
  public:
-  MockData(int vocab, uint64_t seed) : vocab_(vocab), seed_(seed) {}
+  MockData(int vocab, uint64_t seed, int32_t eod)
+      : vocab_(vocab), seed_(seed), eod_(eod >= 0 && eod < vocab ? eod : vocab - 1) {}
   void train_samples(int64_t first, int count, int seq, int32_t* tokens,
                      int32_t* labels) const override {
     fill(first, count, seq, tokens, labels, 0);
@@ -27,25 +34,37 @@ class MockData final : public TrainingData {
     fill(first, count, seq, tokens, labels, 1);
   }
   std::string describe() const override {
-    return "mock data: uniform random tokens, vocabulary " + std::to_string(vocab_);
+    return "mock data: uniform random tokens, vocabulary " + std::to_string(vocab_) +
+           ", documents of 1 to " + std::to_string(kMaxDocument - 1) +
+           " tokens closed by end-of-document token " + std::to_string(eod_);
   }
 
  private:
+  static constexpr uint64_t kMaxDocument = 4096;  // Megatron's max_sequence_length (exclusive)
+
   void fill(int64_t first, int count, int seq, int32_t* tokens, int32_t* labels,
             uint64_t stream) const {
+    std::vector<int32_t> sample(size_t(seq) + 1);
     for (int s = 0; s < count; ++s) {
       PhiloxStream rng(seed_ ^ (stream << 62), static_cast<uint64_t>(first + s));
-      int32_t prev = static_cast<int32_t>(rng.next_below(vocab_));
-      for (int t = 0; t < seq; ++t) {
-        int32_t next = static_cast<int32_t>(rng.next_below(vocab_));
-        tokens[size_t(s) * seq + t] = prev;
-        labels[size_t(s) * seq + t] = next;
-        prev = next;
+      // Tokens left in the document the sample starts in, its end-of-document token included.
+      uint64_t left = 1 + rng.next_below(1 + rng.next_below(kMaxDocument - 1));
+      for (int32_t& token : sample) {
+        if (--left == 0) {
+          token = eod_;
+          left = 1 + rng.next_below(kMaxDocument - 1);
+        } else {
+          const auto t = static_cast<int32_t>(rng.next_below(uint64_t(vocab_) - 1));
+          token = t < eod_ ? t : t + 1;  // every id but the end-of-document one
+        }
       }
+      std::copy(sample.begin(), sample.end() - 1, tokens + size_t(s) * seq);
+      std::copy(sample.begin() + 1, sample.end(), labels + size_t(s) * seq);
     }
   }
   int vocab_;
   uint64_t seed_;
+  int32_t eod_;
 };
 
 class ByteTextData final : public TrainingData {
@@ -115,8 +134,8 @@ std::vector<double> parse_split(const std::string& split) {
 
 }  // namespace
 
-std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed) {
-  return std::make_unique<MockData>(vocab, seed);
+std::unique_ptr<TrainingData> make_mock_data(int vocab, uint64_t seed, int32_t eod) {
+  return std::make_unique<MockData>(vocab, seed, eod);
 }
 
 std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path, const std::string& split,

@@ -57,6 +57,14 @@ std::vector<std::string> demo_args() {
 }
 
 std::unique_ptr<Tokenizer> open_tokenizer(Options& opts) {
+  // Megatron's GPT-2 BPE is the one tokenizer that reads a vocab.json and merges.txt pair.
+  if (opts.tokenizer.type.empty() && !opts.tokenizer.vocab_file.empty() &&
+      !opts.tokenizer.merge_file.empty()) {
+    opts.tokenizer.type = "GPT2BPETokenizer";
+    opts.notes.push_back(
+        "note: --vocab-file with --merge-file and no --tokenizer-type: GPT2BPETokenizer "
+        "(GPT-2's byte-level BPE, the tokenizer those two files describe)");
+  }
   if (opts.tokenizer.type.empty()) return nullptr;
   opts.tokenizer.vocab_size = opts.model.vocab_size;  // NullTokenizer's size
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(opts.tokenizer);
@@ -81,6 +89,16 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, int
     named.load = named.save;
     named.use_checkpoint_args = true;
   }
+  // Megatron's first run (or a re-queued job's) with --load DIR before DIR holds a
+  // checkpoint: warn and start from random, unless --exit-on-missing-checkpoint.
+  std::string missing_load;
+  if (!named.load.empty() && !holds_checkpoint(named.load)) {
+    OMNI_REQUIRE(!named.exit_on_missing_checkpoint,
+                 "--exit-on-missing-checkpoint: no checkpoint was found under --load '",
+                 named.load, "' (missing ", latest_iteration_file(named.load), ")");
+    missing_load = named.load;
+    named.load.clear();
+  }
   run.demo = !named.mock_data && named.train_text.empty() && named.data_path.empty() &&
              named.data_file_list.empty() && named.data_args_path.empty() && named.load.empty();
   std::vector<std::string> all = run.demo ? demo_args() : std::vector<std::string>{};
@@ -93,6 +111,12 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, int
   Options& o = run.opts;
   parse_options(all, o);
   if (resume) o.finetune = o.no_load_optim = false;
+  if (!missing_load.empty()) {
+    o.load.clear();
+    o.notes.push_back("WARNING: could not find the metadata file " +
+                      latest_iteration_file(missing_load));
+    o.notes.push_back("    will not load any checkpoints and will start from random");
+  }
   // A Hugging Face model directory brings its tokenizer too.
   const std::string hf_tokenizer = o.load + "/tokenizer.json";
   if (!o.load.empty() && o.tokenizer.type.empty() && is_hf_model_dir(o.load) &&
