@@ -1,6 +1,10 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "backend/device.h"
@@ -13,6 +17,7 @@
 #include "config/env_overrides.h"
 #include "config/options.h"
 #include "config/yaml_config.h"
+#include "config/yaml_tree.h"
 #include "data/dataset.h"
 #include "data/prefetch.h"
 #include "train/run_options.h"
@@ -56,6 +61,61 @@ DeviceChoice choose_device(const Options& o, int world_size) {
                      unsupported + " yet in this version, so the CPU trains"};
 }
 
+// This process's command line as the user typed it (/proc/self/cmdline), quoted for a shell.
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> words;
+  for (std::string w; std::getline(in, w, '\0');) {
+    const bool plain = !w.empty() && w.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
+                                         "OPQRSTUVWXYZ0123456789_-+=/.,:@%") == std::string::npos;
+    if (plain) {
+      words.push_back(w);
+      continue;
+    }
+    std::string quoted = "'";
+    for (char c : w) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    words.push_back(quoted + "'");
+  }
+  return words;
+}
+
+// One process asked for model parallelism: say how to start the ranks it needs, with the
+// user's own command line, rather than that 1 rank does not divide by the layout.
+void require_ranks_for_layout(const std::vector<std::string>& args, int world_size) {
+  if (world_size != 1) return;
+  Options o;
+  parse_options(args, o);
+  std::string sizes;
+  int ranks = 1;
+  for (const auto& [flag, size] :
+       {std::pair{"--tensor-model-parallel-size", o.tensor_model_parallel_size},
+        std::pair{"--context-parallel-size", o.context_parallel_size},
+        std::pair{"--pipeline-model-parallel-size", o.pipeline_model_parallel_size}}) {
+    if (size <= 1) continue;
+    sizes += (sizes.empty() ? "" : " x ") + std::string(flag) + " " + std::to_string(size);
+    ranks *= size;
+  }
+  if (ranks == 1) return;
+  const std::vector<std::string> argv = own_command_line();
+  std::string command, after_train;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    command += " " + argv[i];
+    if (i >= 2) after_train += " " + argv[i];
+  }
+  const std::string n = std::to_string(ranks);
+  throw UsageError(sizes + " needs " + n + " ranks, and this is a single process: start " + n +
+                   " with `mpirun -np " + n + command + "` (or `NPROC=" + n +
+                   " bash scripts/launch.sh" + after_train + "`; docs/launching.md)" +
+                   (geteuid() == 0 && !std::getenv("OMPI_ALLOW_RUN_AS_ROOT")
+                        ? "; as root, Open MPI's mpirun also needs --allow-run-as-root"
+                        : "")
+#ifndef OMNITRON_MPI
+                   + "; this build has no MPI: rebuild with -DOMNITRON_MPI=ON and an MPI installed"
+#endif
+  );
+}
+
 }  // namespace
 
 std::optional<int32_t> end_of_document(const Options& opts, const Tokenizer* tokenizer) {
@@ -88,7 +148,7 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts, std::optional<in
 std::optional<std::vector<std::string>> with_config(const std::vector<std::string>& raw,
                                                     int world_size) {
   std::vector<std::string> cli;
-  std::string config;
+  std::string config, model;
   bool print_only = false;
   for (size_t i = 0; i < raw.size(); ++i) {
     if (raw[i] == "--config") {
@@ -96,6 +156,11 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
       config = raw[++i];
     } else if (raw[i].rfind("--config=", 0) == 0) {
       config = raw[i].substr(9);
+    } else if (raw[i] == "--model") {
+      OMNI_REQUIRE(i + 1 < raw.size(), "--model needs a value (a model zoo NAME, or FILE.yaml)");
+      model = raw[++i];
+    } else if (raw[i].rfind("--model=", 0) == 0) {
+      model = raw[i].substr(8);
     } else if (raw[i] == "--print-config") {
       print_only = true;
     } else {
@@ -109,6 +174,18 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
     config = exp->second;
   std::vector<ConfigEntry> entries;
   if (!config.empty()) entries = resolve_yaml_config(config, env);
+  // --model NAME: the zoo's model (configs/models/NAME.yaml), over the --config file's.
+  if (!model.empty()) {
+    std::string file = model;
+    try {
+      if (model.find('/') == std::string::npos)
+        file = yaml::find_zoo_model(model, std::filesystem::current_path(), env).string();
+    } catch (const UsageError& e) {
+      throw UsageError(std::string("--model: ") + e.what());
+    }
+    const std::vector<ConfigEntry> m = resolve_yaml_config(file, env);
+    entries.insert(entries.end(), m.begin(), m.end());
+  }
   std::vector<EnvOverride> overrides;
   if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
     overrides = env_overrides(env);
@@ -158,8 +235,11 @@ int data_samples(const std::vector<std::string>& raw_args) {
 
 int train(const std::vector<std::string>& raw_args) {
   if (wants_help(raw_args)) {
-    std::printf("usage: omnitron train [--config FILE.yaml] [--print-config] [options]\n%s",
-                options_help().c_str());
+    std::printf(
+        "usage: omnitron train [--config FILE.yaml] [--model NAME] [--print-config] [options]\n"
+        "  --model NAME: a model of the zoo (configs/models/NAME.yaml: gpt2_124m, llama3_8b, "
+        "...)\n%s",
+        options_help().c_str());
     return 0;
   }
   // As Megatron's print_rank_0: one rank reports (errors still reach stderr from any).
@@ -168,6 +248,7 @@ int train(const std::vector<std::string>& raw_args) {
     OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
   const std::optional<std::vector<std::string>> resolved = with_config(raw_args, world.size());
   if (!resolved) return 0;  // --print-config
+  require_ranks_for_layout(*resolved, world.size());
   RunOptions run = resolve_run_options(*resolved, world.size());
   Options& opts = run.opts;
   const std::unique_ptr<Tokenizer>& tokenizer = run.tokenizer;

@@ -41,7 +41,8 @@ struct ConfigEntry {
 //
 // The model zoo for `model: NAME` is looked up in $OMNITRON_MODEL_DIR (from `env`), then
 // in `configs/models/` and `models/` next to the including file and each of its parent
-// directories, then in ./configs/models.
+// directories, then in ./configs/models, then beside the executable (yaml_tree.h's
+// find_zoo_model).
 std::vector<ConfigEntry> resolve_yaml_config(
     const std::string& path, const std::map<std::string, std::string>& env = process_environment());
 

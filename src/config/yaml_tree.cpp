@@ -244,6 +244,17 @@ fs::path find_model(const Node& ref, const std::map<std::string, std::string>& e
   if (name.find('/') != std::string::npos || name.rfind('.', 0) == 0)
     return (fs::path(name).is_absolute() ? fs::path(name) : including_dir / name)
         .lexically_normal();
+  try {
+    return find_zoo_model(name, including_dir, env);
+  } catch (const UsageError& e) {
+    throw UsageError(where(ref) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+fs::path find_zoo_model(const std::string& name, const fs::path& including_dir,
+                        const std::map<std::string, std::string>& env) {
   const std::string file = has_yaml_extension(name) ? name : name + ".yaml";
   std::vector<fs::path> dirs;
   if (auto it = env.find("OMNITRON_MODEL_DIR"); it != env.end() && !it->second.empty())
@@ -254,15 +265,24 @@ fs::path find_model(const Node& ref, const std::map<std::string, std::string>& e
     if (d == d.parent_path()) break;
   }
   dirs.push_back(fs::current_path() / "configs" / "models");
+  // Beside the executable: a build directory inside the source tree (build/omnitron), or an
+  // installed prefix (bin/omnitron, share/omnitron/configs/models).
+  std::error_code ec;
+  const fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (!ec) {
+    dirs.push_back(exe_dir.parent_path() / "configs" / "models");
+    dirs.push_back(exe_dir.parent_path() / "share" / "omnitron" / "configs" / "models");
+  }
   dirs.push_back(including_dir);
   for (const fs::path& d : dirs)
     if (fs::is_regular_file(d / file)) return (d / file).lexically_normal();
-  throw UsageError(where(ref) + ": model '" + name + "' not found: no " + file +
-                   " in $OMNITRON_MODEL_DIR, in a configs/models or models folder beside " +
-                   including_dir.string() + " or above it, or in ./configs/models");
+  throw UsageError("model '" + name + "' not found: no " + file +
+                   " in $OMNITRON_MODEL_DIR, in a configs/models or models folder in " +
+                   fs::absolute(including_dir).string() +
+                   " or above it, in ./configs/models, or beside the omnitron executable (" +
+                   (ec ? std::string("unknown") : exe_dir.parent_path().string()) +
+                   "/configs/models, or share/omnitron/configs/models when installed)");
 }
-
-}  // namespace
 
 Node Resolver::load(const fs::path& path, const std::string& included_from) {
   const fs::path p = fs::absolute(path).lexically_normal();

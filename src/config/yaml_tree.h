@@ -56,6 +56,15 @@ void merge_over(Node& dst, const Node& src);
 // Removes `key` from a map and returns its value (Null when absent).
 Node take(Node& map, const std::string& key);
 
+// The model zoo's NAME.yaml (`model: NAME`, or --model NAME): in $OMNITRON_MODEL_DIR, then
+// in configs/models/ and models/ in `including_dir` and each of its parents, then in
+// ./configs/models, then beside the executable (the source tree's configs/models above a
+// build directory, an installed prefix's share/omnitron/configs/models). Throws UsageError
+// listing where it looked.
+std::filesystem::path find_zoo_model(const std::string& name,
+                                     const std::filesystem::path& including_dir,
+                                     const std::map<std::string, std::string>& env);
+
 // Loads files with their inheritance resolved into one flat map (see the top of this file).
 // Cycles and missing files raise UsageError naming the chain or the including file.
 class Resolver {

@@ -94,8 +94,8 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, int
   std::string missing_load;
   if (!named.load.empty() && !holds_checkpoint(named.load)) {
     OMNI_REQUIRE(!named.exit_on_missing_checkpoint,
-                 "--exit-on-missing-checkpoint: no checkpoint was found under --load '",
-                 named.load, "' (missing ", latest_iteration_file(named.load), ")");
+                 "--exit-on-missing-checkpoint: no checkpoint was found under --load '", named.load,
+                 "' (missing ", latest_iteration_file(named.load), ")");
     missing_load = named.load;
     named.load.clear();
   }

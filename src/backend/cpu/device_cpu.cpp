@@ -48,7 +48,8 @@ void ensure_runtime_environment(char** argv) {
 }
 
 std::string openmp_wait_policy() {
-  if (const char* spin = std::getenv("GOMP_SPINCOUNT")) return std::string("GOMP_SPINCOUNT=") + spin;
+  if (const char* spin = std::getenv("GOMP_SPINCOUNT"))
+    return std::string("GOMP_SPINCOUNT=") + spin;
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   return policy ? std::string(policy) : "libgomp's default (spin, then sleep)";
 }
