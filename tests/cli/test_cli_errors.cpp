@@ -66,8 +66,9 @@ TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {
+  // One process: the message is the mpirun command (test_cli_first_runs.cpp).
   expect_usage_error(kTiny + "--tensor-model-parallel-size 2",
-                     "the world of 1 ranks is not divisible by --tensor-model-parallel-size (2)");
+                     "--tensor-model-parallel-size 2 needs 2 ranks, and this is a single process");
 }
 
 TEST(CliErrors, MissingCorpusFileIsNamed) {

@@ -108,10 +108,13 @@ TEST(CliCheckpoints, SigtermWithTheExitSignalHandlerSavesAndExitsCleanly) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/latest_checkpointed_iteration.txt")) << out;
 }
 
-TEST(CliCheckpoints, LoadingAMissingCheckpointNamesTheFile) {
+// Without --exit-on-missing-checkpoint, Megatron's warning and a fresh start
+// (test_cli_first_runs.cpp).
+TEST(CliCheckpoints, LoadingAMissingCheckpointWithExitOnMissingNamesTheFile) {
   const std::string dir = ::testing::TempDir() + "omnitron_cli_ckpt_none";
   std::filesystem::remove_all(dir);
-  auto [code, out] = run_omnitron(kTinyMock + "--train-iters 2 --load " + dir);
+  auto [code, out] =
+      run_omnitron(kTinyMock + "--train-iters 2 --exit-on-missing-checkpoint --load " + dir);
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find(dir + "/latest_checkpointed_iteration.txt"), std::string::npos) << out;
 }
