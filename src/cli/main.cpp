@@ -37,7 +37,8 @@ int fail(const std::string& cmd, const char* kind, const char* what, int code) {
   try {
     const omni::Communicator& world = omni::world_communicator();
     if (world.size() > 1)
-      where = " [rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + "]";
+      where =
+          " [rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + "]";
   } catch (const std::exception&) {
     // The world itself failed to start (the message says why): report without a rank.
   }
