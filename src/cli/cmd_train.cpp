@@ -105,16 +105,21 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
   if (!config.empty()) entries = resolve_yaml_config(config, env);
   std::vector<EnvOverride> overrides;
   if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
-    overrides = env_overrides(env);
+    overrides = env_overrides(env, world_size);
   std::vector<std::string> args = config_entries_to_args(entries);
   for (const EnvOverride& o : overrides) args.insert(args.end(), o.args.begin(), o.args.end());
   args.insert(args.end(), cli.begin(), cli.end());
-  if (!print_only) return args;
+  if (!print_only) {
+    for (const EnvOverride& o : overrides)
+      if (!o.note.empty()) std::printf("%s\n", o.note.c_str());
+    return args;
+  }
   const RunOptions run = resolve_run_options(args, world_size);
   std::printf("%s", format_config_entries(entries).c_str());
   for (const EnvOverride& o : overrides) {
     for (const std::string& a : o.args) std::printf("%s ", a.c_str());
-    std::printf(" # environment %s=%s\n", o.variable.c_str(), o.value.c_str());
+    std::printf(" # environment %s\n", o.source.c_str());
+    if (!o.note.empty()) std::printf("%s\n", o.note.c_str());
   }
   for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
   std::printf("%s", cli.empty() ? "" : "  # command line\n");
