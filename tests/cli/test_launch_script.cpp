@@ -122,3 +122,32 @@ TEST(LaunchScript, VariablesReachOmnitronAsFlagsWithNotes) {
 }
 
 }  // namespace
+
+#ifdef OMNITRON_MPIRUN
+namespace {
+
+// A real launch: one host of the hostfile with GPUS_PER_NODE=2 ranks, whose global batch
+// counts both data-parallel ranks (MICRO_BATCH 1 x GRAD_ACC_STEPS 2 x 2).
+TEST(LaunchScript, HostfileLaunchRunsTwoDataParallelRanks) {
+  const std::string hf = ::testing::TempDir() + "omnitron_hosts_localhost";
+  std::ofstream(hf) << "localhost\n";
+  const ProcessResult r = launch(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+      "MPIRUN=" OMNITRON_MPIRUN " MPIRUN_ARGS=--oversubscribe HOSTFILE=" +
+          hf +
+          " GPUS_PER_NODE=2 MICRO_BATCH=1 GRAD_ACC_STEPS=2 NUM_LAYERS=2 HIDDEN=32 NHEADS=4 "
+          "SEQ=16 TRAIN_ITER=2 EVAL_ITERS=0 timeout -k 10 120",
+      "--mock-data --vocab-size 64 --tokenizer-type NullTokenizer --max-position-embeddings 16 "
+      "--no-progress",
+      /*dry_run=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout: 2 ranks = tensor 1 x context 1 x pipeline 1 x data 2"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("batch: 4 x 16 tokens (micro batch 1, 2 accumulation steps)"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+#endif
