@@ -53,7 +53,9 @@ class Overrides {
   int64_t data_parallel(const std::string& why) const {
     const int64_t tp = number_or("TP", 1), pp = number_or("PP", 1), sp = number_or("SP", 1);
     OMNI_REQUIRE(world_size_ % (tp * pp * sp) == 0, why, ": ", world_size_,
-                 " rank(s) do not divide into TP ", tp, " x PP ", pp, " x SP ", sp);
+                 " rank(s) do not divide into TP ", tp, " x PP ", pp, " x SP ", sp,
+                 " (the data-parallel ranks are what remains); start a multiple of ", tp * pp * sp,
+                 " ranks (scripts/launch.sh: NPROC or GPUS_PER_NODE)");
     return world_size_ / (tp * pp * sp);
   }
 
