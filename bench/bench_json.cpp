@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "data/json.h"
-#include "data/jsonl.h"
 
 #ifdef OMNITRON_BENCH_SIMDJSON
 #include <simdjson.h>
@@ -103,18 +102,18 @@ std::vector<Reader> readers() {
   std::vector<Reader> r;
   r.push_back({"ours (fields)", [](std::string_view line, bool) -> int64_t {
                  static const std::vector<std::string> keys{"text"};
-                 static std::vector<omni::JsonTextField> fields;
+                 static std::vector<omni::json::TextField> fields;
                  try {
-                   omni::parse_json_fields(line, keys, fields);
+                   omni::json::parse_text_fields(line, keys, fields);
                  } catch (const std::exception&) {
                    return -1;
                  }
                  if (!fields[0].present || fields[0].texts.size() != 1) return -1;
                  return int64_t(fields[0].texts[0].size());
                }});
-  r.push_back({"ours (tree)", [](std::string_view line, bool) -> int64_t {
+  r.push_back({"ours (tree)", [](std::string_view line, bool nan) -> int64_t {
                  try {
-                   const omni::json::Value v = omni::json::parse(line, "line");
+                   const omni::json::Value v = omni::json::parse(line, "line", {.allow_nan = nan});
                    const omni::json::Value* t = v.find("text");
                    return t && t->is_string() ? int64_t(t->str().size()) : -1;
                  } catch (const std::exception&) {
