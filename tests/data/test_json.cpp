@@ -125,6 +125,8 @@ TEST(JsonReader, EveryByteOfALongStringIsChecked) {
       EXPECT_EQ(json::parse(with("\x7F~!", true), "t").str(), with("\x7F~!", false));
       EXPECT_TRUE(refused(with("\x1F", true)));
       EXPECT_TRUE(refused(with("\xFF", true)));
+      EXPECT_TRUE(refused(with("\x85", true)));  // 0x80-0x9F: no high bit after "minus 0x20"
+      EXPECT_EQ(json::parse(with("\xC2\x85", true), "t").str(), with("\xC2\x85", false));
       EXPECT_TRUE(refused(with("\x7F\xC3", true)));
     }
   }
