@@ -100,7 +100,8 @@ struct Reader {
 
 std::vector<Reader> readers() {
   std::vector<Reader> r;
-  r.push_back({"ours (fields)", [](std::string_view line, bool) -> int64_t {
+  r.push_back({"ours (fields)", [](std::string_view line, bool nan) -> int64_t {
+                 if (!nan) return -2;  // preprocessing's reader: NaN is always allowed
                  static const std::vector<std::string> keys{"text"};
                  static std::vector<omni::json::TextField> fields;
                  try {
@@ -212,6 +213,7 @@ std::vector<Case> cases() {
 }
 
 std::string verdict(int64_t got, int64_t want) {
+  if (got == -2) return "n/a";
   const std::string g = got < 0 ? "refused" : std::to_string(got) + " B";
   return (got == want ? "ok " : "NO ") + g;
 }
@@ -237,7 +239,10 @@ int main(int argc, char** argv) {
   }
   const std::vector<Reader> rs = readers();
 
-  std::printf("rules (Python json.loads; * json.loads accepts NaN, we ask for it opt-in):\n");
+  std::printf(
+      "rules: the text size each reader gives, or refused; ok where json.loads agrees (* it "
+      "accepts NaN, we want it opt-in; 'nesting 600': json.loads's limit is its recursion limit, "
+      "about 1000, ours 513). On-demand simdjson leaves values it skips unchecked.\n");
   std::printf("%-30s %-13s", "case", "json.loads");
   for (const Reader& r : rs) std::printf(" | %-24s", r.name);
   std::printf("\n");
