@@ -10,6 +10,7 @@
 #include "checkpoint/hf_interchange.h"
 #include "cli/commands.h"
 #include "comm/process_grid.h"
+#include "comm/watchdog.h"
 #include "config/env_overrides.h"
 #include "config/options.h"
 #include "config/yaml_config.h"
@@ -163,6 +164,9 @@ int train(const std::vector<std::string>& raw_args) {
   if (!resolved) return 0;  // --print-config
   RunOptions run = resolve_run_options(*resolved, world.size());
   Options& opts = run.opts;
+  set_collective_timeout(
+      opts.distributed_timeout_minutes * 60,
+      "--distributed-timeout-minutes " + find_option("--distributed-timeout-minutes")->get(opts));
   const std::unique_ptr<Tokenizer>& tokenizer = run.tokenizer;
   if (run.demo) {
     std::string line;
