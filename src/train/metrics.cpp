@@ -61,7 +61,7 @@ MetricsSink::MetricsSink(const Options& opts, FILE* out)
   log_avg_reset_interval_ = opts.log_avg_reset_interval;
   if (!opts.tensorboard_dir.empty()) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(opts.tensorboard_dir);
-    message("  tensorboard: " + tensorboard_->path());
+    if (opts.logging_level <= 20) message("  tensorboard: " + tensorboard_->path());
   }
 }
 
