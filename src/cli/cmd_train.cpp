@@ -164,9 +164,10 @@ int train(const std::vector<std::string>& raw_args) {
   if (!resolved) return 0;  // --print-config
   RunOptions run = resolve_run_options(*resolved, world.size());
   Options& opts = run.opts;
-  set_collective_timeout(
-      opts.distributed_timeout_minutes * 60,
-      "--distributed-timeout-minutes " + find_option("--distributed-timeout-minutes")->get(opts));
+  if (world.size() > 1)
+    set_collective_timeout(
+        opts.distributed_timeout_minutes * 60,
+        "--distributed-timeout-minutes " + find_option("--distributed-timeout-minutes")->get(opts));
   const std::unique_ptr<Tokenizer>& tokenizer = run.tokenizer;
   if (run.demo) {
     std::string line;
