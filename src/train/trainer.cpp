@@ -191,10 +191,13 @@ Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
   gpu_->zero_grads();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   double loss_sum = 0;
+  TraceSpan forward_backward("forward-backward");  // with each micro-batch's reading
   for (int m = 0; m < accum; ++m) {
     read_batch(m, micro_batch_first_sample(consumed_samples_, m, mb, 0, 1), true);
     loss_sum += gpu_->forward_backward(batch(m), loss_scale / accum);
   }
+  forward_backward.end();
+  TraceSpan optimizer_span("optimizer");
   consumed_samples_ += opts_.global_batch_size;
   step.loss = loss_sum / accum;
   step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
