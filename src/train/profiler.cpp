@@ -103,8 +103,8 @@ void StepProfiler::add_timers(StepMetrics& m, Communicator& world) {
     timer_iterations_ = 0;
   }
   world.all_reduce(seconds.data(), seconds.size(), ReduceOp::Max);
-  for (size_t i = 0; i < seconds.size(); ++i)
-    m.timers.emplace_back(timer_names()[i], seconds[i] / double(iterations));
+  for (size_t i = 0; i < seconds.size(); ++i)  // a phase no rank ran (no pipeline, ...): none
+    if (seconds[i] > 0) m.timers.emplace_back(timer_names()[i], seconds[i] / double(iterations));
 }
 
 void StepProfiler::finish() {

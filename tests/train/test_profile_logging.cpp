@@ -219,6 +219,8 @@ TEST(LoggingFlags, ConsoleAndTensorBoardCarryThemUnderMegatronsNames) {
     for (const auto& [step, seconds] : event_file::series(events, timer))
       EXPECT_TRUE(seconds >= 0 && seconds < 10);
   }
+  // No pipeline: no receive timers (Megatron creates none either).
+  EXPECT_TRUE(event_file::series(events, "forward-recv-time").empty());
   const auto loss = event_file::series(events, "lm loss validation");
   const auto ppl = event_file::series(events, "lm loss validation ppl");
   ASSERT_EQ(ppl.size(), 2u);
