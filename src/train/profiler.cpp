@@ -24,6 +24,9 @@ StepProfiler::StepProfiler(const Options& opts, int world_rank, MetricsSink& sin
   timers_ = opts.log_timers_to_tensorboard;
   timer_seconds_.assign(timer_names().size(), 0.0);
   origin_ = Clock::now();
+  origin_unix_us_ =
+      std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   if (trace_rank_ || timers_) set_trace_sink(this);
   if (opts.profile && rank_ == 0) {
     std::string who = "every rank";
@@ -62,7 +65,7 @@ void StepProfiler::end_step(int64_t iteration) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (tracing_) {
       const auto us = [&](Clock::time_point t) {
-        return std::chrono::duration<double, std::micro>(t - origin_).count();
+        return origin_unix_us_ + std::chrono::duration<double, std::micro>(t - origin_).count();
       };
       const double begin = us(step_begin_);
       events_.push_back({"train-step", nullptr, 0, iteration, begin, us(Clock::now()) - begin});
@@ -85,7 +88,8 @@ void StepProfiler::span(const char* name, const char* arg_name, int arg, Clock::
         timer_seconds_[i] += std::chrono::duration<double>(end - begin).count();
   }
   if (!tracing_) return;
-  const double ts = std::chrono::duration<double, std::micro>(begin - origin_).count();
+  const double ts =
+      origin_unix_us_ + std::chrono::duration<double, std::micro>(begin - origin_).count();
   const double dur = std::chrono::duration<double, std::micro>(end - begin).count();
   events_.push_back({name, arg_name, arg, iteration_, ts, dur});
 }

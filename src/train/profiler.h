@@ -6,7 +6,7 @@
 // 12 trace iterations 11 and 12. Each rank of --profile-ranks (default: every rank) writes
 // PROFILE_DIR/rank-R.json (Options::profile_dir: TENSORBOARD_DIR/../torch_profile, where
 // Megatron's PyTorch profiler writes, else ./torch_profile):
-//   {"traceEvents": [{"name": "forward-compute", "ph": "X", "ts": µs, "dur": µs, "pid": R,
+//   {"traceEvents": [{"name": "forward-compute", "ph": "X", "ts": Unix µs, "dur": µs, "pid": R,
 //                     "tid": 0, "args": {"iteration": 11, "microbatch": 0}}, ...]}
 // with one "train-step" event per step and Megatron's timer names for its phases:
 // batch-generator, forward-compute, backward-compute (each micro-batch), forward-recv,
@@ -75,6 +75,9 @@ class StepProfiler : public TraceSink {
   int64_t iteration_ = 0;  // the step running; 0 between steps
   bool tracing_ = false, written_ = false;
   Clock::time_point origin_, step_begin_;
+  // Timestamps are microseconds of Unix time, so the ranks' files line up when a viewer
+  // opens them together.
+  double origin_unix_us_ = 0;
   std::vector<Event> events_;
   std::vector<double> timer_seconds_;
   int64_t timer_iterations_ = 0;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -87,6 +88,21 @@ TEST(OverlapGradReduce, StartsBucketsDuringTheBackwardPassWithTheSameLosses) {
     ASSERT_EQ(on.size(), off.size());
     EXPECT_EQ(on.front(), "backward");  // the last layers' bucket, before the backward ends
   }
+}
+
+TEST(ProfileRanks, OnlyTheListedRanksWriteTracesAndTheirClocksLineUp) {
+  const std::string dir = ::testing::TempDir() + "profile_ranks";
+  const MpiRun r = train(dir, "--profile-ranks 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("profile: iterations 2-2 of rank 1 as Chrome traces in"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/torch_profile/rank-0.json"));
+  const std::vector<Span> spans = read_spans(dir + "/torch_profile/rank-1.json");
+  ASSERT_FALSE(spans.empty());
+  // Unix time in microseconds: within a day of now.
+  const double now_us = 1e6 * double(std::time(nullptr));
+  EXPECT_NEAR(spans.front().begin, now_us, 86400e6);
 }
 
 }  // namespace
