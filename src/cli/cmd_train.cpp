@@ -14,6 +14,7 @@
 #include "checkpoint/hf_interchange.h"
 #include "cli/commands.h"
 #include "comm/process_grid.h"
+#include "comm/watchdog.h"
 #include "config/env_overrides.h"
 #include "config/options.h"
 #include "config/yaml_config.h"
@@ -188,16 +189,21 @@ std::optional<std::vector<std::string>> with_config(const std::vector<std::strin
   }
   std::vector<EnvOverride> overrides;
   if (env.count("OMNITRON_ENV_OVERRIDES") && env.at("OMNITRON_ENV_OVERRIDES") == "1")
-    overrides = env_overrides(env);
+    overrides = env_overrides(env, world_size);
   std::vector<std::string> args = config_entries_to_args(entries);
   for (const EnvOverride& o : overrides) args.insert(args.end(), o.args.begin(), o.args.end());
   args.insert(args.end(), cli.begin(), cli.end());
-  if (!print_only) return args;
+  if (!print_only) {
+    for (const EnvOverride& o : overrides)
+      if (!o.note.empty()) std::printf("%s\n", o.note.c_str());
+    return args;
+  }
   const RunOptions run = resolve_run_options(args, world_size);
   std::printf("%s", format_config_entries(entries).c_str());
   for (const EnvOverride& o : overrides) {
     for (const std::string& a : o.args) std::printf("%s ", a.c_str());
-    std::printf(" # environment %s=%s\n", o.variable.c_str(), o.value.c_str());
+    std::printf(" # environment %s\n", o.source.c_str());
+    if (!o.note.empty()) std::printf("%s\n", o.note.c_str());
   }
   for (const std::string& a : cli) std::printf("%s%s", a.rfind("--", 0) ? " " : "\n", a.c_str());
   std::printf("%s", cli.empty() ? "" : "  # command line\n");
@@ -251,6 +257,10 @@ int train(const std::vector<std::string>& raw_args) {
   require_ranks_for_layout(*resolved, world.size());
   RunOptions run = resolve_run_options(*resolved, world.size());
   Options& opts = run.opts;
+  if (world.size() > 1)
+    set_collective_timeout(
+        opts.distributed_timeout_minutes * 60,
+        "--distributed-timeout-minutes " + find_option("--distributed-timeout-minutes")->get(opts));
   const std::unique_ptr<Tokenizer>& tokenizer = run.tokenizer;
   if (run.demo) {
     std::string line;
@@ -264,7 +274,18 @@ int train(const std::vector<std::string>& raw_args) {
     opts.tensorboard_dir.clear();
   }
   if (world.size() > 1) opts.progress = false;  // mpirun's output is a log, not a terminal
-  for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
+  // --logging-level (Python's numbers): 30 (warning) hides the set-up descriptions Megatron
+  // logs at info, 40 (error) the notes too; 10 (debug) adds debug lines.
+  const int level = opts.logging_level > 0 ? opts.logging_level : 20;
+  const bool info = level <= 20;
+  if (level < 40)
+    for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
+  if (level <= 10)
+    std::printf("  debug: collective timeout %g s (--distributed-timeout-minutes), gradient "
+                "reduction %s\n",
+                opts.distributed_timeout_minutes * 60,
+                opts.overlap_grad_reduce ? "overlapped with the backward pass"
+                                         : "after the backward pass");
   const DeviceChoice device = choose_device(opts, world.size());
   opts.device = device.device;
 
@@ -301,14 +322,14 @@ int train(const std::vector<std::string>& raw_args) {
       (long long)m.num_parameters(), m.num_layers, m.hidden_size, m.ffn_size(),
       m.num_attention_heads, m.query_groups(), to_string(m.normalization),
       to_string(m.position_embedding_type), m.swiglu ? ", SwiGLU" : ", GELU");
-  std::printf("  data: %s\n", data->describe().c_str());
+  if (info) std::printf("  data: %s\n", data->describe().c_str());
   std::printf(
       "  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
       "lr %g -> %g (%s, %lld warm-up)\n",
       opts.global_batch_size, m.seq_length, opts.micro_batch_size, opts.grad_accumulation_steps(),
       (long long)opts.train_iters, opts.lr, opts.min_lr, opts.lr_decay_style.c_str(),
       (long long)opts.lr_schedule.warmup_iters);
-  std::printf("  device: %s\n", device_line.c_str());
+  if (info) std::printf("  device: %s\n", device_line.c_str());
   if (!device.note.empty()) std::printf("  %s\n", device.note.c_str());
   if (world.size() > 1)
     std::printf("  layout: %d ranks = tensor %d x context %d x pipeline %d x data %d%s%s\n",
@@ -318,7 +339,7 @@ int train(const std::vector<std::string>& raw_args) {
                 opts.use_distributed_optimizer ? ", distributed optimizer" : "");
   std::fflush(stdout);
 
-  if (tokenizer) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
+  if (tokenizer && info) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
   Trainer trainer(opts, std::move(data), peak, eod, &world);
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),

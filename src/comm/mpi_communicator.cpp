@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/watchdog.h"
 
 namespace omni {
 
@@ -63,6 +64,9 @@ const std::byte* at(const void* p, size_t offset) {
 // MPI requests and the staging buffers they read or write.
 class MpiRequest : public CommRequest {
  public:
+  // What --distributed-timeout-minutes names if wait() blocks too long.
+  MpiRequest(const char* op, const std::string& group, int rank, int size)
+      : op_(op), group_(group), rank_(rank), size_(size) {}
   std::vector<MPI_Request> requests;
   std::vector<std::vector<std::byte>> staging;  // packed inputs of a chunked call
 
@@ -77,8 +81,8 @@ class MpiRequest : public CommRequest {
   }
   void wait() override {
     if (done_) return;
-    check(MPI_Waitall(count(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
-          "MPI_Waitall");
+    CollectiveWatch watch(op_, group_, rank_, size_);
+    check(MPI_Waitall(count(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     complete();
   }
   bool test() override {
@@ -96,6 +100,9 @@ class MpiRequest : public CommRequest {
     staging.clear();
   }
   bool done_ = false;
+  const char* op_;
+  std::string group_;
+  int rank_, size_;
 };
 
 class MpiCommunicator : public Communicator {
@@ -116,6 +123,7 @@ class MpiCommunicator : public Communicator {
 
   void all_reduce(void* data, size_t n, DType t, ReduceOp op) override {
     const MPI_Datatype type = reducible_type(t);
+    CollectiveWatch watch("MPI_Allreduce", name_, rank_, size_);
     const size_t es = dtype_size(t);
     for (size_t off = 0; off < n; off += max_)
       check(MPI_Allreduce(MPI_IN_PLACE, at(data, off * es), count(std::min(max_, n - off)), type,
@@ -125,7 +133,7 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) override {
     const MPI_Datatype type = reducible_type(t);
     const size_t es = dtype_size(t);
-    auto req = std::make_unique<MpiRequest>();
+    auto req = request("MPI_Iallreduce");
     for (size_t off = 0; off < n; off += max_) {
       MPI_Request r;
       check(MPI_Iallreduce(MPI_IN_PLACE, at(data, off * es), count(std::min(max_, n - off)), type,
@@ -142,7 +150,7 @@ class MpiCommunicator : public Communicator {
                                                DType t) override {
     const MPI_Datatype type = reducible_type(t);
     const size_t es = dtype_size(t);
-    auto req = std::make_unique<MpiRequest>();
+    auto req = request("MPI_Ireduce_scatter_block");
     if (n <= max_) {
       MPI_Request r;
       check(MPI_Ireduce_scatter_block(in, out, count(n), type, MPI_SUM, comm_, &r),
@@ -168,6 +176,7 @@ class MpiCommunicator : public Communicator {
     const MPI_Datatype type = mpi_type(t);
     const size_t es = dtype_size(t);
     const bool in_place = in == at(static_cast<const void*>(out), rank_ * n * es);
+    CollectiveWatch watch("MPI_Allgather", name_, rank_, size_);
     if (n <= max_) {
       check(MPI_Allgather(in_place ? MPI_IN_PLACE : in, count(n), type, out, count(n), type,
                           comm_),
@@ -187,6 +196,7 @@ class MpiCommunicator : public Communicator {
   }
   void all_to_all(void* out, const void* in, size_t n, DType t) override {
     const MPI_Datatype type = mpi_type(t);
+    CollectiveWatch watch("MPI_Alltoall", name_, rank_, size_);
     const size_t es = dtype_size(t);
     if (n <= max_) {
       check(MPI_Alltoall(in, count(n), type, out, count(n), type, comm_), "MPI_Alltoall");
@@ -206,15 +216,18 @@ class MpiCommunicator : public Communicator {
     }
   }
   void broadcast(void* data, size_t bytes, int root) override {
+    CollectiveWatch watch("MPI_Bcast", name_, rank_, size_);
     for (size_t off = 0; off < bytes; off += max_)
       check(MPI_Bcast(at(data, off), count(std::min(max_, bytes - off)), MPI_BYTE, root, comm_),
             "MPI_Bcast");
   }
   void send(const void* data, size_t bytes, int peer, int tag) override {
+    CollectiveWatch watch("MPI_Send", name_, rank_, size_);
     for (const auto& [off, len] : pieces(bytes, max_))
       check(MPI_Send(at(data, off), count(len), MPI_BYTE, peer, tag, comm_), "MPI_Send");
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
+    CollectiveWatch watch("MPI_Recv", name_, rank_, size_);
     for (const auto& [off, len] : pieces(bytes, max_)) {
       MPI_Status status;
       check(MPI_Recv(at(data, off), count(len), MPI_BYTE, peer, tag, comm_, &status), "MPI_Recv");
@@ -224,9 +237,8 @@ class MpiCommunicator : public Communicator {
                  peer, " (tag ", tag, ") where ", len, " were expected");
     }
   }
-  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer,
-                                     int tag) override {
-    auto req = std::make_unique<MpiRequest>();
+  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int tag) override {
+    auto req = request("MPI_Isend");
     for (const auto& [off, len] : pieces(bytes, max_)) {
       MPI_Request r;
       check(MPI_Isend(at(data, off), count(len), MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
@@ -235,7 +247,7 @@ class MpiCommunicator : public Communicator {
     return req;
   }
   std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) override {
-    auto req = std::make_unique<MpiRequest>();
+    auto req = request("MPI_Irecv");
     for (const auto& [off, len] : pieces(bytes, max_)) {
       MPI_Request r;
       check(MPI_Irecv(at(data, off), count(len), MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
@@ -243,15 +255,22 @@ class MpiCommunicator : public Communicator {
     }
     return req;
   }
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    CollectiveWatch watch("MPI_Barrier", name_, rank_, size_);
+    check(MPI_Barrier(comm_), "MPI_Barrier");
+  }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     OMNI_CHECK(color >= 0, "[comm ", name_, "] split with negative color ", color);
     MPI_Comm part;
+    CollectiveWatch watch("MPI_Comm_split", name_, rank_, size_);
     check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
     return std::make_unique<MpiCommunicator>(part, name, max_, true);
   }
 
  private:
+  std::unique_ptr<MpiRequest> request(const char* op) const {
+    return std::make_unique<MpiRequest>(op, name_, rank_, size_);
+  }
   MPI_Comm comm_;
   std::string name_;
   size_t max_;
@@ -287,6 +306,7 @@ std::unique_ptr<Communicator> make_mpi_world(size_t max_count) {
     check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", max_count, false);
+  set_collective_world(world->rank(), world->size(), mpi_abort_world);
   // A launcher that announced several ranks while MPI sees one: an MPI other than the
   // launcher's, or srun without an MPI plugin. Each rank would train alone.
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {

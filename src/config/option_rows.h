@@ -112,4 +112,9 @@ void add_noted_options(std::vector<OptionDef>& t);    // options_noted.cpp
 void add_refused_options(std::vector<OptionDef>& t);  // options_refused.cpp
 void add_primus_options(std::vector<OptionDef>& t);   // options_primus.cpp: Primus's keys
 
+// finalize()'s checks of the logging, profiling and communication rows (options_logging.cpp):
+// --profile's range, --logging-level (MEGATRON_LOGGING_LEVEL when unset),
+// --distributed-timeout-minutes, and --overlap-param-gather's requirements.
+void finalize_logging_and_profiling(Options& o);
+
 }  // namespace omni::option_rows

@@ -210,6 +210,7 @@ void finalize(Options& o) {
   OMNI_REQUIRE(o.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
   OMNI_REQUIRE(o.log_avg_skip_iterations >= 0 && o.log_avg_reset_interval >= 0,
                "--log-avg-skip-iterations and --log-avg-reset-interval must be 0 or positive");
+  option_rows::finalize_logging_and_profiling(o);
   // Megatron turns sequence parallelism off without tensor parallelism.
   if (o.tensor_model_parallel_size == 1) o.sequence_parallel = false;
   OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",

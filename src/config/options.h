@@ -54,6 +54,18 @@ struct Options {
   // Primus's averaging of the throughput it logs: the first N iterations (start-up) are
   // left out, and the average restarts every M iterations (0: never).
   int log_avg_skip_iterations = 2, log_avg_reset_interval = 10;  // Primus's defaults
+  // Megatron's logging extras: the parameters' norm, the gradient's zeros, the step phases'
+  // times and validation perplexity in TensorBoard, and Python's logging level (10 debug, 20
+  // info, 30 warning, 40 error; 0: unset, MEGATRON_LOGGING_LEVEL or info).
+  bool log_params_norm = false, log_num_zeros_in_grad = false;
+  bool log_timers_to_tensorboard = false, log_validation_ppl_to_tensorboard = false;
+  int logging_level = 0;
+  // --profile: a Chrome trace of the step phases of steps start+1 .. end (Megatron's range
+  // of iterations) on profile_ranks (empty: every rank), written to profile_dir.
+  bool profile = false, use_pytorch_profiler = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<int> profile_ranks;
+  std::string profile_dir;  // finalize(): beside --tensorboard-dir, as Megatron's, or here
   // Data.
   bool mock_data = false;
   std::string train_text;      // a plain-text file, tokenised byte-level
@@ -111,6 +123,11 @@ struct Options {
   bool sequence_parallel = false, use_distributed_optimizer = false;
   bool use_tp_pp_dp_mapping = false;  // rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
   double ddp_bucket_size = 0;         // elements per gradient bucket; 0: Megatron's default
+  // Megatron's defaults: a rank blocked longer than this in one collective ends the job
+  // (comm/watchdog.h; 0: never); gradient buckets reduced after the backward pass unless
+  // --overlap-grad-reduce starts each as soon as its gradients are final.
+  double distributed_timeout_minutes = 10;
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
   // This process's data-parallel rank and the number of them (set from the process grid).
   int data_parallel_rank = 0, data_parallel_size = 1;
 

@@ -44,6 +44,19 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   t.push_back(number<double>("--ddp-bucket-size", "N", PAR,
                              "gradient elements per data-parallel all-reduce bucket (0: default)",
                              [](Options& o) -> double& { return o.ddp_bucket_size; }));
+  t.push_back(toggle("--overlap-grad-reduce", PAR,
+                     "start each gradient bucket's data-parallel reduction as soon as the "
+                     "backward pass has finished its gradients (default: all after the backward)",
+                     [](Options& o) -> bool& { return o.overlap_grad_reduce; }));
+  t.push_back(toggle("--overlap-param-gather", PAR,
+                     "accepted as Megatron's (needs --use-distributed-optimizer and "
+                     "--overlap-grad-reduce); the updated parameters are gathered right after "
+                     "the optimizer step, not during the next forward: the same values",
+                     [](Options& o) -> bool& { return o.overlap_param_gather; }));
+  t.push_back(number<double>("--distributed-timeout-minutes", "N", PAR,
+                             "a rank that waits longer than N minutes in one collective ends "
+                             "the job, naming the rank and the call (0: wait forever)",
+                             [](Options& o) -> double& { return o.distributed_timeout_minutes; }));
 }
 
 }  // namespace omni::option_rows

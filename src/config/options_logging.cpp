@@ -1,4 +1,8 @@
 // Megatron's logging and validation groups: console, metrics, TensorBoard, evaluation.
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
 #include "config/option_rows.h"
 
 namespace omni::option_rows {
@@ -44,6 +48,95 @@ void add_logging_options(std::vector<OptionDef>& t) {
   t.push_back(toggle(
       "--no-progress", G, "no live progress line on a terminal",
       [](Options& o) -> bool& { return o.progress; }, false));
+  t.push_back(toggle("--log-params-norm", G,
+                     "the parameters' L2 norm on each logged line and in TensorBoard",
+                     [](Options& o) -> bool& { return o.log_params_norm; }));
+  t.push_back(toggle("--log-num-zeros-in-grad", G,
+                     "how many gradient elements are zero, on each logged line and in TensorBoard",
+                     [](Options& o) -> bool& { return o.log_num_zeros_in_grad; }));
+  t.push_back(toggle("--log-timers-to-tensorboard", G,
+                     "the step phases' times (forward-backward, all-grads-sync, optimizer, ...) "
+                     "and iteration-time in TensorBoard",
+                     [](Options& o) -> bool& { return o.log_timers_to_tensorboard; }));
+  t.push_back(toggle("--log-validation-ppl-to-tensorboard", G,
+                     "validation perplexity in TensorBoard (lm loss validation ppl)",
+                     [](Options& o) -> bool& { return o.log_validation_ppl_to_tensorboard; }));
+  t.push_back(number<int>("--logging-level", "N", G,
+                          "Python's levels: 10 adds debug lines, 30 hides the set-up lines, 40 "
+                          "also the notes (default: MEGATRON_LOGGING_LEVEL, else 20)",
+                          [](Options& o) -> int& { return o.logging_level; }));
+
+  const std::string P = "profiling";
+  t.push_back(toggle("--profile", P,
+                     "write a Chrome trace (chrome://tracing, Perfetto) of the step phases of "
+                     "steps --profile-step-start+1 .. --profile-step-end",
+                     [](Options& o) -> bool& { return o.profile; }));
+  t.push_back(toggle("--use-pytorch-profiler", P,
+                     "Megatron's trace format switch; --profile writes omnitron's Chrome trace "
+                     "either way, to TENSORBOARD_DIR/../torch_profile as Megatron's",
+                     [](Options& o) -> bool& { return o.use_pytorch_profiler; }));
+  t.push_back(number<int64_t>("--profile-step-start", "N", P,
+                              "profile from the step after iteration N (Megatron's default 10)",
+                              [](Options& o) -> int64_t& { return o.profile_step_start; }));
+  t.push_back(number<int64_t>("--profile-step-end", "N", P,
+                              "profile up to iteration N (Megatron's default 12)",
+                              [](Options& o) -> int64_t& { return o.profile_step_end; }));
+  OptionDef ranks{"--profile-ranks",
+                  "R...",
+                  P,
+                  "global ranks to profile (default: every rank)",
+                  [](Options& o, const std::string& v) {
+                    o.profile_ranks.clear();
+                    std::istringstream in(v);
+                    for (std::string r; in >> r;)
+                      o.profile_ranks.push_back(parse_number<int>("--profile-ranks", r));
+                  },
+                  [](const Options& o) {
+                    std::string s;
+                    for (int r : o.profile_ranks) {
+                      if (!s.empty()) s += ' ';
+                      s += std::to_string(r);
+                    }
+                    return s;
+                  }};
+  ranks.many = true;
+  t.push_back(std::move(ranks));
+}
+
+}  // namespace omni::option_rows
+
+namespace omni::option_rows {
+
+void finalize_logging_and_profiling(Options& o) {
+  if (o.logging_level == 0) {  // Megatron reads the environment when the flag is absent
+    if (const char* env = std::getenv("MEGATRON_LOGGING_LEVEL"); env && *env)
+      o.logging_level = parse_number<int>("MEGATRON_LOGGING_LEVEL", env);
+  }
+  OMNI_REQUIRE(o.logging_level >= 0,
+               "--logging-level must be one of Python's levels (10 debug, "
+               "20 info, 30 warning, 40 error), got ",
+               o.logging_level);
+  OMNI_REQUIRE(o.distributed_timeout_minutes >= 0,
+               "--distributed-timeout-minutes must be 0 (wait forever) or positive, got ",
+               o.distributed_timeout_minutes);
+  if (o.overlap_param_gather) {
+    // Megatron's own checks of the flag.
+    OMNI_REQUIRE(o.use_distributed_optimizer,
+                 "--overlap-param-gather needs --use-distributed-optimizer (as in Megatron)");
+    OMNI_REQUIRE(o.overlap_grad_reduce,
+                 "--overlap-param-gather needs --overlap-grad-reduce (as in Megatron)");
+  }
+  if (!o.profile) return;
+  OMNI_REQUIRE(o.profile_step_start >= 0 && o.profile_step_end > o.profile_step_start,
+               "--profile-step-start (", o.profile_step_start, ") and --profile-step-end (",
+               o.profile_step_end, "): the range must hold a step (0 <= start < end)");
+  for (int r : o.profile_ranks) OMNI_REQUIRE(r >= 0, "--profile-ranks: ", r, " is not a rank");
+  // Where Megatron's PyTorch profiler writes its traces: beside the TensorBoard directory.
+  o.profile_dir = o.tensorboard_dir.empty()
+                      ? std::string("torch_profile")
+                      : (std::filesystem::path(o.tensorboard_dir) / ".." / "torch_profile")
+                            .lexically_normal()
+                            .string();
 }
 
 }  // namespace omni::option_rows

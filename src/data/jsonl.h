@@ -1,13 +1,11 @@
 // Streaming input for `omnitron preprocess`: the bytes of a file (zstd-decompressed when it is
-// a .zst), split into lines, and the string fields of a JSON-lines record.
+// a .zst), split into lines (data/json.h reads a JSON line's fields).
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace omni {
 
@@ -57,22 +55,5 @@ class LineReader {
   int64_t line_number_ = 0;
   int64_t bytes_read_ = 0;
 };
-
-// A top-level field of a JSON object as Megatron's preprocess_data.py reads it: a string (one
-// sentence) or a list of strings (pre-split sentences).
-struct JsonTextField {
-  bool present = false;
-  std::vector<std::string> texts;
-};
-
-// Parses `line` as Python's json.loads does (the whole line must be one JSON value: strict
-// strings without raw control characters, NaN/Infinity accepted, the last duplicate key wins)
-// and fills fields[i] with the top-level field keys[i]. Every escape is decoded, \uXXXX
-// surrogate pairs to one UTF-8 character; a lone surrogate is an error (Megatron's tokenizers
-// cannot encode one either). Raw bytes are passed through, not checked as UTF-8. Throws
-// UsageError "column C: ..." when the line is not JSON, not an object, or a requested field
-// is neither a string nor a list of strings; a missing field is left `present = false`.
-void parse_json_fields(std::string_view line, std::span<const std::string> keys,
-                       std::vector<JsonTextField>& fields);
 
 }  // namespace omni

@@ -17,12 +17,12 @@
 
 #include "base/buffered_file.h"
 #include "base/error.h"
+#include "data/json.h"
 #include "data/jsonl.h"
 
 namespace omni {
 
 namespace {
-
 
 // ---------------------------------------------------------------------------------------------
 // The pipeline: reader thread -> batches of lines -> worker threads -> in-order writer.
@@ -94,7 +94,7 @@ class BatchEncoder {
       encode_document(std::span<const std::string>(&text_, 1), out.keys[0]);
       return;
     }
-    parse_json_fields(line, config_.json_keys, fields_);
+    json::parse_text_fields(line, config_.json_keys, fields_);
     for (size_t k = 0; k < fields_.size(); ++k) {
       OMNI_REQUIRE(fields_[k].present, "no key \"", config_.json_keys[k], "\" in this JSON object");
       encode_document(fields_[k].texts, out.keys[k]);
@@ -144,7 +144,7 @@ class BatchEncoder {
   const Tokenizer& tokenizer_;
   IndexedDtype dtype_;
   std::optional<int32_t> eod_;
-  std::vector<JsonTextField> fields_;
+  std::vector<json::TextField> fields_;
   std::string text_;
 };
 

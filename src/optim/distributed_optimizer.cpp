@@ -6,6 +6,7 @@
 
 #include "backend/ops.h"
 #include "base/error.h"
+#include "base/trace.h"
 
 namespace omni {
 
@@ -58,6 +59,7 @@ void DistributedOptimizer<T>::step(ParameterSet<T>& params, double lr) {
     update_elements(cfg_, step_, lr, p.decay, params.values() + p.begin, params.grads() + p.begin,
                     m_.data() + p.state, v_.empty() ? nullptr : v_.data() + p.state,
                     p.end - p.begin);
+  TraceSpan span("params-all-gather");
   buckets_.all_gather(params.values());
 }
 

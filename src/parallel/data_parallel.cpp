@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/trace.h"
 
 namespace omni {
 
@@ -50,6 +51,7 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, ParameterSet<T>
 
 template <typename T>
 void DataParallelBuckets<T>::start(size_t index) {
+  TraceSpan span("grad-bucket-start", "bucket", int(index));
   const GradBucket& b = buckets_[index];
   const int p = comm_.size();
   T* g = params_.grads() + b.begin;

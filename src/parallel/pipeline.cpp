@@ -5,6 +5,7 @@
 #include <map>
 
 #include "base/error.h"
+#include "base/trace.h"
 #include "parallel/schedules.h"
 
 namespace omni {
@@ -67,13 +68,16 @@ double PipelineExecutor<T>::run(int num_microbatches,
     if (op.pass == PipelinePass::Forward) {
       const T* input = nullptr;
       if (s > 0) {
+        TraceSpan span("forward-recv", "microbatch", op.microbatch);
         received.resize(n);
         pp_.recv(received.data(), n * sizeof(T), prev, kActivationTag);
         input = received.data();
       }
       double loss = 0;
+      TraceSpan span("forward-compute", "microbatch", op.microbatch);
       const T* out = model_.chunk_forward(op.chunk, take_slot(op.chunk, op.microbatch), mb, input,
                                           train, grad_scale, &loss);
+      span.end();
       if (s == last_stage) {
         loss_sum += loss;
       } else {
@@ -83,13 +87,16 @@ double PipelineExecutor<T>::run(int num_microbatches,
     } else {
       const T* grad = nullptr;
       if (s < last_stage) {
+        TraceSpan span("backward-recv", "microbatch", op.microbatch);
         received.resize(n);
         pp_.recv(received.data(), n * sizeof(T), next, kGradientTag);
         grad = received.data();
       }
+      TraceSpan span("backward-compute", "microbatch", op.microbatch);
       const int slot = slot_of.at({op.chunk, op.microbatch});
       model_.set_grads_ready_hook(op.microbatch == num_microbatches - 1 ? grads_ready_ : nullptr);
       const T* d_input = model_.chunk_backward(op.chunk, slot, mb, grad);
+      span.end();
       model_.set_grads_ready_hook(nullptr);
       free_slots[op.chunk].push_back(slot);
       if (s > 0) send(d_input, n, prev, kGradientTag);

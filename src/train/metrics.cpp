@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <sstream>
@@ -54,12 +55,13 @@ MetricsSink::MetricsSink(const Options& opts, FILE* out)
   tensorboard_log_interval_ = opts.tensorboard_log_interval;
   log_memory_to_tensorboard_ = opts.log_memory_to_tensorboard;
   log_loss_scale_to_tensorboard_ = opts.log_loss_scale_to_tensorboard;
+  log_validation_ppl_to_tensorboard_ = opts.log_validation_ppl_to_tensorboard;
   log_throughput_ = opts.log_throughput;
   log_avg_skip_iterations_ = opts.log_avg_skip_iterations;
   log_avg_reset_interval_ = opts.log_avg_reset_interval;
   if (!opts.tensorboard_dir.empty()) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(opts.tensorboard_dir);
-    message("  tensorboard: " + tensorboard_->path());
+    if (opts.logging_level <= 20) message("  tensorboard: " + tensorboard_->path());
   }
 }
 
@@ -127,6 +129,8 @@ void MetricsSink::write_tensorboard(const StepMetrics& m, const ProcessMemory& m
   if (m.iterations > m.skipped_iterations) both("lm loss", m.lm_loss);
   if (log_loss_scale_to_tensorboard_) both("loss-scale", m.loss_scale);
   both("grad-norm", m.grad_norm);
+  if (m.num_zeros_in_grad) both("num-zeros", double(*m.num_zeros_in_grad));
+  if (m.params_norm) both("params-norm", *m.params_norm);
   if (log_memory_to_tensorboard_) {
     tensorboard_->add_scalar("mem-rss-bytes", double(mem.rss_bytes), m.iteration);
     tensorboard_->add_scalar("mem-max-rss-bytes", double(mem.max_rss_bytes), m.iteration);
@@ -184,6 +188,9 @@ void MetricsSink::log_window(const StepMetrics& last) {
   appendf(line, " learning rate: %.6E | global batch size: %5d |", last.lr, last.global_batch_size);
   if (w.advanced > 0) appendf(line, " lm loss: %.6E |", loss);
   appendf(line, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, last.grad_norm);
+  if (last.num_zeros_in_grad)
+    appendf(line, " num zeros: %lld |", (long long)*last.num_zeros_in_grad);
+  if (last.params_norm) appendf(line, " params norm: %.3f |", *last.params_norm);
   appendf(line, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
           (long long)w.skipped, (long long)w.nan);
   appendf(line, " tokens/s: %.0f", tokens_per_sec);
@@ -197,6 +204,8 @@ void MetricsSink::log_window(const StepMetrics& last) {
   if (tensorboard_) {
     tensorboard_->add_scalar("iteration-time", seconds, last.iteration);
     if (log_throughput_) tensorboard_->add_scalar("throughput", tflops, last.iteration);
+    for (const auto& [name, value] : last.timers)
+      tensorboard_->add_scalar(name + "-time", value, last.iteration);
   }
   if (!jsonl_.is_open()) return;
   std::ostringstream json;
@@ -209,6 +218,8 @@ void MetricsSink::log_window(const StepMetrics& last) {
        << ", \"ms_per_iter\": " << json_number(1000.0 * seconds)
        << ", \"tokens_per_sec\": " << json_number(tokens_per_sec)
        << ", \"tflops\": " << json_number(tflops) << ", \"mfu\": " << json_number(mfu);
+  if (last.params_norm) json << ", \"params_norm\": " << json_number(*last.params_norm);
+  if (last.num_zeros_in_grad) json << ", \"num_zeros_in_grad\": " << *last.num_zeros_in_grad;
   if (avg_tokens) json << ", \"avg_tokens_per_sec\": " << json_number(*avg_tokens);
   if (avg_tflops) json << ", \"avg_tflops\": " << json_number(*avg_tflops);
   json << ", \"rss_bytes\": " << mem.rss_bytes << ", \"max_rss_bytes\": " << mem.max_rss_bytes
@@ -232,6 +243,11 @@ void MetricsSink::log_validation(const StepMetrics& m) {
   if (tensorboard_) {
     tensorboard_->add_scalar("lm loss validation", *m.val_loss, m.iteration);
     tensorboard_->add_scalar("lm loss validation vs samples", *m.val_loss, m.consumed_samples);
+    if (log_validation_ppl_to_tensorboard_) {  // Megatron caps the exponent at 20
+      const double ppl = std::exp(std::min(20.0, *m.val_loss));
+      tensorboard_->add_scalar("lm loss validation ppl", ppl, m.iteration);
+      tensorboard_->add_scalar("lm loss validation ppl vs samples", ppl, m.consumed_samples);
+    }
     tensorboard_->flush();
   }
   write_json("{\"iteration\": " + std::to_string(m.iteration) +

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/options.h"
@@ -35,6 +36,12 @@ struct StepMetrics {
   // NaN or infinite (Megatron's "number of nan iterations").
   int64_t skipped_iterations = 0, nan_iterations = 0;
   std::optional<double> val_loss;
+  // --log-params-norm, --log-num-zeros-in-grad: the last step's (none for a skipped step).
+  std::optional<double> params_norm;
+  std::optional<int64_t> num_zeros_in_grad;
+  // --log-timers-to-tensorboard, on a logged line's report: each phase's seconds per
+  // iteration over the window (train/profiler.h).
+  std::vector<std::pair<std::string, double>> timers;
 };
 
 // Resident memory of this process (Linux /proc and getrusage); 0 where unknown.
@@ -90,7 +97,7 @@ class MetricsSink {
   bool live_ = false, progress_shown_ = false;
   int log_interval_ = 1, tensorboard_log_interval_ = 1;
   bool log_memory_to_tensorboard_ = false, log_throughput_ = false;
-  bool log_loss_scale_to_tensorboard_ = true;
+  bool log_loss_scale_to_tensorboard_ = true, log_validation_ppl_to_tensorboard_ = false;
   int log_avg_skip_iterations_ = 0, log_avg_reset_interval_ = 0;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   Window window_;

@@ -10,6 +10,7 @@
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
 #include "train/flops.h"
+#include "train/profiler.h"
 
 namespace omni {
 
@@ -111,9 +112,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
       grid_->dp_cp(), params, opts.ddp_bucket_size,
       opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce);
-  // Buckets start as soon as their layers' gradients are final (last micro-batch only);
-  // the shared word embeddings wait for their sum across the two stages.
+  // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
+  // micro-batch only); the shared word embeddings wait for their sum across the two stages.
+  // Without it (Megatron's default) ddp_->finish() starts them all after the backward pass.
   pipeline_->set_grads_ready_hook([this](int64_t begin, int64_t end) {
+    if (!opts_.overlap_grad_reduce) return;
     if (begin < shared_embedding_.second && shared_embedding_.first < end) {
       if (begin < shared_embedding_.first) ddp_->mark_ready(begin, shared_embedding_.first);
       if (shared_embedding_.second < end) ddp_->mark_ready(shared_embedding_.second, end);
@@ -188,10 +191,13 @@ Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
   gpu_->zero_grads();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   double loss_sum = 0;
+  TraceSpan forward_backward("forward-backward");  // with each micro-batch's reading
   for (int m = 0; m < accum; ++m) {
     read_batch(m, micro_batch_first_sample(consumed_samples_, m, mb, 0, 1), true);
     loss_sum += gpu_->forward_backward(batch(m), loss_scale / accum);
   }
+  forward_backward.end();
+  TraceSpan optimizer_span("optimizer");
   consumed_samples_ += opts_.global_batch_size;
   step.loss = loss_sum / accum;
   step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
@@ -312,6 +318,7 @@ std::string Trainer::save(MetricsSink& sink) {
 }
 
 void Trainer::read_batch(int m, int64_t first, bool train) {
+  TraceSpan span("batch-generator", "microbatch", m);
   const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
   const size_t n = size_t(mb) * seq;
   if (m >= int(batches_.size())) batches_.resize(m + 1);
@@ -338,6 +345,11 @@ const MicroBatch& Trainer::batch(int m) const {
 }
 
 double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) {
+  return sum_over_params(optimizer_params().grads(), ranges, ops::sum_squares<float>);
+}
+
+double Trainer::sum_over_params(const float* data, const std::vector<ShardRange>& ranges,
+                                double (*op)(const float*, size_t)) {
   const ParameterSet<float>& params = optimizer_params();
   const bool tp_lead = grid_->tp_rank() == 0;
   double sum = 0;
@@ -348,7 +360,7 @@ double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) {
       continue;  // the last stage's copy of the word embeddings
     for (const ShardRange& r : ranges) {
       const int64_t b = std::max(r.begin, p.offset), e = std::min(r.end, p.offset + p.numel);
-      if (b < e) sum += ops::sum_squares(params.grads() + b, size_t(e - b));
+      if (b < e) sum += op(data + b, size_t(e - b));
     }
   }
   return sum;
@@ -377,17 +389,22 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   // data-parallel reduction averages over dp x cp ranks: hence the factor cp. Under fp16
   // the loss is multiplied by the loss scale too.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  TraceSpan forward_backward("forward-backward");
   const double loss_sum = pipeline_->run(accum, batch, true, loss_scale * grid_->cp_size() / accum);
+  forward_backward.end();
+  TraceSpan grads_sync("all-grads-sync");
   consumed_samples_ += opts_.global_batch_size;
   if (shared_embedding_.second > 0) {
     const int64_t b = shared_embedding_.first, e = shared_embedding_.second;
     grid_->embedding().all_reduce(params.grads() + b, size_t(e - b));
-    ddp_->mark_ready(b, e);
+    if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
   ddp_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : params.infos())
     if (p.tp_partial_grad) grid_->tp().all_reduce(params.grads() + p.offset, size_t(p.numel));
+  grads_sync.end();
+  TraceSpan optimizer_span("optimizer");
   Step step;
   step.loss = reduce_loss(loss_sum, accum);
   step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
@@ -429,6 +446,42 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   return step;
 }
 
+namespace {
+
+double count_zeros(const float* x, size_t n) {
+  int64_t zeros = 0;
+#pragma omp parallel for simd reduction(+ : zeros) schedule(static)
+  for (size_t i = 0; i < n; ++i) zeros += x[i] == 0.0f;
+  return double(zeros);
+}
+
+}  // namespace
+
+void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
+  // As Megatron: the norm of the (fp32 main) parameters and the zeros of their gradients after
+  // clipping, each parameter counted once across the model-parallel ranks; the distributed
+  // optimizer's ranks each count their shard.
+  const bool norm = opts_.log_params_norm, zeros = opts_.log_num_zeros_in_grad && !skipped;
+  if (!norm && !zeros) return;
+#if defined(OMNITRON_GPU)
+  if (gpu_) {
+    OMNI_REQUIRE(!zeros, "--log-num-zeros-in-grad is not built for the GPU model yet");
+    const std::vector<float> values = gpu_->get_params();
+    m.params_norm = std::sqrt(ops::sum_squares(values.data(), values.size()));
+    return;
+  }
+#endif
+  ParameterSet<float>& master = optimizer_params();
+  const std::vector<ShardRange> ranges =
+      dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}};
+  double sums[2] = {norm ? sum_over_params(master.values(), ranges, ops::sum_squares<float>) : 0,
+                    zeros ? sum_over_params(master.grads(), ranges, count_zeros) : 0};
+  grid_->model_parallel().all_reduce(sums, 2);
+  if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);
+  if (norm) m.params_norm = std::sqrt(sums[0]);
+  if (zeros) m.num_zeros_in_grad = int64_t(sums[1]);
+}
+
 double Trainer::evaluate() {
   const int mb = opts_.micro_batch_size, n = opts_.eval_iters;
   if (n == 0) return NAN;
@@ -452,11 +505,14 @@ TrainResult Trainer::run(MetricsSink& sink) {
   const double flops_per_iter = megatron_flops_per_iteration(opts_.model, opts_.global_batch_size);
   const double tokens_per_iter = double(opts_.global_batch_size) * opts_.model.seq_length;
   const auto run_start = clock::now();
+  StepProfiler profiler(opts_, grid_->world().rank(), sink);
   double train_seconds = 0;
   result.first_iteration = iteration_ + 1;
   for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
     const auto t0 = clock::now();
+    profiler.begin_step(it);
     const Step step = train_step(it);
+    profiler.end_step(it);
     const double loss = step.loss;
     iteration_ = it;
     const double step_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -483,6 +539,8 @@ TrainResult Trainer::run(MetricsSink& sink) {
     m.tokens_per_sec = tokens_per_iter / step_seconds;
     m.tflops = flops_per_iter / step_seconds / 1e12;
     m.mfu = peak_gflops_ > 0 ? flops_per_iter / step_seconds / (peak_gflops_ * 1e9) : 0.0;
+    add_step_statistics(m, step.skipped);
+    profiler.add_timers(m, grid_->world());
     sink.log(m);
     const bool eval_now =
         opts_.eval_iters > 0 && ((opts_.eval_interval > 0 && it % opts_.eval_interval == 0 &&
@@ -515,6 +573,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
     }
     result.exit_reason.clear();
   }
+  profiler.finish();
   // Megatron saves at the end unless the last step was just saved; Primus's
   // --disable-last-saving skips that save, but not an early exit's.
   const int64_t steps_run = int64_t(result.train_losses.size());

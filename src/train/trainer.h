@@ -111,6 +111,11 @@ class Trainer {
   // The parameters' squared gradient norm over `ranges` of the flat buffer, each
   // parameter counted once across the model-parallel ranks.
   double gradient_norm_squared(const std::vector<ShardRange>& ranges);
+  // The sum of op over `ranges` of a buffer laid out like the parameters, with the same rule.
+  double sum_over_params(const float* data, const std::vector<ShardRange>& ranges,
+                         double (*op)(const float*, size_t));
+  // --log-params-norm and --log-num-zeros-in-grad (collective over the model-parallel ranks).
+  void add_step_statistics(StepMetrics& m, bool skipped);
   // Sum of the last stage's per-micro-batch losses, averaged over data-parallel ranks and
   // handed to every pipeline stage.
   double reduce_loss(double loss_sum, int microbatches) const;

@@ -4,6 +4,7 @@
 // (qkv biases, one key/value head, bfloat16), each with logits of a float64 PyTorch
 // forward pass written from the published formulas.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -30,7 +31,9 @@ namespace fs = std::filesystem;
 const std::string kHf = std::string(OMNITRON_FIXTURE_DIR) + "/hf/";
 
 std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "omnitron_hf_" + name;
+  // The process id keeps two tests that ctest runs at once out of each other's folders.
+  const std::string dir =
+      ::testing::TempDir() + "omnitron_hf_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(dir);
   return dir;
 }

@@ -67,6 +67,30 @@ TEST(CliData, PreprocessNamesTheBadLine) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad_text_document.idx"));
 }
 
+// JSON lines are read as Megatron's preprocess_data.py reads them (a UTF-8 file, json.loads):
+// NaN and a later duplicate key are fine; invalid UTF-8 and lone surrogates are refused.
+TEST(CliData, PreprocessReadsJsonLinesAsJsonLoadsDoes) {
+  const std::string dir = ::testing::TempDir() + "omnitron_cli_json_rules";
+  std::filesystem::create_directories(dir);
+  auto preprocess = [&](const std::string& name, const std::string& lines) {
+    std::ofstream(dir + "/" + name) << lines;
+    return run_omnitron("preprocess --input " + dir + "/" + name +
+                        " --tokenizer-type NullTokenizer --vocab-size 10 --no-progress "
+                        "--output-prefix " +
+                        dir + "/out");
+  };
+  ProcessResult ok = preprocess("ok.jsonl", "{\"n\": NaN, \"text\": 5, \"text\": \"1 2\"}\n");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  ProcessResult utf8 = preprocess("utf8.jsonl", "{\"text\": \"1\"}\n{\"text\": \"1 \xFF\"}\n");
+  EXPECT_EQ(utf8.exit_code, 2) << utf8.output;
+  EXPECT_NE(utf8.output.find("utf8.jsonl:2: column 13: invalid UTF-8"), std::string::npos)
+      << utf8.output;
+  ProcessResult lone = preprocess("lone.jsonl", "{\"text\": \"1\\ud800\"}\n");
+  EXPECT_EQ(lone.exit_code, 2) << lone.output;
+  EXPECT_NE(lone.output.find("lone.jsonl:1: column 12: lone high surrogate"), std::string::npos)
+      << lone.output;
+}
+
 }  // namespace
 
 namespace {

@@ -18,11 +18,7 @@ inline const std::set<std::string> kImplementedOnBranchFlagfeat = {
     "--train-data-path", "--valid-data-path", "--test-data-path", "--data-cache-path",
     "--rotary-percent", "--no-position-embedding", "--apply-layernorm-1p",
     "--calculate-per-token-loss", "--use-rope-scaling", "--rotary-scaling-factor",
-    "--rope-scaling-factor", "--distributed-timeout-minutes", "--overlap-grad-reduce",
-    "--overlap-param-gather", "--log-params-norm", "--log-num-zeros-in-grad",
-    "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--logging-level",
-    "--profile", "--profile-step-start", "--profile-step-end", "--profile-ranks",
-    "--use-pytorch-profiler", "--lr-wsd-decay-samples"};
+    "--rope-scaling-factor", "--lr-wsd-decay-samples"};
 // clang-format on
 
 struct MegatronFlag {

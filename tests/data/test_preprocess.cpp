@@ -15,7 +15,7 @@
 
 #include "base/error.h"
 #include "data/indexed_dataset.h"
-#include "data/jsonl.h"
+#include "data/json.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
 
@@ -133,24 +133,25 @@ std::string megatron_idx(uint8_t dtype, int item, const std::vector<int32_t>& le
 }
 
 TEST_F(PreprocessTest, JsonEscapesAndUnicodeDecodeToUtf8) {
-  std::vector<JsonTextField> f;
+  std::vector<json::TextField> f;
   const std::vector<std::string> keys{"text"};
-  parse_json_fields(
+  json::parse_text_fields(
       R"({"id": [1, {"text": "no"}], "text": "a\"b\\c\/d\b\f\n\r\t\u00e9\u4e2d\ud83d\ude00 é"})",
       keys, f);
   ASSERT_TRUE(f[0].present);
   EXPECT_EQ(f[0].texts.at(0), "a\"b\\c/d\b\f\n\r\t\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80 \xC3\xA9");
   // Python's json.loads: the last duplicate key wins; NaN and -Infinity are numbers.
-  parse_json_fields(R"( {"text": "one", "n": NaN, "m": -Infinity, "text": ["x", ""]} )", keys, f);
+  json::parse_text_fields(R"( {"text": "one", "n": NaN, "m": -Infinity, "text": ["x", ""]} )", keys,
+                          f);
   EXPECT_EQ(f[0].texts, (std::vector<std::string>{"x", ""}));
 }
 
 TEST_F(PreprocessTest, JsonErrorsNameTheColumn) {
-  std::vector<JsonTextField> f;
+  std::vector<json::TextField> f;
   const std::vector<std::string> keys{"text"};
   auto error = [&](const std::string& line) {
     try {
-      parse_json_fields(line, keys, f);
+      json::parse_text_fields(line, keys, f);
     } catch (const UsageError& e) {
       return std::string(e.what());
     }

@@ -7,6 +7,10 @@
 //   omnitron_mpi_check throw R         rank R throws while the others wait in an all-reduce
 //   omnitron_mpi_check hang PIDFILE    all ranks all-reduce for up to 120 s; rank 1 writes
 //                                      its pid to PIDFILE first (a test kills it)
+//   omnitron_mpi_check stall MINUTES   --distributed-timeout-minutes MINUTES: rank 1 never
+//                                      joins the others' all-reduce (the watchdog must end it)
+//   omnitron_mpi_check idle            starts MPI and sleeps 120 s: a rank that never joins
+//                                      (beside `omnitron train` in one mpirun job)
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,12 +19,14 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/process_grid.h"
+#include "comm/watchdog.h"
 #include "parallel/data_parallel.h"
 
 namespace {
@@ -230,7 +236,26 @@ int run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "rank %d: not killed within 120 s\n", world.rank());
     return 3;
   }
-  throw omni::UsageError("usage: omnitron_mpi_check collectives | throw RANK | hang PIDFILE");
+  if (mode == "stall" && args.size() == 2) {
+    omni::set_collective_timeout(std::stod(args[1]) * 60,
+                                 "--distributed-timeout-minutes " + args[1]);
+    world.barrier();
+    if (world.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+    } else {
+      float x = 1;
+      world.all_reduce(&x, 1);
+    }
+    std::fprintf(stderr, "rank %d: the watchdog did not end the job within 120 s\n", world.rank());
+    return 3;
+  }
+  if (mode == "idle") {
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+    std::fprintf(stderr, "rank %d: idle for 120 s and not ended\n", world.rank());
+    return 3;
+  }
+  throw omni::UsageError(
+      "usage: omnitron_mpi_check collectives | throw RANK | hang PIDFILE | stall MINUTES | idle");
 }
 
 }  // namespace
