@@ -214,10 +214,14 @@ int train(const std::vector<std::string>& raw_args) {
   std::printf("  data: %s\n", data->describe().c_str());
   std::printf(
       "  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
-      "lr %g -> %g (%s, %lld warm-up)\n",
+      "lr %g -> %g (%s, %g warm-up samples)\n",
       opts.global_batch_size, m.seq_length, opts.micro_batch_size, opts.grad_accumulation_steps(),
       (long long)opts.train_iters, opts.lr, opts.min_lr, opts.lr_decay_style.c_str(),
-      (long long)opts.lr_schedule.warmup_iters);
+      opts.lr_schedule.warmup_steps);
+  const BatchSchedule& ramp = opts.batch_schedule;
+  if (ramp.ramps())
+    std::printf("  batch ramp: %d to %d by %d over the first %lld samples\n", ramp.rampup_start,
+                ramp.global_batch_size, ramp.rampup_increment, (long long)ramp.rampup_samples);
   std::printf("  device: %s\n", device_line.c_str());
   if (!device.note.empty()) std::printf("  %s\n", device.note.c_str());
   if (world.size() > 1)

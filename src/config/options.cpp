@@ -181,6 +181,12 @@ void finalize(Options& o) {
     o.model.make_vocab_size_divisible_by = 1;
   }
   o.model.validate();
+  // Megatron's validate_args: the switch is deprecated, and only rope (which has no table
+  // to drop) tolerates it.
+  OMNI_REQUIRE(!o.no_position_embedding ||
+                   o.model.position_embedding_type != PositionEmbedding::LearnedAbsolute,
+               "--no-position-embedding is deprecated (as in Megatron), use "
+               "--position-embedding-type: none for a model without position embedding");
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   const std::string& rg = o.recompute_granularity;
   OMNI_REQUIRE(rg.empty() || rg == "full" || rg == "selective",
@@ -228,7 +234,6 @@ void finalize(Options& o) {
                "--eval-micro-batch-size ", o.eval_micro_batch_size,
                ": not built yet: an evaluation micro batch other than --micro-batch-size (",
                o.micro_batch_size, ")");
-  OMNI_REQUIRE(o.train_iters > 0, "--train-iters must be positive (got ", o.train_iters, ")");
   OMNI_REQUIRE(o.lr >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr (", o.min_lr,
                ") must be between 0 and --lr (", o.lr, ")");
   OMNI_REQUIRE(o.log_interval > 0, "--log-interval must be positive (got ", o.log_interval, ")");
@@ -245,25 +250,7 @@ void finalize(Options& o) {
   OMNI_REQUIRE(o.optim.adam_eps > 0, "--adam-eps must be positive");
   o.optim.kind = parse_optimizer(o.optimizer);
 
-  LRScheduleConfig& s = o.lr_schedule;
-  s.lr = o.lr;
-  s.min_lr = o.min_lr;
-  s.style = parse_lr_decay_style(o.lr_decay_style);
-  s.wsd_style = parse_wsd_decay_style(o.lr_wsd_decay_style);
-  s.decay_iters = o.lr_decay_iters ? o.lr_decay_iters : o.train_iters;
-  OMNI_REQUIRE(o.lr_warmup_fraction <= 1.0, "--lr-warmup-fraction must be at most 1");
-  s.warmup_iters =
-      o.lr_warmup_iters
-          ? o.lr_warmup_iters
-          : (o.lr_warmup_fraction > 0 ? static_cast<int64_t>(o.lr_warmup_fraction * s.decay_iters)
-                                      : 0);
-  s.warmup_init = o.lr_warmup_init;
-  OMNI_REQUIRE(o.lr_warmup_init >= 0 && o.lr_warmup_init <= o.lr, "--lr-warmup-init (",
-               o.lr_warmup_init, ") must be between 0 and --lr (", o.lr, ")");
-  s.wsd_decay_iters = o.lr_wsd_decay_iters;
-  if (s.style == LRDecayStyle::WSD)
-    OMNI_REQUIRE(s.wsd_decay_iters > 0 && s.wsd_decay_iters <= s.decay_iters - s.warmup_iters,
-                 "--lr-wsd-decay-iters must be positive and fit after the warm-up");
+  option_rows::finalize_schedules(o);
   OMNI_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda" || o.device == "hip",
                "--device: '", o.device, "' is not one of auto, cpu, cuda, hip");
 }

@@ -55,11 +55,15 @@ struct MicroBatch {
   const int32_t* position_ids = nullptr;
   const int32_t* key_start = nullptr;
   const int32_t* seq_index = nullptr;
+  // What the loss's token sum is divided by: 0, the micro-batch's own (unmasked) token
+  // count, i.e. its mean loss; under --calculate-per-token-loss, the tokens of the whole
+  // global batch, so the micro-batches' losses add up to Megatron's per-token loss.
+  double loss_divisor = 0;
 };
 
 struct ModelParallel {
-  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
-  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
+  Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.
@@ -166,9 +170,7 @@ class GPTModel {
   LayerParams layer_params(int layer, bool grads) const;
   T* classifier_weight(bool grads) const;
   bool has_embedding(int chunk) const { return chunk == 0 && parallel_.pre_process; }
-  bool has_loss(int chunk) const {
-    return chunk == num_chunks() - 1 && parallel_.post_process;
-  }
+  bool has_loss(int chunk) const { return chunk == num_chunks() - 1 && parallel_.post_process; }
   Geometry geometry(const MicroBatch& mb) const;
   ops::AttentionDims attention_dims(const MicroBatch& mb) const;
   void check_batch(const MicroBatch& mb) const;
@@ -191,6 +193,8 @@ class GPTModel {
                       double grad_scale);
   double masked_tokens(const MicroBatch& mb, const Geometry& g) const;
   // Norm over rows of width `width`: LayerNorm or RMSNorm per config.
+  // The norm's applied gamma: w itself, or under --apply-layernorm-1p w + 1 (in scratch).
+  const T* norm_gamma(const T* w, int width, std::vector<T>& scratch) const;
   void norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows,
                     int width) const;
   void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
@@ -220,7 +224,7 @@ class GPTModel {
   std::unique_ptr<Communicator> own_tp_, own_cp_;
   Communicator *tp_, *cp_;
   bool sp_;
-  int heads_, groups_, ffn_;             // this rank's query heads, groups, ffn columns
+  int heads_, groups_, ffn_;                   // this rank's query heads, groups, ffn columns
   int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
   std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;
@@ -233,8 +237,8 @@ class GPTModel {
   // Scratch reused by every layer.
   // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
   // the residual stream.
-  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_,
-      dq_raw_, dk_raw_;
+  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_,
+      dk_raw_;
   // Ring attention scratch: one block's output and rescaled probabilities, dq and dk/dv of
   // one block, and two key/value gradient accumulators in flight.
   Tensor ring_out_, ring_probs_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];

@@ -14,15 +14,12 @@ namespace omni {
 // until it merges. The lead deletes this set at that merge.
 // clang-format off
 inline const std::set<std::string> kImplementedOnBranchFlagfeat = {
-    "--train-samples", "--lr-warmup-samples", "--lr-decay-samples", "--rampup-batch-size",
     "--train-data-path", "--valid-data-path", "--test-data-path", "--data-cache-path",
-    "--rotary-percent", "--no-position-embedding", "--apply-layernorm-1p",
-    "--calculate-per-token-loss", "--use-rope-scaling", "--rotary-scaling-factor",
-    "--rope-scaling-factor", "--distributed-timeout-minutes", "--overlap-grad-reduce",
+    "--distributed-timeout-minutes", "--overlap-grad-reduce",
     "--overlap-param-gather", "--log-params-norm", "--log-num-zeros-in-grad",
     "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--logging-level",
     "--profile", "--profile-step-start", "--profile-step-end", "--profile-ranks",
-    "--use-pytorch-profiler", "--lr-wsd-decay-samples"};
+    "--use-pytorch-profiler"};
 // clang-format on
 
 struct MegatronFlag {

@@ -74,7 +74,9 @@ TEST(MegatronExamples, Gpt3_175bStopsOnlyAtTheStepBatchSizeSchedule) {
   const Options o = parsed_without_refusals("gpt3_175b", 50257);
   EXPECT_EQ(o.model.num_layers, 96);
   EXPECT_EQ(o.tensor_model_parallel_size, 8);
-  EXPECT_EQ(o.lr_schedule.warmup_iters, 430);  // .001 of --lr-decay-iters 430000
+  // .001 of --lr-decay-iters 430000, in samples of --global-batch-size 1536 (Megatron's
+  // lr_warmup_steps = lr_warmup_fraction * lr_decay_iters * global_batch_size)
+  EXPECT_DOUBLE_EQ(o.lr_schedule.warmup_steps, 0.001 * 430000 * 1536);
   EXPECT_TRUE(o.fp16);
 }
 
