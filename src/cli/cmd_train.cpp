@@ -14,6 +14,7 @@
 #include "config/options.h"
 #include "config/yaml_config.h"
 #include "data/dataset.h"
+#include "data/indexed_dataset.h"
 #include "data/prefetch.h"
 #include "train/run_options.h"
 #include "train/sampler.h"
@@ -60,6 +61,18 @@ DeviceChoice choose_device(const Options& o, int world_size) {
 
 std::unique_ptr<TrainingData> open_training_data(Options& opts) {
   if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed);
+  if (opts.per_split_data()) {
+    DataBlend train, valid, test;
+    train.prefixes = parse_data_path(opts.train_data_path, &train.weighted);
+    if (!opts.valid_data_path.empty())
+      valid.prefixes = parse_data_path(opts.valid_data_path, &valid.weighted);
+    if (!opts.test_data_path.empty())
+      for (const WeightedPrefix& p : parse_data_path(opts.test_data_path, &test.weighted))
+        IndexedDataset check(p.prefix);  // the test split is not evaluated (a note says so)
+    return std::make_unique<PrefetchingData>(
+        make_megatron_data(train, valid, opts.model.seq_length, opts.seed, opts.train_samples(),
+                           opts.valid_samples(), opts.data_cache_path));
+  }
   if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
     bool weighted = true;
     const std::vector<WeightedPrefix> prefixes = opts.data_file_list.empty()
@@ -67,7 +80,7 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts) {
                                                      : read_data_file_list(opts.data_file_list);
     return std::make_unique<PrefetchingData>(
         make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
-                           opts.train_samples(), opts.valid_samples()));
+                           opts.train_samples(), opts.valid_samples(), opts.data_cache_path));
   }
   if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
   return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);

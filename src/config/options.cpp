@@ -156,12 +156,16 @@ void virtual_stages_to_layers(Options& o) {
 
 void finalize(Options& o) {
   if (!o.data_args_path.empty()) read_data_args(o);
-  const bool indexed = !o.data_path.empty() || !o.data_file_list.empty();
+  const bool indexed = !o.data_path.empty() || !o.data_file_list.empty() || o.per_split_data();
   OMNI_REQUIRE(
       int(o.mock_data) + int(!o.data_path.empty()) + int(!o.data_file_list.empty()) +
-              int(!o.train_text.empty()) <=
+              int(!o.train_text.empty()) + int(o.per_split_data()) <=
           1,
-      "choose one data source: --mock-data, --data-path, --data-file-list or --train-text");
+      "choose one data source: --mock-data, --data-path, --data-file-list, --train-text or "
+      "--train-data-path (with --valid-data-path, --test-data-path)");
+  // Megatron's blend_per_split: the training split needs its own datasets.
+  OMNI_REQUIRE(!o.per_split_data() || !o.train_data_path.empty(),
+               "--valid-data-path and --test-data-path need --train-data-path for training");
   if (o.mock_data || indexed) {
     OMNI_REQUIRE(o.model.vocab_size > 0, o.mock_data ? "--mock-data" : "--data-path",
                  " needs --vocab-size or --tokenizer-type");

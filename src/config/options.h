@@ -69,6 +69,13 @@ struct Options {
   std::string data_path;       // Megatron indexed data: "PREFIX" or "w1 p1 w2 p2 ..."
   std::string data_file_list;  // Megatron-DeepSpeed's "weight prefix corpus" lines
   std::string data_args_path;  // a file holding --data-path's value (finalize() reads it)
+  // Megatron's per-split datasets (each "[W] PREFIX ..." like --data-path, each dataset used
+  // whole), instead of --data-path and --split.
+  std::string train_data_path, valid_data_path, test_data_path;
+  std::string data_cache_path;  // where the sample indices are cached (empty: beside the data)
+  bool per_split_data() const {
+    return !train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty();
+  }
   std::string split = "969,30,1";
   TokenizerOptions tokenizer;  // --tokenizer-type and its files
   bool pad_vocab_size = true;  // false: no padding of the embedding rows (finalize() applies it)

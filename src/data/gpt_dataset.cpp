@@ -68,11 +68,10 @@ std::array<std::optional<DocumentRange>, 3> split_document_ranges(const std::str
 }
 
 const DocumentRange& require_documents(const std::optional<DocumentRange>& range,
-                                        const std::string& split, int which,
-                                        const std::string& prefix) {
-  OMNI_REQUIRE(range && range->size() > 0, "--split \"", split, "\" gives the ",
-               kSplitNames[which], " split no documents of ", prefix,
-               "; give it a larger weight, or use more data");
+                                       const std::string& split, int which,
+                                       const std::string& prefix) {
+  OMNI_REQUIRE(range && range->size() > 0, "--split \"", split, "\" gives the ", kSplitNames[which],
+               " split no documents of ", prefix, "; give it a larger weight, or use more data");
   return *range;
 }
 
@@ -171,7 +170,8 @@ GPTDatasetIndices build_gpt_dataset_indices(std::span<const int32_t> sequence_le
 }
 
 GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocumentRange documents,
-                       int64_t num_samples, int seq_length, uint32_t seed)
+                       int64_t num_samples, int seq_length, uint32_t seed,
+                       const std::string& cache_dir)
     : data_(std::move(data)), seq_length_(seq_length) {
   OMNI_CHECK(data_ != nullptr, "GPTDataset needs an indexed dataset");
   OMNI_REQUIRE(documents.begin >= 0 && documents.begin < documents.end &&
@@ -179,10 +179,13 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocumentRange
                "[GPTDataset] documents ", documents.begin, "..", documents.end,
                " are not a non-empty range of the ", data_->num_sequences(), " sequences of ",
                data_->prefix());
-  indices_ = cached_gpt_indices(*data_, documents, num_samples, seq_length, seed, [&] {
-    return build_gpt_dataset_indices(data_->sequence_lengths(), documents, num_samples,
-                                     seq_length, seed);
-  });
+  indices_ = cached_gpt_indices(
+      *data_, documents, num_samples, seq_length, seed,
+      [&] {
+        return build_gpt_dataset_indices(data_->sequence_lengths(), documents, num_samples,
+                                         seq_length, seed);
+      },
+      cache_dir);
 }
 
 void GPTDataset::sample(int64_t k, int32_t* tokens) const {

@@ -23,7 +23,6 @@ namespace omni {
 
 namespace {
 
-
 // ---------------------------------------------------------------------------------------------
 // The pipeline: reader thread -> batches of lines -> worker threads -> in-order writer.
 

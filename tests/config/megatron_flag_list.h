@@ -14,7 +14,6 @@ namespace omni {
 // until it merges. The lead deletes this set at that merge.
 // clang-format off
 inline const std::set<std::string> kImplementedOnBranchFlagfeat = {
-    "--train-data-path", "--valid-data-path", "--test-data-path", "--data-cache-path",
     "--distributed-timeout-minutes", "--overlap-grad-reduce",
     "--overlap-param-gather", "--log-params-norm", "--log-num-zeros-in-grad",
     "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--logging-level",
