@@ -129,8 +129,8 @@ void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, 
 // [batch, heads, seq] log-sum-exp of each row's scaled scores (-inf for an empty row), so
 // attention over blocks of keys can be merged.
 template <typename T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionDims& d,
-                       T* lse = nullptr);
+void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
+                       const AttentionDims& d, T* lse = nullptr);
 // dq, dk, dv are overwritten.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,

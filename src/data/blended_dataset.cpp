@@ -25,10 +25,8 @@ std::vector<WeightedPrefix> parse_data_path(const std::string& values, bool* wei
   double w = 0;
   *weighted = words.size() > 1 || parse_weight(words[0], &w);
   if (!*weighted) return {{1.0, words[0]}};
-  OMNI_REQUIRE(words.size() % 2 == 0,
-               "--data-path: weights and prefixes must alternate "
-               "(w1 p1 w2 p2 ...); got ",
-               words.size(), " values");
+  OMNI_REQUIRE(words.size() % 2 == 0, "--data-path: weights and prefixes must alternate "
+               "(w1 p1 w2 p2 ...); got ", words.size(), " values");
   std::vector<WeightedPrefix> out;
   for (size_t i = 0; i < words.size(); i += 2) {
     OMNI_REQUIRE(parse_weight(words[i], &w) && w >= 0, "--data-path: '", words[i],

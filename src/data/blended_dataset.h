@@ -23,11 +23,11 @@ std::vector<WeightedPrefix> parse_data_path(const std::string& values, bool* wei
 std::vector<WeightedPrefix> read_data_file_list(const std::string& path);
 
 struct BlendPlan {
-  std::vector<double> weights;         // normalised
-  std::vector<int64_t> targets;        // ceil(S * w_i): samples the blend takes from i
-  std::vector<int64_t> dataset_sizes;  // ceil(t_i * 1.005): samples each dataset is built for
-  std::vector<int16_t> dataset_index;  // [sum t_i]: which dataset blend sample k reads
-  std::vector<int64_t> dataset_sample_index;  // [sum t_i]: and which of its samples
+  std::vector<double> weights;               // normalised
+  std::vector<int64_t> targets;              // ceil(S * w_i): samples the blend takes from i
+  std::vector<int64_t> dataset_sizes;        // ceil(t_i * 1.005): samples each dataset is built for
+  std::vector<int16_t> dataset_index;        // [sum t_i]: which dataset blend sample k reads
+  std::vector<int64_t> dataset_sample_index; // [sum t_i]: and which of its samples
 };
 
 // For S requested samples: the blend holds sum(targets) samples (not S), interleaved by

@@ -51,16 +51,11 @@ std::optional<std::string> unicode_to_bytes(std::string_view token) {
     const auto c = uint8_t(token[i]);
     char32_t cp;
     int len;
-    if (c < 0x80)
-      cp = c, len = 1;
-    else if ((c >> 5) == 0x6)
-      cp = c & 0x1F, len = 2;
-    else if ((c >> 4) == 0xE)
-      cp = c & 0x0F, len = 3;
-    else if ((c >> 3) == 0x1E)
-      cp = c & 0x07, len = 4;
-    else
-      return std::nullopt;
+    if (c < 0x80) cp = c, len = 1;
+    else if ((c >> 5) == 0x6) cp = c & 0x1F, len = 2;
+    else if ((c >> 4) == 0xE) cp = c & 0x0F, len = 3;
+    else if ((c >> 3) == 0x1E) cp = c & 0x07, len = 4;
+    else return std::nullopt;
     if (i + len > token.size()) return std::nullopt;
     for (int k = 1; k < len; ++k) cp = (cp << 6) | (uint8_t(token[i + k]) & 0x3F);
     i += len;
@@ -80,7 +75,8 @@ struct BpeTokenizer::Regex {
     int err = 0;
     PCRE2_SIZE offset = 0;
     code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset,
+                         nullptr);
     if (!code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof msg);
@@ -93,15 +89,15 @@ struct BpeTokenizer::Regex {
 
   // The first match at or after `from`: (start, end), or nullopt.
   std::optional<std::pair<size_t, size_t>> find(std::string_view text, size_t from,
-                                                pcre2_match_data* md) const {
+                                                 pcre2_match_data* md) const {
     const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), from,
                                0, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return std::nullopt;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
-      throw InternalError(
-          detail::concat("[bpe] pcre2_match failed: ", reinterpret_cast<const char*>(msg)));
+      throw InternalError(detail::concat("[bpe] pcre2_match failed: ",
+                                         reinterpret_cast<const char*>(msg)));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     return std::make_pair(size_t(ov[0]), size_t(ov[1]));
@@ -142,8 +138,8 @@ BpeTokenizer::BpeTokenizer(BpeModel model, const std::string& source)
     : model_(std::move(model)), serial_(next_serial++) {
   for (int b = 0; b < 256; ++b) {
     const auto it = model_.token_ids.find(std::string(1, char(b)));
-    OMNI_REQUIRE(it != model_.token_ids.end(), source, ": the vocabulary has no token for byte ", b,
-                 " (only byte-level BPE vocabularies are supported)");
+    OMNI_REQUIRE(it != model_.token_ids.end(), source, ": the vocabulary has no token for byte ",
+                 b, " (only byte-level BPE vocabularies are supported)");
     byte_ids_[b] = it->second;
   }
   pretokenizer_ = std::make_unique<Regex>(model_.pattern, source);

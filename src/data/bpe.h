@@ -37,14 +37,14 @@ using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal
 
 // Which pair of adjacent parts merges first.
 enum class MergeRule {
-  kPairRank,   // merges.txt / tokenizer.json: the pair listed earliest (GPT-2, Hugging Face)
-  kTokenRank,  // tiktoken: the pair whose concatenation has the lowest rank
+  kPairRank,    // merges.txt / tokenizer.json: the pair listed earliest (GPT-2, Hugging Face)
+  kTokenRank,   // tiktoken: the pair whose concatenation has the lowest rank
 };
 
 // Everything the engine needs; the three tokenizer files fill one in.
 struct BpeModel {
-  std::string name;     // for describe(), e.g. "GPT2BPETokenizer"
-  std::string pattern;  // pre-tokenisation regex (PCRE2 syntax)
+  std::string name;                   // for describe(), e.g. "GPT2BPETokenizer"
+  std::string pattern;                // pre-tokenisation regex (PCRE2 syntax)
   MergeRule rule = MergeRule::kPairRank;
   std::vector<std::string> id_bytes;  // id -> raw bytes (special tokens: their text)
   // kPairRank: (left id << 32 | right id) -> (rank, merged id).
@@ -86,7 +86,7 @@ class BpeTokenizer final : public Tokenizer {
   std::unique_ptr<Regex> pretokenizer_;
   std::unique_ptr<Regex> specials_;  // null when there are no special tokens
   TokenMap special_ids_;
-  uint64_t serial_;  // identifies this tokenizer's per-thread word cache
+  uint64_t serial_;                  // identifies this tokenizer's per-thread word cache
 };
 
 }  // namespace omni::bpe

@@ -68,10 +68,11 @@ std::array<std::optional<DocumentRange>, 3> split_document_ranges(const std::str
 }
 
 const DocumentRange& require_documents(const std::optional<DocumentRange>& range,
-                                       const std::string& split, int which,
-                                       const std::string& prefix) {
-  OMNI_REQUIRE(range && range->size() > 0, "--split \"", split, "\" gives the ", kSplitNames[which],
-               " split no documents of ", prefix, "; give it a larger weight, or use more data");
+                                        const std::string& split, int which,
+                                        const std::string& prefix) {
+  OMNI_REQUIRE(range && range->size() > 0, "--split \"", split, "\" gives the ",
+               kSplitNames[which], " split no documents of ", prefix,
+               "; give it a larger weight, or use more data");
   return *range;
 }
 

@@ -92,6 +92,7 @@ IndexedDtype indexed_dtype_for_vocab(int64_t vocab_size) {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
+
 namespace {
 
 void rename_into_place(const std::string& from, const std::string& to) {

@@ -110,8 +110,8 @@ class Parser {
 
   double number() {
     const size_t start = pos_;
-    while (pos_ < s_.size() &&
-           std::string_view("+-0123456789.eE").find(s_[pos_]) != std::string_view::npos)
+    while (pos_ < s_.size() && std::string_view("+-0123456789.eE").find(s_[pos_]) !=
+                                   std::string_view::npos)
       ++pos_;
     const std::string digits(s_.substr(start, pos_ - start));
     char* end = nullptr;
@@ -126,14 +126,10 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       const char c = s_[pos_++];
       u <<= 4;
-      if (c >= '0' && c <= '9')
-        u |= unsigned(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        u |= unsigned(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        u |= unsigned(c - 'A' + 10);
-      else
-        fail("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9') u |= unsigned(c - '0');
+      else if (c >= 'a' && c <= 'f') u |= unsigned(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F') u |= unsigned(c - 'A' + 10);
+      else fail("bad hex digit in \\u escape");
     }
     return u;
   }
@@ -168,46 +164,27 @@ class Parser {
       if (pos_ >= s_.size()) fail("unterminated escape");
       const char e = s_[pos_++];
       switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF && s_.substr(pos_, 2) == "\\u") {
             const size_t save = pos_;
             pos_ += 2;
             const uint32_t lo = hex4();
-            if (lo >= 0xDC00 && lo <= 0xDFFF)
-              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else
-              pos_ = save;  // a lone high surrogate, kept as is
+            if (lo >= 0xDC00 && lo <= 0xDFFF) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            else pos_ = save;  // a lone high surrogate, kept as is
           }
           append_utf8(out, cp);
           break;
         }
-        default:
-          fail(std::string("unknown escape '\\") + e + "'");
+        default: fail(std::string("unknown escape '\\") + e + "'");
       }
     }
   }

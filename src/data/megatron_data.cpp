@@ -65,12 +65,12 @@ class MegatronData final : public TrainingData {
     OMNI_REQUIRE(valid_, name_,
                  ": no validation documents (--split gives none, or no --valid-data-path); set "
                  "--eval-iters 0 or give some");
-    for (int s = 0; s < count; ++s)
-      read(*valid_, (first + s) % valid_->size(), seq, tokens, labels, s);
+    for (int s = 0; s < count; ++s) read(*valid_, (first + s) % valid_->size(), seq, tokens, labels, s);
   }
   std::string train_sample_origin(int64_t k) const override { return train_->origin(k); }
   std::string describe() const override {
-    return name_ + ": Megatron indexed data, " + std::to_string(train_->size()) + " train samples" +
+    return name_ + ": Megatron indexed data, " + std::to_string(train_->size()) +
+           " train samples" +
            (valid_ ? ", " + std::to_string(valid_->size()) + " validation samples" : "");
   }
 

@@ -23,6 +23,7 @@ namespace omni {
 
 namespace {
 
+
 // ---------------------------------------------------------------------------------------------
 // The pipeline: reader thread -> batches of lines -> worker threads -> in-order writer.
 

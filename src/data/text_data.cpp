@@ -186,8 +186,7 @@ std::string demo_dataset_prefix() {
       if (line[i] < '0' || line[i] > '9') return false;
     for (size_t i = 0; i < space; ++i) {
       const char c = line[i];
-      if (!(std::isalpha(static_cast<unsigned char>(c)) || c == ' ' ||
-            (i == 0 && c >= '1' && c <= '3')))
+      if (!(std::isalpha(static_cast<unsigned char>(c)) || c == ' ' || (i == 0 && c >= '1' && c <= '3')))
         return false;
     }
     return std::isupper(static_cast<unsigned char>(line[line[0] <= '3' ? 2 : 0])) != 0;

@@ -39,10 +39,8 @@ std::unique_ptr<Tokenizer> make_gpt2_bpe_tokenizer(const TokenizerOptions& o) {
     if (size_t(index) >= m.id_bytes.size()) m.id_bytes.resize(size_t(index) + 1);
     m.id_bytes[size_t(index)] = raw;
     by_text.emplace(text, index);
-    if (text == "<|endoftext|>")
-      m.special_tokens.emplace_back(text, index);
-    else
-      m.token_ids.emplace(raw, index);
+    if (text == "<|endoftext|>") m.special_tokens.emplace_back(text, index);
+    else m.token_ids.emplace(raw, index);
   }
 
   const std::string merges = bpe::read_file(o.merge_file, "--merge-file");

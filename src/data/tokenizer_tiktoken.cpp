@@ -62,9 +62,10 @@ std::optional<std::string> base64_decode(std::string_view s) {
 std::unique_ptr<Tokenizer> make_tiktoken_tokenizer(const TokenizerOptions& o) {
   OMNI_REQUIRE(!o.tokenizer_model.empty(),
                "--tokenizer-model: TikTokenizer needs a *.tiktoken ranks file");
-  OMNI_REQUIRE(
-      o.tiktoken_pattern.empty() || o.tiktoken_pattern == "v1" || o.tiktoken_pattern == "v2",
-      "--tiktoken-pattern: expected v1 (cl100k) or v2 (o200k), got '", o.tiktoken_pattern, "'");
+  OMNI_REQUIRE(o.tiktoken_pattern.empty() || o.tiktoken_pattern == "v1" ||
+                   o.tiktoken_pattern == "v2",
+               "--tiktoken-pattern: expected v1 (cl100k) or v2 (o200k), got '", o.tiktoken_pattern,
+               "'");
   const std::string& path = o.tokenizer_model;
   const std::string text = bpe::read_file(path, "--tokenizer-model");
   bpe::BpeModel m;
@@ -81,8 +82,8 @@ std::unique_ptr<Tokenizer> make_tiktoken_tokenizer(const TokenizerOptions& o) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
     const size_t space = line.find(' ');
-    const auto bytes =
-        space == std::string_view::npos ? std::nullopt : base64_decode(line.substr(0, space));
+    const auto bytes = space == std::string_view::npos ? std::nullopt
+                                                       : base64_decode(line.substr(0, space));
     int64_t rank = -1;
     if (bytes) {
       rank = 0;
@@ -108,15 +109,13 @@ std::unique_ptr<Tokenizer> make_tiktoken_tokenizer(const TokenizerOptions& o) {
     m.pattern = kR50kPattern;
     specials = {{"<|endoftext|>", 50256}};
   } else {
-    m.pattern = o.tiktoken_pattern == "v2"   ? kO200kPattern
+    m.pattern = o.tiktoken_pattern == "v2" ? kO200kPattern
                 : o.tiktoken_pattern == "v1" ? kCl100kPattern
                 : ranks == 199998            ? kO200kPattern
                                              : kCl100kPattern;
     if (ranks == 100256)
-      specials = {{"<|endoftext|>", 100257},
-                  {"<|fim_prefix|>", 100258},
-                  {"<|fim_middle|>", 100259},
-                  {"<|fim_suffix|>", 100260},
+      specials = {{"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258},
+                  {"<|fim_middle|>", 100259}, {"<|fim_suffix|>", 100260},
                   {"<|endofprompt|>", 100276}};
     else if (ranks == 199998)
       specials = {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}};

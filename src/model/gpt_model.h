@@ -62,8 +62,8 @@ struct MicroBatch {
 };
 
 struct ModelParallel {
-  Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
-  Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
+  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.
@@ -170,7 +170,9 @@ class GPTModel {
   LayerParams layer_params(int layer, bool grads) const;
   T* classifier_weight(bool grads) const;
   bool has_embedding(int chunk) const { return chunk == 0 && parallel_.pre_process; }
-  bool has_loss(int chunk) const { return chunk == num_chunks() - 1 && parallel_.post_process; }
+  bool has_loss(int chunk) const {
+    return chunk == num_chunks() - 1 && parallel_.post_process;
+  }
   Geometry geometry(const MicroBatch& mb) const;
   ops::AttentionDims attention_dims(const MicroBatch& mb) const;
   void check_batch(const MicroBatch& mb) const;
@@ -224,7 +226,7 @@ class GPTModel {
   std::unique_ptr<Communicator> own_tp_, own_cp_;
   Communicator *tp_, *cp_;
   bool sp_;
-  int heads_, groups_, ffn_;                   // this rank's query heads, groups, ffn columns
+  int heads_, groups_, ffn_;             // this rank's query heads, groups, ffn columns
   int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
   std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;
@@ -237,8 +239,8 @@ class GPTModel {
   // Scratch reused by every layer.
   // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
   // the residual stream.
-  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_,
-      dk_raw_;
+  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_,
+      dq_raw_, dk_raw_;
   // Ring attention scratch: one block's output and rescaled probabilities, dq and dk/dv of
   // one block, and two key/value gradient accumulators in flight.
   Tensor ring_out_, ring_probs_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];

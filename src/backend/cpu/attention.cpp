@@ -99,8 +99,8 @@ void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, in
   rope_apply(x, cos, sin, N, seq, nheads, hd, positions, 1.0, rotary_dim);
 }
 template <typename T>
-void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads, int hd,
-                   const int32_t* positions, int rotary_dim) {
+void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
+                   int hd, const int32_t* positions, int rotary_dim) {
   rope_apply(dx, cos, sin, N, seq, nheads, hd, positions, -1.0, rotary_dim);
 }
 
@@ -123,8 +123,8 @@ int block_keys(const AttentionDims& d, int b, int r0, int r1) {
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionDims& d,
-                       T* lse) {
+void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
+                       const AttentionDims& d, T* lse) {
   const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
@@ -143,8 +143,7 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, con
       if (kend == 0) {  // no row of the block sees a key
         std::fill(Pb, Pb + static_cast<size_t>(rows) * S, T(0));
         for (int i = r0; i < r1; ++i) {
-          std::fill(ob + static_cast<size_t>(i) * ldq, ob + static_cast<size_t>(i) * ldq + hd,
-                    T(0));
+          std::fill(ob + static_cast<size_t>(i) * ldq, ob + static_cast<size_t>(i) * ldq + hd, T(0));
           if (lse) lse[static_cast<size_t>(bh) * S + i] = -std::numeric_limits<T>::infinity();
         }
         continue;
@@ -245,16 +244,16 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   }
 }
 
-#define INSTANTIATE(T)                                                                           \
-  template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                        \
-  template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);            \
+#define INSTANTIATE(T)                                                                            \
+  template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                         \
+  template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);             \
   template void rope_forward<T>(T*, const double*, const double*, int, int, int, int,            \
                                 const int32_t*, int);                                            \
   template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,           \
                                  const int32_t*, int);                                           \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&, \
-                                     T*);                                                        \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&,  \
+                                     T*);                                                         \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, const T*, const AttentionDims&);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 
