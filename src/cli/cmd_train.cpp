@@ -45,6 +45,11 @@ DeviceChoice choose_device(const Options& o, int world_size) {
     unsupported = "runs of several ranks";
   else if (o.model.qk_layernorm)
     unsupported = "--qk-layernorm";
+  else if (o.model.layernorm_zero_centered_gamma)
+    unsupported = "--apply-layernorm-1p";
+  else if (o.model.position_embedding_type == PositionEmbedding::Rope &&
+           o.model.rotary_dim() != o.model.head_dim())
+    unsupported = "--rotary-percent below 1";
   else if (!o.recompute_granularity.empty())
     unsupported = "activation recompute";
   else if (o.optim.kind != OptimizerKind::AdamW)

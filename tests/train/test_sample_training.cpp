@@ -107,6 +107,34 @@ TEST(PerTokenLoss, GradientAccumulationEqualsOneLargeMicroBatchUnderAMask) {
   EXPECT_GT(worst_means, 1e-4);  // the flag changes the result
 }
 
+TEST(SampleBasedTrainingCli, TheRampShowsInTheLogAndPrimusLlamaRopeKeysMeanWhatMegatronsDo) {
+  const std::string common =
+      "train --mock-data --vocab-size 97 --num-layers 1 --hidden-size 16 --num-attention-heads 2 "
+      "--seq-length 16 --micro-batch-size 2 --eval-iters 0 --log-interval 1 --no-progress "
+      "--device cpu --position-embedding-type rope ";
+  // Primus's llama_base.yaml: rotary_scaling_factor 40 and add_position_embedding false.
+  const ProcessResult r =
+      run_omnitron(common +
+                   "--global-batch-size 8 --train-samples 40 --rampup-batch-size 2 2 12 "
+                   "--rotary-scaling-factor 40 --no-position-embedding");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("batch ramp: 2 to 8 by 2 over the first 12 samples"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" 7 iterations"), std::string::npos) << r.output;
+  for (const char* logged : {"consumed samples:            2 ", "global batch size:     2 |",
+                             "consumed samples:            8 ", "global batch size:     4 |",
+                             "consumed samples:           38 ", "global batch size:     8 |"})
+    EXPECT_NE(r.output.find(logged), std::string::npos) << logged << "\n" << r.output;
+  EXPECT_NE(r.output.find("note: --rotary-scaling-factor has no effect here"), std::string::npos)
+      << r.output;
+  // Megatron refuses the deprecated switch where it would drop a learned position table.
+  const ProcessResult learned =
+      run_omnitron(common + "--position-embedding-type learned_absolute --no-position-embedding");
+  EXPECT_NE(learned.exit_code, 0);
+  EXPECT_NE(learned.output.find("--no-position-embedding is deprecated"), std::string::npos)
+      << learned.output;
+}
+
 // A corpus of `docs` documents of cyclic tokens.
 std::string write_dataset(const std::string& name, int docs) {
   const std::string prefix = ::testing::TempDir() + name;
