@@ -185,12 +185,6 @@ void finalize(Options& o) {
     o.model.make_vocab_size_divisible_by = 1;
   }
   o.model.validate();
-  // Megatron's validate_args: the switch is deprecated, and only rope (which has no table
-  // to drop) tolerates it.
-  OMNI_REQUIRE(!o.no_position_embedding ||
-                   o.model.position_embedding_type != PositionEmbedding::LearnedAbsolute,
-               "--no-position-embedding is deprecated (as in Megatron), use "
-               "--position-embedding-type: none for a model without position embedding");
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   const std::string& rg = o.recompute_granularity;
   OMNI_REQUIRE(rg.empty() || rg == "full" || rg == "selective",
@@ -248,6 +242,12 @@ void finalize(Options& o) {
                " is not a signal number");
   OMNI_REQUIRE(o.hidden_dropout == 0 && o.attention_dropout == 0,
                "--hidden-dropout/--attention-dropout: dropout is not built yet (use 0)");
+  // Megatron's validate_args: the switch is deprecated, and only rope (which has no table
+  // to drop) tolerates it.
+  OMNI_REQUIRE(!o.no_position_embedding ||
+                   o.model.position_embedding_type != PositionEmbedding::LearnedAbsolute,
+               "--no-position-embedding is deprecated (as in Megatron), use "
+               "--position-embedding-type: none for a model without position embedding");
   OMNI_REQUIRE(o.optim.clip_grad >= 0, "--clip-grad must be 0 or positive");
   OMNI_REQUIRE(o.optim.adam_beta1 >= 0 && o.optim.adam_beta1 < 1, "--adam-beta1 must be in [0, 1)");
   OMNI_REQUIRE(o.optim.adam_beta2 >= 0 && o.optim.adam_beta2 < 1, "--adam-beta2 must be in [0, 1)");
