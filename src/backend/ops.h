@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace omni::ops {
 
@@ -106,14 +107,18 @@ void qkv_merge(T* qkv, const T* q, const T* k, const T* v, const AttentionDims& 
 
 // Rotary position embedding (non-interleaved halves, as Megatron and Hugging Face Llama)
 // applied in place to x [N, nheads, head_dim] at positions[n] (null: n % seq); cos/sin
-// are [seq, head_dim/2] tables from rope_tables. backward = rotation by the negative angle.
+// are [seq, rotary_dim/2] tables from rope_tables. backward = rotation by the negative angle.
+// rotary_dim (0: head_dim) is how many leading channels of each head rotate (Megatron's
+// --rotary-percent); the others pass through.
 void rope_tables(double* cos, double* sin, int seq, int head_dim, double base);
+// The same tables from given inverse frequencies (n of them: rotary_dim = 2n).
+void rope_tables(double* cos, double* sin, int seq, const std::vector<double>& inv_freq);
 template <typename T>
 void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, int nheads,
-                  int head_dim, const int32_t* positions = nullptr);
+                  int head_dim, const int32_t* positions = nullptr, int rotary_dim = 0);
 template <typename T>
 void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
-                   int head_dim, const int32_t* positions = nullptr);
+                   int head_dim, const int32_t* positions = nullptr, int rotary_dim = 0);
 
 // Causal softmax attention. q [batch * seq, heads*hd], k/v [batch * seq, groups*hd],
 // out [batch * seq, heads*hd]; probs [batch, heads, seq, seq] is saved for backward

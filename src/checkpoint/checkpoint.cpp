@@ -198,6 +198,8 @@ Metadata read_metadata(const std::string& root) {
       ls >> md.progress.consumed_samples;
     } else if (key == "lr_schedule_iteration") {
       ls >> md.progress.lr_schedule_iteration;
+    } else if (key == "lr_schedule_samples") {
+      ls >> md.progress.lr_schedule_samples;
     } else if (key == "loss_scaler") {
       GradScalerState st;
       ls >> st.scale >> st.growth_tracker >> st.hysteresis_tracker;
@@ -339,8 +341,10 @@ std::string write_checkpoint(const std::string& root, const Options& opts,
      << "consumed_samples " << progress.consumed_samples << "\n"
      << "lr_schedule_iteration "
      << (progress.lr_schedule_iteration >= 0 ? progress.lr_schedule_iteration : progress.iteration)
-     << "\n"
-     << "optimizer " << (optimizer ? optimizer_name(optimizer->kind()) : kNoOptimizer) << ' '
+     << "\n";
+  if (progress.lr_schedule_samples >= 0)
+    md << "lr_schedule_samples " << progress.lr_schedule_samples << "\n";
+  md << "optimizer " << (optimizer ? optimizer_name(optimizer->kind()) : kNoOptimizer) << ' '
      << (optimizer ? optimizer->steps() : 0) << "\n"
      << "rng none\n";
   if (progress.loss_scaler) {

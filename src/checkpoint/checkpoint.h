@@ -3,7 +3,8 @@
 //
 // An iteration directory holds:
 //   metadata.txt   "omnitron-checkpoint 1", then `key value` lines: iteration,
-//                  consumed_samples, lr_schedule_iteration (the schedule's position),
+//                  consumed_samples, lr_schedule_iteration and lr_schedule_samples (the
+//                  schedule's position in updates and in samples),
 //                  optimizer (name and step count), rng (none: see below), loss_scaler
 //                  (fp16's scale and trackers, when there is one), the resolved
 //                  options one argument per line after `args N`, and one line per tensor:
@@ -47,6 +48,9 @@ struct TrainingProgress {
   // The learning-rate schedule's position: the iteration, less the steps fp16 skipped
   // (Megatron advances the schedule only on a successful update). -1: the iteration.
   int64_t lr_schedule_iteration = -1;
+  // The same position in samples (Megatron's scheduler num_steps); -1: not recorded (older
+  // checkpoints, whose batch was constant).
+  int64_t lr_schedule_samples = -1;
   std::optional<GradScalerState> loss_scaler;  // --fp16's scaler, when there is one
 };
 

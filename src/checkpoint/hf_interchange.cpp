@@ -444,6 +444,16 @@ bool is_buffer(const std::string& name) {
 // ---------------------------------------------------------------------------------------
 
 HfFamily family_of(const TransformerConfig& c) {
+  // Features config.json could carry but this exporter does not write yet: refused rather
+  // than dropped.
+  OMNI_REQUIRE(!c.layernorm_zero_centered_gamma && !c.use_rope_scaling &&
+                   (c.position_embedding_type != PositionEmbedding::Rope ||
+                    c.rotary_dim() == c.head_dim()),
+               "this model uses ",
+               c.layernorm_zero_centered_gamma ? "--apply-layernorm-1p"
+               : c.use_rope_scaling            ? "--use-rope-scaling"
+                                               : "--rotary-percent below 1",
+               ", which the Hugging Face export does not write yet");
   const bool gpt2 = c.position_embedding_type == PositionEmbedding::LearnedAbsolute &&
                     c.normalization == Normalization::LayerNorm && !c.swiglu && c.add_bias_linear &&
                     !c.qk_layernorm && c.query_groups() == c.num_attention_heads &&

@@ -20,6 +20,7 @@
 #include "config/yaml_config.h"
 #include "config/yaml_tree.h"
 #include "data/dataset.h"
+#include "data/indexed_dataset.h"
 #include "data/prefetch.h"
 #include "train/run_options.h"
 #include "train/sampler.h"
@@ -50,6 +51,11 @@ DeviceChoice choose_device(const Options& o, int world_size) {
     unsupported = "runs of several ranks";
   else if (o.model.qk_layernorm)
     unsupported = "--qk-layernorm";
+  else if (o.model.layernorm_zero_centered_gamma)
+    unsupported = "--apply-layernorm-1p";
+  else if (o.model.position_embedding_type == PositionEmbedding::Rope &&
+           o.model.rotary_dim() != o.model.head_dim())
+    unsupported = "--rotary-percent below 1";
   else if (!o.recompute_granularity.empty())
     unsupported = "activation recompute";
   else if (o.optim.kind != OptimizerKind::AdamW)
@@ -127,6 +133,18 @@ std::optional<int32_t> end_of_document(const Options& opts, const Tokenizer* tok
 
 std::unique_ptr<TrainingData> open_training_data(Options& opts, std::optional<int32_t> eod) {
   if (opts.mock_data) return make_mock_data(opts.model.vocab_size, opts.seed, eod.value_or(-1));
+  if (opts.per_split_data()) {
+    DataBlend train, valid, test;
+    train.prefixes = parse_data_path(opts.train_data_path, &train.weighted);
+    if (!opts.valid_data_path.empty())
+      valid.prefixes = parse_data_path(opts.valid_data_path, &valid.weighted);
+    if (!opts.test_data_path.empty())
+      for (const WeightedPrefix& p : parse_data_path(opts.test_data_path, &test.weighted))
+        IndexedDataset check(p.prefix);  // the test split is not evaluated (a note says so)
+    return std::make_unique<PrefetchingData>(
+        make_megatron_data(train, valid, opts.model.seq_length, opts.seed, opts.train_samples(),
+                           opts.valid_samples(), opts.data_cache_path));
+  }
   if (!opts.data_path.empty() || !opts.data_file_list.empty()) {
     bool weighted = true;
     const std::vector<WeightedPrefix> prefixes = opts.data_file_list.empty()
@@ -134,7 +152,7 @@ std::unique_ptr<TrainingData> open_training_data(Options& opts, std::optional<in
                                                      : read_data_file_list(opts.data_file_list);
     return std::make_unique<PrefetchingData>(
         make_megatron_data(prefixes, weighted, opts.split, opts.model.seq_length, opts.seed,
-                           opts.train_samples(), opts.valid_samples()));
+                           opts.train_samples(), opts.valid_samples(), opts.data_cache_path));
   }
   if (opts.train_text.empty()) opts.train_text = demo_corpus_path();
   return make_byte_text_data(opts.train_text, opts.split, opts.model.seq_length, opts.seed);
@@ -325,10 +343,14 @@ int train(const std::vector<std::string>& raw_args) {
   if (info) std::printf("  data: %s\n", data->describe().c_str());
   std::printf(
       "  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
-      "lr %g -> %g (%s, %lld warm-up)\n",
+      "lr %g -> %g (%s, %g warm-up samples)\n",
       opts.global_batch_size, m.seq_length, opts.micro_batch_size, opts.grad_accumulation_steps(),
       (long long)opts.train_iters, opts.lr, opts.min_lr, opts.lr_decay_style.c_str(),
-      (long long)opts.lr_schedule.warmup_iters);
+      opts.lr_schedule.warmup_steps);
+  const BatchSchedule& ramp = opts.batch_schedule;
+  if (ramp.ramps())
+    std::printf("  batch ramp: %d to %d by %d over the first %lld samples\n", ramp.rampup_start,
+                ramp.global_batch_size, ramp.rampup_increment, (long long)ramp.rampup_samples);
   if (info) std::printf("  device: %s\n", device_line.c_str());
   if (!device.note.empty()) std::printf("  %s\n", device.note.c_str());
   if (world.size() > 1)

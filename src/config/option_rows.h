@@ -98,6 +98,10 @@ void add_tuning(std::vector<OptionDef>& t, const std::string& feature,
 void add_refused(std::vector<OptionDef>& t, const std::string& feature,
                  std::initializer_list<ListedFlag> flags);
 
+// finalize()'s checks and derived values for the length of training, the batch ramp and
+// the learning-rate schedule (finalize_schedules.cpp).
+void finalize_schedules(Options& o);
+
 // The groups, in the order --help lists them.
 void add_model_options(std::vector<OptionDef>& t);
 void add_training_options(std::vector<OptionDef>& t);

@@ -156,12 +156,16 @@ void virtual_stages_to_layers(Options& o) {
 
 void finalize(Options& o) {
   if (!o.data_args_path.empty()) read_data_args(o);
-  const bool indexed = !o.data_path.empty() || !o.data_file_list.empty();
+  const bool indexed = !o.data_path.empty() || !o.data_file_list.empty() || o.per_split_data();
   OMNI_REQUIRE(
       int(o.mock_data) + int(!o.data_path.empty()) + int(!o.data_file_list.empty()) +
-              int(!o.train_text.empty()) <=
+              int(!o.train_text.empty()) + int(o.per_split_data()) <=
           1,
-      "choose one data source: --mock-data, --data-path, --data-file-list or --train-text");
+      "choose one data source: --mock-data, --data-path, --data-file-list, --train-text or "
+      "--train-data-path (with --valid-data-path, --test-data-path)");
+  // Megatron's blend_per_split: the training split needs its own datasets.
+  OMNI_REQUIRE(!o.per_split_data() || !o.train_data_path.empty(),
+               "--valid-data-path and --test-data-path need --train-data-path for training");
   if (o.mock_data || indexed) {
     OMNI_REQUIRE(o.model.vocab_size > 0, o.mock_data ? "--mock-data" : "--data-path",
                  " needs --vocab-size or --tokenizer-type");
@@ -229,7 +233,6 @@ void finalize(Options& o) {
                "--eval-micro-batch-size ", o.eval_micro_batch_size,
                ": not built yet: an evaluation micro batch other than --micro-batch-size (",
                o.micro_batch_size, ")");
-  OMNI_REQUIRE(o.train_iters > 0, "--train-iters must be positive (got ", o.train_iters, ")");
   OMNI_REQUIRE(o.lr >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr (", o.min_lr,
                ") must be between 0 and --lr (", o.lr, ")");
   OMNI_REQUIRE(o.log_interval > 0, "--log-interval must be positive (got ", o.log_interval, ")");
@@ -240,31 +243,19 @@ void finalize(Options& o) {
                " is not a signal number");
   OMNI_REQUIRE(o.hidden_dropout == 0 && o.attention_dropout == 0,
                "--hidden-dropout/--attention-dropout: dropout is not built yet (use 0)");
+  // Megatron's validate_args: the switch is deprecated, and only rope (which has no table
+  // to drop) tolerates it.
+  OMNI_REQUIRE(!o.no_position_embedding ||
+                   o.model.position_embedding_type != PositionEmbedding::LearnedAbsolute,
+               "--no-position-embedding is deprecated (as in Megatron), use "
+               "--position-embedding-type: none for a model without position embedding");
   OMNI_REQUIRE(o.optim.clip_grad >= 0, "--clip-grad must be 0 or positive");
   OMNI_REQUIRE(o.optim.adam_beta1 >= 0 && o.optim.adam_beta1 < 1, "--adam-beta1 must be in [0, 1)");
   OMNI_REQUIRE(o.optim.adam_beta2 >= 0 && o.optim.adam_beta2 < 1, "--adam-beta2 must be in [0, 1)");
   OMNI_REQUIRE(o.optim.adam_eps > 0, "--adam-eps must be positive");
   o.optim.kind = parse_optimizer(o.optimizer);
 
-  LRScheduleConfig& s = o.lr_schedule;
-  s.lr = o.lr;
-  s.min_lr = o.min_lr;
-  s.style = parse_lr_decay_style(o.lr_decay_style);
-  s.wsd_style = parse_wsd_decay_style(o.lr_wsd_decay_style);
-  s.decay_iters = o.lr_decay_iters ? o.lr_decay_iters : o.train_iters;
-  OMNI_REQUIRE(o.lr_warmup_fraction <= 1.0, "--lr-warmup-fraction must be at most 1");
-  s.warmup_iters =
-      o.lr_warmup_iters
-          ? o.lr_warmup_iters
-          : (o.lr_warmup_fraction > 0 ? static_cast<int64_t>(o.lr_warmup_fraction * s.decay_iters)
-                                      : 0);
-  s.warmup_init = o.lr_warmup_init;
-  OMNI_REQUIRE(o.lr_warmup_init >= 0 && o.lr_warmup_init <= o.lr, "--lr-warmup-init (",
-               o.lr_warmup_init, ") must be between 0 and --lr (", o.lr, ")");
-  s.wsd_decay_iters = o.lr_wsd_decay_iters;
-  if (s.style == LRDecayStyle::WSD)
-    OMNI_REQUIRE(s.wsd_decay_iters > 0 && s.wsd_decay_iters <= s.decay_iters - s.warmup_iters,
-                 "--lr-wsd-decay-iters must be positive and fit after the warm-up");
+  option_rows::finalize_schedules(o);
   OMNI_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda" || o.device == "hip",
                "--device: '", o.device, "' is not one of auto, cpu, cuda, hip");
 }

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "data/tokenizer.h"
 #include "model/transformer_config.h"
+#include "optim/batch_schedule.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -26,6 +27,14 @@ struct Options {
   int micro_batch_size = 1;
   int global_batch_size = 0;  // 0: micro_batch_size
   int64_t train_iters = 1000;
+  bool train_iters_given = false;  // --train-iters was named (it and --train-samples exclude)
+  // Sample-based training, as Megatron's: --train-samples sets the length (finalize() turns
+  // it into train_iters) and the schedule's --lr-*-samples; 0: iteration-based.
+  int64_t train_samples_total = 0;
+  int64_t lr_warmup_samples = 0, lr_decay_samples = 0, lr_wsd_decay_samples = 0;
+  // --rampup-batch-size START INCR SAMPLES (start 0: none); finalize() fills batch_schedule.
+  int rampup_start = 0, rampup_increment = 0;
+  int64_t rampup_samples = 0;
   // Learning rate (the schedule's own config is filled in by finalize()).
   double lr = 1e-4, min_lr = 0.0;
   std::string lr_decay_style = "linear";
@@ -72,6 +81,13 @@ struct Options {
   std::string data_path;       // Megatron indexed data: "PREFIX" or "w1 p1 w2 p2 ..."
   std::string data_file_list;  // Megatron-DeepSpeed's "weight prefix corpus" lines
   std::string data_args_path;  // a file holding --data-path's value (finalize() reads it)
+  // Megatron's per-split datasets (each "[W] PREFIX ..." like --data-path, each dataset used
+  // whole), instead of --data-path and --split.
+  std::string train_data_path, valid_data_path, test_data_path;
+  std::string data_cache_path;  // where the sample indices are cached (empty: beside the data)
+  bool per_split_data() const {
+    return !train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty();
+  }
   std::string split = "969,30,1";
   TokenizerOptions tokenizer;  // --tokenizer-type and its files
   bool pad_vocab_size = true;  // false: no padding of the embedding rows (finalize() applies it)
@@ -107,6 +123,10 @@ struct Options {
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
+  bool no_position_embedding = false;  // Megatron's deprecated switch (finalize() checks it)
+  // Megatron's --calculate-per-token-loss: the loss is the sum over every token of the
+  // global batch divided by their count, not the mean of the micro-batches' means.
+  bool calculate_per_token_loss = false;
   // Sampling: `omnitron generate`, and the text sample printed at the end of training.
   std::string prompt = "And it came to pass";
   double temperature = 0.8;
@@ -133,11 +153,14 @@ struct Options {
 
   // Derived by finalize().
   LRScheduleConfig lr_schedule;
+  BatchSchedule batch_schedule;  // the global batch of each step
   int grad_accumulation_steps() const {
     return global_batch_size / (micro_batch_size * data_parallel_size);
   }
   // Megatron's sample counts: what the train and validation datasets must hold.
-  int64_t train_samples() const { return train_iters * global_batch_size; }
+  int64_t train_samples() const {
+    return train_samples_total > 0 ? train_samples_total : train_iters * global_batch_size;
+  }
   int64_t valid_samples() const {
     if (!eval_interval) return int64_t(eval_iters) * global_batch_size;
     const int64_t points = train_iters / eval_interval + 1 - start_eval_at_iter / eval_interval;

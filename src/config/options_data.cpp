@@ -18,6 +18,33 @@ void add_data_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> std::string& { return o.data_path; });
   data_path.many = true;
   t.push_back(std::move(data_path));
+  for (auto [flag, split] :
+       {std::pair{"--train-data-path", "training"}, std::pair{"--valid-data-path", "validation"},
+        std::pair{"--test-data-path", "test"}}) {
+    const std::string f = flag;
+    OptionDef d = text(f, "[W] PREFIX ...", D,
+                       std::string("the ") + split +
+                           " datasets, each used whole (as --data-path; not with it or --split)",
+                       [f](Options& o) -> std::string& {
+                         return f == "--train-data-path"   ? o.train_data_path
+                                : f == "--valid-data-path" ? o.valid_data_path
+                                                           : o.test_data_path;
+                       });
+    d.many = true;
+    t.push_back(std::move(d));
+  }
+  // Megatron evaluates the test split once after training; no split's test part is
+  // evaluated here, so its datasets are only opened (a wrong path still fails).
+  t.back().set = [set = t.back().set](Options& o, const std::string& v) {
+    set(o, v);
+    plumbing("--test-data-path", "[W] PREFIX ...",
+             "its datasets are opened and checked, but the test evaluation after training is "
+             "not built")
+        .set(o, v);
+  };
+  t.push_back(text("--data-cache-path", "DIR", D,
+                   "where the sample indices are cached (default: beside the data)",
+                   [](Options& o) -> std::string& { return o.data_cache_path; }));
   t.push_back(text("--data-args-path", "FILE", D, "a file holding --data-path's value",
                    [](Options& o) -> std::string& { return o.data_args_path; }));
   t.push_back(text("--data-file-list", "FILE", D,

@@ -22,6 +22,15 @@ void add_learning_rate_options(std::vector<OptionDef>& t) {
                               [](Options& o) -> int64_t& { return o.lr_decay_iters; }));
   t.push_back(number<int64_t>("--lr-wsd-decay-iters", "N", L, "WSD: length of the final decay",
                               [](Options& o) -> int64_t& { return o.lr_wsd_decay_iters; }));
+  t.push_back(number<int64_t>("--lr-warmup-samples", "N", L,
+                              "with --train-samples: linear warm-up over N samples",
+                              [](Options& o) -> int64_t& { return o.lr_warmup_samples; }));
+  t.push_back(number<int64_t>("--lr-decay-samples", "N", L,
+                              "with --train-samples: sample where the decay ends (0: all)",
+                              [](Options& o) -> int64_t& { return o.lr_decay_samples; }));
+  t.push_back(number<int64_t>("--lr-wsd-decay-samples", "N", L,
+                              "with --train-samples, WSD: samples of the final decay",
+                              [](Options& o) -> int64_t& { return o.lr_wsd_decay_samples; }));
   t.push_back(text("--lr-wsd-decay-style", "STYLE", L,
                    "WSD decay: linear, cosine, exponential, minus_sqrt",
                    [](Options& o) -> std::string& { return o.lr_wsd_decay_style; }));

@@ -55,7 +55,8 @@ void add_model_options(std::vector<OptionDef>& t) {
   t.push_back(OptionDef{"--openai-gelu", "", M, "GELU's tanh approximation (always, here)",
                         [](Options&, const std::string&) {}, nullptr});
   t.push_back(OptionDef{
-      "--position-embedding-type", "learned_absolute|rope", M, "position encoding",
+      "--position-embedding-type", "learned_absolute|rope|none", M,
+      "position encoding (none: no position information, NoPE)",
       [](Options& o, const std::string& v) {
         if (v == "learned_absolute")
           o.model.position_embedding_type = PositionEmbedding::LearnedAbsolute;
@@ -69,8 +70,7 @@ void add_model_options(std::vector<OptionDef>& t) {
           throw NotBuiltError("--position-embedding-type relative",
                               "relative position buckets (T5)");
         else if (v == "none")
-          throw NotBuiltError("--position-embedding-type none",
-                              "a model without position embedding");
+          o.model.position_embedding_type = PositionEmbedding::None;
         else
           throw UsageError("--position-embedding-type: '" + v +
                            "' is not one of learned_absolute, rope, yarn, mrope, relative, none");
@@ -84,12 +84,37 @@ void add_model_options(std::vector<OptionDef>& t) {
                         nullptr});
   t.push_back(number<double>("--rotary-base", "X", M, "RoPE base (Llama 2: 10000, Llama 3: 500000)",
                              [](Options& o) -> double& { return o.model.rotary_base; }));
+  t.push_back(number<double>("--rotary-percent", "X", M,
+                             "fraction of each head's channels rope rotates (the rest pass)",
+                             [](Options& o) -> double& { return o.model.rotary_percent; }));
+  t.push_back(toggle("--use-rope-scaling", M,
+                     "Llama 3.1's rope frequency scaling (by --rope-scaling-factor)",
+                     [](Options& o) -> bool& { return o.model.use_rope_scaling; }));
+  t.push_back(number<double>("--rope-scaling-factor", "X", M,
+                             "Llama 3.1 scaling's factor (with --use-rope-scaling)",
+                             [](Options& o) -> double& { return o.model.rope_scaling_factor; }));
+  // Megatron reads --rotary-scaling-factor only for YaRN (--position-embedding-type yarn)
+  // and multi-latent attention, both refused here; it is not Llama 3.1's scaling. Primus's
+  // llama_base.yaml sets it to 40 for every Llama, where Megatron ignores it too.
+  t.push_back(plumbing("--rotary-scaling-factor", "X",
+                       "only YaRN (--position-embedding-type yarn) and multi-latent attention "
+                       "read it, and neither is built; Llama 3.1's scaling is "
+                       "--use-rope-scaling"));
+  // Megatron: deprecated; with rope (or none) there is no position table to drop, and with
+  // learned_absolute it is an error pointing at --position-embedding-type.
+  t.push_back(OptionDef{"--no-position-embedding", "", M,
+                        "deprecated: only valid with rope or none (use --position-embedding-type)",
+                        [](Options& o, const std::string&) { o.no_position_embedding = true; },
+                        nullptr});
   t.push_back(toggle(
       "--disable-bias-linear", M, "no biases on the linear layers",
       [](Options& o) -> bool& { return o.model.add_bias_linear; }, false));
   t.push_back(toggle("--add-qkv-bias", M,
                      "bias on the QKV projection even without linear biases (Qwen2.5)",
                      [](Options& o) -> bool& { return o.model.add_qkv_bias; }));
+  t.push_back(toggle("--apply-layernorm-1p", M,
+                     "zero-centred norm weights: each norm stores gamma - 1 (initialised to 0)",
+                     [](Options& o) -> bool& { return o.model.layernorm_zero_centered_gamma; }));
   t.push_back(toggle("--qk-layernorm", M, "normalise queries and keys per head",
                      [](Options& o) -> bool& { return o.model.qk_layernorm; }));
   t.push_back(

@@ -14,8 +14,38 @@ void add_training_options(std::vector<OptionDef>& t) {
       "--global-batch-size", "N", T,
       "samples per optimizer step (a multiple of the micro batch: gradient accumulation)",
       [](Options& o) -> int& { return o.global_batch_size; }));
-  t.push_back(number<int64_t>("--train-iters", "N", T, "optimizer steps",
-                              [](Options& o) -> int64_t& { return o.train_iters; }));
+  OptionDef iters = number<int64_t>("--train-iters", "N", T, "optimizer steps",
+                                    [](Options& o) -> int64_t& { return o.train_iters; });
+  iters.set = [set = iters.set](Options& o, const std::string& v) {
+    set(o, v);
+    o.train_iters_given = true;
+  };
+  t.push_back(std::move(iters));
+  t.push_back(number<int64_t>(
+      "--train-samples", "N", T,
+      "train on N samples instead of --train-iters steps (the schedule then counts samples)",
+      [](Options& o) -> int64_t& { return o.train_samples_total; }));
+  t.push_back(OptionDef{
+      "--rampup-batch-size", "START INCR SAMPLES", T,
+      "with --train-samples: the global batch grows from START by INCR to --global-batch-size "
+      "over the first SAMPLES samples",
+      [](Options& o, const std::string& v) {
+        std::istringstream in(v);
+        std::string start, incr, samples, extra;
+        if (!(in >> start >> incr >> samples) || (in >> extra))
+          throw UsageError("--rampup-batch-size expects three values, START INCR SAMPLES; got '" +
+                           v + "'");
+        o.rampup_start = parse_number<int>("--rampup-batch-size START", start);
+        o.rampup_increment = parse_number<int>("--rampup-batch-size INCR", incr);
+        o.rampup_samples = parse_number<int64_t>("--rampup-batch-size SAMPLES", samples);
+      },
+      [](const Options& o) {
+        return o.rampup_start == 0
+                   ? std::string()
+                   : std::to_string(o.rampup_start) + " " + std::to_string(o.rampup_increment) +
+                         " " + std::to_string(o.rampup_samples);
+      },
+      true});
   t.push_back(number<int64_t>("--seed", "N", T, "seed of initialisation and data order",
                               [](Options& o) -> int64_t& { return o.seed; }));
   t.push_back(OptionDef{
@@ -56,6 +86,10 @@ void add_training_options(std::vector<OptionDef>& t) {
                           },
                           nullptr});
   }
+  t.push_back(toggle("--calculate-per-token-loss", T,
+                     "the loss is the global batch's token sum over its token count (not the "
+                     "mean of the micro-batches' means)",
+                     [](Options& o) -> bool& { return o.calculate_per_token_loss; }));
   t.push_back(toggle(
       "--no-check-for-nan-in-loss-and-grad", T,
       "train on through a non-finite gradient norm (by default it stops the run)",

@@ -48,10 +48,23 @@ std::unique_ptr<TrainingData> make_byte_text_data(const std::string& path, const
 // Megatron indexed datasets (`{prefix}.bin/.idx`) cut by --split; train and validation
 // samples as Megatron-Core orders them for the same seed and sample counts: one prefix
 // through GPTDataset, a weighted list through BlendedDataset's interleave.
+// cache_dir: where the sample indices are cached (--data-cache-path; empty: beside the data).
 std::unique_ptr<TrainingData> make_megatron_data(const std::vector<WeightedPrefix>& prefixes,
                                                  bool weighted, const std::string& split, int seq,
                                                  uint64_t seed, int64_t train_samples,
-                                                 int64_t valid_samples);
+                                                 int64_t valid_samples,
+                                                 const std::string& cache_dir = {});
+
+// Megatron's --train-data-path / --valid-data-path: each split from its own datasets, each
+// dataset whole (no --split); a validation blend without prefixes: no validation data.
+struct DataBlend {
+  std::vector<WeightedPrefix> prefixes;
+  bool weighted = false;
+};
+std::unique_ptr<TrainingData> make_megatron_data(const DataBlend& train, const DataBlend& valid,
+                                                 int seq, uint64_t seed, int64_t train_samples,
+                                                 int64_t valid_samples,
+                                                 const std::string& cache_dir = {});
 
 // The demo corpus: the King James Bible from Debian's bible-kjv-text. Looks for
 // $OMNITRON_DATA_DIR/kjv.txt, then data/kjv.txt beside the build directory; when absent,

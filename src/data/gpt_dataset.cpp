@@ -171,7 +171,8 @@ GPTDatasetIndices build_gpt_dataset_indices(std::span<const int32_t> sequence_le
 }
 
 GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocumentRange documents,
-                       int64_t num_samples, int seq_length, uint32_t seed)
+                       int64_t num_samples, int seq_length, uint32_t seed,
+                       const std::string& cache_dir)
     : data_(std::move(data)), seq_length_(seq_length) {
   OMNI_CHECK(data_ != nullptr, "GPTDataset needs an indexed dataset");
   OMNI_REQUIRE(documents.begin >= 0 && documents.begin < documents.end &&
@@ -179,10 +180,13 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocumentRange
                "[GPTDataset] documents ", documents.begin, "..", documents.end,
                " are not a non-empty range of the ", data_->num_sequences(), " sequences of ",
                data_->prefix());
-  indices_ = cached_gpt_indices(*data_, documents, num_samples, seq_length, seed, [&] {
-    return build_gpt_dataset_indices(data_->sequence_lengths(), documents, num_samples,
-                                     seq_length, seed);
-  });
+  indices_ = cached_gpt_indices(
+      *data_, documents, num_samples, seq_length, seed,
+      [&] {
+        return build_gpt_dataset_indices(data_->sequence_lengths(), documents, num_samples,
+                                         seq_length, seed);
+      },
+      cache_dir);
 }
 
 void GPTDataset::sample(int64_t k, int32_t* tokens) const {

@@ -52,8 +52,9 @@ GPTDatasetIndices build_gpt_dataset_indices(std::span<const int32_t> sequence_le
 
 class GPTDataset {
  public:
+  // cache_dir: where the indices are cached (index_cache.h; empty: beside the data).
   GPTDataset(std::shared_ptr<const IndexedDataset> data, DocumentRange documents,
-             int64_t num_samples, int seq_length, uint32_t seed);
+             int64_t num_samples, int seq_length, uint32_t seed, const std::string& cache_dir = {});
 
   int64_t size() const { return indices_.size(); }
   int seq_length() const { return seq_length_; }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/error.h"
 #include "base/philox.h"
 #include "data/indexed_dataset.h"
 
@@ -98,19 +99,35 @@ void store(const std::string& path, const std::string& key, const GPTDatasetIndi
 }  // namespace
 
 std::string gpt_index_cache_path(const IndexedDataset& data, DocumentRange documents,
-                                 int64_t num_samples, int seq_length, uint32_t seed) {
+                                 int64_t num_samples, int seq_length, uint32_t seed,
+                                 const std::string& cache_dir) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(
                     name_hash(cache_key(data, documents, num_samples, seq_length, seed))));
-  return data.prefix() + "." + hex + ".gptidx";
+  const std::string prefix =
+      cache_dir.empty()
+          ? data.prefix()
+          : (std::filesystem::path(cache_dir) / std::filesystem::path(data.prefix()).filename())
+                .string();
+  return prefix + "." + hex + ".gptidx";
 }
 
 GPTDatasetIndices cached_gpt_indices(const IndexedDataset& data, DocumentRange documents,
                                      int64_t num_samples, int seq_length, uint32_t seed,
-                                     const std::function<GPTDatasetIndices()>& build) {
+                                     const std::function<GPTDatasetIndices()>& build,
+                                     const std::string& cache_dir) {
+  if (!cache_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir, ec);
+    OMNI_REQUIRE(!ec && std::filesystem::is_directory(cache_dir),
+                 "--data-cache-path: cannot create "
+                 "the directory '",
+                 cache_dir, "'", ec ? ": " + ec.message() : std::string());
+  }
   const std::string key = cache_key(data, documents, num_samples, seq_length, seed);
-  const std::string path = gpt_index_cache_path(data, documents, num_samples, seq_length, seed);
+  const std::string path =
+      gpt_index_cache_path(data, documents, num_samples, seq_length, seed, cache_dir);
   GPTDatasetIndices indices;
   if (load(path, key, indices)) return indices;
   indices = build();

@@ -63,7 +63,8 @@ class MegatronData final : public TrainingData {
   void valid_samples(int64_t first, int count, int seq, int32_t* tokens,
                      int32_t* labels) const override {
     OMNI_REQUIRE(valid_, name_,
-                 ": --split gives no validation documents; set --eval-iters 0 or change --split");
+                 ": no validation documents (--split gives none, or no --valid-data-path); set "
+                 "--eval-iters 0 or give some");
     for (int s = 0; s < count; ++s) read(*valid_, (first + s) % valid_->size(), seq, tokens, labels, s);
   }
   std::string train_sample_origin(int64_t k) const override { return train_->origin(k); }
@@ -88,8 +89,8 @@ class MegatronData final : public TrainingData {
 // Builds split `which` (0 train, 1 validation) for num_samples; null when absent.
 std::unique_ptr<SplitSamples> build_split(
     const std::vector<std::shared_ptr<const IndexedDataset>>& data,
-    const std::vector<WeightedPrefix>& prefixes, bool weighted, const std::string& split,
-    int which, int64_t num_samples, int seq, uint32_t seed) {
+    const std::vector<WeightedPrefix>& prefixes, bool weighted, const std::string& split, int which,
+    int64_t num_samples, int seq, uint32_t seed, const std::string& cache_dir) {
   if (num_samples <= 0) return nullptr;
   BlendPlan plan;
   if (weighted) {
@@ -103,9 +104,31 @@ std::unique_ptr<SplitSamples> build_split(
     if (!ranges[which] && which != 0) return nullptr;  // e.g. --split 100,0,0: no validation
     const DocumentRange& docs = require_documents(ranges[which], split, which, prefixes[i].prefix);
     const int64_t n = weighted ? plan.dataset_sizes[i] : num_samples;
-    datasets.push_back(std::make_unique<GPTDataset>(data[i], docs, n, seq, seed));
+    datasets.push_back(std::make_unique<GPTDataset>(data[i], docs, n, seq, seed, cache_dir));
   }
   return std::make_unique<SplitSamples>(std::move(datasets), std::move(plan));
+}
+
+// The indexed datasets of a blend, and their names joined for messages.
+std::vector<std::shared_ptr<const IndexedDataset>> open_blend(const DataBlend& blend,
+                                                              const std::string& flag,
+                                                              std::string& name) {
+  OMNI_REQUIRE(blend.weighted || blend.prefixes.size() == 1,
+               "several datasets need weights: ", flag, " w1 p1 w2 p2 ...");
+  std::vector<std::shared_ptr<const IndexedDataset>> data;
+  for (const WeightedPrefix& p : blend.prefixes) {
+    data.push_back(std::make_shared<const IndexedDataset>(p.prefix));
+    name += (name.empty() ? "" : " + ") + p.prefix;
+  }
+  return data;
+}
+
+uint32_t data_seed(uint64_t seed) {
+  OMNI_REQUIRE(seed <= 0xffffffffull,
+               "--seed must be in [0, 2^32) for Megatron data (numpy's "
+               "RandomState takes 32-bit seeds); got ",
+               seed);
+  return static_cast<uint32_t>(seed);
 }
 
 }  // namespace
@@ -113,21 +136,35 @@ std::unique_ptr<SplitSamples> build_split(
 std::unique_ptr<TrainingData> make_megatron_data(const std::vector<WeightedPrefix>& prefixes,
                                                  bool weighted, const std::string& split, int seq,
                                                  uint64_t seed, int64_t train_samples,
-                                                 int64_t valid_samples) {
-  OMNI_REQUIRE(seed <= 0xffffffffull, "--seed must be in [0, 2^32) for Megatron data (numpy's "
-               "RandomState takes 32-bit seeds); got ", seed);
-  OMNI_REQUIRE(weighted || prefixes.size() == 1,
-               "several datasets need weights: --data-path w1 p1 w2 p2 ...");
-  std::vector<std::shared_ptr<const IndexedDataset>> data;
+                                                 int64_t valid_samples,
+                                                 const std::string& cache_dir) {
+  const uint32_t s = data_seed(seed);
   std::string name;
-  for (const WeightedPrefix& p : prefixes) {
-    data.push_back(std::make_shared<const IndexedDataset>(p.prefix));
-    name += (name.empty() ? "" : " + ") + p.prefix;
-  }
-  const uint32_t s = static_cast<uint32_t>(seed);
-  auto train = build_split(data, prefixes, weighted, split, 0, train_samples, seq, s);
-  auto valid = build_split(data, prefixes, weighted, split, 1, valid_samples, seq, s);
+  const auto data = open_blend({prefixes, weighted}, "--data-path", name);
+  auto train = build_split(data, prefixes, weighted, split, 0, train_samples, seq, s, cache_dir);
+  auto valid = build_split(data, prefixes, weighted, split, 1, valid_samples, seq, s, cache_dir);
   return std::make_unique<MegatronData>(name, std::move(train), std::move(valid));
+}
+
+std::unique_ptr<TrainingData> make_megatron_data(const DataBlend& train, const DataBlend& valid,
+                                                 int seq, uint64_t seed, int64_t train_samples,
+                                                 int64_t valid_samples,
+                                                 const std::string& cache_dir) {
+  const uint32_t s = data_seed(seed);
+  // Megatron's blend_per_split: each split is the whole of its own datasets (split matrix
+  // (0, 1)), which --split "1" describes.
+  std::string name, valid_name;
+  const auto train_data = open_blend(train, "--train-data-path", name);
+  auto train_split = build_split(train_data, train.prefixes, train.weighted, "1", 0, train_samples,
+                                 seq, s, cache_dir);
+  std::unique_ptr<SplitSamples> valid_split;
+  if (!valid.prefixes.empty()) {
+    const auto valid_data = open_blend(valid, "--valid-data-path", valid_name);
+    valid_split = build_split(valid_data, valid.prefixes, valid.weighted, "1", 0, valid_samples,
+                              seq, s, cache_dir);
+    name += " (validation: " + valid_name + ")";
+  }
+  return std::make_unique<MegatronData>(name, std::move(train_split), std::move(valid_split));
 }
 
 }  // namespace omni

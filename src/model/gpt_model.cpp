@@ -47,8 +47,9 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
   auto rows = [&](std::string name, Shape local, int64_t global_rows, ParamInit init, bool decay) {
     split(std::move(name), local, 0, global_rows, {{0, r * local[0], local[0]}}, init, decay);
   };
+  const ParamInit gamma = cfg_.layernorm_zero_centered_gamma ? ParamInit::Zeros : ParamInit::Ones;
   auto norm = [&](const std::string& name, int64_t width, bool partial) {
-    replicated(name + ".weight", {width}, ParamInit::Ones, false, partial);
+    replicated(name + ".weight", {width}, gamma, false, partial);
     if (cfg_.norm_has_bias()) replicated(name + ".bias", {width}, ParamInit::Zeros, false, partial);
   };
   // SwiGLU's fused [gate; up]: this rank's gate rows, then its up rows.
@@ -158,9 +159,10 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   const int64_t N = int64_t(max_batch) * S / cp, R = sp_ ? N / tp : N, C = cfg_.hidden_size;
   const int64_t fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
-    rope_cos_.resize(S * hd / 2);
-    rope_sin_.resize(S * hd / 2);
-    ops::rope_tables(rope_cos_.data(), rope_sin_.data(), S, hd, cfg_.rotary_base);
+    const std::vector<double> inv_freq = cfg_.rotary_inv_freq();
+    rope_cos_.resize(S * inv_freq.size());
+    rope_sin_.resize(S * inv_freq.size());
+    ops::rope_tables(rope_cos_.data(), rope_sin_.data(), S, inv_freq);
   }
   acts_.resize(chunks_.size());
   const DType dt = dtype_of<T>();
@@ -332,8 +334,18 @@ ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb) const {
 }
 
 template <typename T>
+const T* GPTModel<T>::norm_gamma(const T* w, int width, std::vector<T>& scratch) const {
+  if (!cfg_.layernorm_zero_centered_gamma) return w;
+  scratch.resize(size_t(width));
+  for (int i = 0; i < width; ++i) scratch[size_t(i)] = w[i] + T(1);
+  return scratch.data();
+}
+
+template <typename T>
 void GPTModel<T>::norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
                                int rows, int width) const {
+  std::vector<T> gamma;
+  w = norm_gamma(w, width, gamma);
   if (cfg_.normalization == Normalization::LayerNorm)
     ops::layernorm_forward(out, mean, rstd, x, w, b, rows, width, cfg_.norm_epsilon);
   else
@@ -343,6 +355,8 @@ void GPTModel<T>::norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w,
 template <typename T>
 void GPTModel<T>::norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
                                 const T* mean, const T* rstd, int rows, int width) const {
+  std::vector<T> gamma;  // d(w + 1)/dw = 1: the gradient is the applied gamma's
+  w = norm_gamma(w, width, gamma);
   if (cfg_.normalization == Normalization::LayerNorm)
     ops::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, rows, width);
   else
@@ -565,8 +579,9 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
     ops::qkv_split(q, k, v, qkv, ad);
   }
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
-    ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions);
-    ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions);
+    const int rd = cfg_.rotary_dim();
+    ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions, rd);
+    ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions, rd);
   }
   T* attn = a.attn.template data<T>();
   if (cp_->size() > 1)
@@ -644,8 +659,9 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
                             a.probs.template data<T>(), a.q.template data<T>(),
                             a.k.template data<T>(), a.v.template data<T>(), ad);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
-    ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions);
-    ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions);
+    const int rd = cfg_.rotary_dim();
+    ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions, rd);
+    ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions, rd);
   }
   if (cfg_.qk_layernorm) {
     T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
@@ -692,7 +708,7 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   const int C = cfg_.hidden_size;
   final_norm_forward(a, g);
   const T* h = gather_rows(a.final_full.template data<T>(), a.final_norm.template data<T>(), g);
-  const double denom = masked_tokens(mb, g);
+  const double denom = mb.loss_divisor > 0 ? mb.loss_divisor : masked_tokens(mb, g);
   T* d_final = a.d_final.template data<T>();
   if (denom == 0) {  // every token masked: no loss, no gradient
     std::fill(d_final, d_final + size_t(g.rows) * C, T(0));

@@ -55,6 +55,10 @@ struct MicroBatch {
   const int32_t* position_ids = nullptr;
   const int32_t* key_start = nullptr;
   const int32_t* seq_index = nullptr;
+  // What the loss's token sum is divided by: 0, the micro-batch's own (unmasked) token
+  // count, i.e. its mean loss; under --calculate-per-token-loss, the tokens of the whole
+  // global batch, so the micro-batches' losses add up to Megatron's per-token loss.
+  double loss_divisor = 0;
 };
 
 struct ModelParallel {
@@ -191,6 +195,8 @@ class GPTModel {
                       double grad_scale);
   double masked_tokens(const MicroBatch& mb, const Geometry& g) const;
   // Norm over rows of width `width`: LayerNorm or RMSNorm per config.
+  // The norm's applied gamma: w itself, or under --apply-layernorm-1p w + 1 (in scratch).
+  const T* norm_gamma(const T* w, int width, std::vector<T>& scratch) const;
   void norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows,
                     int width) const;
   void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,

@@ -47,6 +47,13 @@ template <typename T>
 GPUGPTModel<T>::GPUGPTModel(const TransformerConfig& config, int max_batch, uint64_t seed)
     : cfg_(config), max_batch_(max_batch), b_(std::make_unique<Buffers>()) {
   OMNI_REQUIRE(!cfg_.qk_layernorm, "--qk-layernorm is not built for the GPU model yet");
+  OMNI_REQUIRE(!cfg_.layernorm_zero_centered_gamma,
+               "--apply-layernorm-1p is not built for the GPU model yet; use --device cpu");
+  OMNI_REQUIRE(cfg_.position_embedding_type != PositionEmbedding::Rope ||
+                   cfg_.rotary_dim() == cfg_.head_dim(),
+               "--rotary-percent ", cfg_.rotary_percent,
+               " (rope on part of each head) is not built for the GPU model yet; use --device "
+               "cpu");
   OMNI_CHECK(max_batch > 0, "[gpu model] max_batch ", max_batch);
   // The host model lays out and initialises the parameters exactly as the CPU runs do.
   {
@@ -123,8 +130,9 @@ GPUGPTModel<T>::GPUGPTModel(const TransformerConfig& config, int max_batch, uint
   b.tokens = DeviceArray<int32_t>(N), b.labels = DeviceArray<int32_t>(N);
   b.positions = DeviceArray<int32_t>(N), b.key_start = DeviceArray<int32_t>(N);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
+    // Llama 3.1 scaling lives in the frequencies: the kernels need nothing else.
     std::vector<double> cos(S * hd / 2), sin(S * hd / 2);
-    ops::rope_tables(cos.data(), sin.data(), int(S), int(hd), cfg_.rotary_base);
+    ops::rope_tables(cos.data(), sin.data(), int(S), cfg_.rotary_inv_freq());
     const std::vector<float> cosf(cos.begin(), cos.end()), sinf(sin.begin(), sin.end());
     b.rope_cos = DeviceArray<float>(cosf.size()), b.rope_sin = DeviceArray<float>(sinf.size());
     copy_to_device(b.rope_cos.data(), cosf.data(), cosf.size() * sizeof(float));

@@ -1,5 +1,8 @@
 #include "model/transformer_config.h"
 
+#include <cmath>
+#include <numbers>
+
 #include "base/error.h"
 
 namespace omni {
@@ -8,7 +11,43 @@ const char* to_string(Normalization n) {
   return n == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm";
 }
 const char* to_string(PositionEmbedding p) {
-  return p == PositionEmbedding::LearnedAbsolute ? "learned_absolute" : "rope";
+  switch (p) {
+    case PositionEmbedding::LearnedAbsolute:
+      return "learned_absolute";
+    case PositionEmbedding::Rope:
+      return "rope";
+    case PositionEmbedding::None:
+      return "none";
+  }
+  return "?";
+}
+
+// Megatron's RotaryEmbedding: dim = int(kv_channels * rotary_percent) when the percent is
+// below 1, inverse frequencies base^(-i/dim) for i = 0, 2, ... < dim (so an odd dim rotates
+// dim + 1 channels).
+int TransformerConfig::rotary_dim() const {
+  const int dim = rotary_percent < 1.0 ? static_cast<int>(head_dim() * rotary_percent) : head_dim();
+  return 2 * ((dim + 1) / 2);
+}
+
+std::vector<double> TransformerConfig::rotary_inv_freq() const {
+  const int dim = rotary_percent < 1.0 ? static_cast<int>(head_dim() * rotary_percent) : head_dim();
+  std::vector<double> inv_freq;
+  for (int i = 0; i < dim; i += 2) inv_freq.push_back(std::pow(rotary_base, -double(i) / dim));
+  if (!use_rope_scaling) return inv_freq;
+  // Llama 3.1 (Megatron's RotaryEmbedding._apply_scaling, fixed low/high frequency factors
+  // 1 and 4 over an original context of 8192 positions).
+  const double factor = rope_scaling_factor, low = 1.0, high = 4.0, context = 8192.0;
+  for (double& f : inv_freq) {
+    const double wavelen = 2 * std::numbers::pi / f;
+    if (wavelen > context / low) {
+      f /= factor;
+    } else if (wavelen >= context / high) {
+      const double smooth = (context / wavelen - low) / (high - low);
+      f = (1 - smooth) * f / factor + smooth * f;
+    }
+  }
+  return inv_freq;
 }
 
 int TransformerConfig::padded_vocab_size() const {
@@ -56,6 +95,12 @@ void TransformerConfig::validate() const {
     OMNI_REQUIRE(head_dim() % 2 == 0, "rope needs an even head dimension (got ", head_dim(),
                  " = --hidden-size / --num-attention-heads)");
     OMNI_REQUIRE(rotary_base > 0, "--rotary-base must be positive (got ", rotary_base, ")");
+    OMNI_REQUIRE(rotary_percent > 0 && rotary_percent <= 1 && rotary_dim() >= 2,
+                 "--rotary-percent (", rotary_percent,
+                 ") must be in (0, 1] and leave at least 2 of the head's ", head_dim(),
+                 " channels to rotate");
+    OMNI_REQUIRE(!use_rope_scaling || rope_scaling_factor > 0,
+                 "--rope-scaling-factor must be positive (got ", rope_scaling_factor, ")");
   }
 }
 

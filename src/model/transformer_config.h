@@ -4,11 +4,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace omni {
 
 enum class Normalization { LayerNorm, RMSNorm };
-enum class PositionEmbedding { LearnedAbsolute, Rope };
+enum class PositionEmbedding { LearnedAbsolute, Rope, None };
 
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
@@ -32,6 +33,17 @@ struct TransformerConfig {
   bool swiglu = false;
   PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
   double rotary_base = 10000.0;
+  // Megatron's --rotary-percent: rope rotates the first int(head_dim x percent) channels of
+  // each head (rounded up to even), the rest pass through.
+  double rotary_percent = 1.0;
+  // Llama 3.1's frequency scaling (Megatron's --use-rope-scaling, --rope-scaling-factor):
+  // wavelengths above 8192 positions are divided by the factor, those below 2048 kept, and
+  // those between interpolated (low/high frequency factors 1 and 4, as Megatron fixes them).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  // Megatron's --apply-layernorm-1p (layernorm_zero_centered_gamma): every norm's weight is
+  // stored as gamma - 1 (initialised to 0) and applied as weight + 1.
+  bool layernorm_zero_centered_gamma = false;
   bool add_bias_linear = true;
   bool add_qkv_bias = false;
   bool qk_layernorm = false;
@@ -54,6 +66,10 @@ struct TransformerConfig {
     return max_position_embeddings ? max_position_embeddings : seq_length;
   }
   int padded_vocab_size() const;
+  // Rope: the channels of each head it rotates, and their inverse frequencies (one per
+  // pair: rotary_dim() / 2), after Llama 3.1 scaling when on.
+  int rotary_dim() const;
+  std::vector<double> rotary_inv_freq() const;
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
 

@@ -27,22 +27,22 @@ WSDDecayStyle parse_wsd_decay_style(const std::string& s) {
                    "' is not one of linear, cosine, exponential, minus_sqrt");
 }
 
-double learning_rate(const LRScheduleConfig& c, int64_t it) {
-  if (c.warmup_iters > 0 && it <= c.warmup_iters)
-    return c.warmup_init +
-           (c.lr - c.warmup_init) * static_cast<double>(it) / static_cast<double>(c.warmup_iters);
+double learning_rate(const LRScheduleConfig& c, int64_t steps) {
+  const double n = static_cast<double>(steps);
+  if (c.warmup_steps > 0 && n <= c.warmup_steps)
+    return c.warmup_init + (c.lr - c.warmup_init) * n / c.warmup_steps;
   if (c.style == LRDecayStyle::Constant) return c.lr;
+  if (steps > c.decay_steps) return c.min_lr;
   if (c.style == LRDecayStyle::InverseSquareRoot) {
-    const double w = static_cast<double>(std::max<int64_t>(c.warmup_iters, 1));
-    return std::max(c.min_lr,
-                    c.lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
+    const double w = std::max(c.warmup_steps, 1.0);
+    return std::max(c.min_lr, c.lr * std::sqrt(w) / std::sqrt(std::max(n, 1.0)));
   }
-  if (it > c.decay_iters) return c.min_lr;
   const double delta = c.lr - c.min_lr;
   if (c.style == LRDecayStyle::WSD) {
-    const int64_t decay_start = c.decay_iters - c.wsd_decay_iters;
-    if (it <= decay_start) return c.lr;
-    const double r = static_cast<double>(it - decay_start) / static_cast<double>(c.wsd_decay_iters);
+    const int64_t anneal_start = c.decay_steps - c.wsd_decay_steps;
+    if (steps <= anneal_start) return c.lr;
+    const double r =
+        static_cast<double>(steps - anneal_start) / static_cast<double>(c.wsd_decay_steps);
     double coeff = 0;
     switch (c.wsd_style) {
       case WSDDecayStyle::Linear:
@@ -60,8 +60,8 @@ double learning_rate(const LRScheduleConfig& c, int64_t it) {
     }
     return c.min_lr + coeff * delta;
   }
-  const double span = static_cast<double>(c.decay_iters - c.warmup_iters);
-  const double r = span > 0 ? static_cast<double>(it - c.warmup_iters) / span : 1.0;
+  const double span = static_cast<double>(c.decay_steps) - c.warmup_steps;
+  const double r = span > 0 ? (n - c.warmup_steps) / span : 1.0;
   const double coeff =
       c.style == LRDecayStyle::Linear ? 1.0 - r : 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
   return c.min_lr + coeff * delta;

@@ -34,6 +34,7 @@ void ContextParallelBatch::slice(const MicroBatch& full, int cp, int rank) {
                    positions_.data(),
                    full.key_start ? key_start_.data() : nullptr,
                    seq_index_.data()};
+  mb_.loss_divisor = full.loss_divisor;
 }
 
 }  // namespace omni

@@ -24,6 +24,7 @@ class ContextParallelBatch {
   // `full` is the whole micro-batch [batch, seq]; seq must divide by 2 * cp.
   void slice(const MicroBatch& full, int cp, int rank);
   const MicroBatch& batch() const { return mb_; }
+  void set_loss_divisor(double d) { mb_.loss_divisor = d; }
 
  private:
   std::vector<int32_t> tokens_, labels_, positions_, key_start_, seq_index_;

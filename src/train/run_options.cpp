@@ -100,7 +100,8 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, int
     named.load.clear();
   }
   run.demo = !named.mock_data && named.train_text.empty() && named.data_path.empty() &&
-             named.data_file_list.empty() && named.data_args_path.empty() && named.load.empty();
+             named.data_file_list.empty() && named.data_args_path.empty() &&
+             !named.per_split_data() && named.load.empty();
   std::vector<std::string> all = run.demo ? demo_args() : std::vector<std::string>{};
   std::vector<std::string> from_checkpoint;
   if (!named.load.empty()) from_checkpoint = checkpoint_model_args(named.load);

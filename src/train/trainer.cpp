@@ -42,6 +42,15 @@ void restore_signal_handlers() {
   if (g_handled_signal != SIGINT) sigaction(SIGINT, &g_previous_int, nullptr);
 }
 
+// The tokens of `mb` that count in the loss.
+double unmasked_tokens(const MicroBatch& mb) {
+  const size_t n = size_t(mb.batch) * mb.seq;
+  if (!mb.loss_mask) return double(n);
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += mb.loss_mask[i];
+  return s;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double peak_gflops,
@@ -137,6 +146,9 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params());
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
+  batch_schedule_ = opts.batch_schedule;
+  if (batch_schedule_.global_batch_size == 0)
+    batch_schedule_.global_batch_size = opts.global_batch_size;
   doc_masks_ = {eod.value_or(-1), opts.reset_position_ids, opts.reset_attention_mask,
                 opts.eod_mask_loss};
   OMNI_REQUIRE(!doc_masks_.any() || eod.has_value(),
@@ -187,20 +199,25 @@ void Trainer::host_to_gpu() {
 Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
   Step step;
 #if defined(OMNITRON_GPU)
-  const int mb = opts_.micro_batch_size, accum = opts_.grad_accumulation_steps();
+  const int mb = opts_.micro_batch_size, accum = step_micro_batches();
   gpu_->zero_grads();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   double loss_sum = 0;
   TraceSpan forward_backward("forward-backward");  // with each micro-batch's reading
-  for (int m = 0; m < accum; ++m) {
+  for (int m = 0; m < accum; ++m)
     read_batch(m, micro_batch_first_sample(consumed_samples_, m, mb, 0, 1), true);
-    loss_sum += gpu_->forward_backward(batch(m), loss_scale / accum);
+  const double tokens = per_token_loss_divisor(accum);
+  for (int m = 0; m < accum; ++m) {
+    // Per-token loss: micro-batch m's mean weighs its share of the step's tokens.
+    const double weight = tokens > 0 ? unmasked_tokens(batch(m)) / tokens : 1.0 / accum;
+    loss_sum += weight * gpu_->forward_backward(batch(m), loss_scale * weight);
   }
   forward_backward.end();
   TraceSpan optimizer_span("optimizer");
-  consumed_samples_ += opts_.global_batch_size;
-  step.loss = loss_sum / accum;
-  step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
+  const int64_t samples = int64_t(accum) * mb;
+  consumed_samples_ += samples;
+  step.loss = loss_sum;
+  step.lr = learning_rate(opts_.lr_schedule, lr_samples_);
   if (scaler_) {
     const bool found_inf = gpu_->grads_nonfinite();
     scaler_->update(found_inf);
@@ -223,6 +240,7 @@ Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
   gpu_->adamw_step(float(step.lr), float(o.adam_beta1), float(o.adam_beta2), float(o.adam_eps),
                    float(o.weight_decay), int(optimizer_->steps()), float(coeff / loss_scale));
   ++lr_steps_;
+  lr_samples_ += samples;
 #else
   (void)iteration;
 #endif
@@ -263,6 +281,10 @@ void Trainer::load(const std::string& dir) {
   if (resume) {
     iteration_ = p.iteration;
     lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
+    // Checkpoints from before the schedule counted samples held only its step count, made
+    // with a constant batch.
+    lr_samples_ =
+        p.lr_schedule_samples >= 0 ? p.lr_schedule_samples : lr_steps_ * opts_.global_batch_size;
     consumed_samples_ = p.consumed_samples;
     if (scaler_ && p.loss_scaler) scaler_->load_state(*p.loss_scaler);
   }
@@ -277,6 +299,7 @@ std::string Trainer::save(MetricsSink& sink) {
   TrainingProgress progress;
   progress.iteration = iteration_, progress.consumed_samples = consumed_samples_;
   progress.lr_schedule_iteration = lr_steps_;
+  progress.lr_schedule_samples = lr_samples_;
   if (scaler_) progress.loss_scaler = scaler_->state();
   std::string dir;
   if (on_gpu()) gpu_to_host();
@@ -340,6 +363,18 @@ void Trainer::read_batch(int m, int64_t first, bool train) {
   if (grid_->cp_size() > 1) b.local.slice(b.full, grid_->cp_size(), grid_->cp_rank());
 }
 
+double Trainer::per_token_loss_divisor(int microbatches) {
+  if (!opts_.calculate_per_token_loss) return 0;
+  double tokens = 0;
+  for (int m = 0; m < microbatches; ++m) tokens += unmasked_tokens(batches_[m].full);
+  grid_->dp().all_reduce(&tokens, 1);
+  for (int m = 0; m < microbatches; ++m) {
+    batches_[m].full.loss_divisor = tokens;
+    if (grid_->cp_size() > 1) batches_[m].local.set_loss_divisor(tokens);
+  }
+  return tokens;
+}
+
 const MicroBatch& Trainer::batch(int m) const {
   return grid_->cp_size() > 1 ? batches_[m].local.batch() : batches_[m].full;
 }
@@ -376,7 +411,7 @@ double Trainer::reduce_loss(double loss_sum, int microbatches) const {
 
 Trainer::Step Trainer::train_step(int64_t iteration) {
   if (on_gpu()) return gpu_train_step(iteration);
-  const int mb = opts_.micro_batch_size, accum = opts_.grad_accumulation_steps();
+  const int mb = opts_.micro_batch_size, accum = step_micro_batches();
   ParameterSet<float>& params = model_->params();
   params.zero_grads();
   for (int m = 0; m < accum; ++m)
@@ -387,13 +422,20 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   // Each micro-batch's mean loss is scaled by 1/accum, so the accumulated gradient is that
   // of the global batch's mean loss. Context-parallel ranks each hold part of it, and the
   // data-parallel reduction averages over dp x cp ranks: hence the factor cp. Under fp16
-  // the loss is multiplied by the loss scale too.
+  // the loss is multiplied by the loss scale too. --calculate-per-token-loss: each
+  // micro-batch's loss is its token sum over the global batch's tokens, summed (not
+  // averaged) over micro-batches and data-parallel ranks, as Megatron's
+  // finalize_model_grads divides the summed gradients by the global token count.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const bool per_token = per_token_loss_divisor(accum) > 0;
   TraceSpan forward_backward("forward-backward");
-  const double loss_sum = pipeline_->run(accum, batch, true, loss_scale * grid_->cp_size() / accum);
+  const double loss_sum =
+      pipeline_->run(accum, batch, true,
+                     loss_scale * grid_->cp_size() * (per_token ? grid_->dp_size() : 1.0 / accum));
   forward_backward.end();
   TraceSpan grads_sync("all-grads-sync");
-  consumed_samples_ += opts_.global_batch_size;
+  const int64_t samples = int64_t(accum) * mb * grid_->dp_size();
+  consumed_samples_ += samples;
   if (shared_embedding_.second > 0) {
     const int64_t b = shared_embedding_.first, e = shared_embedding_.second;
     grid_->embedding().all_reduce(params.grads() + b, size_t(e - b));
@@ -406,8 +448,9 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   grads_sync.end();
   TraceSpan optimizer_span("optimizer");
   Step step;
-  step.loss = reduce_loss(loss_sum, accum);
-  step.lr = learning_rate(opts_.lr_schedule, lr_steps_);
+  step.loss =
+      per_token ? reduce_loss(loss_sum * grid_->dp_size(), 1) : reduce_loss(loss_sum, accum);
+  step.lr = learning_rate(opts_.lr_schedule, lr_samples_);
   if (mixed_) {
     // Round the gradients to their storage type, unscale them into the master's; an
     // overflow on any rank skips the step everywhere (Megatron all-reduces found_inf).
@@ -443,6 +486,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     optimizer_->step(master, step.lr);
   if (mixed_) mixed_->copy_master_to_model();
   ++lr_steps_;
+  lr_samples_ += samples;
   return step;
 }
 
@@ -502,17 +546,25 @@ double Trainer::evaluate() {
 TrainResult Trainer::run(MetricsSink& sink) {
   using clock = std::chrono::steady_clock;
   TrainResult result;
-  const double flops_per_iter = megatron_flops_per_iteration(opts_.model, opts_.global_batch_size);
-  const double tokens_per_iter = double(opts_.global_batch_size) * opts_.model.seq_length;
   const auto run_start = clock::now();
   StepProfiler profiler(opts_, grid_->world().rank(), sink);
-  double train_seconds = 0;
+  double train_seconds = 0, tokens_trained = 0;
   result.first_iteration = iteration_ + 1;
+  int previous_batch = batch_schedule_.batch_at(consumed_samples_);
   for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
+    // Megatron saves a checkpoint where a ramping batch changes the number of micro-batches.
+    const int global_batch = batch_schedule_.batch_at(consumed_samples_);
+    if (global_batch != previous_batch && iteration_ != 0 && !opts_.save.empty() &&
+        last_saved_ != iteration_)
+      result.saved.push_back(save(sink));
+    previous_batch = global_batch;
+    const double flops_per_iter = megatron_flops_per_iteration(opts_.model, global_batch);
+    const double tokens_per_iter = double(global_batch) * opts_.model.seq_length;
     const auto t0 = clock::now();
     profiler.begin_step(it);
     const Step step = train_step(it);
     profiler.end_step(it);
+    tokens_trained += tokens_per_iter;
     const double loss = step.loss;
     iteration_ = it;
     const double step_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -527,7 +579,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
     m.iteration = it;
     m.train_iters = opts_.train_iters;
     m.consumed_samples = consumed_samples_;
-    m.global_batch_size = opts_.global_batch_size;
+    m.global_batch_size = global_batch;
     m.lm_loss = loss;
     m.lr = step.lr;
     m.grad_norm = step.grad_norm;
@@ -582,7 +634,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
     result.saved.push_back(save(sink));
   result.last_iteration = iteration_;
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
-  result.tokens_per_sec = steps_run > 0 ? tokens_per_iter * steps_run / train_seconds : 0.0;
+  result.tokens_per_sec = steps_run > 0 ? tokens_trained / train_seconds : 0.0;
   return result;
 }
 

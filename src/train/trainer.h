@@ -95,6 +95,11 @@ class Trainer {
   // AdamW all on the device.
   Step gpu_train_step(int64_t iteration);
   bool on_gpu() const;
+  // Micro-batches per data-parallel rank in the step that starts now.
+  int step_micro_batches() const {
+    return batch_schedule_.batch_at(consumed_samples_) /
+           (opts_.micro_batch_size * opts_.data_parallel_size);
+  }
   // Checkpoints are written from the host model: the GPU's parameters and AdamW states are
   // copied into it before saving, and out of it after loading.
   void gpu_to_host();
@@ -106,6 +111,10 @@ class Trainer {
   // batches_[m], with document masks when the options ask for them, and slices it for
   // context parallelism.
   void read_batch(int m, int64_t first, bool train);
+  // --calculate-per-token-loss: the unmasked tokens of the step's micro-batches on every
+  // data-parallel rank, set as each micro-batch's loss divisor (collective over data
+  // parallel); 0 without the flag.
+  double per_token_loss_divisor(int microbatches);
   // Micro-batch m as this rank trains on it (its context-parallel share, if any).
   const MicroBatch& batch(int m) const;
   // The parameters' squared gradient norm over `ranges` of the flat buffer, each
@@ -136,8 +145,10 @@ class Trainer {
   // The word embeddings' flat range when the first and last pipeline stages each hold a
   // copy (tied, pipeline > 1): summed across the two before data-parallel reduction.
   std::pair<int64_t, int64_t> shared_embedding_{0, 0};
-  int64_t iteration_ = 0;  // completed steps
-  int64_t lr_steps_ = 0;   // completed updates: the schedule's position (fp16 skips some)
+  int64_t iteration_ = 0;         // completed steps
+  int64_t lr_steps_ = 0;          // completed updates (fp16 skips some)
+  int64_t lr_samples_ = 0;        // their samples: the schedule's position (Megatron's num_steps)
+  BatchSchedule batch_schedule_;  // the global batch of each step (--rampup-batch-size)
   int64_t consumed_samples_ = 0;
   int64_t last_saved_ = -1;
   bool signal_handler_installed_ = false;

@@ -1,25 +1,12 @@
-// Megatron-LM's flags as test data (tests/fixtures/megatron_flags.tsv), and the flags another
-// branch implements.
+// Megatron-LM's flags as test data (tests/fixtures/megatron_flags.tsv).
 #pragma once
 
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace omni {
-
-// Flags that branch flagfeat implements end to end (rows included); they are unknown here
-// until it merges. The lead deletes this set at that merge.
-// clang-format off
-inline const std::set<std::string> kImplementedOnBranchFlagfeat = {
-    "--train-samples", "--lr-warmup-samples", "--lr-decay-samples", "--rampup-batch-size",
-    "--train-data-path", "--valid-data-path", "--test-data-path", "--data-cache-path",
-    "--rotary-percent", "--no-position-embedding", "--apply-layernorm-1p",
-    "--calculate-per-token-loss", "--use-rope-scaling", "--rotary-scaling-factor",
-    "--rope-scaling-factor", "--lr-wsd-decay-samples"};
-// clang-format on
 
 struct MegatronFlag {
   std::string flag;

@@ -39,7 +39,6 @@ Arguments example(const std::string& name) {
 std::vector<std::string> flatten(const Arguments& args, bool keep_refused) {
   std::vector<std::string> out;
   for (const std::vector<std::string>& a : args) {
-    if (kImplementedOnBranchFlagfeat.count(a[0])) continue;
     const OptionDef* def = find_option(a[0]);
     if (!keep_refused && def && def->support == Support::NotBuilt) continue;
     out.insert(out.end(), a.begin(), a.end());
@@ -74,7 +73,9 @@ TEST(MegatronExamples, Gpt3_175bStopsOnlyAtTheStepBatchSizeSchedule) {
   const Options o = parsed_without_refusals("gpt3_175b", 50257);
   EXPECT_EQ(o.model.num_layers, 96);
   EXPECT_EQ(o.tensor_model_parallel_size, 8);
-  EXPECT_EQ(o.lr_schedule.warmup_iters, 430);  // .001 of --lr-decay-iters 430000
+  // .001 of --lr-decay-iters 430000, in samples of --global-batch-size 1536 (Megatron's
+  // lr_warmup_steps = lr_warmup_fraction * lr_decay_iters * global_batch_size)
+  EXPECT_DOUBLE_EQ(o.lr_schedule.warmup_steps, 0.001 * 430000 * 1536);
   EXPECT_TRUE(o.fp16);
 }
 

@@ -45,7 +45,6 @@ TEST(MegatronFlags, NoFlagIsUnknown) {
   int built = 0, noted = 0, refused = 0;
   std::vector<std::string> unknown;
   for (const MegatronFlag& f : megatron_flags()) {
-    if (kImplementedOnBranchFlagfeat.count(f.flag)) continue;
     Options o;
     const std::string error = parse_error(command_line(f), o);
     const OptionDef* def = find_option(f.flag);
@@ -68,9 +67,8 @@ TEST(MegatronFlags, NoFlagIsUnknown) {
   }
   std::printf(
       "Megatron's %zu flags: %d implemented, %d noted, %d refused (not built yet), %zu "
-      "unknown, %zu left to branch flagfeat\n",
-      megatron_flags().size(), built, noted, refused, unknown.size(),
-      kImplementedOnBranchFlagfeat.size());
+      "unknown\n",
+      megatron_flags().size(), built, noted, refused, unknown.size());
   std::string list;
   for (const std::string& f : unknown) list += " " + f;
   EXPECT_TRUE(unknown.empty()) << "unknown:" << list;

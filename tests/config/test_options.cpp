@@ -42,7 +42,7 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
   EXPECT_EQ(o.save, "/ckpt");
   o.model.vocab_size = 50257;  // from the tokenizer, which the command opens
   finalize(o);
-  EXPECT_EQ(o.lr_schedule.warmup_iters, 1000);  // 1% of 100000
+  EXPECT_DOUBLE_EQ(o.lr_schedule.warmup_steps, 1000.0 * 32);  // 1% of 100000 steps of 32 samples
   EXPECT_EQ(o.grad_accumulation_steps(), 8);
 }
 
@@ -212,7 +212,7 @@ TEST(MegatronFlags, DataArgsPathReadsDataPathsValueFromAFile) {
 TEST(MegatronFlags, LrWarmupInitIsWhereTheWarmupStarts) {
   const Options o = finalized({"--lr", "1e-3", "--lr-warmup-iters", "10", "--lr-warmup-init",
                                "1e-4", "--train-iters", "100"});
-  EXPECT_DOUBLE_EQ(learning_rate(o.lr_schedule, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(o.lr_schedule, 0), 1e-4);  // one sample per step
   EXPECT_DOUBLE_EQ(learning_rate(o.lr_schedule, 5), 1e-4 + (1e-3 - 1e-4) * 0.5);
   EXPECT_DOUBLE_EQ(learning_rate(o.lr_schedule, 10), 1e-3);
   EXPECT_THROW(finalized({"--lr", "1e-3", "--lr-warmup-init", "2e-3"}), UsageError);

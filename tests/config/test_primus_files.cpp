@@ -76,7 +76,6 @@ std::vector<std::string> filtered(const std::vector<std::string>& all, bool with
   for (size_t i = 0; i < all.size();) {
     std::vector<std::string> group = {all[i++]};
     while (i < all.size() && all[i].rfind("--", 0) != 0) group.push_back(all[i++]);
-    if (kImplementedOnBranchFlagfeat.count(group[0]) && !find_option(group[0])) continue;
     if (without_refused) {
       Options scratch;
       try {

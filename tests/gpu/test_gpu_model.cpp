@@ -101,6 +101,35 @@ TEST(GpuModel, LlamaFloat32MatchesTheCpuModel) {
   expect_matches_cpu<float>(tiny_llama(), 1e-5, 2e-4);
 }
 
+// Llama 3.1's rope scaling and a model without position embedding change only the host's
+// tables and parameters: the same kernels run.
+TEST(GpuModel, Llama31RopeScalingAndNoPositionEmbeddingMatchTheCpuModel) {
+  OMNI_REQUIRE_GPU();
+  TransformerConfig scaled = tiny_llama();
+  scaled.use_rope_scaling = true, scaled.rotary_base = 1e8;  // frequencies in all three bands
+  expect_matches_cpu<float>(scaled, 1e-5, 2e-4);
+  TransformerConfig nope = tiny_gpt2();
+  nope.position_embedding_type = PositionEmbedding::None;
+  expect_matches_cpu<float>(nope, 1e-5, 2e-4);
+}
+
+// What the GPU model does not build says so, naming the flag.
+TEST(GpuModel, RefusesPartialRotaryAndZeroCentredNorms) {
+  OMNI_REQUIRE_GPU();
+  TransformerConfig partial = tiny_llama(), one_p = tiny_llama();
+  partial.rotary_percent = 0.5;
+  one_p.layernorm_zero_centered_gamma = true;
+  for (const auto& [cfg, flag] :
+       {std::pair{partial, "--rotary-percent"}, std::pair{one_p, "--apply-layernorm-1p"}}) {
+    try {
+      gpu::GPUGPTModel<float> dev(cfg, 2, 42);
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GpuModel, Gpt2Bf16IsCloseToTheFloat32CpuModel) {
   OMNI_REQUIRE_GPU();
   // bf16 keeps 8 significant bits: weights and every activation are rounded (2^-9 relative

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <string>
 #include <vector>
 
@@ -553,6 +554,89 @@ TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiQueryAttention) {
 
 TEST(GPTModelGradient, MatchesFiniteDifferencesWithLossMaskAndGradScale) {
   check_model_gradients(tiny_gpt2(), {1, 0, 1, 1, 0.5f, 0, 1, 1, 1, 1}, 0.25);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithPartialRotaryAndLlama31Scaling) {
+  TransformerConfig c = tiny_llama();
+  c.kv_channels = 8;
+  c.rotary_percent = 0.5;  // rope on channels 0..3 of each head's 8
+  c.use_rope_scaling = true;
+  c.rope_scaling_factor = 8;
+  c.rotary_base = 1e6;  // wavelengths past Llama 3.1's 2048 and 8192 thresholds
+  ASSERT_EQ(c.rotary_dim(), 4);
+  check_model_gradients(c);
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithZeroCentredNormWeights) {
+  for (TransformerConfig c : {tiny_gpt2(), tiny_llama()}) {
+    c.layernorm_zero_centered_gamma = true;  // --apply-layernorm-1p
+    c.qk_layernorm = true;
+    check_model_gradients(c);
+  }
+}
+
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithoutPositionEmbedding) {
+  TransformerConfig c = tiny_gpt2();
+  c.position_embedding_type = PositionEmbedding::None;
+  GPTModel<double> model(c, kModelBatch, kModelSeed);
+  EXPECT_FALSE(model.params().has("embedding.position_embeddings.weight"));
+  check_model_gradients(c);
+}
+
+// --apply-layernorm-1p stores gamma - 1: the same model as stored weights gamma, applied +1.
+TEST(GPTModel, ZeroCentredNormWeightsAreTheWeightsMinusOne) {
+  TransformerConfig plain = tiny_llama(), shifted = plain;
+  shifted.layernorm_zero_centered_gamma = true;
+  GPTModel<double> a(plain, kModelBatch, kModelSeed), b(shifted, kModelBatch, kModelSeed);
+  TestRng rng(5);
+  perturb_ones_and_zeros(a.params(), rng);
+  std::copy(a.params().values(), a.params().values() + a.params().size(), b.params().values());
+  for (const ParamInfo& p : b.params().infos()) {
+    if (p.name.find("norm") == std::string::npos || p.name.find(".weight") == std::string::npos)
+      continue;
+    EXPECT_EQ(p.init, ParamInit::Zeros) << p.name;  // Megatron initialises them to 0
+    for (int64_t i = 0; i < p.numel; ++i) b.params().value(p.name)[i] -= 1.0;
+  }
+  const ModelBatch batch = random_batch(plain, rng);
+  EXPECT_NEAR(a.forward_loss(batch.micro_batch(plain.seq_length)),
+              b.forward_loss(batch.micro_batch(plain.seq_length)), 1e-12);
+}
+
+// Megatron's RotaryEmbedding: int(head_dim x percent) channels, Llama 3.1's _apply_scaling.
+TEST(RotaryFrequencies, FollowMegatronsRotaryPercentAndLlama31Scaling) {
+  TransformerConfig c = tiny_llama();
+  c.kv_channels = 128;
+  c.rotary_base = 500000;
+  c.rotary_percent = 0.3;  // int(38.4) = 38 channels, 19 frequencies
+  EXPECT_EQ(c.rotary_dim(), 38);
+  c.rotary_percent = 0.3;
+  c.kv_channels = 100;  // int(30.000000000000004) = 30: 15 frequencies
+  EXPECT_EQ(c.rotary_dim(), 30);
+  c.kv_channels = 70;  // int(21) = 21, odd: base^(-i/21) for i = 0, 2, .. 20, 11 of them
+  EXPECT_EQ(c.rotary_dim(), 22);
+  EXPECT_EQ(c.rotary_inv_freq().size(), 11u);
+  EXPECT_NEAR(c.rotary_inv_freq()[10], std::pow(500000.0, -20.0 / 21), 1e-18);
+  c.kv_channels = 128;
+  c.rotary_percent = 1.0;
+  const std::vector<double> plain = c.rotary_inv_freq();
+  c.use_rope_scaling = true;
+  const std::vector<double> scaled = c.rotary_inv_freq();
+  ASSERT_EQ(plain.size(), 64u);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const double f = std::pow(500000.0, -2.0 * double(i) / 128), wavelen = 2 * std::numbers::pi / f;
+    EXPECT_NEAR(plain[i], f, 1e-15 * f);
+    // Hand-computed from the formula: keep below 2048, divide by 8 above 8192, and between
+    // them blend with smooth = (8192 / wavelen - 1) / 3.
+    const double smooth = (8192 / wavelen - 1) / 3;
+    const double want = wavelen < 2048   ? f
+                        : wavelen > 8192 ? f / 8
+                                         : (1 - smooth) * f / 8 + smooth * f;
+    EXPECT_NEAR(scaled[i], want, 1e-15 * f) << i;
+  }
+  EXPECT_EQ(scaled[0], plain[0]);        // wavelength 2 pi: untouched
+  EXPECT_EQ(scaled[63], plain[63] / 8);  // the longest wavelengths: divided by 8
+  EXPECT_LT(scaled[32], plain[32]);      // wavelength 4443, between: blended
+  EXPECT_GT(scaled[32], plain[32] / 8);
 }
 
 // ---------------------------------------------------------------------------------------------

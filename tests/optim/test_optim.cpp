@@ -17,8 +17,8 @@ LRScheduleConfig schedule(LRDecayStyle style) {
   LRScheduleConfig c;
   c.lr = 1.0;
   c.min_lr = 0.1;
-  c.warmup_iters = 10;
-  c.decay_iters = 110;
+  c.warmup_steps = 10;
+  c.decay_steps = 110;
   c.style = style;
   return c;
 }
@@ -52,12 +52,17 @@ TEST(LRSchedule, ConstantStaysAtLrAfterWarmup) {
 TEST(LRSchedule, InverseSquareRootScalesBySqrtWarmupOverStep) {
   auto c = schedule(LRDecayStyle::InverseSquareRoot);
   EXPECT_NEAR(omni::learning_rate(c, 40), std::sqrt(10.0 / 40.0), 1e-12);
+  c.decay_steps = 1000000;
   EXPECT_DOUBLE_EQ(omni::learning_rate(c, 100000), 0.1);  // floored at min_lr
+  // Megatron: past the decay's end every style but constant is min_lr.
+  c.min_lr = 0.01, c.decay_steps = 110;
+  EXPECT_NEAR(omni::learning_rate(c, 110), std::sqrt(10.0 / 110.0), 1e-12);
+  EXPECT_DOUBLE_EQ(omni::learning_rate(c, 111), 0.01);
 }
 
 TEST(LRSchedule, WsdHoldsThenDecaysOverTheLastIterations) {
   auto c = schedule(LRDecayStyle::WSD);
-  c.wsd_decay_iters = 20;
+  c.wsd_decay_steps = 20;
   c.wsd_style = omni::WSDDecayStyle::Linear;
   EXPECT_DOUBLE_EQ(omni::learning_rate(c, 90), 1.0);
   EXPECT_NEAR(omni::learning_rate(c, 100), 0.1 + 0.9 * 0.5, 1e-12);

@@ -51,6 +51,15 @@ void qkv_merge(T* qkv, const T* q, const T* k, const T* v, const AttentionDims& 
   }
 }
 
+void rope_tables(double* cos, double* sin, int seq, const std::vector<double>& inv_freq) {
+  const size_t half = inv_freq.size();
+  for (int p = 0; p < seq; ++p)
+    for (size_t i = 0; i < half; ++i) {
+      cos[p * half + i] = std::cos(p * inv_freq[i]);
+      sin[p * half + i] = std::sin(p * inv_freq[i]);
+    }
+}
+
 void rope_tables(double* cos, double* sin, int seq, int head_dim, double base) {
   const int half = head_dim / 2;
   for (int p = 0; p < seq; ++p)
@@ -65,8 +74,8 @@ void rope_tables(double* cos, double* sin, int seq, int head_dim, double base) {
 // the Jacobian of a rotation is the rotation, so its transpose rotates back).
 template <typename T>
 static void rope_apply(T* x, const double* cos, const double* sin, int N, int seq, int nheads,
-                       int hd, const int32_t* positions, double sign) {
-  const int half = hd / 2;
+                       int hd, const int32_t* positions, double sign, int rotary_dim) {
+  const int half = (rotary_dim > 0 ? rotary_dim : hd) / 2;
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const size_t pos = static_cast<size_t>(positions ? positions[n] : n % seq);
@@ -86,13 +95,13 @@ static void rope_apply(T* x, const double* cos, const double* sin, int N, int se
 
 template <typename T>
 void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, int nheads, int hd,
-                  const int32_t* positions) {
-  rope_apply(x, cos, sin, N, seq, nheads, hd, positions, 1.0);
+                  const int32_t* positions, int rotary_dim) {
+  rope_apply(x, cos, sin, N, seq, nheads, hd, positions, 1.0, rotary_dim);
 }
 template <typename T>
 void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
-                   int hd, const int32_t* positions) {
-  rope_apply(dx, cos, sin, N, seq, nheads, hd, positions, -1.0);
+                   int hd, const int32_t* positions, int rotary_dim) {
+  rope_apply(dx, cos, sin, N, seq, nheads, hd, positions, -1.0, rotary_dim);
 }
 
 namespace {
@@ -239,9 +248,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                         \
   template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);             \
   template void rope_forward<T>(T*, const double*, const double*, int, int, int, int,            \
-                                const int32_t*);                                                 \
+                                const int32_t*, int);                                            \
   template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,           \
-                                 const int32_t*);                                                \
+                                 const int32_t*, int);                                           \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&,  \
                                      T*);                                                         \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
