@@ -55,6 +55,9 @@ struct MicroBatch {
   const int32_t* position_ids = nullptr;
   const int32_t* key_start = nullptr;
   const int32_t* seq_index = nullptr;
+  // Output, optional: each token's loss (-log p(label)) [batch, seq], 0 where the mask is 0
+  // (downstream tasks' log-likelihoods). Filled by the stage that computes the loss.
+  float* token_losses = nullptr;
 };
 
 struct ModelParallel {

@@ -9,6 +9,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
+#include "train/downstream_eval.h"
 #include "train/flops.h"
 
 namespace omni {
@@ -149,6 +150,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
 
 Trainer::~Trainer() {
   if (signal_handler_installed_) restore_signal_handlers();
+}
+
+void Trainer::set_downstream_evaluation(std::unique_ptr<DownstreamEvaluation> evaluation) {
+  downstream_ = std::move(evaluation);
 }
 
 bool Trainer::on_gpu() const {
@@ -454,6 +459,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
   const auto run_start = clock::now();
   double train_seconds = 0;
   result.first_iteration = iteration_ + 1;
+  if (downstream_ && iteration_ == 0) downstream_->run(*this, sink);  // the untrained model
   for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
     const auto t0 = clock::now();
     const Step step = train_step(it);
@@ -493,6 +499,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
       result.val_losses.emplace_back(it, *m.val_loss);
       sink.log_validation(m);
     }
+    if (downstream_ && downstream_->due(it)) downstream_->run(*this, sink);
     if (!opts_.save.empty() && opts_.save_interval > 0 && it % opts_.save_interval == 0)
       result.saved.push_back(save(sink));
     // Every rank must stop at the same step: the duration and a caught signal are decided
