@@ -3,7 +3,7 @@
 downstream evaluation (train --eval-task, omnitron evaluate --task): each example is a
 verse cut in two, the context being the verse before it and the first part of the verse,
 as the corpus lays them out; the choices are the true rest of the verse and the rests of
-three verses from other chapters, of about the same length.
+three verses from other chapters, of the same length or nearly.
 
     python3 scripts/make_kjv_task.py [--examples 500] [--seed 1] [--cut word|mid-word]
         [--corpus data/kjv.txt] [--output build/kjv_endings.jsonl]
@@ -136,12 +136,12 @@ def main():
                     context += " " + prefix
                     column += 1 + len(prefix)
             true_ending = ending(tail, prefix, column)
-            # Distractors: the tails of verses from other chapters, of about the same length
-            # (within a quarter), as they were cut; inside a word, the rest of their cut
-            # word follows the context's beginning of a word.
-            size = len(" ".join(tail))
-            pool = [j for j in by_length if verses[j][0] != heading and
-                    abs(len(" ".join(cuts[j][1])) - size) <= size // 4]
+            # Distractors: the tails of verses from other chapters among the 30 next shorter
+            # and 30 next longer ones (so that a model that knows nothing, whose
+            # log-likelihood is about -length x log 256, picks at chance), as they were cut;
+            # inside a word, the rest of their cut word follows the context's beginning.
+            at = by_length.index(i)
+            pool = [j for j in by_length[max(0, at - 30):at + 31] if verses[j][0] != heading]
             others = []
             for j in rng.sample(pool, len(pool)):
                 _, other_tail, other_prefix = cuts[j]
