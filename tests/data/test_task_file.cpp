@@ -2,6 +2,7 @@
 // against lm-evaluation-harness's formatting of HellaSwag and ARC and its acc/acc_norm.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 

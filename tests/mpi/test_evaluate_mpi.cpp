@@ -55,7 +55,8 @@ std::vector<Sample> evaluate(const Model& m, int ranks, const std::string& layou
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string samples = (dir / "samples.jsonl").string();
-  const std::string cmd = std::string(OMNITRON_BINARY) + " evaluate " + with_fixture_paths(m.flags) +
+  const std::string cmd = std::string(OMNITRON_BINARY) + " evaluate " +
+                          with_fixture_paths(m.flags) +
                           " --micro-batch-size 2 --global-batch-size " + std::to_string(2 * ranks) +
                           " " + layout + " --eval-task-samples " + samples;
   const MpiRun r = mpirun(ranks, cmd, "-x OMP_NUM_THREADS=1");
