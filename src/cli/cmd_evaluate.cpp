@@ -42,7 +42,14 @@ int evaluate(const std::vector<std::string>& raw_args) {
   if (world.rank() != 0)
     OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
   // Training's checks apply to the options; what only training reads gets a harmless value.
+  // With --load, no data is read: mock data stands for it (training's checks of data
+  // options would otherwise apply to the tokenizer's vocabulary).
   std::vector<std::string> args = {"--train-iters", "1"};
+  Options named;
+  parse_options(raw_args, named);
+  if (!named.load.empty() && !named.mock_data && named.data_path.empty() &&
+      named.data_file_list.empty() && named.train_text.empty())
+    args.push_back("--mock-data");
   args.insert(args.end(), raw_args.begin(), raw_args.end());
   RunOptions run = resolve_run_options(args, world.size());
   Options& opts = run.opts;

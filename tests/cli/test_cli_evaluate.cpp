@@ -149,12 +149,12 @@ TEST(CliEvaluate, TrainingScoresTheTaskAtIterationZeroAndAsItLearns) {
   }
   const ProcessResult r = run_omnitron(
       "train --train-text " + dir +
-      "/corpus.txt --num-layers 2 --hidden-size 32 "
-      "--num-attention-heads 4 --seq-length 32 --micro-batch-size 8 --train-iters 60 --lr 1e-2 "
-      "--lr-warmup-iters 5 --log-interval 30 --eval-interval 30 --eval-iters 1 "
+      "/corpus.txt --num-layers 2 --hidden-size 64 "
+      "--num-attention-heads 4 --seq-length 32 --micro-batch-size 8 --train-iters 200 --lr 1e-2 "
+      "--lr-warmup-iters 10 --log-interval 100 --eval-interval 100 --eval-iters 1 "
       "--max-new-tokens 0 --no-progress --position-embedding-type rope --seed 3 "
       "--eval-task ends=" +
-      dir + "/endings.jsonl --eval-task-interval 30 --metrics-file " + dir +
+      dir + "/endings.jsonl --eval-task-interval 100 --metrics-file " + dir +
       "/metrics.jsonl --tensorboard-dir " + dir + "/tb");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<std::pair<double, double>> acc;  // (iteration, acc)
@@ -165,11 +165,11 @@ TEST(CliEvaluate, TrainingScoresTheTaskAtIterationZeroAndAsItLearns) {
     }
   ASSERT_EQ(acc.size(), 3u) << r.output;
   EXPECT_EQ(acc[0].first, 0);
-  EXPECT_EQ(acc[1].first, 30);
-  EXPECT_EQ(acc[2].first, 60);
+  EXPECT_EQ(acc[1].first, 100);
+  EXPECT_EQ(acc[2].first, 200);
   EXPECT_LE(acc[0].second, 0.67) << r.output;  // 6 examples of 3 choices: chance is 1/3
   EXPECT_DOUBLE_EQ(acc[2].second, 1.0) << r.output;
-  EXPECT_NE(r.output.find("downstream task ends at iteration 60 | examples: 6 | acc: 1.0000"),
+  EXPECT_NE(r.output.find("downstream task ends at iteration 200 | examples: 6 | acc: 1.0000"),
             std::string::npos)
       << r.output;
   bool tensorboard = false;

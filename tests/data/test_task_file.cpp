@@ -59,8 +59,9 @@ TEST(TaskFile, ReadsHellaSwagAsTheHarnessFormatsIt) {
   EXPECT_EQ(t.examples[0].context, "Roof shingle removal: A man is sitting on a roof. He");
   EXPECT_EQ(t.examples[0].choices[3], "starts pulling up roofing on a roof.");
   EXPECT_EQ(t.examples[0].label, 3);
+  // Python gives the leading space too: the brackets go after strip().
   EXPECT_EQ(hellaswag_preprocess("  [header] How to X [title] Pick a  spot. [step] Go. "),
-            "How to X. Pick a spot. Go.");
+            " How to X. Pick a spot. Go.");
   EXPECT_EQ(hellaswag_preprocess("a [b\nc] d"), "a [b\nc] d");  // '.' stops at a newline
   // str.capitalize(): the first letter upper case, the rest lower case.
   const MultipleChoiceTask c = read(
