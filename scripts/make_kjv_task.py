@@ -98,6 +98,10 @@ def main():
     p.add_argument("--examples", type=int, default=500)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cut", choices=["word", "mid-word"], default="mid-word")
+    p.add_argument("--words", type=int, default=0,
+                   help="with --cut word: the choices are the next N words only, the others "
+                        "N words from other chapters of exactly the same length (0: the rest "
+                        "of the verse)")
     a = p.parse_args()
     rng = random.Random(a.seed)
     verses = read_verses(a.corpus)
@@ -120,6 +124,12 @@ def main():
             cuts[i] = c
     chosen = rng.sample(sorted(cuts), a.examples)
     by_length = sorted(cuts, key=lambda j: len(" ".join(cuts[j][1])))
+    # --words N: every verse's first N words after its cut, by their length.
+    spans = {}
+    for j, (_, tail, _) in cuts.items():
+        if a.words > 0 and len(tail) >= a.words:
+            words = tail[:a.words]
+            spans.setdefault(len(" ".join(words)), []).append((j, words))
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
     with open(a.output, "w", encoding="utf-8") as out:
         for i in chosen:
@@ -136,6 +146,25 @@ def main():
                     context += " " + prefix
                     column += 1 + len(prefix)
             true_ending = ending(tail, prefix, column)
+            if a.words > 0 and not prefix:
+                words = tail[:a.words]
+                true_ending = ending(words, "", column)
+                pool = [w for j, w in spans[len(" ".join(words))]
+                        if verses[j][0] != heading and w != words]
+                others = []
+                for w in rng.sample(pool, len(pool)):
+                    text = ending(w, "", column)
+                    if text not in others:
+                        others.append(text)
+                    if len(others) == 3:
+                        break
+                if len(others) < 3:
+                    continue
+                label = rng.randrange(4)
+                choices = others[:label] + [true_ending] + others[label:]
+                out.write(json.dumps({"context": context, "choices": choices, "label": label,
+                                      "target_delimiter": ""}) + "\n")
+                continue
             # Distractors: the tails of verses from other chapters among the 30 next shorter
             # and 30 next longer ones (so that a model that knows nothing, whose
             # log-likelihood is about -length x log 256, picks at chance), as they were cut;
