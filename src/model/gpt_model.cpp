@@ -709,7 +709,8 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   T* dh = train ? full_.template data<T>() : nullptr;
   std::vector<T> token_losses(mb.token_losses ? size_t(g.tokens) : 0);
   double loss =
-      ops::classifier_cross_entropy<T>(mb.token_losses ? token_losses.data() : nullptr, dh, train ? classifier_weight(true) : nullptr, h,
+      ops::classifier_cross_entropy<T>(mb.token_losses ? token_losses.data() : nullptr, dh,
+                                       train ? classifier_weight(true) : nullptr, h,
                                        classifier_weight(false), mb.labels, mb.loss_mask, ca);
   cp_->all_reduce(&loss, 1);
   std::copy(token_losses.begin(), token_losses.end(), mb.token_losses);
