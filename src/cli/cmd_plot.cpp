@@ -1,13 +1,15 @@
 // omnitron plot: a run's curves from its --metrics-file, for people who would rather look
 // than read. Writes one self-contained page (inline SVG, no script) or one SVG image with
-// training loss, validation loss, tokens/s and TFLOP/s against the iteration, several runs
-// overlaid with a legend.
+// training loss, validation loss, tokens/s and TFLOP/s against the iteration, and each
+// downstream task's acc and acc_norm (--eval-task), several runs overlaid with a legend.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,7 +27,8 @@ const char* const kHelp =
     "                     [--title TEXT]\n"
     "\n"
     "Draws the curves of one or more runs from the files `omnitron train --metrics-file`\n"
-    "writes: training loss, validation loss, tokens/s and TFLOP/s against the iteration,\n"
+    "writes: training loss, validation loss, tokens/s, TFLOP/s and each downstream task's\n"
+    "acc and acc_norm (--eval-task) against the iteration,\n"
     "the runs overlaid, each named by its file. FILE.html is a page that opens in any\n"
     "browser (no script, nothing fetched); FILE.svg is one image. --output defaults to the\n"
     "first file with .html in place of its extension.\n";
@@ -34,22 +37,34 @@ struct Point {
   double x, y;
 };
 
-// One run: its name and a series per chart.
+// One run: its name and a series per chart key.
 struct Run {
   std::string name;
-  std::vector<std::vector<Point>> series;  // indexed like kCharts
+  std::map<std::string, std::vector<Point>> series;
 };
 
 struct Chart {
-  const char* key;  // the --metrics-file member
-  const char* title;
+  std::string key;  // the --metrics-file member; for a downstream task, TASK_acc(_norm)
+  std::string title;
 };
 
-constexpr Chart kCharts[] = {{"lm_loss", "training loss"},
-                             {"val_loss", "validation loss"},
-                             {"tokens_per_sec", "throughput (tokens/s)"},
-                             {"tflops", "TFLOP/s"}};
-constexpr size_t kNumCharts = sizeof kCharts / sizeof kCharts[0];
+const Chart kCharts[] = {{"lm_loss", "training loss"},
+                         {"val_loss", "validation loss"},
+                         {"tokens_per_sec", "throughput (tokens/s)"},
+                         {"tflops", "TFLOP/s"}};
+
+// The fixed charts, then two per downstream task of any run (train --eval-task).
+std::vector<Chart> charts_of(const std::vector<Run>& runs) {
+  std::vector<Chart> charts(std::begin(kCharts), std::end(kCharts));
+  std::set<std::string> tasks;
+  for (const Run& r : runs)
+    for (const auto& [key, points] : r.series)
+      if (key.ends_with("_acc")) tasks.insert(key.substr(0, key.size() - 4));
+  for (const std::string& t : tasks)
+    for (const char* metric : {"acc", "acc_norm"})
+      charts.push_back({t + "_" + metric, "downstream task " + t + ": " + metric});
+  return charts;
+}
 
 // Colour-blind-safe palette (Okabe and Ito), repeated past eight runs.
 constexpr const char* kColours[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
@@ -60,7 +75,6 @@ Run read_run(const std::string& path) {
   OMNI_REQUIRE(in, path, ": cannot read the file");
   Run run;
   run.name = std::filesystem::path(path).stem().string();
-  run.series.resize(kNumCharts);
   int records = 0, line_number = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_number;
@@ -75,11 +89,22 @@ Run read_run(const std::string& path) {
     OMNI_REQUIRE(v.is_object(), where, ": expected a JSON object, as --metrics-file writes");
     const json::Value* it = v.find("iteration");
     OMNI_REQUIRE(it && it->is_number(), where, ": no \"iteration\" number in the object");
-    for (size_t c = 0; c < kNumCharts; ++c) {
-      const json::Value* y = v.find(kCharts[c].key);
+    const json::Value* task = v.find("task");
+    OMNI_REQUIRE(!task || task->is_string(), where, ": \"task\" is not a string");
+    const std::vector<std::pair<std::string, std::string>> members =
+        task
+            ? std::vector<std::pair<std::string, std::string>>{{"acc", task->str() + "_acc"},
+                                                               {"acc_norm",
+                                                                task->str() + "_acc_norm"}}
+            : std::vector<std::pair<std::string, std::string>>{{"lm_loss", "lm_loss"},
+                                                               {"val_loss", "val_loss"},
+                                                               {"tokens_per_sec", "tokens_per_sec"},
+                                                               {"tflops", "tflops"}};
+    for (const auto& [member, key] : members) {
+      const json::Value* y = v.find(member);
       if (!y || y->is_null()) continue;  // null: not finite when it was logged
-      OMNI_REQUIRE(y->is_number(), where, ": \"", kCharts[c].key, "\" is not a number");
-      run.series[c].push_back({it->num(), y->num()});
+      OMNI_REQUIRE(y->is_number(), where, ": \"", member, "\" is not a number");
+      run.series[key].push_back({it->num(), y->num()});
     }
     ++records;
   }
@@ -126,10 +151,17 @@ std::vector<double> ticks(double lo, double hi) {
 }
 
 // The range of one chart's values over all runs, widened when it is a single value.
-std::pair<double, double> value_range(const std::vector<Run>& runs, size_t c, bool x) {
+const std::vector<Point>& series_of(const Run& r, const std::string& key) {
+  static const std::vector<Point> none;
+  const auto it = r.series.find(key);
+  return it == r.series.end() ? none : it->second;
+}
+
+std::pair<double, double> value_range(const std::vector<Run>& runs, const std::string& key,
+                                      bool x) {
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (const Run& r : runs)
-    for (const Point& p : r.series[c]) {
+    for (const Point& p : series_of(r, key)) {
       lo = std::min(lo, x ? p.x : p.y);
       hi = std::max(hi, x ? p.x : p.y);
     }
@@ -146,23 +178,24 @@ constexpr int kWidth = 640, kHeight = 320;
 constexpr int kLeft = 70, kRight = 20, kTop = 34, kBottom = 44;
 
 // One chart as an <svg> element at (x, y) of its parent (ignored in HTML).
-std::string chart_svg(const std::vector<Run>& runs, size_t c, int x, int y) {
+std::string chart_svg(const std::vector<Run>& runs, const Chart& chart, int x, int y) {
   std::ostringstream s;
   s << "<svg x=\"" << x << "\" y=\"" << y << "\" width=\"" << kWidth << "\" height=\"" << kHeight
     << "\" viewBox=\"0 0 " << kWidth << ' ' << kHeight
-    << "\" font-family=\"sans-serif\" font-size=\"12\" data-chart=\"" << kCharts[c].key << "\">\n"
+    << "\" font-family=\"sans-serif\" font-size=\"12\" data-chart=\"" << xml_escape(chart.key)
+    << "\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     << "<text x=\"" << kWidth / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"15\">"
-    << kCharts[c].title << "</text>\n";
+    << xml_escape(chart.title) << "</text>\n";
   bool any = false;
-  for (const Run& r : runs) any = any || !r.series[c].empty();
+  for (const Run& r : runs) any = any || !series_of(r, chart.key).empty();
   if (!any) {
     s << "<text x=\"" << kWidth / 2 << "\" y=\"" << kHeight / 2
       << "\" text-anchor=\"middle\" fill=\"#777\">not in these metrics files</text>\n</svg>\n";
     return s.str();
   }
-  const auto [x0, x1] = value_range(runs, c, true);
-  const auto [y0, y1] = value_range(runs, c, false);
+  const auto [x0, x1] = value_range(runs, chart.key, true);
+  const auto [y0, y1] = value_range(runs, chart.key, false);
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
   const auto px = [&](double v) { return kLeft + (v - x0) / (x1 - x0) * plot_w; };
   const auto py = [&](double v) { return kTop + (y1 - v) / (y1 - y0) * plot_h; };
@@ -180,7 +213,7 @@ std::string chart_svg(const std::vector<Run>& runs, size_t c, int x, int y) {
     << "<text x=\"" << kLeft + plot_w / 2 << "\" y=\"" << kHeight - 8
     << "\" text-anchor=\"middle\">iteration</text>\n";
   for (size_t r = 0; r < runs.size(); ++r) {
-    const auto& points = runs[r].series[c];
+    const auto& points = series_of(runs[r], chart.key);
     if (points.empty()) continue;
     const char* colour = kColours[r % std::size(kColours)];
     s << "<polyline class=\"series\" data-run=\"" << xml_escape(runs[r].name) << "\" fill=\"none\" "
@@ -219,7 +252,7 @@ std::string html_page(const std::vector<Run>& runs, const std::string& title) {
     s << (r ? ", " : "") << "<span style=\"color:" << kColours[r % std::size(kColours)]
       << "\">&#9632;</span> " << xml_escape(runs[r].name);
   s << "</p>\n<div>\n";
-  for (size_t c = 0; c < kNumCharts; ++c) s << chart_svg(runs, c, 0, 0);
+  for (const Chart& c : charts_of(runs)) s << chart_svg(runs, c, 0, 0);
   s << "</div>\n</body>\n</html>\n";
   return s.str();
 }
@@ -227,14 +260,15 @@ std::string html_page(const std::vector<Run>& runs, const std::string& title) {
 // The charts two by two in one SVG document.
 std::string svg_image(const std::vector<Run>& runs, const std::string& title) {
   std::ostringstream s;
-  const int width = 2 * kWidth, height = 40 + 2 * kHeight;
+  const std::vector<Chart> charts = charts_of(runs);
+  const int width = 2 * kWidth, height = 40 + int(charts.size() + 1) / 2 * kHeight;
   s << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
     << "width=\"" << width << "\" height=\"" << height << "\" viewBox=\"0 0 " << width << ' '
     << height << "\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\""
     << width / 2 << "\" y=\"26\" text-anchor=\"middle\" font-family=\"sans-serif\" "
     << "font-size=\"18\">" << xml_escape(title) << "</text>\n";
-  for (size_t c = 0; c < kNumCharts; ++c)
-    s << chart_svg(runs, c, int(c % 2) * kWidth, 40 + int(c / 2) * kHeight);
+  for (size_t c = 0; c < charts.size(); ++c)
+    s << chart_svg(runs, charts[c], int(c % 2) * kWidth, 40 + int(c / 2) * kHeight);
   s << "</svg>\n";
   return s.str();
 }

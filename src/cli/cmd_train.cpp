@@ -22,6 +22,7 @@
 #include "data/dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/prefetch.h"
+#include "train/downstream_eval.h"
 #include "train/run_options.h"
 #include "train/sampler.h"
 #include "train/trainer.h"
@@ -363,6 +364,7 @@ int train(const std::vector<std::string>& raw_args) {
 
   if (tokenizer && info) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
   Trainer trainer(opts, std::move(data), peak, eod, &world);
+  trainer.set_downstream_evaluation(make_downstream_evaluation(opts, tokenizer.get()));
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
                 (long long)latest_checkpoint_iteration(opts.load),

@@ -24,6 +24,8 @@ const char* kUsage =
     "  merge-datasets  concatenate .bin/.idx datasets (as merge_datasets.py)\n"
     "  data-samples    the first training samples and their token ids, in training order\n"
     "  convert         between omnitron checkpoints and Hugging Face safetensors + config.json\n"
+    "  evaluate        score a model on multiple-choice tasks (--load DIR --task FILE): acc,\n"
+    "                  acc_norm, as lm-evaluation-harness; HellaSwag and ARC files read as is\n"
     "  plot            a run's loss and throughput curves (--metrics-file) as an HTML page\n"
     "  info            devices, BLAS, GPU backend and the measured peak used for MFU\n"
     "  help            this text and every option\n"
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
     if (cmd == "merge-datasets") return omni::cli::merge_datasets(args);
     if (cmd == "convert") return omni::cli::convert(args);
     if (cmd == "plot") return omni::cli::plot(args);
+    if (cmd == "evaluate") return omni::cli::evaluate(args);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::printf("%s\noptions:%s", kUsage, omni::options_help().c_str());
       return 0;

@@ -109,6 +109,7 @@ void add_learning_rate_options(std::vector<OptionDef>& t);
 void add_data_options(std::vector<OptionDef>& t);
 void add_logging_options(std::vector<OptionDef>& t);
 void add_command_options(std::vector<OptionDef>& t);
+void add_evaluation_options(std::vector<OptionDef>& t);  // options_evaluation.cpp
 void add_checkpointing_options(std::vector<OptionDef>& t);
 void add_distributed_options(std::vector<OptionDef>& t);
 void add_mixed_precision_options(std::vector<OptionDef>& t);

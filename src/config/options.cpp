@@ -18,9 +18,9 @@ const std::vector<OptionDef>& option_table() {
     std::vector<OptionDef> t;
     for (auto add :
          {add_model_options, add_training_options, add_learning_rate_options, add_data_options,
-          add_logging_options, add_command_options, add_checkpointing_options,
-          add_distributed_options, add_mixed_precision_options, add_noted_options,
-          add_refused_options, add_primus_options})
+          add_logging_options, add_evaluation_options, add_command_options,
+          add_checkpointing_options, add_distributed_options, add_mixed_precision_options,
+          add_noted_options, add_refused_options, add_primus_options})
       add(t);
     return t;
   }();
@@ -237,6 +237,8 @@ void finalize(Options& o) {
                ") must be between 0 and --lr (", o.lr, ")");
   OMNI_REQUIRE(o.log_interval > 0, "--log-interval must be positive (got ", o.log_interval, ")");
   OMNI_REQUIRE(o.eval_interval >= 0, "--eval-interval must be 0 or positive");
+  OMNI_REQUIRE(o.eval_task_interval >= 0 && o.eval_task_limit >= 0,
+               "--eval-task-interval and --eval-task-limit must be 0 or positive");
   OMNI_REQUIRE(o.eval_iters >= 0, "--eval-iters must be 0 or positive");
   OMNI_REQUIRE(o.start_eval_at_iter >= 0, "--start-eval-at-iter must be 0 or positive");
   OMNI_REQUIRE(o.exit_signal >= 1 && o.exit_signal <= 64, "--exit-signal: ", o.exit_signal,

@@ -54,6 +54,11 @@ struct Options {
   int64_t start_eval_at_iter = 0;  // no evaluation before this iteration
   // Megatron's separate evaluation batch sizes; 0: the training ones (the only ones built).
   int eval_global_batch_size = 0, eval_micro_batch_size = 0;
+  // Downstream multiple-choice tasks (train/downstream_eval.h): FILE or NAME=FILE, comma
+  // separated; every eval_task_interval iterations (0: every eval_interval).
+  std::string eval_task, eval_task_samples;
+  int eval_task_interval = 0;
+  int64_t eval_task_limit = 0;  // the first N examples of each task (0: all)
   std::string metrics_file;
   bool progress = true;
   std::string tensorboard_dir;       // TensorBoard event files (train/tensorboard.h)

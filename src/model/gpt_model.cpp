@@ -712,6 +712,7 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   T* d_final = a.d_final.template data<T>();
   if (denom == 0) {  // every token masked: no loss, no gradient
     std::fill(d_final, d_final + size_t(g.rows) * C, T(0));
+    if (mb.token_losses) std::fill(mb.token_losses, mb.token_losses + g.tokens, 0.0f);
     return 0.0;
   }
   ops::ClassifierLossArgs ca;
@@ -722,10 +723,13 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
       tp_->all_reduce(values, size_t(n), max ? ReduceOp::Max : ReduceOp::Sum);
     };
   T* dh = train ? full_.template data<T>() : nullptr;
+  std::vector<T> token_losses(mb.token_losses ? size_t(g.tokens) : 0);
   double loss =
-      ops::classifier_cross_entropy<T>(nullptr, dh, train ? classifier_weight(true) : nullptr, h,
+      ops::classifier_cross_entropy<T>(mb.token_losses ? token_losses.data() : nullptr, dh,
+                                       train ? classifier_weight(true) : nullptr, h,
                                        classifier_weight(false), mb.labels, mb.loss_mask, ca);
   cp_->all_reduce(&loss, 1);
+  std::copy(token_losses.begin(), token_losses.end(), mb.token_losses);
   if (train) {
     const T* d_norm = reduce_rows(d_rows_.template data<T>(), dh, g);
     std::fill(d_final, d_final + size_t(g.rows) * C, T(0));

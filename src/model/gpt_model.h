@@ -59,6 +59,9 @@ struct MicroBatch {
   // count, i.e. its mean loss; under --calculate-per-token-loss, the tokens of the whole
   // global batch, so the micro-batches' losses add up to Megatron's per-token loss.
   double loss_divisor = 0;
+  // Output, optional: each token's loss (-log p(label)) [batch, seq], 0 where the mask is 0
+  // (downstream tasks' log-likelihoods). Filled by the stage that computes the loss.
+  float* token_losses = nullptr;
 };
 
 struct ModelParallel {

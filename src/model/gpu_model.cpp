@@ -356,6 +356,7 @@ double GPUGPTModel<T>::forward_backward(const MicroBatch& mb, double grad_scale)
 template <typename T>
 double GPUGPTModel<T>::forward_loss(const MicroBatch& mb) {
   OMNI_CHECK(mb.labels, "[gpu model] the loss needs labels");
+  OMNI_CHECK(!mb.token_losses, "[gpu model] per-token losses are computed by the host model");
   upload_batch(mb);
   Buffers& b = *b_;
   embedding_forward(b.residual[0].data(), b.tokens.data(),

@@ -254,6 +254,30 @@ void MetricsSink::log_validation(const StepMetrics& m) {
              ", \"val_loss\": " + json_number(*m.val_loss) + "}");
 }
 
+void MetricsSink::log_task(const TaskMetrics& m) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                " downstream task %s at iteration %lld | examples: %lld | acc: %.4f +- %.4f | "
+                "acc_norm: %.4f +- %.4f |",
+                m.task.c_str(), (long long)m.iteration, (long long)m.examples, m.acc, m.acc_stderr,
+                m.acc_norm, m.acc_norm_stderr);
+  message(line);
+  if (tensorboard_) {
+    for (const auto& [name, value] :
+         {std::pair{" acc", m.acc}, std::pair{" acc_norm", m.acc_norm}}) {
+      tensorboard_->add_scalar(m.task + name, value, m.iteration);
+      tensorboard_->add_scalar(m.task + name + " vs samples", value, m.consumed_samples);
+    }
+    tensorboard_->flush();
+  }
+  write_json("{\"iteration\": " + std::to_string(m.iteration) +
+             ", \"consumed_samples\": " + std::to_string(m.consumed_samples) + ", \"task\": \"" +
+             m.task + "\", \"examples\": " + std::to_string(m.examples) +
+             ", \"acc\": " + json_number(m.acc) + ", \"acc_stderr\": " + json_number(m.acc_stderr) +
+             ", \"acc_norm\": " + json_number(m.acc_norm) +
+             ", \"acc_norm_stderr\": " + json_number(m.acc_norm_stderr) + "}");
+}
+
 void MetricsSink::progress(int64_t it, int64_t total, double loss, double sec_per_iter) {
   if (!live_) return;
   constexpr int kWidth = 30;

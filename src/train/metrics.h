@@ -44,6 +44,14 @@ struct StepMetrics {
   std::vector<std::pair<std::string, double>> timers;
 };
 
+// A downstream task's scores (train/downstream_eval.h) at one iteration.
+struct TaskMetrics {
+  int64_t iteration = 0, consumed_samples = 0;
+  std::string task;
+  int64_t examples = 0;
+  double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
+};
+
 // Resident memory of this process (Linux /proc and getrusage); 0 where unknown.
 struct ProcessMemory {
   int64_t rss_bytes = 0, max_rss_bytes = 0;
@@ -69,6 +77,9 @@ class MetricsSink {
   void log(const StepMetrics& m);
   // A validation result; `m` carries iteration, consumed_samples and val_loss.
   void log_validation(const StepMetrics& m);
+  // A downstream task's scores: a console line, TensorBoard "<task> acc" and "<task>
+  // acc_norm" (and "vs samples"), and a metrics-file object with "task".
+  void log_task(const TaskMetrics& m);
   // Live progress after every step (terminal only).
   void progress(int64_t iteration, int64_t total, double loss, double sec_per_iter);
   void message(const std::string& line);  // a plain console line, progress kept intact

@@ -9,6 +9,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
+#include "train/downstream_eval.h"
 #include "train/flops.h"
 #include "train/profiler.h"
 
@@ -164,6 +165,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
 
 Trainer::~Trainer() {
   if (signal_handler_installed_) restore_signal_handlers();
+}
+
+void Trainer::set_downstream_evaluation(std::unique_ptr<DownstreamEvaluation> evaluation) {
+  downstream_ = std::move(evaluation);
 }
 
 bool Trainer::on_gpu() const {
@@ -551,6 +556,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
   double train_seconds = 0, tokens_trained = 0;
   result.first_iteration = iteration_ + 1;
   int previous_batch = batch_schedule_.batch_at(consumed_samples_);
+  if (downstream_ && iteration_ == 0) downstream_->run(*this, sink);  // the untrained model
   for (int64_t it = iteration_ + 1; it <= opts_.train_iters; ++it) {
     // Megatron saves a checkpoint where a ramping batch changes the number of micro-batches.
     const int global_batch = batch_schedule_.batch_at(consumed_samples_);
@@ -603,6 +609,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
       result.val_losses.emplace_back(it, *m.val_loss);
       sink.log_validation(m);
     }
+    if (downstream_ && downstream_->due(it)) downstream_->run(*this, sink);
     if (!opts_.save.empty() && opts_.save_interval > 0 && it % opts_.save_interval == 0)
       result.saved.push_back(save(sink));
     // Every rank must stop at the same step: the duration and a caught signal are decided

@@ -27,6 +27,9 @@
 
 namespace omni {
 
+class DownstreamEvaluation;
+struct ScoredSequence;
+
 struct TrainResult {
   std::vector<double> train_losses;                    // one per iteration run
   std::vector<double> step_seconds;                    // one per iteration
@@ -67,6 +70,11 @@ class Trainer {
   std::string save(MetricsSink& sink);
   // Mean validation loss over --eval-iters micro-batches (of every data-parallel rank).
   double evaluate();
+  // Each sequence's log-likelihood of its continuation, computed by the forward validation
+  // runs, whatever the layout; every rank gets them all. Collective. (downstream_eval.cpp)
+  std::vector<double> log_likelihoods(const std::vector<ScoredSequence>& sequences);
+  // --eval-task: scored at iteration 0 of a fresh run, when due() and at the end.
+  void set_downstream_evaluation(std::unique_ptr<DownstreamEvaluation> evaluation);
   // This rank's part of the model. When a GPU trains, it holds the weights of the last
   // checkpoint or sync_host_model() call.
   GPTModel<float>& model() { return *model_; }
@@ -154,6 +162,7 @@ class Trainer {
   bool signal_handler_installed_ = false;
   DocumentMaskOptions doc_masks_;
   std::vector<Batch> batches_;
+  std::unique_ptr<DownstreamEvaluation> downstream_;
 #if defined(OMNITRON_GPU)
   // --device cuda/hip: the model trains here; model_ and optimizer_ then only hold the
   // host copies checkpoints are read from and written to.

@@ -21,7 +21,6 @@ std::string temp_file(const std::string& name, const std::string& text) {
   return path;
 }
 
-
 // The lines --metrics-file writes for `n` logged iterations, validation every 2.
 std::string metrics_lines(int n, double loss0) {
   std::string s;
@@ -97,6 +96,26 @@ TEST(CliPlot, SvgOutputIsOneImageWithTheSameSeries) {
   EXPECT_NE(svg.find("xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
   EXPECT_NE(svg.find(">tiny &amp; run</text>"), std::string::npos);
   EXPECT_EQ(polylines(svg).at({"lm_loss", "plot_svg"}), 5);
+}
+
+TEST(CliPlot, DownstreamTasksGetAnAccAndAnAccNormChartEach) {
+  std::string lines = metrics_lines(4, 5.0);
+  for (int it : {0, 2, 4})
+    for (const char* task : {"kjv", "arc_easy"})
+      lines += "{\"iteration\": " + std::to_string(it) + ", \"consumed_samples\": 0, \"task\": \"" +
+               task +
+               "\", \"examples\": 10, \"acc\": 0.3, \"acc_stderr\": 0.1, \"acc_norm\": 0.4, "
+               "\"acc_norm_stderr\": 0.1}\n";
+  const std::string a = temp_file("plot_tasks.jsonl", lines);
+  const std::string out = (fs::path(::testing::TempDir()) / "plot_tasks.html").string();
+  auto [code, text] = run_omnitron("plot " + a + " --output " + out);
+  ASSERT_EQ(code, 0) << text;
+  const std::string page = read_text(out);
+  const auto charts = polylines(page);
+  EXPECT_EQ(charts.at({"lm_loss", "plot_tasks"}), 4);
+  for (const char* chart : {"kjv_acc", "kjv_acc_norm", "arc_easy_acc", "arc_easy_acc_norm"})
+    EXPECT_EQ(charts.at({chart, "plot_tasks"}), 3) << chart;
+  EXPECT_NE(page.find(">downstream task kjv: acc_norm</text>"), std::string::npos);
 }
 
 TEST(CliPlot, ATrainingRunsMetricsFilePlots) {
