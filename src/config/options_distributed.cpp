@@ -1,4 +1,6 @@
 // Megatron's distributed group: the parallel layout, and the device it runs on.
+#include <algorithm>
+
 #include "config/option_rows.h"
 
 namespace omni::option_rows {
@@ -38,6 +40,26 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   t.push_back(toggle("--use-distributed-optimizer", PAR,
                      "shard optimizer states and master weights across data-parallel ranks",
                      [](Options& o) -> bool& { return o.use_distributed_optimizer; }));
+  // FSDP shards parameters and gradients as well; the arithmetic is the same, so until ZeRO-3
+  // is built these train with the sharded optimizer state and say what stays unsharded.
+  for (const char* flag : {"--use-torch-fsdp2", "--use-megatron-fsdp"}) {
+    const std::string f = flag;
+    t.push_back(OptionDef{
+        f, "", PAR,
+        "trains with --use-distributed-optimizer (the same results); parameters and gradients "
+        "are not sharded yet, so each rank holds them whole",
+        [f](Options& o, const std::string&) {
+          o.use_distributed_optimizer = true;
+          const std::string note =
+              "note: " + f +
+              " trains with --use-distributed-optimizer: the same results as fully sharded "
+              "data parallelism, but parameters and gradients are not sharded yet (each rank "
+              "holds them whole)";
+          if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end())
+            o.notes.push_back(note);
+        },
+        nullptr});
+  }
   t.push_back(toggle("--use-tp-pp-dp-mapping", PAR,
                      "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
                      [](Options& o) -> bool& { return o.use_tp_pp_dp_mapping; }));

@@ -187,10 +187,6 @@ void add_refused_options(std::vector<OptionDef>& t) {
               {{"--grad-reduce-in-bf16", ""},
                {"--fp16-lm-cross-entropy", ""},
                {"--output-logit-dtype", "bf16|fp32"}});
-  add_refused(t,
-              "fully sharded data parallelism (FSDP) beyond --use-distributed-optimizer's sharded "
-              "optimizer state",
-              {{"--use-megatron-fsdp", ""}, {"--use-torch-fsdp2", ""}});
   add_refused(t, "custom pipeline layouts (use --decoder-first/last-pipeline-num-layers)",
               {{"--pipeline-model-parallel-layout", "V"}});
   add_refused(t, "fake process groups", {{"--fake-process-group", ""}});

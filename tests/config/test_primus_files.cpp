@@ -69,8 +69,8 @@ fs::path experiment(const std::string& name) {
                                 : kPrimus / "examples" / "megatron" / "configs" / (name + ".yaml");
 }
 
-// `all` less the flags branch flagfeat implements (unknown here until it merges) and, when
-// `without_refused`, less each flag (with its values) that alone is refused as not built yet.
+// `all`, less (when `without_refused`) each flag with its values that alone is refused as not
+// built yet.
 std::vector<std::string> filtered(const std::vector<std::string>& all, bool without_refused) {
   std::vector<std::string> args;
   for (size_t i = 0; i < all.size();) {
@@ -182,20 +182,18 @@ TEST_F(PrimusFiles, DenseExperimentsPassValidationGivenAVocabulary) {
 }
 
 // As written, each experiment stops only at features not built yet, each named: MoE, MLA and
-// MTP; torch FSDP2 (the 70B and 72B experiments ask for it). The cyclic data loader that
-// Primus's pre_trainer.yaml sets for every experiment is accepted with a note.
+// MTP. The cyclic data loader that Primus's pre_trainer.yaml sets for every experiment, and the
+// torch FSDP2 of the 70B and 72B experiments (trained with the sharded optimizer state), are
+// accepted with a note.
 TEST_F(PrimusFiles, AsWrittenEachStopsOnlyAtFeaturesNotBuilt) {
-  const std::string fsdp =
-      "fully sharded data parallelism (FSDP) beyond --use-distributed-optimizer's sharded "
-      "optimizer state";
   std::map<std::string, std::set<std::string>> expected = {
       {"mixtral_8x7B_v0.1-pretrain", {kMoe}}, {"mixtral_8x22B_v0.1-pretrain", {kMoe}},
       {"llama4_17B16E-pretrain", {kMoe}},     {"llama4_17B128E-pretrain", {kMoe}},
       {"deepseek_v2_lite-pretrain", {kMoe}},  // its experiment turns MLA off
       {"deepseek_v2-pretrain", {kMoe, kMla}}, {"deepseek_v3-pretrain", {kMoe, kMla, kMtp}},
-      {"llama2_70B-pretrain", {fsdp}},        {"llama3_70B-pretrain", {fsdp}},
-      {"llama3.1_70B-pretrain", {fsdp}},      {"llama3.3_70B-pretrain", {fsdp}},
-      {"qwen2.5_72B-pretrain", {fsdp}},
+      {"llama2_70B-pretrain", {}},            {"llama3_70B-pretrain", {}},
+      {"llama3.1_70B-pretrain", {}},          {"llama3.3_70B-pretrain", {}},
+      {"qwen2.5_72B-pretrain", {}},
   };
   for (const std::string& name : kLlama3) expected.emplace(name, std::set<std::string>{});
   for (const std::string& name : kNoTokenizer) expected.emplace(name, std::set<std::string>{});
