@@ -312,13 +312,16 @@ LaunchChecks begin_launch(const Launch& launch) {
     launched = g_launched;
   }
   // A kernel may touch its own __shared__ arrays and those of the device functions it calls,
-  // not another kernel's (an access running off the end of an array lands there).
+  // not another kernel's (an access running off the end of an array lands there). Kernels are
+  // told from device functions by their names (*_kernel, as every kernel here is named) and by
+  // having been launched.
   const auto& vars = symbols().shared;
+  const std::string kernel_template = template_of(lc.kernel);
   lc.allowed.assign(vars.size(), 0);
   for (size_t i = 0; i < vars.size(); ++i) {
-    const std::string owner = owner_of(vars[i].name);
-    lc.allowed[i] = owner == lc.kernel ||
-                    (template_of(owner) != template_of(lc.kernel) && launched.count(owner) == 0);
+    const std::string owner = owner_of(vars[i].name), owner_template = template_of(owner);
+    const bool a_kernel = owner_template.ends_with("_kernel") || launched.count(owner) > 0;
+    lc.allowed[i] = owner == lc.kernel || (!a_kernel && owner_template != kernel_template);
   }
   return lc;
 }
