@@ -125,9 +125,14 @@ std::string function_at(const void* p) {
   return s.str();
 }
 
-// "f(int)::red" -> "f(int)"; "void g<float>(int)" -> "void g" (the template, for siblings).
+// A kernel's name as its static locals spell it: templates' names demangle with the return
+// type, their locals' without.
+std::string without_void(const std::string& function) {
+  return function.starts_with("void ") ? function.substr(5) : function;
+}
+// "f(int)::red" -> "f(int)"; "g<float>(int)" -> "g" (the template, for siblings).
 std::string owner_of(const std::string& var) {
-  return var.substr(0, var.rfind("::"));
+  return without_void(var.substr(0, var.rfind("::")));
 }
 std::string template_of(std::string function) {
   const std::string anonymous = "(anonymous namespace)";
@@ -308,7 +313,7 @@ LaunchChecks begin_launch(const Launch& launch) {
   std::set<std::string> launched;
   {
     const std::lock_guard lock(g_kernels_mutex);
-    g_launched.insert(lc.kernel);
+    g_launched.insert(without_void(lc.kernel));
     launched = g_launched;
   }
   // A kernel may touch its own __shared__ arrays and those of the device functions it calls,
@@ -316,12 +321,12 @@ LaunchChecks begin_launch(const Launch& launch) {
   // told from device functions by their names (*_kernel, as every kernel here is named) and by
   // having been launched.
   const auto& vars = symbols().shared;
-  const std::string kernel_template = template_of(lc.kernel);
+  const std::string kernel = without_void(lc.kernel), kernel_template = template_of(kernel);
   lc.allowed.assign(vars.size(), 0);
   for (size_t i = 0; i < vars.size(); ++i) {
     const std::string owner = owner_of(vars[i].name), owner_template = template_of(owner);
     const bool a_kernel = owner_template.ends_with("_kernel") || launched.count(owner) > 0;
-    lc.allowed[i] = owner == lc.kernel || (!a_kernel && owner_template != kernel_template);
+    lc.allowed[i] = owner == kernel || (!a_kernel && owner_template != kernel_template);
   }
   return lc;
 }
