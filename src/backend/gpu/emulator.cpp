@@ -94,7 +94,7 @@ struct BlockRunner {
     OMNI_FINISH_SWITCH(f.fake_stack, nullptr, nullptr);
   }
   // Runs fiber i until it waits or ends.
-  void switch_to(int i) {
+  [[gnu::noinline]] void switch_to(int i) {  // its _setjmp apart from run_block's locals
     current = i;
     check::set_thread(i);
     Fiber& f = fibers[i];
