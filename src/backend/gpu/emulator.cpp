@@ -132,6 +132,16 @@ void fiber_entry() {
   _longjmp(r.scheduler, 1);
 }
 
+// A context entering fiber_entry on the given stack (apart from run_block: getcontext
+// returns twice, as far as the compiler knows).
+[[gnu::noinline]] void prepare_start(ucontext_t& start, unsigned char* stack) {
+  getcontext(&start);
+  start.uc_stack.ss_sp = stack;
+  start.uc_stack.ss_size = kStackBytes;
+  start.uc_link = nullptr;
+  makecontext(&start, fiber_entry, 0);
+}
+
 std::string BlockRunner::check_guards() const {
   const size_t bytes = dynamic_shared.size() - 2 * check::kGuardBytes;
   const unsigned char* data = dynamic_shared.data() + check::kGuardBytes;
@@ -167,11 +177,7 @@ void BlockRunner::run_block(dim3 block_idx, dim3 grid, dim3 block, size_t shared
     f.ids.grid_dim = grid;
     f.ids.linear = i;
     f.ids.dynamic_shared = dynamic;
-    getcontext(&f.start);
-    f.start.uc_stack.ss_sp = stacks + static_cast<size_t>(i) * kStackBytes;
-    f.start.uc_stack.ss_size = kStackBytes;
-    f.start.uc_link = nullptr;
-    makecontext(&f.start, fiber_entry, 0);
+    prepare_start(f.start, stacks + static_cast<size_t>(i) * kStackBytes);
   }
   check::begin_block(*launch, block_idx, dynamic, shared_bytes);
   struct EndChecks {  // also when the block fails
