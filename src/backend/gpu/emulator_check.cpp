@@ -195,8 +195,9 @@ struct Checker {
            pc);
   }
   // Shadow bookkeeping of one access of n bytes; where names the first byte for reports.
-  void shadow(Shadow* s, size_t n, bool write, bool is_device, const std::string& where,
-              const void* pc) {
+  // where() names the first byte, for reports only (made only when one is made).
+  template <typename Where>
+  void shadow(Shadow* s, size_t n, bool write, bool is_device, const Where& where, const void* pc) {
     const uint32_t floor = is_device ? lc->first_epoch : block_first;
     auto conflicts = [&](uint32_t e, uint32_t id) {
       return e >= floor && id != me && (e == epoch || (id >> 10) != block_linear);
@@ -205,16 +206,16 @@ struct Checker {
     for (size_t i = 0; i < n; ++i, ++s) {
       if (!reported) {
         if (conflicts(s->write_epoch, s->writer)) {
-          conflict(write ? "writes" : "reads", "wrote", s->writer, where, pc);
+          conflict(write ? "writes" : "reads", "wrote", s->writer, where(), pc);
           reported = true;
         } else if (write) {
           for (int r = 0; r < 2 && !reported; ++r)
             if (conflicts(s->read_epoch[r], s->reader[r])) {
-              conflict("writes", "read", s->reader[r], where, pc);
+              conflict("writes", "read", s->reader[r], where(), pc);
               reported = true;
             }
         } else if (!is_device && s->write_epoch < floor) {
-          report("uninitialized read: " + thread_name(me) + " reads " + where +
+          report("uninitialized read: " + thread_name(me) + " reads " + where() +
                      ", which no thread of this block has written",
                  pc);
           reported = true;
@@ -243,8 +244,9 @@ struct Checker {
                pc);
         return;
       }
-      shadow(&dyn_shadow[a - data], n, write, false, bytes_at(n, "dynamic shared memory", a - data),
-             pc);
+      shadow(
+          &dyn_shadow[a - data], n, write, false,
+          [&] { return bytes_at(n, "dynamic shared memory", a - data); }, pc);
     } else if (a < tls_hi && a + n > tls_lo) {
       const auto& vars = symbols().shared;
       const uintptr_t off = a - tls_base;
@@ -259,7 +261,9 @@ struct Checker {
                pc);
         return;
       }
-      shadow(&tls_shadow[a - tls_lo], n, write, false, bytes_at(n, var->name, off - var->lo), pc);
+      shadow(
+          &tls_shadow[a - tls_lo], n, write, false,
+          [&] { return bytes_at(n, var->name, off - var->lo); }, pc);
     } else if (lc->device) {
       const std::lock_guard lock(g_alloc_mutex);
       auto it = g_allocations.upper_bound(a);
@@ -269,10 +273,13 @@ struct Checker {
       if (a >= it->first + al.bytes) return;
       if (al.shadow.empty()) al.shadow.resize(al.bytes);
       const size_t off = a - it->first;
-      std::ostringstream where;
-      where << n << " bytes at device allocation " << reinterpret_cast<void*>(it->first) << " + "
-            << off;
-      shadow(&al.shadow[off], std::min(n, al.bytes - off), write, true, where.str(), pc);
+      auto where = [&] {
+        std::ostringstream w;
+        w << n << " bytes at device allocation " << reinterpret_cast<void*>(it->first) << " + "
+          << off;
+        return w.str();
+      };
+      shadow(&al.shadow[off], std::min(n, al.bytes - off), write, true, where, pc);
     }
   }
 };
