@@ -8,6 +8,7 @@
 #include "backend/gpu/emulator.h"
 
 #include <setjmp.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -18,7 +19,23 @@
 #include <string>
 #include <vector>
 
+#include "backend/gpu/emulator_check.h"
 #include "base/error.h"
+
+// AddressSanitizer must be told when execution moves to another stack.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define OMNI_START_SWITCH(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define OMNI_FINISH_SWITCH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
+#define OMNI_POISON(p, n) __asan_poison_memory_region(p, n)
+#define OMNI_UNPOISON(p, n) __asan_unpoison_memory_region(p, n)
+#else
+#define OMNI_START_SWITCH(save, bottom, size)
+#define OMNI_FINISH_SWITCH(save, bottom, size)
+#define OMNI_POISON(p, n)
+#define OMNI_UNPOISON(p, n)
+#endif
 
 namespace omni::gpu::emulator {
 namespace {
@@ -35,6 +52,7 @@ struct Fiber {
   bool started = false;
   ThreadIds ids;
   FiberState state = FiberState::Ready;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while switched out
 };
 
 // One per OS thread: the block it is running.
@@ -42,12 +60,16 @@ struct BlockRunner {
   std::vector<Fiber> fibers;
   unsigned char* stacks = nullptr;
   size_t stack_count = 0;
-  std::vector<unsigned char> dynamic_shared;
-  std::vector<unsigned char> slots;  // warps * kEmulatedWarpSize * kSlotBytes
+  std::vector<unsigned char> dynamic_shared;  // guard bytes on both sides
+  std::vector<unsigned char> slots;           // warps * kEmulatedWarpSize * kSlotBytes
   jmp_buf scheduler;
   int current = -1;
   const std::function<void()>* body = nullptr;
   std::exception_ptr error;
+  const check::LaunchChecks* launch = nullptr;
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_bytes = 0;
 
   ~BlockRunner() {
     if (stacks) munmap(stacks, stack_count * kStackBytes);
@@ -65,13 +87,23 @@ struct BlockRunner {
   void suspend(FiberState why) {
     Fiber& f = running();
     f.state = why;
-    if (_setjmp(f.resume) == 0) _longjmp(scheduler, 1);
+    if (_setjmp(f.resume) == 0) {
+      OMNI_START_SWITCH(&f.fake_stack, scheduler_stack, scheduler_stack_bytes);
+      _longjmp(scheduler, 1);
+    }
+    OMNI_FINISH_SWITCH(f.fake_stack, nullptr, nullptr);
   }
   // Runs fiber i until it waits or ends.
-  void switch_to(int i) {
+  [[gnu::noinline]] void switch_to(int i) {  // its _setjmp apart from run_block's locals
     current = i;
+    check::set_thread(i);
     Fiber& f = fibers[i];
-    if (_setjmp(scheduler) != 0) return;
+    if (_setjmp(scheduler) != 0) {
+      OMNI_FINISH_SWITCH(scheduler_fake_stack, nullptr, nullptr);
+      return;
+    }
+    OMNI_START_SWITCH(&scheduler_fake_stack, stacks + static_cast<size_t>(i) * kStackBytes,
+                      kStackBytes);
     if (!f.started) {
       f.started = true;
       setcontext(&f.start);
@@ -79,24 +111,48 @@ struct BlockRunner {
     _longjmp(f.resume, 1);
   }
   void run_block(dim3 block_idx, dim3 grid, dim3 block, size_t shared_bytes);
+  [[noreturn]] void fail(const dim3& b, const std::string& what) const {
+    throw InternalError("GPU emulator, " + check::describe(launch->launch, b) + ": " + what);
+  }
+  std::string check_guards() const;
 };
 
 thread_local BlockRunner runner;
 
 void fiber_entry() {
   BlockRunner& r = runner;
+  OMNI_FINISH_SWITCH(nullptr, &r.scheduler_stack, &r.scheduler_stack_bytes);
   try {
     (*r.body)();
   } catch (...) {
     if (!r.error) r.error = std::current_exception();
   }
   r.running().state = FiberState::Done;
+  OMNI_START_SWITCH(nullptr, r.scheduler_stack, r.scheduler_stack_bytes);
   _longjmp(r.scheduler, 1);
 }
 
-[[noreturn]] void fail(const dim3& b, const std::string& what) {
-  throw InternalError("GPU emulator, block (" + std::to_string(b.x) + "," + std::to_string(b.y) +
-                      "," + std::to_string(b.z) + "): " + what);
+// A context entering fiber_entry on the given stack (apart from run_block: getcontext
+// returns twice, as far as the compiler knows).
+[[gnu::noinline]] void prepare_start(ucontext_t& start, unsigned char* stack) {
+  getcontext(&start);
+  start.uc_stack.ss_sp = stack;
+  start.uc_stack.ss_size = kStackBytes;
+  start.uc_link = nullptr;
+  makecontext(&start, fiber_entry, 0);
+}
+
+std::string BlockRunner::check_guards() const {
+  const size_t bytes = dynamic_shared.size() - 2 * check::kGuardBytes;
+  const unsigned char* data = dynamic_shared.data() + check::kGuardBytes;
+  for (long i = -long{check::kGuardBytes}; i < long{check::kGuardBytes}; ++i) {
+    const unsigned char* p = i < 0 ? data + i : data + bytes + i;
+    if (*p != check::kGuardByte)
+      return "out of bounds: the guard byte at offset " +
+             std::to_string(i < 0 ? i : static_cast<long>(bytes) + i) +
+             " of dynamic shared memory (" + std::to_string(bytes) + " bytes) was overwritten";
+  }
+  return "";
 }
 
 void BlockRunner::run_block(dim3 block_idx, dim3 grid, dim3 block, size_t shared_bytes) {
@@ -104,8 +160,14 @@ void BlockRunner::run_block(dim3 block_idx, dim3 grid, dim3 block, size_t shared
   const int warps = (n + kEmulatedWarpSize - 1) / kEmulatedWarpSize;
   reserve_stacks(static_cast<size_t>(n));
   fibers.assign(static_cast<size_t>(n), Fiber{});
-  // Poison shared memory, so reading what nobody wrote shows as garbage.
-  dynamic_shared.assign(shared_bytes, 0xA5);
+  // Poison shared memory, so reading what nobody wrote shows as garbage; guard bytes around.
+  constexpr size_t G = check::kGuardBytes;
+  OMNI_UNPOISON(dynamic_shared.data(), dynamic_shared.size());
+  dynamic_shared.assign(shared_bytes + 2 * G, check::kGuardByte);
+  std::memset(dynamic_shared.data() + G, 0xA5, shared_bytes);
+  unsigned char* dynamic = dynamic_shared.data() + G;
+  OMNI_POISON(dynamic - G, G);
+  OMNI_POISON(dynamic + shared_bytes, G);
   slots.assign(static_cast<size_t>(warps) * kEmulatedWarpSize * kSlotBytes, 0);
   for (int i = 0; i < n; ++i) {
     Fiber& f = fibers[i];
@@ -114,20 +176,28 @@ void BlockRunner::run_block(dim3 block_idx, dim3 grid, dim3 block, size_t shared
     f.ids.block_dim = block;
     f.ids.grid_dim = grid;
     f.ids.linear = i;
-    f.ids.dynamic_shared = dynamic_shared.data();
-    getcontext(&f.start);
-    f.start.uc_stack.ss_sp = stacks + static_cast<size_t>(i) * kStackBytes;
-    f.start.uc_stack.ss_size = kStackBytes;
-    f.start.uc_link = nullptr;
-    makecontext(&f.start, fiber_entry, 0);
+    f.ids.dynamic_shared = dynamic;
+    prepare_start(f.start, stacks + static_cast<size_t>(i) * kStackBytes);
   }
+  check::begin_block(*launch, block_idx, dynamic, shared_bytes);
+  struct EndChecks {  // also when the block fails
+    BlockRunner& r;
+    ~EndChecks() {
+      check::end_block();
+      OMNI_UNPOISON(r.dynamic_shared.data(), r.dynamic_shared.size());
+    }
+  } end_checks{*this};
   bool reverse = false;
   for (;;) {
     for (int k = 0; k < n; ++k) {
       const int i = reverse ? n - 1 - k : k;
       if (fibers[i].state != FiberState::Ready) continue;
       switch_to(i);
-      if (error) std::rethrow_exception(std::exchange(error, nullptr));
+      if (error) {
+        const std::string found = check::end_block();
+        if (!found.empty()) fail(block_idx, found);  // the cause, likely
+        std::rethrow_exception(std::exchange(error, nullptr));
+      }
     }
     reverse = !reverse;
     // Every fiber is now done or waiting. Release warps whose live lanes all wait at a
@@ -152,10 +222,17 @@ void BlockRunner::run_block(dim3 block_idx, dim3 grid, dim3 block, size_t shared
       any_done |= f.state == FiberState::Done;
       any_block_wait |= f.state == FiberState::AtBlockBarrier;
     }
-    if (all_done) return;
+    if (all_done) {
+      std::string found = check::end_block();
+      OMNI_UNPOISON(dynamic_shared.data(), dynamic_shared.size());
+      if (found.empty()) found = check_guards();
+      if (!found.empty()) fail(block_idx, found);
+      return;
+    }
     if (any_block_wait && any_done)
       fail(block_idx, "a thread exited while others wait at __syncthreads()");
     for (Fiber& f : fibers) f.state = FiberState::Ready;
+    check::block_barrier();
   }
 }
 
@@ -178,21 +255,27 @@ unsigned char* warp_slots() {
   return runner.slots.data() + static_cast<size_t>(warp) * kEmulatedWarpSize * kSlotBytes;
 }
 
-void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+void run_grid(const LaunchGrid& launch_grid, dim3 block, size_t shared_bytes,
+              const std::function<void()>& body, const void* kernel) {
+  const dim3 grid = launch_grid.grid;
+  const check::LaunchChecks launch = check::begin_launch({kernel, launch_grid.where, grid, block});
   const size_t threads = size_t{block.x} * block.y * block.z;
   if (threads == 0 || threads > 1024)
     throw InternalError("GPU emulator: a block of " + std::to_string(threads) +
-                        " threads (1 to 1024 allowed)");
+                        " threads (1 to 1024 allowed), " +
+                        check::describe(launch.launch, dim3(0, 0, 0)));
   const long blocks = long{grid.x} * grid.y * grid.z;
   std::exception_ptr error;
   std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic)
+  // Shadowed device memory is one state: its blocks run one after the other.
+#pragma omp parallel for schedule(dynamic) if (!launch.device)
   for (long b = 0; b < blocks; ++b) {
     const dim3 block_idx(static_cast<unsigned>(b % grid.x),
                          static_cast<unsigned>((b / grid.x) % grid.y),
                          static_cast<unsigned>(b / (long{grid.x} * grid.y)));
     try {
       runner.body = &body;
+      runner.launch = &launch;
       runner.run_block(block_idx, grid, block, shared_bytes);
     } catch (...) {
       const std::lock_guard lock(error_mutex);
@@ -205,11 +288,15 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
 }  // namespace omni::gpu::emulator
 
 // ---- Runtime API over host memory ------------------------------------------------------------
+// To the byte: an access past the end is outside the allocation (AddressSanitizer sees it).
 gpuError_t gpuMalloc(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  return *p ? gpuSuccess : 2;
+  if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) return 2;
+  omni::gpu::emulator::check::note_alloc(*p, bytes);
+  return gpuSuccess;
 }
 gpuError_t gpuFree(void* p) {
+  if (!p) return gpuSuccess;
+  omni::gpu::emulator::check::note_free(p);
   std::free(p);
   return gpuSuccess;
 }

@@ -13,7 +13,16 @@
 //   - Between barriers, fibers run in alternating forward and reverse order, so a missing
 //     barrier shows as a wrong result instead of hiding behind one lucky order.
 //   - __shared__ variables are function-local `static thread_local`: one copy per OS thread,
-//     i.e. per block in flight. Device memory is host memory.
+//     i.e. per block in flight; dynamic shared memory has guard bytes on both sides, checked at
+//     the end of each block. Device memory is host memory, allocated to the byte (so an
+//     AddressSanitizer build sees every out-of-bounds access of a kernel).
+//   - Checks (emulator_check.cpp), on by default: every access of a kernel to shared memory goes
+//     through shadow state, which reports, with the kernel, block, both threads and the address,
+//     a write and a read or write of the same bytes by two threads with no __syncthreads()
+//     between them, a read of shared memory no thread of the block has written, and an access
+//     outside the shared arrays (atomics are exempt). A slower mode shadows device memory too
+//     (races between threads of a launch). The environment variable OMNI_EMULATOR_CHECKS
+//     (off, shared, device) or set_checks() chooses.
 // Nothing here is fast: it is for small shapes in tests.
 #pragma once
 
@@ -27,7 +36,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <source_location>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 struct dim3 {
@@ -44,8 +55,13 @@ struct ThreadIds {
 };
 // The running fiber's ids (valid only inside a kernel).
 const ThreadIds& ids();
-// The warp size the emulator runs with (NVIDIA's).
-constexpr int kEmulatedWarpSize = 32;
+// The warp size the emulator runs with, chosen per build: 32 (NVIDIA's warp) or 64 (AMD CDNA's
+// wavefront; gpu_runtime.h then takes the code paths hipcc compiles for gfx90a/gfx940).
+#if !defined(OMNITRON_EMULATED_WARP_SIZE)
+#define OMNITRON_EMULATED_WARP_SIZE 32
+#endif
+constexpr int kEmulatedWarpSize = OMNITRON_EMULATED_WARP_SIZE;
+static_assert(kEmulatedWarpSize == 32 || kEmulatedWarpSize == 64, "warps of 32 or 64 lanes");
 
 void sync_block();
 void sync_warp();
@@ -54,8 +70,27 @@ constexpr size_t kSlotBytes = 64;
 // The calling warp's exchange slots: kEmulatedWarpSize slots of kSlotBytes each.
 unsigned char* warp_slots();
 
-// Runs body() once per thread of every block of the grid.
-void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+enum class Checks { Off, Shared, SharedAndDevice };
+// The checks of the launches that follow (the default comes from OMNI_EMULATOR_CHECKS: off,
+// shared or device; shared when unset). Kernels compiled without the access hooks (the
+// sanitizer build) are not checked.
+void set_checks(Checks checks);
+Checks checks();
+
+// A launch's grid and where the launch is in the source, for the checks' reports.
+struct LaunchGrid {
+  dim3 grid;
+  std::source_location where;
+  template <typename G>
+  requires std::is_constructible_v<dim3, G> LaunchGrid(
+      G g, std::source_location where_ = std::source_location::current())
+      : grid(dim3(g)), where(where_) {}
+};
+
+// Runs body() once per thread of every block of the grid; kernel names the launched function
+// in reports.
+void run_grid(const LaunchGrid& grid, dim3 block, size_t shared_bytes,
+              const std::function<void()>& body, const void* kernel);
 
 }  // namespace omni::gpu::emulator
 
@@ -195,11 +230,13 @@ T warp_shfl(T v, int src_lane) {
 }
 
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t,
-            Args&&... args) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+void launch(void (*kernel)(Params...), emulator::LaunchGrid grid, dim3 block, size_t shared_bytes,
+            gpuStream_t, Args&&... args) {
+  if (grid.grid.x == 0 || grid.grid.y == 0 || grid.grid.z == 0) return;
   const std::tuple<Params...> params(static_cast<Params>(args)...);
-  emulator::run_grid(grid, block, shared_bytes, [&] { std::apply(kernel, params); });
+  emulator::run_grid(
+      grid, block, shared_bytes, [&] { std::apply(kernel, params); },
+      reinterpret_cast<const void*>(kernel));
 }
 
 }  // namespace emulated

@@ -118,7 +118,10 @@
 // ---- Warp size ----------------------------------------------------------------------------
 // AMD's compiler says the wavefront size of what it compiles: 64 on CDNA (gfx90a, gfx94x) and
 // in host code, which sizes launches in multiples of it; 32 in device code for RDNA.
-#if defined(__AMDGCN_WAVEFRONT_SIZE)
+// The emulator runs either width (emulator.h), host and device code alike.
+#if defined(OMNITRON_GPU_EMULATE)
+constexpr int kWarpSize = ::omni::gpu::emulator::kEmulatedWarpSize;
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
 constexpr int kWarpSize = __AMDGCN_WAVEFRONT_SIZE;
 #else
 constexpr int kWarpSize = 32;
@@ -291,10 +294,12 @@ OMNI_HD f16 from_float<f16>(float f) {
 //   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8,
 //   2t+9] b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g] c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3]
 //   = C[g+8][2t, 2t+1]
-// kHasMma16816 says whether this build has it (NVIDIA sm_80+, and the emulator, which computes
-// it from the same layout); AMD's matrix cores have other shapes and wave size, so kernels
-// take their scalar path there (if constexpr).
-#if defined(OMNITRON_GPU_EMULATE) || !(defined(__HIPCC__) || defined(OMNITRON_HIP))
+// kHasMma16816 says whether this build has it (NVIDIA sm_80+, and the emulator at 32 lanes,
+// which computes it from the same layout); AMD's matrix cores have other shapes and wave size,
+// so kernels take their scalar path there (if constexpr), as does the emulator at 64 lanes.
+#if defined(OMNITRON_GPU_EMULATE)
+constexpr bool kHasMma16816 = kWarpSize == 32;
+#elif !(defined(__HIPCC__) || defined(OMNITRON_HIP))
 constexpr bool kHasMma16816 = true;
 #else
 constexpr bool kHasMma16816 = false;
@@ -308,6 +313,7 @@ OMNI_DEVICE void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], const uint32
     uint32_t a[4], b[2];
   };
   constexpr int W = emulator::kEmulatedWarpSize;
+  if constexpr (W != 32) throw InternalError("mma_16x8x16 on a 64-lane wavefront (AMD has none)");
   unsigned char* slots = emulator::warp_slots();
   const int lane = emulator::ids().linear % W;
   const Fragments mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};

@@ -75,7 +75,8 @@ void* scratch(size_t bytes, int slot) {
     size_t bytes = 0;
   };
   static std::mutex mutex;
-  static std::vector<std::vector<Slot>> slots;
+  // Never destroyed: the buffers live as long as the process, reachable (LeakSanitizer).
+  static auto& slots = *new std::vector<std::vector<Slot>>;
   const std::lock_guard lock(mutex);
   int device = 0;
   OMNI_GPU_CHECK(gpuGetDevice(&device));
