@@ -143,7 +143,7 @@ void bench_elementwise(int N, int F) {
          2.0 * N * 5 * F);
   std::snprintf(label, sizeof label, "gelu(erf) fwd n=%d", N * F);
   report(label, time_ms([&] {
-           gpu::gelu_forward(out.data(), x.data(), size_t(N) * F, ops::GeluForm::Erf);
+           gpu::gelu_forward(out.data(), x.data(), size_t(N) * F, omni::GeluForm::Erf);
          }),
          0, 2.0 * 2 * N * F);
 }

@@ -41,8 +41,8 @@
 namespace omni {
 
 // The GELU MLP's form: Megatron's exact erf GELU unless --openai-gelu (tanh).
-inline ops::GeluForm gelu_form(const TransformerConfig& c) {
-  return c.openai_gelu ? ops::GeluForm::Tanh : ops::GeluForm::Erf;
+inline GeluForm gelu_form(const TransformerConfig& c) {
+  return c.openai_gelu ? GeluForm::Tanh : GeluForm::Erf;
 }
 
 // One micro-batch: tokens and labels are [batch, seq]; loss_mask may be null (all ones).

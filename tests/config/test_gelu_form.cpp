@@ -19,10 +19,10 @@ TEST(GeluForm, MegatronsDefaultIsTheExactErfGeluAndOpenaiGeluSelectsTanh) {
   Options o;
   parse_options({"--num-layers", "2"}, o);
   EXPECT_FALSE(o.model.openai_gelu);
-  EXPECT_EQ(gelu_form(o.model), ops::GeluForm::Erf);
+  EXPECT_EQ(gelu_form(o.model), GeluForm::Erf);
   parse_options({"--openai-gelu"}, o);
   EXPECT_TRUE(o.model.openai_gelu);
-  EXPECT_EQ(gelu_form(o.model), ops::GeluForm::Tanh);
+  EXPECT_EQ(gelu_form(o.model), GeluForm::Tanh);
 }
 
 class GeluFormYaml : public YamlFiles {};

@@ -86,12 +86,12 @@ TYPED_TEST(GpuElementwise, AddBiasMatchesCpu) {
 }
 
 // Both forms: Megatron's default erf GELU and --openai-gelu's tanh.
-constexpr ops::GeluForm kGeluForms[] = {ops::GeluForm::Erf, ops::GeluForm::Tanh};
+constexpr GeluForm kGeluForms[] = {GeluForm::Erf, GeluForm::Tanh};
 
 TYPED_TEST(GpuElementwise, GeluForwardMatchesCpuInBothForms) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  for (ops::GeluForm form : kGeluForms)
+  for (GeluForm form : kGeluForms)
     for (size_t offset : kOffsets) {
       // 3001: not a multiple of any pack width; [-12, 12] reaches exp's overflow (x -> -inf: 0).
       const size_t n = 3001;
@@ -102,14 +102,14 @@ TYPED_TEST(GpuElementwise, GeluForwardMatchesCpuInBothForms) {
       gpu::gelu_forward(out.get() + offset, dx.get() + offset, n, form);
       const std::vector<float> got = out.host();
       EXPECT_TRUE(close({got.begin() + offset, got.end()}, want, default_rtol<T>(), kAtol))
-          << ops::to_string(form) << " offset " << offset;
+          << to_string(form) << " offset " << offset;
     }
 }
 
 TYPED_TEST(GpuElementwise, GeluBackwardMatchesCpuInBothForms) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  for (ops::GeluForm form : kGeluForms)
+  for (GeluForm form : kGeluForms)
     for (size_t offset : kOffsets) {
       const size_t n = 3001;
       const auto x = rounded<T>(random_vector(n + offset, 9, -12.0f, 12.0f));
@@ -120,7 +120,7 @@ TYPED_TEST(GpuElementwise, GeluBackwardMatchesCpuInBothForms) {
       gpu::gelu_backward(out.get() + offset, dd.get() + offset, dx.get() + offset, n, form);
       const std::vector<float> got = out.host();
       EXPECT_TRUE(close({got.begin() + offset, got.end()}, want, default_rtol<T>(), kAtol))
-          << ops::to_string(form) << " offset " << offset;
+          << to_string(form) << " offset " << offset;
     }
 }
 

@@ -117,7 +117,7 @@ TYPED_TEST(GpuLinear, ForwardMatchesCpuWithAndWithoutBias) {
 TYPED_TEST(GpuLinear, GeluEpilogueWritesPreActivationAndGeluInBothForms) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  for (ops::GeluForm form : {ops::GeluForm::Erf, ops::GeluForm::Tanh}) {
+  for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
     for (const Shape& s : kShapes) {
       for (bool with_bias : {false, true}) {
         const auto x = rounded<T>(random_vector(size_t(s.M) * s.K, 20));
@@ -130,8 +130,8 @@ TYPED_TEST(GpuLinear, GeluEpilogueWritesPreActivationAndGeluInBothForms) {
         Device<T> dx(x), dw(w), db(bias), y(y_want.size()), gelu_out(y_want.size());
         gpu::linear_forward(y.get(), dx.get(), dw.get(), with_bias ? db.get() : nullptr, s.M, s.K,
                             s.N, nullptr, gelu_out.get(), form);
-        const std::string what = std::string(ops::to_string(form)) + " " + std::to_string(s.M) +
-                                 "x" + std::to_string(s.K) + "x" + std::to_string(s.N) +
+        const std::string what = std::string(to_string(form)) + " " + std::to_string(s.M) + "x" +
+                                 std::to_string(s.K) + "x" + std::to_string(s.N) +
                                  (with_bias ? " with bias" : "");
         EXPECT_TRUE(close(y.host(), y_want, default_rtol<T>(), kSumAtol)) << what;
         EXPECT_TRUE(

@@ -168,7 +168,7 @@ TEST(RmsNormBackward, MatchesFiniteDifferences) {
 
 // Both of Megatron's forms: the exact erf GELU (its default) and --openai-gelu's tanh.
 TEST(GeluBackward, MatchesFiniteDifferencesInBothForms) {
-  for (ops::GeluForm form : {ops::GeluForm::Erf, ops::GeluForm::Tanh}) {
+  for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
     const size_t n = 101;
     TestRng rng(15);
     Vec x = rng.uniform(n, -5.0, 5.0);
@@ -189,8 +189,8 @@ TEST(GeluBackward, MatchesFiniteDifferencesInBothForms) {
 TEST(GeluForward, ErfFormIsXTimesTheNormalCdfAndTanhFormItsApproximation) {
   const Vec x = {-6.0, -2.0, -0.75, -1e-3, 0.0, 0.5, 1.0, 2.0, 3.0};
   Vec erf_out(x.size()), tanh_out(x.size());
-  ops::gelu_forward(erf_out.data(), x.data(), x.size(), ops::GeluForm::Erf);
-  ops::gelu_forward(tanh_out.data(), x.data(), x.size(), ops::GeluForm::Tanh);
+  ops::gelu_forward(erf_out.data(), x.data(), x.size(), GeluForm::Erf);
+  ops::gelu_forward(tanh_out.data(), x.data(), x.size(), GeluForm::Tanh);
   double largest_gap = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i];
@@ -716,7 +716,7 @@ TEST(FloatGradient, ActivationsMatchDoubleIncludingSaturatedInputs) {
 
   Vec y(n), dx(x.size());
   std::vector<float> yf(n), dxf(x.size());
-  for (ops::GeluForm form : {ops::GeluForm::Erf, ops::GeluForm::Tanh}) {
+  for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
     ops::gelu_forward(y.data(), x.data(), n, form);
     ops::gelu_backward(dx.data(), dout.data(), x.data(), n, form);
     ops::gelu_forward(yf.data(), xf.data(), n, form);

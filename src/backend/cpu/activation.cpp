@@ -3,6 +3,12 @@
 #include "backend/cpu/reduce.h"
 #include "backend/ops.h"
 
+namespace omni {
+const char* to_string(GeluForm form) {
+  return form == GeluForm::Erf ? "erf" : "tanh";
+}
+}  // namespace omni
+
 namespace omni::ops {
 
 namespace {
@@ -56,10 +62,6 @@ void gelu_erf_backward(T* dx, const T* dout, const T* x, size_t n) {
   }
 }
 }  // namespace
-
-const char* to_string(GeluForm form) {
-  return form == GeluForm::Erf ? "erf" : "tanh";
-}
 
 template <typename T>
 void gelu_forward(T* out, const T* x, size_t n, GeluForm form) {

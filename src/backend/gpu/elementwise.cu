@@ -19,16 +19,16 @@ struct Identity {
 struct Sum {
   OMNI_DEVICE float operator()(float a, float b) const { return a + b; }
 };
-template <ops::GeluForm kForm>
+template <GeluForm kForm>
 struct Gelu {
   OMNI_DEVICE float operator()(float x) const {
-    return kForm == ops::GeluForm::Erf ? gelu_erf(x) : gelu_tanh(x);
+    return kForm == GeluForm::Erf ? gelu_erf(x) : gelu_tanh(x);
   }
 };
-template <ops::GeluForm kForm>
+template <GeluForm kForm>
 struct GeluBackward {
   OMNI_DEVICE float operator()(float dout, float x) const {
-    return dout * (kForm == ops::GeluForm::Erf ? gelu_erf_derivative(x) : gelu_tanh_derivative(x));
+    return dout * (kForm == GeluForm::Erf ? gelu_erf_derivative(x) : gelu_tanh_derivative(x));
   }
 };
 
@@ -141,20 +141,20 @@ void add(T* out, const T* a, const T* b, size_t n, Stream stream) {
 }
 
 template <typename T>
-void gelu_forward(T* out, const T* x, size_t n, ops::GeluForm form, Stream stream) {
+void gelu_forward(T* out, const T* x, size_t n, GeluForm form, Stream stream) {
   const T* none = nullptr;
-  if (form == ops::GeluForm::Erf)
-    map_elements<1>(out, x, none, n, Gelu<ops::GeluForm::Erf>{}, stream);
+  if (form == GeluForm::Erf)
+    map_elements<1>(out, x, none, n, Gelu<GeluForm::Erf>{}, stream);
   else
-    map_elements<1>(out, x, none, n, Gelu<ops::GeluForm::Tanh>{}, stream);
+    map_elements<1>(out, x, none, n, Gelu<GeluForm::Tanh>{}, stream);
 }
 
 template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, size_t n, ops::GeluForm form, Stream stream) {
-  if (form == ops::GeluForm::Erf)
-    map_elements<2>(dx, dout, x, n, GeluBackward<ops::GeluForm::Erf>{}, stream);
+void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form, Stream stream) {
+  if (form == GeluForm::Erf)
+    map_elements<2>(dx, dout, x, n, GeluBackward<GeluForm::Erf>{}, stream);
   else
-    map_elements<2>(dx, dout, x, n, GeluBackward<ops::GeluForm::Tanh>{}, stream);
+    map_elements<2>(dx, dout, x, n, GeluBackward<GeluForm::Tanh>{}, stream);
 }
 
 // The row kernels take packs when V divides the row width and the base pointers are aligned
@@ -198,14 +198,14 @@ void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F, Stream stre
   }
 }
 
-#define OMNI_INSTANTIATE(T)                                                              \
-  template void convert_from_float<T>(T*, const float*, size_t, Stream);                 \
-  template void convert_to_float<T>(float*, const T*, size_t, Stream);                   \
-  template void add<T>(T*, const T*, const T*, size_t, Stream);                          \
-  template void add_bias<T>(T*, const T*, int, int, Stream);                             \
-  template void gelu_forward<T>(T*, const T*, size_t, ops::GeluForm, Stream);            \
-  template void gelu_backward<T>(T*, const T*, const T*, size_t, ops::GeluForm, Stream); \
-  template void swiglu_forward<T>(T*, const T*, int, int, Stream);                       \
+#define OMNI_INSTANTIATE(T)                                                         \
+  template void convert_from_float<T>(T*, const float*, size_t, Stream);            \
+  template void convert_to_float<T>(float*, const T*, size_t, Stream);              \
+  template void add<T>(T*, const T*, const T*, size_t, Stream);                     \
+  template void add_bias<T>(T*, const T*, int, int, Stream);                        \
+  template void gelu_forward<T>(T*, const T*, size_t, GeluForm, Stream);            \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t, GeluForm, Stream); \
+  template void swiglu_forward<T>(T*, const T*, int, int, Stream);                  \
   template void swiglu_backward<T>(T*, const T*, const T*, int, int, Stream);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(bf16)

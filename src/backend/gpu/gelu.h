@@ -1,4 +1,4 @@
-// GELU in both of Megatron's forms (ops::GeluForm), for kernels and the emulated GEMM
+// GELU in both of Megatron's forms (GeluForm), for kernels and the emulated GEMM
 // epilogue, with the formulas of backend/cpu/activation.cpp:
 //  - tanh (--openai-gelu, cuBLASLt's epilogue): 0.5 x (1 + tanh(u)) written as x sigmoid(2u)
 //    with u = sqrt(2/pi) (x + 0.044715 x^3), one exp, finite (x / inf = 0) for large |x|;

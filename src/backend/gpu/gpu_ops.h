@@ -77,9 +77,9 @@ void add(T* out, const T* a, const T* b, size_t n, Stream stream = nullptr);
 template <typename T>
 void add_bias(T* y, const T* bias, int M, int N, Stream stream = nullptr);
 template <typename T>
-void gelu_forward(T* out, const T* x, size_t n, ops::GeluForm form, Stream stream = nullptr);
+void gelu_forward(T* out, const T* x, size_t n, GeluForm form, Stream stream = nullptr);
 template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, size_t n, ops::GeluForm form,
+void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form,
                    Stream stream = nullptr);
 template <typename T>
 void swiglu_forward(T* out, const T* x, int N, int F, Stream stream = nullptr);
@@ -159,7 +159,7 @@ void flash_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, 
 template <typename T>
 void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, int N,
                     Stream stream = nullptr, T* gelu_out = nullptr,
-                    ops::GeluForm gelu_form = ops::GeluForm::Erf);
+                    GeluForm gelu_form = GeluForm::Erf);
 // dx = dy w (or += when accumulate_dx); dw += dy^T x (float); dbias += colsum(dy) (float).
 // dx and dbias may be null.
 template <typename T>

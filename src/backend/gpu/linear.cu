@@ -20,11 +20,11 @@ __global__ void broadcast_rows_kernel(T* y, const T* bias, size_t count, int N) 
 }
 
 template <typename T>
-__global__ void gelu_kernel(T* out, const T* y, size_t count, ops::GeluForm form) {
+__global__ void gelu_kernel(T* out, const T* y, size_t count, GeluForm form) {
   const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const float v = to_float(y[i]);
-  out[i] = from_float<T>(form == ops::GeluForm::Erf ? gelu_erf(v) : gelu_tanh(v));
+  out[i] = from_float<T>(form == GeluForm::Erf ? gelu_erf(v) : gelu_tanh(v));
 }
 
 // dbias += colsum(dy) in two passes with a fixed order (no atomics): each block sums a
@@ -63,7 +63,7 @@ __global__ void column_sum_finish_kernel(float* dbias, const float* partials, in
 
 template <typename T>
 void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, int N, Stream stream,
-                    T* gelu_out, ops::GeluForm gelu_form) {
+                    T* gelu_out, GeluForm gelu_form) {
   if (M == 0 || N == 0) return;
   const auto s = static_cast<gpuStream_t>(stream);
   const size_t count = size_t(M) * N;
@@ -77,7 +77,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
   p.D = y, p.ldd = N;
   // The library's GELU epilogue is the tanh form: the erf form takes the bias epilogue (D = y)
   // and the GELU kernel after it.
-  const bool fused_gelu = gelu_out && gelu_form == ops::GeluForm::Tanh;
+  const bool fused_gelu = gelu_out && gelu_form == GeluForm::Tanh;
   if (fused_gelu) {  // D is the activation, aux the pre-activation the backward needs
     p.epilogue = bias ? blas::Epilogue::GeluAuxBias : blas::Epilogue::GeluAux;
     p.D = gelu_out, p.aux = y, p.ld_aux = N;
@@ -139,7 +139,7 @@ void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, co
 
 #define OMNI_INSTANTIATE(T)                                                                    \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int, Stream, T*, \
-                                  ops::GeluForm);                                              \
+                                  GeluForm);                                                   \
   template void linear_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
                                    int, bool, Stream);
 OMNI_INSTANTIATE(float)
