@@ -2,7 +2,6 @@
 // with the bias and bias-GELU folded into its epilogue where the library can; the bias
 // gradient is a deterministic column sum.
 #include "backend/gpu/blas.h"
-#include "backend/gpu/gelu.h"
 #include "backend/gpu/gpu_ops.h"
 #include "backend/gpu/gpu_runtime.h"
 
@@ -12,19 +11,12 @@ namespace {
 constexpr int kThreads = 256;
 
 // The epilogue's pieces for when the GEMM cannot take it: y[m, :] = bias before a beta = 1
-// GEMM (one rounding of y, as in the fused epilogue), and gelu_out = gelu(y) after it.
+// GEMM (one rounding of y, as in the fused epilogue), and gelu_out = gelu(y) after it
+// (gelu_forward, elementwise.cu).
 template <typename T>
 __global__ void broadcast_rows_kernel(T* y, const T* bias, size_t count, int N) {
   const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < count) y[i] = bias[i % N];
-}
-
-template <typename T>
-__global__ void gelu_kernel(T* out, const T* y, size_t count, GeluForm form) {
-  const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  const float v = to_float(y[i]);
-  out[i] = from_float<T>(form == GeluForm::Erf ? gelu_erf(v) : gelu_tanh(v));
 }
 
 // dbias += colsum(dy) in two passes with a fixed order (no atomics): each block sums a
@@ -76,7 +68,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
   p.B = w, p.ldb = K;
   p.D = y, p.ldd = N;
   // The library's GELU epilogue is the tanh form: the erf form takes the bias epilogue (D = y)
-  // and the GELU kernel after it.
+  // and gelu_forward after it.
   const bool fused_gelu = gelu_out && gelu_form == GeluForm::Tanh;
   if (fused_gelu) {  // D is the activation, aux the pre-activation the backward needs
     p.epilogue = bias ? blas::Epilogue::GeluAuxBias : blas::Epilogue::GeluAux;
@@ -87,8 +79,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
   p.bias = bias;
   if (K > 0 && (p.epilogue == blas::Epilogue::None || blas::Gemm::can_implement(p).empty())) {
     blas::gemm(p, stream);
-    if (gelu_out && !fused_gelu)
-      launch(gelu_kernel<T>, blocks, kThreads, 0, s, gelu_out, y, count, gelu_form);
+    if (gelu_out && !fused_gelu) gelu_forward(gelu_out, y, count, gelu_form, stream);
     return;
   }
   // No such epilogue here (e.g. N not a multiple of 8 for the GELU's aux), or the empty
@@ -102,7 +93,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
     fill_zero(y, count * sizeof(T), stream);
   }
   if (K > 0) blas::gemm(p, stream);
-  if (gelu_out) launch(gelu_kernel<T>, blocks, kThreads, 0, s, gelu_out, y, count, gelu_form);
+  if (gelu_out) gelu_forward(gelu_out, y, count, gelu_form, stream);
 }
 
 template <typename T>
