@@ -13,6 +13,17 @@
 #include <functional>
 #include <vector>
 
+namespace omni {
+
+// GELU in Megatron's two forms. Erf, its default (torch.nn.functional.gelu, Hugging Face's
+// "gelu"): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). Tanh, its --openai-gelu (GPT-2's
+// "gelu_new", cuBLASLt's GELU epilogue): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// Outside ops, so that a call with a GeluForm argument does not also find ops' functions.
+enum class GeluForm { Erf, Tanh };
+const char* to_string(GeluForm form);
+
+}  // namespace omni
+
 namespace omni::ops {
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, every matmul goes through BLAS gemm.
@@ -63,11 +74,11 @@ template <typename T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N,
                       int C);
 
-// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// GELU in Megatron's two forms (GeluForm, above).
 template <typename T>
-void gelu_forward(T* out, const T* x, size_t n);
+void gelu_forward(T* out, const T* x, size_t n, GeluForm form);
 template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, size_t n);
+void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form);
 // SwiGLU on x[N, 2F] = [gate | up] (Megatron's chunk order): out[N,F] = silu(gate) * up.
 template <typename T>
 void swiglu_forward(T* out, const T* x, int N, int F);

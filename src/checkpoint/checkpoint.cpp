@@ -166,6 +166,8 @@ struct Metadata {
   std::string optimizer;
   int64_t optimizer_steps = 0;
   std::vector<std::string> args;
+  // The GELU form ("erf" or "tanh"); empty in checkpoints from before erf GELU, which were tanh.
+  std::string gelu;
   std::map<std::string, TensorEntry> tensors;
   std::map<std::string, std::pair<int64_t, uint32_t>> files;  // name -> (bytes, CRC-32)
 };
@@ -212,6 +214,8 @@ Metadata read_metadata(const std::string& root) {
       for (size_t i = 0; i < n && std::getline(in, line); ++i) md.args.push_back(unescape(line));
       OMNI_REQUIRE(md.args.size() == n, "--load: '", md.path, "' is truncated in its options (", n,
                    " expected, ", md.args.size(), " found)");
+    } else if (key == "gelu") {
+      ls >> md.gelu;
     } else if (key == "file") {
       std::string name, kb, kc;
       int64_t bytes = -1;
@@ -352,6 +356,7 @@ std::string write_checkpoint(const std::string& root, const Options& opts,
     md << "loss_scaler " << std::setprecision(9) << st.scale << ' ' << st.growth_tracker << ' '
        << st.hysteresis_tracker << "\n";
   }
+  md << "gelu " << (opts.model.openai_gelu ? "tanh" : "erf") << "\n";
   const std::vector<std::string> args = resolved_args(opts);
   md << "args " << args.size() << "\n";
   for (const std::string& a : args) md << escape(a) << "\n";
@@ -482,6 +487,9 @@ std::vector<std::string> checkpoint_model_args(const std::string& root) {
       model_args.push_back(takes_value ? md.args[i] + "=" + md.args[i + 1] : md.args[i]);
     if (takes_value) ++i;
   }
+  // Before erf GELU became the default (Megatron's), omnitron's GELU was always tanh and
+  // checkpoints stored no "gelu" line: such a checkpoint keeps its tanh GELU.
+  if (md.gelu.empty()) model_args.push_back("--openai-gelu");
   return model_args;
 }
 

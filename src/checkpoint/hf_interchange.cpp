@@ -144,11 +144,15 @@ HfConfig read_hf_config(const std::string& dir) {
     a.push_back(value);
   };
   if (info->family == HfFamily::GPT2) {
+    // Hugging Face's GELU names: the tanh approximation (GPT-2's own "gelu_new", the
+    // default) is --openai-gelu, the exact erf GELU ("gelu") Megatron's default.
     const std::string act = c.text_or("activation_function", "gelu_new");
-    OMNI_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast", path,
+    const bool tanh_gelu = act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast";
+    OMNI_REQUIRE(tanh_gelu || act == "gelu" || act == "gelu_python", path,
                  ": activation_function '", act,
-                 "' is not supported (omnitron's GPT MLP is GELU with the tanh approximation: "
-                 "gelu_new, gelu_pytorch_tanh or gelu_fast)");
+                 "' is not supported (omnitron's GPT MLP is GELU: exact as gelu or gelu_python, "
+                 "the tanh approximation as gelu_new, gelu_pytorch_tanh or gelu_fast)");
+    if (tanh_gelu) a.push_back("--openai-gelu");
     c.require_flag("scale_attn_weights", true, true, "omnitron scales attention by 1/sqrt(d)");
     c.require_flag("scale_attn_by_inverse_layer_idx", false, false,
                    "omnitron does not scale attention per layer");
@@ -495,7 +499,7 @@ std::string hf_config_json(HfFamily family, const TransformerConfig& c, DType dt
     num("n_layer", c.num_layers);
     num("n_head", c.num_attention_heads);
     num("n_inner", c.ffn_size());
-    text("activation_function", "gelu_new");
+    text("activation_function", c.openai_gelu ? "gelu_new" : "gelu");
     num("layer_norm_epsilon", c.norm_epsilon);
     for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) num(k, 0.0);
     boolean("scale_attn_weights", true);

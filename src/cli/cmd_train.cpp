@@ -340,7 +340,10 @@ int train(const std::vector<std::string>& raw_args) {
       "omnitron train: %lld parameters | %d layers, hidden %d, ffn %d, heads %d/%d, %s, %s%s\n",
       (long long)m.num_parameters(), m.num_layers, m.hidden_size, m.ffn_size(),
       m.num_attention_heads, m.query_groups(), to_string(m.normalization),
-      to_string(m.position_embedding_type), m.swiglu ? ", SwiGLU" : ", GELU");
+      to_string(m.position_embedding_type),
+      m.swiglu        ? ", SwiGLU"
+      : m.openai_gelu ? ", GELU (tanh)"
+                      : ", GELU (erf)");
   if (info) std::printf("  data: %s\n", data->describe().c_str());
   std::printf(
       "  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "

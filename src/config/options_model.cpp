@@ -51,9 +51,10 @@ void add_model_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> double& { return o.model.norm_epsilon; }));
   t.push_back(toggle("--swiglu", M, "SwiGLU MLP (gate and up projections)",
                      [](Options& o) -> bool& { return o.model.swiglu; }));
-  // omnitron's GELU is the tanh approximation that --openai-gelu selects in Megatron.
-  t.push_back(OptionDef{"--openai-gelu", "", M, "GELU's tanh approximation (always, here)",
-                        [](Options&, const std::string&) {}, nullptr});
+  t.push_back(toggle("--openai-gelu", M,
+                     "GELU's tanh approximation (GPT-2's gelu_new); default: Megatron's exact "
+                     "erf GELU",
+                     [](Options& o) -> bool& { return o.model.openai_gelu; }));
   t.push_back(OptionDef{
       "--position-embedding-type", "learned_absolute|rope|none", M,
       "position encoding (none: no position information, NoPE)",

@@ -606,7 +606,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   if (cfg_.swiglu)
     ops::swiglu_forward(act, fc1, N, F);
   else
-    ops::gelu_forward(act, fc1, size_t(N) * F);
+    ops::gelu_forward(act, fc1, size_t(N) * F, gelu_form(cfg_));
   part = sp_ ? full_.template data<T>() : out;
   ops::linear_forward(part, act, p.fc2_w, static_cast<const T*>(nullptr), N, F, C);
   reduce_rows(out, part, g);
@@ -631,7 +631,7 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   if (cfg_.swiglu)
     ops::swiglu_backward(dfc1, dffn, a.fc1.template data<T>(), N, F);
   else
-    ops::gelu_backward(dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F);
+    ops::gelu_backward(dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
   ops::linear_backward(partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(), p.fc1_w, N,
                        C, fc1_out);
   const T* dln2 = reduce_rows(d_rows, partial, g);

@@ -40,6 +40,11 @@
 
 namespace omni {
 
+// The GELU MLP's form: Megatron's exact erf GELU unless --openai-gelu (tanh).
+inline GeluForm gelu_form(const TransformerConfig& c) {
+  return c.openai_gelu ? GeluForm::Tanh : GeluForm::Erf;
+}
+
 // One micro-batch: tokens and labels are [batch, seq]; loss_mask may be null (all ones).
 // For documents packed into one sample (Megatron's --reset-position-ids and
 // --reset-attention-mask), position_ids [batch, seq] restart at each document and row i
@@ -242,8 +247,8 @@ class GPTModel {
   // Scratch reused by every layer.
   // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
   // the residual stream.
-  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_,
-      dq_raw_, dk_raw_;
+  Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_,
+      dk_raw_;
   // Ring attention scratch: one block's output and rescaled probabilities, dq and dk/dv of
   // one block, and two key/value gradient accumulators in flight.
   Tensor ring_out_, ring_probs_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];

@@ -260,7 +260,8 @@ void GPUGPTModel<T>::layer_forward(int i, const T* x, T* out) {
     linear_forward(a.fc1.data(), a.ln2.data(), fc1_w, fc1_b, N, C, 2 * F);
     swiglu_forward(a.act.data(), a.fc1.data(), N, F);
   } else {  // the bias-GELU epilogue keeps the pre-activation for the backward
-    linear_forward(a.fc1.data(), a.ln2.data(), fc1_w, fc1_b, N, C, F, nullptr, a.act.data());
+    linear_forward(a.fc1.data(), a.ln2.data(), fc1_w, fc1_b, N, C, F, nullptr, a.act.data(),
+                   gelu_form(cfg_));
   }
   linear_forward(out, a.act.data(), a.w.fc2_w, a.w.fc2_b, N, F, C);
   add(out, out, a.mid.data(), size_t(N) * C);
@@ -281,7 +282,7 @@ void GPUGPTModel<T>::layer_backward(int i, const T* x, T* dres) {
   if (cfg_.swiglu)
     swiglu_backward(b.d_fc1.data(), b.d_ffn.data(), a.fc1.data(), N, F);
   else
-    gelu_backward(b.d_fc1.data(), b.d_ffn.data(), a.fc1.data(), size_t(N) * F);
+    gelu_backward(b.d_fc1.data(), b.d_ffn.data(), a.fc1.data(), size_t(N) * F, gelu_form(cfg_));
   linear_backward(b.partial.data(), a.g.fc1_w, a.g.fc1_b, b.d_fc1.data(), a.ln2.data(), a.w.fc1_w,
                   N, C, fc1_out);
   norm_backward(dres, a.g.ln2_w, a.g.ln2_b, b.partial.data(), a.mid.data(), a.w.ln2_w,

@@ -31,6 +31,9 @@ struct TransformerConfig {
   Normalization normalization = Normalization::LayerNorm;
   double norm_epsilon = 1e-5;
   bool swiglu = false;
+  // Megatron's --openai-gelu: the GELU MLP uses the tanh approximation (GPT-2's gelu_new)
+  // instead of Megatron's default, the exact erf GELU.
+  bool openai_gelu = false;
   PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
   double rotary_base = 10000.0;
   // Megatron's --rotary-percent: rope rotates the first int(head_dim x percent) channels of

@@ -2,6 +2,7 @@
 // clean errors for missing, truncated and mismatched checkpoints.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -285,6 +286,42 @@ TEST(CheckpointLoad, ModelOptionsComeFromTheCheckpoint) {
   EXPECT_EQ(o.model.num_layers, 2);
   EXPECT_TRUE(o.model.swiglu);
   EXPECT_EQ(o.model.vocab_size, 97);
+}
+
+// Megatron's default GELU (erf) and --openai-gelu's tanh each come back as saved.
+TEST(CheckpointLoad, TheGeluFormComesFromTheCheckpoint) {
+  for (bool openai_gelu : {false, true}) {
+    const std::string dir = fresh_dir(openai_gelu ? "gelu_tanh" : "gelu_erf");
+    std::vector<std::string> extra = {"--train-iters", "1", "--save", dir};
+    if (openai_gelu) extra.push_back("--openai-gelu");
+    train(options(extra));
+    EXPECT_NE(read_text(dir + "/iter_0000001/metadata.txt")
+                  .find(openai_gelu ? "\ngelu tanh\n" : "\ngelu erf\n"),
+              std::string::npos);
+    omni::Options o;
+    omni::load_checkpoint_model_options(dir, o);
+    EXPECT_EQ(o.model.openai_gelu, openai_gelu);
+  }
+}
+
+// omnitron's GELU was always tanh before erf became the default, and those checkpoints have
+// neither a "gelu" line nor --openai-gelu among their options (the flag stored nothing then):
+// they keep loading (and resuming) as tanh.
+TEST(CheckpointLoad, ACheckpointWithoutAGeluLineIsTanhAsSavedBeforeErfGelu) {
+  const std::string dir = fresh_dir("gelu_before_erf");
+  train(options({"--train-iters", "1", "--save", dir}));
+  const std::string md_path = dir + "/iter_0000001/metadata.txt";
+  std::string md = read_text(md_path);
+  const size_t line = md.find("\ngelu erf\n");
+  ASSERT_NE(line, std::string::npos);
+  md.erase(line, std::string("\ngelu erf").size());
+  ASSERT_EQ(md.find("--openai-gelu"), std::string::npos);
+  std::ofstream(md_path, std::ios::trunc) << md;
+  omni::Options o;
+  omni::load_checkpoint_model_options(dir, o);
+  EXPECT_TRUE(o.model.openai_gelu);
+  const std::vector<std::string> args = omni::checkpoint_model_args(dir);
+  EXPECT_NE(std::find(args.begin(), args.end(), "--openai-gelu"), args.end());
 }
 
 }  // namespace

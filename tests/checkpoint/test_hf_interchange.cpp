@@ -125,6 +125,7 @@ TEST(HfInterchange, ConfigMapsToMegatronFlags) {
   EXPECT_EQ(g.model.max_positions(), 16);
   EXPECT_TRUE(g.model.add_bias_linear);
   EXPECT_FALSE(g.model.untie_embeddings_and_output_weights);
+  EXPECT_TRUE(g.model.openai_gelu) << "GPT-2's gelu_new is the tanh GELU";
 }
 
 TEST(HfInterchange, ShardedModelLoadsLikeTheSingleFile) {
@@ -321,6 +322,31 @@ TEST(HfInterchange, NamesWithoutTheBackbonePrefixLoad) {
                        [&t](float* dst) { omni::read_as_f32(t, dst); }});
   omni::write_safetensors(dir + "/model.safetensors", renamed, omni::DType::F32);
   EXPECT_EQ(values(*load_model(dir)), values(*load_model(kHf + "gpt2_tiny")));
+}
+
+// GPT-2's activation_function: gelu_new (and the other tanh spellings) is --openai-gelu,
+// gelu the exact erf GELU, Megatron's default; the export writes the one the model uses.
+TEST(HfInterchange, Gpt2ActivationFunctionNamesTheGeluForm) {
+  for (const auto& [name, tanh] :
+       std::vector<std::pair<std::string, bool>>{{"gelu_new", true},
+                                                 {"gelu_pytorch_tanh", true},
+                                                 {"gelu_fast", true},
+                                                 {"gelu", false},
+                                                 {"gelu_python", false}}) {
+    const std::string dir = edited_copy("gpt2_tiny", "\"activation_function\": \"gelu_new\"",
+                                        "\"activation_function\": \"" + name + "\"");
+    omni::Options o;
+    auto m = load_model(dir, &o);
+    EXPECT_EQ(o.model.openai_gelu, tanh) << name;
+    const std::string exported = fresh_dir("export_act_" + name);
+    omni::save_hf_model(exported, o.model, m->params());
+    const std::string written = tanh ? "gelu_new" : "gelu";
+    std::ifstream config(exported + "/config.json");
+    std::stringstream text;
+    text << config.rdbuf();
+    EXPECT_NE(text.str().find("\"activation_function\": \"" + written + "\""), std::string::npos)
+        << name;
+  }
 }
 
 TEST(HfInterchange, UnrepresentableConfigsAreRefusedNamingTheField) {

@@ -247,6 +247,9 @@ TEST(ModelZoo, Gpt2SizesMatchThePublishedModels) {
   EXPECT_EQ(small.normalization, Normalization::LayerNorm);
   EXPECT_EQ(small.position_embedding_type, PositionEmbedding::LearnedAbsolute);
   EXPECT_TRUE(small.add_bias_linear);
+  // OpenAI's GPT-2 (Hugging Face's gelu_new) is the tanh GELU, not Megatron's default erf.
+  for (const char* name : {"gpt2_124m", "gpt2_355m", "gpt2_774m", "gpt2_1.5b", "tiny_gpt2"})
+    EXPECT_TRUE(zoo_model(name, 50257).openai_gelu) << name;
 }
 
 TEST(ModelZoo, LlamaSizesMatchThePublishedModels) {

@@ -85,38 +85,43 @@ TYPED_TEST(GpuElementwise, AddBiasMatchesCpu) {
   }
 }
 
-TYPED_TEST(GpuElementwise, GeluForwardMatchesCpu) {
+// Both forms: Megatron's default erf GELU and --openai-gelu's tanh.
+constexpr GeluForm kGeluForms[] = {GeluForm::Erf, GeluForm::Tanh};
+
+TYPED_TEST(GpuElementwise, GeluForwardMatchesCpuInBothForms) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  for (size_t offset : kOffsets) {
-    // 3001: not a multiple of any pack width; [-12, 12] reaches exp's overflow (x -> -inf: 0).
-    const size_t n = 3001;
-    const auto x = rounded<T>(random_vector(n + offset, 8, -12.0f, 12.0f));
-    std::vector<float> want(n);
-    ops::gelu_forward(want.data(), x.data() + offset, n);
-    Device<T> dx(x), out(n + offset);
-    gpu::gelu_forward(out.get() + offset, dx.get() + offset, n);
-    const std::vector<float> got = out.host();
-    EXPECT_TRUE(close({got.begin() + offset, got.end()}, want, default_rtol<T>(), kAtol))
-        << "offset " << offset;
-  }
+  for (GeluForm form : kGeluForms)
+    for (size_t offset : kOffsets) {
+      // 3001: not a multiple of any pack width; [-12, 12] reaches exp's overflow (x -> -inf: 0).
+      const size_t n = 3001;
+      const auto x = rounded<T>(random_vector(n + offset, 8, -12.0f, 12.0f));
+      std::vector<float> want(n);
+      ops::gelu_forward(want.data(), x.data() + offset, n, form);
+      Device<T> dx(x), out(n + offset);
+      gpu::gelu_forward(out.get() + offset, dx.get() + offset, n, form);
+      const std::vector<float> got = out.host();
+      EXPECT_TRUE(close({got.begin() + offset, got.end()}, want, default_rtol<T>(), kAtol))
+          << to_string(form) << " offset " << offset;
+    }
 }
 
-TYPED_TEST(GpuElementwise, GeluBackwardMatchesCpu) {
+TYPED_TEST(GpuElementwise, GeluBackwardMatchesCpuInBothForms) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  for (size_t offset : kOffsets) {
-    const size_t n = 3001;
-    const auto x = rounded<T>(random_vector(n + offset, 9, -12.0f, 12.0f));
-    const auto dout = rounded<T>(random_vector(n + offset, 10));
-    std::vector<float> want(n);
-    ops::gelu_backward(want.data(), dout.data() + offset, x.data() + offset, n);
-    Device<T> dx(x), dd(dout), out(n + offset);
-    gpu::gelu_backward(out.get() + offset, dd.get() + offset, dx.get() + offset, n);
-    const std::vector<float> got = out.host();
-    EXPECT_TRUE(close({got.begin() + offset, got.end()}, want, default_rtol<T>(), kAtol))
-        << "offset " << offset;
-  }
+  for (GeluForm form : kGeluForms)
+    for (size_t offset : kOffsets) {
+      const size_t n = 3001;
+      const auto x = rounded<T>(random_vector(n + offset, 9, -12.0f, 12.0f));
+      const auto dout = rounded<T>(random_vector(n + offset, 10));
+      std::vector<float> want(n);
+      ops::gelu_backward(want.data(), dout.data() + offset, x.data() + offset, n, form);
+      Device<T> dx(x), dd(dout), out(n + offset);
+      gpu::gelu_backward(out.get() + offset, dd.get() + offset, dx.get() + offset, n, form);
+      const std::vector<float> got = out.host();
+      EXPECT_TRUE(close({got.begin() + offset, got.end()}, want, default_rtol<T>(), kAtol))
+          << to_string(form) << " offset " << offset;
+    }
 }
 
 // x [N, 2F] = [gate | up] per row (Megatron's chunk order).

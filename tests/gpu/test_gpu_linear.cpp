@@ -112,28 +112,32 @@ TYPED_TEST(GpuLinear, ForwardMatchesCpuWithAndWithoutBias) {
   }
 }
 
-// The bias-GELU epilogue: y keeps the pre-activation, gelu_out = ops::gelu_forward(y).
-TYPED_TEST(GpuLinear, GeluEpilogueWritesPreActivationAndGelu) {
+// The bias-GELU epilogue: y keeps the pre-activation, gelu_out = ops::gelu_forward(y), in
+// both forms (tanh: cuBLASLt's epilogue; erf, Megatron's default: a kernel after the GEMM).
+TYPED_TEST(GpuLinear, GeluEpilogueWritesPreActivationAndGeluInBothForms) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
-  for (const Shape& s : kShapes) {
-    for (bool with_bias : {false, true}) {
-      const auto x = rounded<T>(random_vector(size_t(s.M) * s.K, 20));
-      const auto w = rounded<T>(random_vector(size_t(s.N) * s.K, 21));
-      const auto bias = rounded<T>(random_vector(s.N, 22));
-      std::vector<float> y_want(size_t(s.M) * s.N), gelu_want(y_want.size());
-      ops::linear_forward<float>(y_want.data(), x.data(), w.data(),
-                                 with_bias ? bias.data() : nullptr, s.M, s.K, s.N);
-      ops::gelu_forward<float>(gelu_want.data(), y_want.data(), y_want.size());
-      Device<T> dx(x), dw(w), db(bias), y(y_want.size()), gelu_out(y_want.size());
-      gpu::linear_forward(y.get(), dx.get(), dw.get(), with_bias ? db.get() : nullptr, s.M, s.K,
-                          s.N, nullptr, gelu_out.get());
-      const std::string what = std::to_string(s.M) + "x" + std::to_string(s.K) + "x" +
-                               std::to_string(s.N) + (with_bias ? " with bias" : "");
-      EXPECT_TRUE(close(y.host(), y_want, default_rtol<T>(), kSumAtol)) << what;
-      EXPECT_TRUE(
-          close(gelu_out.host(), gelu_want, default_rtol<T>(), kSumAtol + default_rtol<T>() / 8))
-          << what;
+  for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
+    for (const Shape& s : kShapes) {
+      for (bool with_bias : {false, true}) {
+        const auto x = rounded<T>(random_vector(size_t(s.M) * s.K, 20));
+        const auto w = rounded<T>(random_vector(size_t(s.N) * s.K, 21));
+        const auto bias = rounded<T>(random_vector(s.N, 22));
+        std::vector<float> y_want(size_t(s.M) * s.N), gelu_want(y_want.size());
+        ops::linear_forward<float>(y_want.data(), x.data(), w.data(),
+                                   with_bias ? bias.data() : nullptr, s.M, s.K, s.N);
+        ops::gelu_forward<float>(gelu_want.data(), y_want.data(), y_want.size(), form);
+        Device<T> dx(x), dw(w), db(bias), y(y_want.size()), gelu_out(y_want.size());
+        gpu::linear_forward(y.get(), dx.get(), dw.get(), with_bias ? db.get() : nullptr, s.M, s.K,
+                            s.N, nullptr, gelu_out.get(), form);
+        const std::string what = std::string(to_string(form)) + " " + std::to_string(s.M) + "x" +
+                                 std::to_string(s.K) + "x" + std::to_string(s.N) +
+                                 (with_bias ? " with bias" : "");
+        EXPECT_TRUE(close(y.host(), y_want, default_rtol<T>(), kSumAtol)) << what;
+        EXPECT_TRUE(
+            close(gelu_out.host(), gelu_want, default_rtol<T>(), kSumAtol + default_rtol<T>() / 8))
+            << what;
+      }
     }
   }
 }

@@ -166,19 +166,41 @@ TEST(RmsNormBackward, MatchesFiniteDifferences) {
 // ---------------------------------------------------------------------------------------------
 // activations
 
-TEST(GeluBackward, MatchesFiniteDifferences) {
-  const size_t n = 101;
-  TestRng rng(15);
-  Vec x = rng.uniform(n, -5.0, 5.0);
-  const Vec dout = rng.normal(n);
-  Vec out(n);
-  auto objective = [&] {
-    ops::gelu_forward(out.data(), x.data(), n);
-    return dot(dout, out);
-  };
-  Vec dx(n, kJunk);
-  ops::gelu_backward(dx.data(), dout.data(), x.data(), n);
-  EXPECT_TRUE(gradients_match("dx", dx, numerical_gradient(x, objective)));
+// Both of Megatron's forms: the exact erf GELU (its default) and --openai-gelu's tanh.
+TEST(GeluBackward, MatchesFiniteDifferencesInBothForms) {
+  for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
+    const size_t n = 101;
+    TestRng rng(15);
+    Vec x = rng.uniform(n, -5.0, 5.0);
+    const Vec dout = rng.normal(n);
+    Vec out(n);
+    auto objective = [&] {
+      ops::gelu_forward(out.data(), x.data(), n, form);
+      return dot(dout, out);
+    };
+    Vec dx(n, kJunk);
+    ops::gelu_backward(dx.data(), dout.data(), x.data(), n, form);
+    EXPECT_TRUE(gradients_match("dx", dx, numerical_gradient(x, objective))) << to_string(form);
+  }
+}
+
+// The erf form is x Phi(x) (torch.nn.functional.gelu's default), the tanh form its
+// approximation: they differ by up to about 5e-4 (near |x| = 2), so a mix-up shows.
+TEST(GeluForward, ErfFormIsXTimesTheNormalCdfAndTanhFormItsApproximation) {
+  const Vec x = {-6.0, -2.0, -0.75, -1e-3, 0.0, 0.5, 1.0, 2.0, 3.0};
+  Vec erf_out(x.size()), tanh_out(x.size());
+  ops::gelu_forward(erf_out.data(), x.data(), x.size(), GeluForm::Erf);
+  ops::gelu_forward(tanh_out.data(), x.data(), x.size(), GeluForm::Tanh);
+  double largest_gap = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(erf_out[i], 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))), 1e-15) << v;
+    const double u = std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v);
+    EXPECT_NEAR(tanh_out[i], 0.5 * v * (1.0 + std::tanh(u)), 1e-15) << v;
+    largest_gap = std::max(largest_gap, std::abs(erf_out[i] - tanh_out[i]));
+  }
+  EXPECT_GT(largest_gap, 1e-4);
+  EXPECT_LT(largest_gap, 1e-3);
 }
 
 TEST(SwigluBackward, MatchesFiniteDifferences) {
@@ -694,13 +716,16 @@ TEST(FloatGradient, ActivationsMatchDoubleIncludingSaturatedInputs) {
 
   Vec y(n), dx(x.size());
   std::vector<float> yf(n), dxf(x.size());
-  ops::gelu_forward(y.data(), x.data(), n);
-  ops::gelu_backward(dx.data(), dout.data(), x.data(), n);
-  ops::gelu_forward(yf.data(), xf.data(), n);
-  ops::gelu_backward(dxf.data(), doutf.data(), xf.data(), n);
-  EXPECT_TRUE(gradients_match("gelu out", to_double(yf), y, kFloatTolerance));
-  EXPECT_TRUE(gradients_match("gelu dx", Vec(dxf.begin(), dxf.begin() + n),
-                              Vec(dx.begin(), dx.begin() + n), kFloatTolerance));
+  for (GeluForm form : {GeluForm::Erf, GeluForm::Tanh}) {
+    ops::gelu_forward(y.data(), x.data(), n, form);
+    ops::gelu_backward(dx.data(), dout.data(), x.data(), n, form);
+    ops::gelu_forward(yf.data(), xf.data(), n, form);
+    ops::gelu_backward(dxf.data(), doutf.data(), xf.data(), n, form);
+    EXPECT_TRUE(gradients_match("gelu out", to_double(yf), y, kFloatTolerance)) << to_string(form);
+    EXPECT_TRUE(gradients_match("gelu dx", Vec(dxf.begin(), dxf.begin() + n),
+                                Vec(dx.begin(), dx.begin() + n), kFloatTolerance))
+        << to_string(form);
+  }
 
   ops::swiglu_forward(y.data(), x.data(), N, F);
   ops::swiglu_backward(dx.data(), dout.data(), x.data(), N, F);

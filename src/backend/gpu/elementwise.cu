@@ -1,17 +1,13 @@
 // Element-wise ops: conversions, sums, bias, GELU and SwiGLU (ops.h for their definitions).
 // Memory-bound: each thread moves 16-byte packs (vectorized.h) when the pointers and sizes
 // allow, else single elements, in grid-stride loops; arithmetic in float.
+#include "backend/gpu/gelu.h"
 #include "backend/gpu/gpu_ops.h"
 #include "backend/gpu/gpu_runtime.h"
 #include "backend/gpu/vectorized.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 namespace {
-
-// GELU, tanh form, as backend/cpu/activation.cpp computes it: 0.5 (1 + tanh(u)) = sigmoid(2u)
-// with u = sqrt(2/pi) (x + 0.044715 x^3), one exp and no tanh cancellation near 0.
-constexpr float kGeluS2 = 1.5957691216057308f;  // 2 sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
 
 OMNI_DEVICE float sigmoid(float z) {
   return 1.0f / (1.0f + expf(-z));  // exp overflow gives 1/inf = 0, the right limit
@@ -23,17 +19,16 @@ struct Identity {
 struct Sum {
   OMNI_DEVICE float operator()(float a, float b) const { return a + b; }
 };
+template <GeluForm kForm>
 struct Gelu {
   OMNI_DEVICE float operator()(float x) const {
-    return x * sigmoid(kGeluS2 * (x + kGeluCubic * x * x * x));
+    return kForm == GeluForm::Erf ? gelu_erf(x) : gelu_tanh(x);
   }
 };
-// d/dx [x sig(2u)] = sig + x sig (1 - sig) 2u'.
+template <GeluForm kForm>
 struct GeluBackward {
   OMNI_DEVICE float operator()(float dout, float x) const {
-    const float sig = sigmoid(kGeluS2 * (x + kGeluCubic * x * x * x));
-    const float du2 = kGeluS2 * (1.0f + 3.0f * kGeluCubic * x * x);
-    return dout * (sig + x * sig * (1.0f - sig) * du2);
+    return dout * (kForm == GeluForm::Erf ? gelu_erf_derivative(x) : gelu_tanh_derivative(x));
   }
 };
 
@@ -146,13 +141,20 @@ void add(T* out, const T* a, const T* b, size_t n, Stream stream) {
 }
 
 template <typename T>
-void gelu_forward(T* out, const T* x, size_t n, Stream stream) {
-  map_elements<1>(out, x, static_cast<const T*>(nullptr), n, Gelu{}, stream);
+void gelu_forward(T* out, const T* x, size_t n, GeluForm form, Stream stream) {
+  const T* none = nullptr;
+  if (form == GeluForm::Erf)
+    map_elements<1>(out, x, none, n, Gelu<GeluForm::Erf>{}, stream);
+  else
+    map_elements<1>(out, x, none, n, Gelu<GeluForm::Tanh>{}, stream);
 }
 
 template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, size_t n, Stream stream) {
-  map_elements<2>(dx, dout, x, n, GeluBackward{}, stream);
+void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form, Stream stream) {
+  if (form == GeluForm::Erf)
+    map_elements<2>(dx, dout, x, n, GeluBackward<GeluForm::Erf>{}, stream);
+  else
+    map_elements<2>(dx, dout, x, n, GeluBackward<GeluForm::Tanh>{}, stream);
 }
 
 // The row kernels take packs when V divides the row width and the base pointers are aligned
@@ -196,14 +198,14 @@ void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F, Stream stre
   }
 }
 
-#define OMNI_INSTANTIATE(T)                                               \
-  template void convert_from_float<T>(T*, const float*, size_t, Stream);  \
-  template void convert_to_float<T>(float*, const T*, size_t, Stream);    \
-  template void add<T>(T*, const T*, const T*, size_t, Stream);           \
-  template void add_bias<T>(T*, const T*, int, int, Stream);              \
-  template void gelu_forward<T>(T*, const T*, size_t, Stream);            \
-  template void gelu_backward<T>(T*, const T*, const T*, size_t, Stream); \
-  template void swiglu_forward<T>(T*, const T*, int, int, Stream);        \
+#define OMNI_INSTANTIATE(T)                                                         \
+  template void convert_from_float<T>(T*, const float*, size_t, Stream);            \
+  template void convert_to_float<T>(float*, const T*, size_t, Stream);              \
+  template void add<T>(T*, const T*, const T*, size_t, Stream);                     \
+  template void add_bias<T>(T*, const T*, int, int, Stream);                        \
+  template void gelu_forward<T>(T*, const T*, size_t, GeluForm, Stream);            \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t, GeluForm, Stream); \
+  template void swiglu_forward<T>(T*, const T*, int, int, Stream);                  \
   template void swiglu_backward<T>(T*, const T*, const T*, int, int, Stream);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(bf16)

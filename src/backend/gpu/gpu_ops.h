@@ -77,9 +77,10 @@ void add(T* out, const T* a, const T* b, size_t n, Stream stream = nullptr);
 template <typename T>
 void add_bias(T* y, const T* bias, int M, int N, Stream stream = nullptr);
 template <typename T>
-void gelu_forward(T* out, const T* x, size_t n, Stream stream = nullptr);
+void gelu_forward(T* out, const T* x, size_t n, GeluForm form, Stream stream = nullptr);
 template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, size_t n, Stream stream = nullptr);
+void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form,
+                   Stream stream = nullptr);
 template <typename T>
 void swiglu_forward(T* out, const T* x, int N, int F, Stream stream = nullptr);
 template <typename T>
@@ -152,11 +153,13 @@ void flash_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, 
                               Stream stream = nullptr);
 
 // ---- Matmuls (cuBLASLt / hipBLASLt; the emulated build multiplies on the CPU) -------------------
-// y[M,N] = x[M,K] w[N,K]^T (+ bias[N]); with gelu_out non-null also gelu_out = gelu(y) (the
-// bias-GELU epilogue: y is the pre-activation the backward needs).
+// y[M,N] = x[M,K] w[N,K]^T (+ bias[N]); with gelu_out non-null also gelu_out = gelu(y) in
+// gelu_form (the bias-GELU epilogue: y is the pre-activation the backward needs; only the tanh
+// form is cuBLASLt's epilogue, the erf form is a kernel after the GEMM's bias epilogue).
 template <typename T>
 void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, int N,
-                    Stream stream = nullptr, T* gelu_out = nullptr);
+                    Stream stream = nullptr, T* gelu_out = nullptr,
+                    GeluForm gelu_form = GeluForm::Erf);
 // dx = dy w (or += when accumulate_dx); dw += dy^T x (float); dbias += colsum(dy) (float).
 // dx and dbias may be null.
 template <typename T>

@@ -2,7 +2,6 @@
 // with the bias and bias-GELU folded into its epilogue where the library can; the bias
 // gradient is a deterministic column sum.
 #include "backend/gpu/blas.h"
-#include "backend/gpu/gelu.h"
 #include "backend/gpu/gpu_ops.h"
 #include "backend/gpu/gpu_runtime.h"
 
@@ -12,17 +11,12 @@ namespace {
 constexpr int kThreads = 256;
 
 // The epilogue's pieces for when the GEMM cannot take it: y[m, :] = bias before a beta = 1
-// GEMM (one rounding of y, as in the fused epilogue), and gelu_out = gelu(y) after it.
+// GEMM (one rounding of y, as in the fused epilogue), and gelu_out = gelu(y) after it
+// (gelu_forward, elementwise.cu).
 template <typename T>
 __global__ void broadcast_rows_kernel(T* y, const T* bias, size_t count, int N) {
   const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < count) y[i] = bias[i % N];
-}
-
-template <typename T>
-__global__ void gelu_kernel(T* out, const T* y, size_t count) {
-  const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < count) out[i] = from_float<T>(gelu_tanh(to_float(y[i])));
 }
 
 // dbias += colsum(dy) in two passes with a fixed order (no atomics): each block sums a
@@ -61,7 +55,7 @@ __global__ void column_sum_finish_kernel(float* dbias, const float* partials, in
 
 template <typename T>
 void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, int N, Stream stream,
-                    T* gelu_out) {
+                    T* gelu_out, GeluForm gelu_form) {
   if (M == 0 || N == 0) return;
   const auto s = static_cast<gpuStream_t>(stream);
   const size_t count = size_t(M) * N;
@@ -73,7 +67,10 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
   p.A = x, p.lda = K;
   p.B = w, p.ldb = K;
   p.D = y, p.ldd = N;
-  if (gelu_out) {  // D is the activation, aux the pre-activation the backward needs
+  // The library's GELU epilogue is the tanh form: the erf form takes the bias epilogue (D = y)
+  // and gelu_forward after it.
+  const bool fused_gelu = gelu_out && gelu_form == GeluForm::Tanh;
+  if (fused_gelu) {  // D is the activation, aux the pre-activation the backward needs
     p.epilogue = bias ? blas::Epilogue::GeluAuxBias : blas::Epilogue::GeluAux;
     p.D = gelu_out, p.aux = y, p.ld_aux = N;
   } else if (bias) {
@@ -82,6 +79,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
   p.bias = bias;
   if (K > 0 && (p.epilogue == blas::Epilogue::None || blas::Gemm::can_implement(p).empty())) {
     blas::gemm(p, stream);
+    if (gelu_out && !fused_gelu) gelu_forward(gelu_out, y, count, gelu_form, stream);
     return;
   }
   // No such epilogue here (e.g. N not a multiple of 8 for the GELU's aux), or the empty
@@ -95,7 +93,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
     fill_zero(y, count * sizeof(T), stream);
   }
   if (K > 0) blas::gemm(p, stream);
-  if (gelu_out) launch(gelu_kernel<T>, blocks, kThreads, 0, s, gelu_out, y, count);
+  if (gelu_out) gelu_forward(gelu_out, y, count, gelu_form, stream);
 }
 
 template <typename T>
@@ -130,9 +128,10 @@ void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, co
   }
 }
 
-#define OMNI_INSTANTIATE(T)                                                                     \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int, Stream, T*); \
-  template void linear_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int,  \
+#define OMNI_INSTANTIATE(T)                                                                    \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int, Stream, T*, \
+                                  GeluForm);                                                   \
+  template void linear_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
                                    int, bool, Stream);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(bf16)
