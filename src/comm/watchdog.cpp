@@ -127,6 +127,7 @@ struct Watchdog {
   Clock::time_point answered_at[3];
   Clock::time_point fired_at;
   bool fired = false;
+  std::string fired_message;
 
   std::string path(const std::string& name) const { return dir + "/" + name; }
 
@@ -177,25 +178,36 @@ struct Watchdog {
     } else {
       text += "not in a communication call";
       for (WatchGroup* g : s.groups)
-        if (g->describe() == r.group)
-          text += std::string("; its last on ") + r.group + ": " + g->last_op.load() + " #" +
-                  std::to_string(g->seq.load());
+        if (g->describe() == r.group) {
+          const uint64_t n = g->seq.load();
+          text += "; on " + r.group + " it has made " + std::to_string(n) + " call" +
+                  (n == 1 ? "" : "s") +
+                  (n ? std::string(" (the last ") + g->last_op.load() + ")" : "");
+        }
     }
     return text + ", " + place_text(s);
   }
 
-  std::string state(const Slot& s, const Request& r, const std::string& text) const {
-    // member seq busy_here arrived op
-    long long seq = -1;
-    bool here = false;
-    for (WatchGroup* g : s.groups)
-      if (g->describe() == r.group) {
-        seq = static_cast<long long>(g->seq.load());
-        here = s.busy.load() && s.group.load() == g;
-      }
+  // What rank 0's summary reads of a rank: its line, its call in progress (when it
+  // started, in wall-clock time, to compare across nodes) and its counter on each group.
+  static std::string state(const Slot& s, const std::string& text) {
     std::ostringstream out;
-    out << seq << " " << here << " " << s.arrived.load() << " " << s.op.load() << "\n"
-        << text.substr(text.find("]: ") + 3) << "\n";
+    out << text.substr(text.find("]: ") + 3) << "\n";
+    WatchGroup* g = s.busy.load() ? s.group.load() : nullptr;
+    if (g && std::find(s.groups.begin(), s.groups.end(), g) == s.groups.end()) g = nullptr;
+    if (g) {
+      const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count() -
+                           (now_ns() - s.since_ns.load());
+      const int peer = s.peer.load();
+      out << "busy " << s.arrived.load() << " " << wall << " " << s.seq.load() << " "
+          << (peer >= 0 && peer < int(g->world_ranks.size()) ? g->world_ranks[peer] : -1) << " "
+          << s.op.load() << "\t" << g->describe() << "\n";
+    } else {
+      out << "idle\n";
+    }
+    for (WatchGroup* w : s.groups) out << w->seq.load() << "\t" << w->describe() << "\n";
     return out.str();
   }
 
@@ -208,79 +220,146 @@ struct Watchdog {
       const std::string text = line(*s, r, waited);
       std::fprintf(stderr, "%s\n", text.c_str());
       write_text(path("state-" + std::to_string(round) + "-" + std::to_string(s->rank)),
-                 state(*s, r, text));
+                 state(*s, text));
     }
     std::fflush(stderr);
   }
 
-  // Rank 0's summary: which ranks of the group are behind, and on what.
-  void summarize(int round, const Request& r, int world_size, bool final) {
+  struct RankState {
+    bool present = false, busy = false, arrived = false;
+    int64_t since = 0;
+    uint64_t seq = 0;
+    int peer = -1;
+    std::string text, op, group;
+    std::map<std::string, uint64_t> counts;  // per group
+  };
+
+  static std::vector<int> members_of(const std::string& group) {
     std::vector<int> members;
-    {
-      const size_t open = r.group.find("world ranks ");
-      std::istringstream in(open == std::string::npos ? "" : r.group.substr(open + 12));
-      int m;
-      char sep;
-      while (in >> m) {
-        members.push_back(m);
-        if (!(in >> sep) || sep != ',') break;
-      }
+    const size_t open = group.find("world ranks ");
+    if (open == std::string::npos) return members;
+    std::istringstream in(group.substr(open + 12));
+    int m;
+    char sep;
+    while (in >> m) {
+      members.push_back(m);
+      if (!(in >> sep) || sep != ',') break;
     }
-    std::vector<int> all;
-    for (int k = 0; k < world_size; ++k) all.push_back(k);
-    const std::vector<int>& look = r.peer >= 0 ? std::vector<int>{r.peer} : members;
-    std::string behind, missing;
-    for (int m : look) {
-      const std::string st = path("state-" + std::to_string(round) + "-" + std::to_string(m));
-      if (!exists(st)) {
+    return members;
+  }
+
+  // Rank 0's summary: the call that has waited longest (where the hang began), and which
+  // ranks of its group are behind, and on what.
+  void summarize(int round, int world_size, bool final) {
+    std::vector<RankState> st(world_size);
+    for (int k = 0; k < world_size; ++k) {
+      const std::string file = path("state-" + std::to_string(round) + "-" + std::to_string(k));
+      if (!exists(file)) {
         if (!final) return;  // wait for it
-        if (!missing.empty()) missing += ',';
-        missing += std::to_string(m);
         continue;
       }
-      std::istringstream in(read_text(st));
-      long long seq = -1;
-      int here = 0, arrived = 0;
-      std::string op, what;
-      in >> seq >> here >> arrived >> op;
-      in.ignore();
-      std::getline(in, what);
-      bool late;
-      if (r.peer >= 0)
-        late = true;  // the peer of a send or receive that waits
-      else
-        late = seq < static_cast<long long>(r.seq) || !here || !arrived || op != r.op;
-      if (late) behind += "\n  rank " + std::to_string(m) + ": " + what;
+      RankState& x = st[k];
+      x.present = true;
+      std::istringstream in(read_text(file));
+      std::getline(in, x.text);
+      std::string call, kind;
+      std::getline(in, call);
+      std::istringstream c(call);
+      c >> kind;
+      if (kind == "busy") {
+        x.busy = true;
+        c >> x.arrived >> x.since >> x.seq >> x.peer >> x.op;
+        c.ignore();
+        std::getline(c, x.group);
+      }
+      std::string row;
+      while (std::getline(in, row)) {
+        const size_t tab = row.find('\t');
+        if (tab != std::string::npos)
+          x.counts[row.substr(tab + 1)] = std::stoull(row.substr(0, tab));
+      }
     }
     summarized[round] = true;
-    std::string text = "omnitron hang report: " + r.op + " #" + std::to_string(r.seq) + " on " +
-                       r.group + " waits (rank " + std::to_string(r.rank) + " is in it); ";
-    if (r.peer >= 0)
-      text += "its peer, which is not in the matching call:";
-    else if (behind.empty())
-      text += "no rank of the group is behind (every rank is inside it: a transport stall)";
-    else
-      text += "behind:";
-    text += behind;
-    if (!missing.empty())
-      text += "\n  no answer from rank " + missing +
-              " (another node? set OMNITRON_HANG_DIR to a shared directory)";
+    // The call where the hang began: the oldest wait that some rank outside any call (or
+    // stalled inside one, or silent) holds up; a wait only for ranks that wait themselves
+    // (a barrier behind a stuck send) is a consequence. Else the oldest wait.
+    const auto blockers = [&](int k) {
+      const RankState& w = st[k];
+      return w.peer >= 0 ? std::vector<int>{w.peer} : members_of(w.group);
+    };
+    const auto in_call = [&](const RankState& x, const RankState& w) {
+      return x.busy && x.arrived && x.group == w.group && x.seq == w.seq;
+    };
+    int root = -1, oldest = -1;
+    for (int k = 0; k < world_size; ++k) {
+      if (!st[k].busy || !st[k].arrived) continue;
+      if (oldest < 0 || st[k].since < st[oldest].since) oldest = k;
+      bool held_by_idle = false;
+      for (int m : blockers(k))
+        if (m >= 0 && m < world_size && !in_call(st[m], st[k]) && !(st[m].busy && st[m].arrived))
+          held_by_idle = true;
+      if (held_by_idle && (root < 0 || st[k].since < st[root].since)) root = k;
+    }
+    if (root < 0) root = oldest;
+    std::string text;
+    if (root < 0) {
+      text = "omnitron hang report: no rank is waiting in a communication call any more";
+    } else {
+      const RankState& w = st[root];
+      text = "omnitron hang report: the longest wait is rank " + std::to_string(root) + "'s " +
+             w.op + " #" + std::to_string(w.seq) + " on " + w.group + "; ";
+      std::string behind, missing;
+      const std::vector<int> look = blockers(root);
+      for (int m : look) {
+        if (m < 0 || m >= world_size) continue;
+        const RankState& x = st[m];
+        if (!x.present) {
+          missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(m);
+          continue;
+        }
+        const auto it = x.counts.find(w.group);
+        const uint64_t count = it == x.counts.end() ? 0 : it->second;
+        const bool late = w.peer >= 0 || !in_call(x, w);
+        if (!late) continue;
+        behind += "\n  rank " + std::to_string(m) + " (" + std::to_string(count) + " calls on " +
+                  w.group.substr(0, w.group.find(' ')) + "): " + x.text;
+      }
+      if (w.peer >= 0)
+        text += "its peer is not in the matching call:";
+      else if (behind.empty())
+        text += "every rank of the group is inside it (a stall in the transport)";
+      else
+        text += "behind:";
+      text += behind;
+      if (!missing.empty())
+        text += "\n  no answer from " + missing +
+                " (on another node? set OMNITRON_HANG_DIR to a directory every node shares)";
+    }
     std::fprintf(stderr, "%s\n", text.c_str());
     std::fflush(stderr);
     write_text(path("summary-" + std::to_string(round)), text);
   }
 
-  [[noreturn]] void end_job(double waited, const Request& r) {
-    std::fprintf(stderr,
-                 "omnitron [rank %d]: error: %s #%llu on %s has waited %.1f s, longer than %s "
-                 "(%.1f s): a rank of that group did not join the call (it hung, failed or "
-                 "took another path); ending the job\n",
-                 r.rank, r.op.c_str(), static_cast<unsigned long long>(r.seq), r.group.c_str(),
-                 waited, flag_value.c_str(), timeout_seconds);
+  [[noreturn]] void end_job() {
+    std::fprintf(stderr, "%s\n", fired_message.c_str());
     std::fflush(stderr);
     std::fflush(stdout);
     if (abort_job) abort_job(3);
     std::_Exit(3);
+  }
+
+  // The line that ends the job, for the slot whose call ran past the timeout.
+  std::string fire_message(const Slot& s, double waited) const {
+    WatchGroup* g = live_group(s, s.group.load());
+    char b[640];
+    std::snprintf(b, sizeof b,
+                  "omnitron [rank %d of %d]: error: %s on the %s group (its rank %d of %d) has "
+                  "waited %.1f s, longer than %s (%.1f s): a rank of that group did not join "
+                  "the call (it hung, failed or took another path; the hang report above names "
+                  "it); ending the job",
+                  s.rank, s.size, s.op.load(), g ? g->name.c_str() : "?", g ? g->rank : 0,
+                  g ? int(g->world_ranks.size()) : 0, waited, flag_value.c_str(), timeout_seconds);
+    return b;
   }
 
   void tick() {
@@ -291,6 +370,7 @@ struct Watchdog {
       const double waited = (now - s->since_ns.load()) / 1e9;
       if (timeout_seconds > 0 && waited > timeout_seconds && !started[2]) {
         start_round(2, *s);
+        fired_message = fire_message(*s, waited);
         fired = true;
         fired_at = Clock::now();
       } else if (report_seconds > 0 && waited > report_seconds && !started[1]) {
@@ -309,12 +389,12 @@ struct Watchdog {
       if (holds_rank0 && !summarized[round]) {
         const double since =
             std::chrono::duration<double>(Clock::now() - answered_at[round]).count();
-        summarize(round, r, world_size, since > 3);
+        summarize(round, world_size, since > 3);
       }
       if (round == 2 && fired &&
           (exists(path("summary-2")) ||
            std::chrono::duration<double>(Clock::now() - fired_at).count() > 8))
-        end_job(timeout_seconds, r);
+        end_job();
     }
   }
 
