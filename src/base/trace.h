@@ -34,8 +34,19 @@ struct StepPlace {
   std::atomic<const char*> name{nullptr};
   std::atomic<const char*> arg_name{nullptr};
   std::atomic<int> arg{0};
+  std::atomic<int> layer{-1};  // the transformer layer in progress (-1: none)
 };
 inline thread_local StepPlace t_step_place;
+
+// Marks the layer in progress, for the same reports: one store per layer.
+class StepLayer {
+ public:
+  explicit StepLayer(int layer) { set(layer); }
+  ~StepLayer() { set(-1); }
+  void set(int layer) { t_step_place.layer.store(layer, std::memory_order_relaxed); }
+  StepLayer(const StepLayer&) = delete;
+  StepLayer& operator=(const StepLayer&) = delete;
+};
 
 // The sink every span goes to (null: none). The caller keeps it alive until it is unset.
 inline void set_trace_sink(TraceSink* sink) {

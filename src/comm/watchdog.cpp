@@ -101,6 +101,8 @@ std::string place_text(const Slot& s) {
   std::string t = std::string("during ") + name;
   if (const char* arg = s.place->arg_name.load(std::memory_order_relaxed))
     t += std::string(" ") + arg + " " + std::to_string(s.place->arg.load());
+  if (const int layer = s.place->layer.load(std::memory_order_relaxed); layer >= 0)
+    t += ", layer " + std::to_string(layer);
   return t;
 }
 
