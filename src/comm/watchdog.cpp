@@ -133,6 +133,18 @@ struct Watchdog {
 
   std::string path(const std::string& name) const { return dir + "/" + name; }
 
+  // With the mutex held, after a time changed: watch (and start the thread) when either is set.
+  void update() {
+    const bool on = timeout_seconds > 0 || report_seconds > 0;
+    g_enabled.store(on, std::memory_order_release);
+    if (on && !thread_started) {
+      std::thread([this] { run(); }).detach();
+      thread_started = true;
+    }
+    if (dir.empty()) dir = make_hang_dir();
+    wake.notify_all();
+  }
+
   void ensure_dir() { mkdir(dir.c_str(), 0755); }
 
   WatchGroup* live_group(const Slot& s, WatchGroup* g) const {
@@ -292,15 +304,24 @@ struct Watchdog {
     const auto in_call = [&](const RankState& x, const RankState& w) {
       return x.busy && x.arrived && x.group == w.group && x.seq == w.seq;
     };
-    int root = -1, oldest = -1;
+    // Among the waits held up by such a rank, the one held up least by ranks that wait
+    // elsewhere (the dp all-reduce a rank skipped, not the barrier behind it), then the oldest.
+    int root = -1, oldest = -1, root_score = 0;
     for (int k = 0; k < world_size; ++k) {
       if (!st[k].busy || !st[k].arrived) continue;
       if (oldest < 0 || st[k].since < st[oldest].since) oldest = k;
       bool held_by_idle = false;
-      for (int m : blockers(k))
-        if (m >= 0 && m < world_size && !in_call(st[m], st[k]) && !(st[m].busy && st[m].arrived))
+      int score = 0;  // blockers that wait in another call
+      for (int m : blockers(k)) {
+        if (m < 0 || m >= world_size || in_call(st[m], st[k])) continue;
+        if (st[m].busy && st[m].arrived)
+          ++score;
+        else
           held_by_idle = true;
-      if (held_by_idle && (root < 0 || st[k].since < st[root].since)) root = k;
+      }
+      if (held_by_idle &&
+          (root < 0 || score < root_score || (score == root_score && st[k].since < st[root].since)))
+        root = k, root_score = score;
     }
     if (root < 0) root = oldest;
     std::string text;
@@ -403,11 +424,12 @@ struct Watchdog {
   void run() {
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
-      double shortest = timeout_seconds;
-      if (report_seconds > 0) shortest = std::min(shortest, report_seconds);
+      double shortest = 1;
+      for (double t : {timeout_seconds, report_seconds})
+        if (t > 0) shortest = std::min(shortest, t);
       const double period = std::min(0.5, std::max(0.01, shortest / 20));
       wake.wait_for(lock, std::chrono::duration<double>(period));
-      if (timeout_seconds > 0) tick();
+      if (timeout_seconds > 0 || report_seconds > 0) tick();
     }
   }
 };
@@ -424,13 +446,7 @@ void set_collective_timeout(double seconds, const std::string& flag_value) {
   std::lock_guard<std::mutex> lock(w.mutex);
   w.timeout_seconds = seconds;
   w.flag_value = flag_value.empty() ? "the collective timeout" : flag_value;
-  g_enabled.store(seconds > 0, std::memory_order_release);
-  if (seconds > 0 && !w.thread_started) {
-    std::thread([&w] { w.run(); }).detach();
-    w.thread_started = true;
-  }
-  if (w.dir.empty()) w.dir = make_hang_dir();
-  w.wake.notify_all();
+  w.update();
 }
 
 double collective_timeout() {
@@ -443,7 +459,7 @@ void set_hang_report_seconds(double seconds) {
   Watchdog& w = watchdog();
   std::lock_guard<std::mutex> lock(w.mutex);
   w.report_seconds = seconds;
-  w.wake.notify_all();
+  w.update();
 }
 
 void set_collective_world(int rank, int size, void (*abort_job)(int)) {
