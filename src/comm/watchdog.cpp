@@ -190,14 +190,15 @@ struct Watchdog {
       if (peer >= 0 && peer < int(busy_group->world_ranks.size()))
         text += " with rank " + std::to_string(busy_group->world_ranks[peer]);
     } else {
-      text += "not in a communication call";
-      for (WatchGroup* g : s.groups)
-        if (g->describe() == r.group) {
-          const uint64_t n = g->seq.load();
-          text += "; on " + r.group + " it has made " + std::to_string(n) + " call" +
-                  (n == 1 ? "" : "s") +
-                  (n ? std::string(" (the last ") + g->last_op.load() + ")" : "");
-        }
+      // Its calls so far on each of its groups (a rank behind on one shows there).
+      text += "not in a communication call (calls made:";
+      for (size_t i = 0; i < s.groups.size(); ++i) {
+        const WatchGroup& g = *s.groups[i];
+        const uint64_t n = g.seq.load();
+        text += std::string(i ? ", " : " ") + g.name + " " + std::to_string(n);
+        if (n) text += std::string(" (last ") + g.last_op.load() + ")";
+      }
+      text += ")";
     }
     return text + ", " + place_text(s);
   }
