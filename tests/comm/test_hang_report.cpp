@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "comm/hang_expectations.h"
 #include "comm/hang_scenarios.h"
@@ -47,6 +48,23 @@ TEST_P(HangReport, NamesTheRankGroupAndOperationInProcess) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 3 + 10);
   std::printf("%s: the job ended after %.1f s (timeout 3 s)\n", c.scenario, seconds);
+}
+
+// Without a usable exchange directory there is no report, but the job still ends, 8 s
+// after the timeout at most, with the line that names the waiting call.
+TEST(HangReportExchange, TheJobEndsEvenWhenTheDirectoryCannotBeWritten) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EXIT(
+      {
+        setenv("OMNITRON_HANG_DIR", "/nonexistent/omnitron-hang-test", 1);
+        run_scenario("skip");
+      },
+      ::testing::ExitedWithCode(3),
+      "error: all_reduce on the dp group \\(its rank 0 of 2\\) has waited");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 3 + 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, HangReport, ::testing::Values("skip", "stall", "data", "send"));
