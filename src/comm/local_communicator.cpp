@@ -23,20 +23,13 @@ enum class Op { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Barrie
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::AllReduce:
-      return "all_reduce";
-    case Op::ReduceScatter:
-      return "reduce_scatter";
-    case Op::AllGather:
-      return "all_gather";
-    case Op::AllToAll:
-      return "all_to_all";
-    case Op::Broadcast:
-      return "broadcast";
-    case Op::Barrier:
-      return "barrier";
-    case Op::Split:
-      return "split";
+    case Op::AllReduce: return "all_reduce";
+    case Op::ReduceScatter: return "reduce_scatter";
+    case Op::AllGather: return "all_gather";
+    case Op::AllToAll: return "all_to_all";
+    case Op::Broadcast: return "broadcast";
+    case Op::Barrier: return "barrier";
+    case Op::Split: return "split";
   }
   return "?";
 }
