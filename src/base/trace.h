@@ -27,6 +27,27 @@ class TraceSink {
 
 inline std::atomic<TraceSink*> g_trace_sink{nullptr};
 
+// Where this thread is in the step: its innermost open span, which the collective watchdog
+// (comm/watchdog.h) names in a hang report. Relaxed atomics, as the watchdog's thread reads
+// them while this one runs; a span costs three more stores.
+struct StepPlace {
+  std::atomic<const char*> name{nullptr};
+  std::atomic<const char*> arg_name{nullptr};
+  std::atomic<int> arg{0};
+  std::atomic<int> layer{-1};  // the transformer layer in progress (-1: none)
+};
+inline thread_local StepPlace t_step_place;
+
+// Marks the layer in progress, for the same reports: one store per layer.
+class StepLayer {
+ public:
+  explicit StepLayer(int layer) { set(layer); }
+  ~StepLayer() { set(-1); }
+  void set(int layer) { t_step_place.layer.store(layer, std::memory_order_relaxed); }
+  StepLayer(const StepLayer&) = delete;
+  StepLayer& operator=(const StepLayer&) = delete;
+};
+
 // The sink every span goes to (null: none). The caller keeps it alive until it is unset.
 inline void set_trace_sink(TraceSink* sink) {
   g_trace_sink.store(sink);
@@ -40,11 +61,24 @@ class TraceSpan {
         arg_name_(arg_name),
         arg_(arg) {
     if (sink_) begin_ = TraceSink::Clock::now();
+    StepPlace& p = t_step_place;
+    prev_name_ = p.name.load(std::memory_order_relaxed);
+    prev_arg_name_ = p.arg_name.load(std::memory_order_relaxed);
+    prev_arg_ = p.arg.load(std::memory_order_relaxed);
+    p.name.store(name, std::memory_order_relaxed);
+    p.arg_name.store(arg_name, std::memory_order_relaxed);
+    p.arg.store(arg, std::memory_order_relaxed);
   }
   ~TraceSpan() { end(); }
   void end() {
     if (sink_) sink_->span(name_, arg_name_, arg_, begin_, TraceSink::Clock::now());
     sink_ = nullptr;
+    if (!placed_) return;
+    placed_ = false;
+    StepPlace& p = t_step_place;
+    p.name.store(prev_name_, std::memory_order_relaxed);
+    p.arg_name.store(prev_arg_name_, std::memory_order_relaxed);
+    p.arg.store(prev_arg_, std::memory_order_relaxed);
   }
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
@@ -55,6 +89,10 @@ class TraceSpan {
   const char* arg_name_;
   int arg_;
   TraceSink::Clock::time_point begin_;
+  bool placed_ = true;
+  const char* prev_name_;
+  const char* prev_arg_name_;
+  int prev_arg_;
 };
 
 }  // namespace omni

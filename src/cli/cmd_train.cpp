@@ -276,6 +276,7 @@ int train(const std::vector<std::string>& raw_args) {
   require_ranks_for_layout(*resolved, world.size());
   RunOptions run = resolve_run_options(*resolved, world.size());
   Options& opts = run.opts;
+  if (world.size() > 1) set_hang_report_seconds(opts.hang_report_seconds);
   if (world.size() > 1)
     set_collective_timeout(
         opts.distributed_timeout_minutes * 60,

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "comm/mpi_communicator.h"
+#include "comm/watchdog.h"
 
 namespace omni {
 
@@ -19,21 +20,29 @@ class DoneRequest : public CommRequest {
 
 class SelfCommunicator : public Communicator {
  public:
-  explicit SelfCommunicator(std::string name) : name_(std::move(name)) {}
+  // Counted as every communicator's calls are (comm/watchdog.h); one rank never waits.
+  explicit SelfCommunicator(std::string name)
+      : name_(std::move(name)), watch_(name_, 0, std::vector<int>{0}) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return name_; }
-  void all_reduce(void*, size_t, DType, ReduceOp) override {}
+  void all_reduce(void*, size_t n, DType t, ReduceOp) override {
+    watch_.count("all_reduce", n * dtype_size(t));
+  }
   void reduce_scatter(void* out, const void* in, size_t n, DType t) override {
+    watch_.count("reduce_scatter", n * dtype_size(t));
     copy(out, in, n * dtype_size(t));
   }
   void all_gather(void* out, const void* in, size_t n, DType t) override {
+    watch_.count("all_gather", n * dtype_size(t));
     copy(out, in, n * dtype_size(t));
   }
   void all_to_all(void* out, const void* in, size_t n, DType t) override {
+    watch_.count("all_to_all", n * dtype_size(t));
     copy(out, in, n * dtype_size(t));
   }
-  void broadcast(void*, size_t, int root) override {
+  void broadcast(void*, size_t bytes, int root) override {
+    watch_.count("broadcast", bytes);
     OMNI_CHECK(root == 0, "[comm ", name_, "] broadcast from rank ", root, " of 1");
   }
   void send(const void*, size_t, int peer, int) override { no_peer(peer); }
@@ -46,7 +55,8 @@ class SelfCommunicator : public Communicator {
     no_peer(peer);
     return nullptr;
   }
-  std::unique_ptr<CommRequest> iall_reduce(void*, size_t, DType) override {
+  std::unique_ptr<CommRequest> iall_reduce(void*, size_t n, DType t) override {
+    watch_.count("iall_reduce", n * dtype_size(t));
     return std::make_unique<DoneRequest>();
   }
   std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
@@ -54,7 +64,7 @@ class SelfCommunicator : public Communicator {
     reduce_scatter(out, in, n, t);
     return std::make_unique<DoneRequest>();
   }
-  void barrier() override {}
+  void barrier() override { watch_.count("barrier", 0); }
   std::unique_ptr<Communicator> split(int, int, const std::string& name) override {
     return std::make_unique<SelfCommunicator>(name);
   }
@@ -68,6 +78,7 @@ class SelfCommunicator : public Communicator {
                         " in a communicator of one rank");
   }
   std::string name_;
+  WatchGroup watch_;
 };
 
 }  // namespace

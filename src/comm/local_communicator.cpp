@@ -8,10 +8,12 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "base/error.h"
+#include "comm/watchdog.h"
 
 namespace omni {
 
@@ -237,6 +239,14 @@ class LocalRequest : public CommRequest {
         what_(std::move(what)) {}
   ~LocalRequest() override;
   void wait() override;
+  // What the watchdog names while wait() blocks; counts the operation.
+  LocalRequest& watched(std::shared_ptr<WatchGroup> g, const char* op, size_t bytes,
+                        int peer = -1) {
+    watch_ = std::move(g);
+    op_ = op, bytes_ = bytes, peer_ = peer;
+    watch_seq_ = watch_->count(op, bytes);
+    return *this;
+  }
   bool test() override {
     std::lock_guard<std::mutex> lk(world_->mu);
     return waited_ || (transfer_ ? transfer_->done : group_->rounds.at(seq_).done);
@@ -251,6 +261,11 @@ class LocalRequest : public CommRequest {
   std::shared_ptr<Transfer> transfer_;
   std::string what_;
   bool waited_ = false;
+  std::shared_ptr<WatchGroup> watch_;
+  const char* op_ = "";
+  size_t bytes_ = 0;
+  int peer_ = -1;
+  uint64_t watch_seq_ = 0;
 };
 
 // Waits for this rank's part of collective `seq` and retires the round once every rank has.
@@ -258,18 +273,22 @@ void finish_round(std::unique_lock<std::mutex>& lk, World& world, Group& group, 
                   uint64_t seq) {
   Round& r = group.rounds.at(seq);
   const int size = static_cast<int>(group.members.size());
-  world.block(lk, group.members[rank], [&r] { return r.done; },
-              detail::concat(op_name(r.op), " #", seq, " on ", group.name, " (", r.arrived,
-                             " of ", size, " ranks have called it)"));
+  world.block(
+      lk, group.members[rank], [&r] { return r.done; },
+      detail::concat(op_name(r.op), " #", seq, " on ", group.name, " (", r.arrived, " of ", size,
+                     " ranks have called it)"));
   if (++r.left == size) group.rounds.erase(seq);
 }
 
 void LocalRequest::wait() {
   if (waited_) return;
+  std::optional<CollectiveWatch> watch;
+  if (watch_) watch.emplace(*watch_, op_, bytes_, peer_, watch_seq_);
   std::unique_lock<std::mutex> lk(world_->mu);
   if (transfer_) {
     Transfer& t = *transfer_;
-    world_->block(lk, group_->members[rank_], [&t] { return t.done; }, what_);
+    world_->block(
+        lk, group_->members[rank_], [&t] { return t.done; }, what_);
   } else {
     finish_round(lk, *world_, *group_, rank_, seq_);
   }
@@ -302,7 +321,10 @@ LocalRequest::~LocalRequest() {
 class LocalCommunicator : public Communicator {
  public:
   LocalCommunicator(std::shared_ptr<World> w, std::shared_ptr<Group> g, int rank)
-      : world_(std::move(w)), group_(std::move(g)), rank_(rank) {}
+      : world_(std::move(w)),
+        group_(std::move(g)),
+        rank_(rank),
+        watch_(std::make_shared<WatchGroup>(group_->name, rank_, group_->members)) {}
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(group_->members.size()); }
   std::string name() const override { return group_->name; }
@@ -324,8 +346,8 @@ class LocalCommunicator : public Communicator {
     blocking(round(Op::AllToAll, n, t), in, out);
   }
   void broadcast(void* data, size_t bytes, int root) override {
-    OMNI_CHECK(root >= 0 && root < size(), "[comm ", name(), "] broadcast from rank ", root,
-               " of ", size());
+    OMNI_CHECK(root >= 0 && root < size(), "[comm ", name(), "] broadcast from rank ", root, " of ",
+               size());
     Round r = round(Op::Broadcast, bytes, DType::F32);
     r.root = root;
     blocking(r, data, data);
@@ -335,22 +357,28 @@ class LocalCommunicator : public Communicator {
     check_reducible(t);
     std::unique_lock<std::mutex> lk(world_->mu);
     const uint64_t seq = post(round(Op::AllReduce, n, t), data, data);
-    return std::make_unique<LocalRequest>(world_, group_, rank_, seq);
+    auto req = std::make_unique<LocalRequest>(world_, group_, rank_, seq);
+    req->watched(watch_, "iall_reduce", n * dtype_size(t));
+    return req;
   }
   std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
                                                DType t) override {
     check_reducible(t);
     std::unique_lock<std::mutex> lk(world_->mu);
     const uint64_t seq = post(round(Op::ReduceScatter, n, t), in, out);
-    return std::make_unique<LocalRequest>(world_, group_, rank_, seq);
+    auto req = std::make_unique<LocalRequest>(world_, group_, rank_, seq);
+    req->watched(watch_, "ireduce_scatter", n * size() * dtype_size(t));
+    return req;
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     OMNI_CHECK(color >= 0, "[comm ", this->name(), "] split with negative color ", color);
+    CollectiveWatch watch(*watch_, "split", 0);
     std::unique_lock<std::mutex> lk(world_->mu);
     const uint64_t seq = post(round(Op::Split, 0, DType::F32), nullptr, nullptr, color, key, name);
     Round& r = group_->rounds.at(seq);
-    world_->block(lk, thread(), [&r] { return r.done; },
-                  detail::concat("split #", seq, " on ", group_->name));
+    world_->block(
+        lk, thread(), [&r] { return r.done; },
+        detail::concat("split #", seq, " on ", group_->name));
     std::shared_ptr<Group> g = r.new_group[rank_];
     const int new_rank = r.new_rank[rank_];
     if (++r.left == size()) group_->rounds.erase(seq);
@@ -363,15 +391,16 @@ class LocalCommunicator : public Communicator {
   void recv(void* data, size_t bytes, int peer, int tag) override {
     irecv(data, bytes, peer, tag)->wait();
   }
-  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer,
-                                     int tag) override {
+  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int tag) override {
     auto t = transfer(rank_, peer, tag, bytes);
     t->data = data;
     std::lock_guard<std::mutex> lk(world_->mu);
     world_->throw_if_failed();
     match(t, group_->recvs, group_->sends, [&](Transfer& r) { return r.src == rank_; });
-    return std::make_unique<LocalRequest>(world_, group_, rank_, t,
-                                          describe("send to", peer, tag, bytes));
+    auto req = std::make_unique<LocalRequest>(world_, group_, rank_, t,
+                                              describe("send to", peer, tag, bytes));
+    req->watched(watch_, "send", bytes, peer);
+    return req;
   }
   std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) override {
     auto t = transfer(peer, rank_, tag, bytes);
@@ -379,8 +408,10 @@ class LocalCommunicator : public Communicator {
     std::lock_guard<std::mutex> lk(world_->mu);
     world_->throw_if_failed();
     match(t, group_->sends, group_->recvs, [&](Transfer& s) { return s.src == peer; });
-    return std::make_unique<LocalRequest>(world_, group_, rank_, t,
-                                          describe("recv from", peer, tag, bytes));
+    auto req = std::make_unique<LocalRequest>(world_, group_, rank_, t,
+                                              describe("recv from", peer, tag, bytes));
+    req->watched(watch_, "recv", bytes, peer);
+    return req;
   }
 
  private:
@@ -445,12 +476,12 @@ class LocalCommunicator : public Communicator {
       r.new_group.resize(p);
       r.new_rank.resize(p);
     } else {
-      OMNI_CHECK(r.op == proto.op && r.n == proto.n && r.t == proto.t &&
-                     r.root == proto.root && r.reduce == proto.reduce,
+      OMNI_CHECK(r.op == proto.op && r.n == proto.n && r.t == proto.t && r.root == proto.root &&
+                     r.reduce == proto.reduce,
                  "[comm ", name(), "] collective #", seq, " differs between ranks: rank ", rank_,
-                 " calls ", op_name(proto.op), " of ", proto.n, " ", dtype_name(proto.t),
-                 " (root ", proto.root, ") where another rank called ", op_name(r.op), " of ",
-                 r.n, " ", dtype_name(r.t), " (root ", r.root, ")");
+                 " calls ", op_name(proto.op), " of ", proto.n, " ", dtype_name(proto.t), " (root ",
+                 proto.root, ") where another rank called ", op_name(r.op), " of ", r.n, " ",
+                 dtype_name(r.t), " (root ", r.root, ")");
     }
     r.in[rank_] = in;
     r.out[rank_] = out;
@@ -465,6 +496,8 @@ class LocalCommunicator : public Communicator {
     return seq;
   }
   void blocking(const Round& proto, const void* in, void* out) {
+    const size_t bytes = proto.op == Op::Broadcast ? proto.n : proto.n * dtype_size(proto.t);
+    CollectiveWatch watch(*watch_, op_name(proto.op), bytes);
     std::unique_lock<std::mutex> lk(world_->mu);
     const uint64_t seq = post(proto, in, out);
     finish_round(lk, *world_, *group_, rank_, seq);
@@ -474,6 +507,7 @@ class LocalCommunicator : public Communicator {
   std::shared_ptr<Group> group_;
   int rank_;
   uint64_t next_ = 0;  // this rank's count of collectives on this group
+  std::shared_ptr<WatchGroup> watch_;
 };
 
 }  // namespace
@@ -485,9 +519,11 @@ void run_ranks(int n, const std::function<void(Communicator& world)>& fn) {
   group->name = "world";
   group->members.resize(n);
   std::iota(group->members.begin(), group->members.end(), 0);
+  set_hang_dir(make_hang_dir());
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
+      watch_this_thread(r, n);
       try {
         LocalCommunicator comm(world, group, r);
         fn(comm);
@@ -501,6 +537,7 @@ void run_ranks(int n, const std::function<void(Communicator& world)>& fn) {
       std::lock_guard<std::mutex> lk(world->mu);
       world->ranks[r].finished = true;
       world->check_deadlock();
+      unwatch_this_thread();
     });
   }
   for (std::thread& t : threads) t.join();

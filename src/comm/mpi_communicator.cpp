@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <vector>
 
 #include "base/error.h"
@@ -65,8 +66,12 @@ const std::byte* at(const void* p, size_t offset) {
 class MpiRequest : public CommRequest {
  public:
   // What --distributed-timeout-minutes names if wait() blocks too long.
-  MpiRequest(const char* op, const std::string& group, int rank, int size)
-      : op_(op), group_(group), rank_(rank), size_(size) {}
+  MpiRequest(const char* op, std::shared_ptr<WatchGroup> group, size_t bytes, int peer)
+      : op_(op),
+        group_(std::move(group)),
+        bytes_(bytes),
+        peer_(peer),
+        seq_(group_->count(op, bytes)) {}
   std::vector<MPI_Request> requests;
   std::vector<std::vector<std::byte>> staging;  // packed inputs of a chunked call
 
@@ -81,7 +86,7 @@ class MpiRequest : public CommRequest {
   }
   void wait() override {
     if (done_) return;
-    CollectiveWatch watch(op_, group_, rank_, size_);
+    CollectiveWatch watch(*group_, op_, bytes_, peer_, seq_);
     check(MPI_Waitall(count(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     complete();
   }
@@ -101,8 +106,10 @@ class MpiRequest : public CommRequest {
   }
   bool done_ = false;
   const char* op_;
-  std::string group_;
-  int rank_, size_;
+  std::shared_ptr<WatchGroup> group_;
+  size_t bytes_;
+  int peer_;
+  uint64_t seq_;
 };
 
 class MpiCommunicator : public Communicator {
@@ -111,6 +118,17 @@ class MpiCommunicator : public Communicator {
       : comm_(comm), name_(std::move(name)), max_(max_count), owned_(owned) {
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // The world rank of each member, for the watchdog's reports.
+    MPI_Group mine, world;
+    check(MPI_Comm_group(comm_, &mine), "MPI_Comm_group");
+    check(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+    std::vector<int> local(size_), global(size_);
+    for (int k = 0; k < size_; ++k) local[k] = k;
+    check(MPI_Group_translate_ranks(mine, size_, local.data(), world, global.data()),
+          "MPI_Group_translate_ranks");
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    watch_ = std::make_shared<WatchGroup>(name_, rank_, std::move(global));
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -123,7 +141,7 @@ class MpiCommunicator : public Communicator {
 
   void all_reduce(void* data, size_t n, DType t, ReduceOp op) override {
     const MPI_Datatype type = reducible_type(t);
-    CollectiveWatch watch("MPI_Allreduce", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Allreduce", n * dtype_size(t));
     const size_t es = dtype_size(t);
     for (size_t off = 0; off < n; off += max_)
       check(MPI_Allreduce(MPI_IN_PLACE, at(data, off * es), count(std::min(max_, n - off)), type,
@@ -133,7 +151,7 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) override {
     const MPI_Datatype type = reducible_type(t);
     const size_t es = dtype_size(t);
-    auto req = request("MPI_Iallreduce");
+    auto req = request("MPI_Iallreduce", n * dtype_size(t));
     for (size_t off = 0; off < n; off += max_) {
       MPI_Request r;
       check(MPI_Iallreduce(MPI_IN_PLACE, at(data, off * es), count(std::min(max_, n - off)), type,
@@ -150,7 +168,7 @@ class MpiCommunicator : public Communicator {
                                                DType t) override {
     const MPI_Datatype type = reducible_type(t);
     const size_t es = dtype_size(t);
-    auto req = request("MPI_Ireduce_scatter_block");
+    auto req = request("MPI_Ireduce_scatter_block", n * dtype_size(t));
     if (n <= max_) {
       MPI_Request r;
       check(MPI_Ireduce_scatter_block(in, out, count(n), type, MPI_SUM, comm_, &r),
@@ -176,10 +194,9 @@ class MpiCommunicator : public Communicator {
     const MPI_Datatype type = mpi_type(t);
     const size_t es = dtype_size(t);
     const bool in_place = in == at(static_cast<const void*>(out), rank_ * n * es);
-    CollectiveWatch watch("MPI_Allgather", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Allgather", n * es);
     if (n <= max_) {
-      check(MPI_Allgather(in_place ? MPI_IN_PLACE : in, count(n), type, out, count(n), type,
-                          comm_),
+      check(MPI_Allgather(in_place ? MPI_IN_PLACE : in, count(n), type, out, count(n), type, comm_),
             "MPI_Allgather");
       return;
     }
@@ -187,8 +204,7 @@ class MpiCommunicator : public Communicator {
     for (size_t off = 0; off < n; off += max_) {
       const size_t m = std::min(max_, n - off);
       gathered.resize(size_ * m * es);
-      check(MPI_Allgather(at(in, off * es), count(m), type, gathered.data(), count(m), type,
-                          comm_),
+      check(MPI_Allgather(at(in, off * es), count(m), type, gathered.data(), count(m), type, comm_),
             "MPI_Allgather");
       for (int k = 0; k < size_; ++k)
         std::memcpy(at(out, (k * n + off) * es), gathered.data() + k * m * es, m * es);
@@ -196,7 +212,7 @@ class MpiCommunicator : public Communicator {
   }
   void all_to_all(void* out, const void* in, size_t n, DType t) override {
     const MPI_Datatype type = mpi_type(t);
-    CollectiveWatch watch("MPI_Alltoall", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Alltoall", n * dtype_size(t));
     const size_t es = dtype_size(t);
     if (n <= max_) {
       check(MPI_Alltoall(in, count(n), type, out, count(n), type, comm_), "MPI_Alltoall");
@@ -216,29 +232,29 @@ class MpiCommunicator : public Communicator {
     }
   }
   void broadcast(void* data, size_t bytes, int root) override {
-    CollectiveWatch watch("MPI_Bcast", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Bcast", bytes);
     for (size_t off = 0; off < bytes; off += max_)
       check(MPI_Bcast(at(data, off), count(std::min(max_, bytes - off)), MPI_BYTE, root, comm_),
             "MPI_Bcast");
   }
   void send(const void* data, size_t bytes, int peer, int tag) override {
-    CollectiveWatch watch("MPI_Send", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Send", bytes, peer);
     for (const auto& [off, len] : pieces(bytes, max_))
       check(MPI_Send(at(data, off), count(len), MPI_BYTE, peer, tag, comm_), "MPI_Send");
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
-    CollectiveWatch watch("MPI_Recv", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Recv", bytes, peer);
     for (const auto& [off, len] : pieces(bytes, max_)) {
       MPI_Status status;
       check(MPI_Recv(at(data, off), count(len), MPI_BYTE, peer, tag, comm_, &status), "MPI_Recv");
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
-      OMNI_CHECK(got == count(len), "[comm ", name_, "] received ", got, " bytes from rank ",
-                 peer, " (tag ", tag, ") where ", len, " were expected");
+      OMNI_CHECK(got == count(len), "[comm ", name_, "] received ", got, " bytes from rank ", peer,
+                 " (tag ", tag, ") where ", len, " were expected");
     }
   }
   std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int tag) override {
-    auto req = request("MPI_Isend");
+    auto req = request("MPI_Isend", bytes, peer);
     for (const auto& [off, len] : pieces(bytes, max_)) {
       MPI_Request r;
       check(MPI_Isend(at(data, off), count(len), MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
@@ -247,7 +263,7 @@ class MpiCommunicator : public Communicator {
     return req;
   }
   std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) override {
-    auto req = request("MPI_Irecv");
+    auto req = request("MPI_Irecv", bytes, peer);
     for (const auto& [off, len] : pieces(bytes, max_)) {
       MPI_Request r;
       check(MPI_Irecv(at(data, off), count(len), MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
@@ -256,21 +272,22 @@ class MpiCommunicator : public Communicator {
     return req;
   }
   void barrier() override {
-    CollectiveWatch watch("MPI_Barrier", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Barrier", 0);
     check(MPI_Barrier(comm_), "MPI_Barrier");
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     OMNI_CHECK(color >= 0, "[comm ", name_, "] split with negative color ", color);
     MPI_Comm part;
-    CollectiveWatch watch("MPI_Comm_split", name_, rank_, size_);
+    CollectiveWatch watch(*watch_, "MPI_Comm_split", 0);
     check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
     return std::make_unique<MpiCommunicator>(part, name, max_, true);
   }
 
  private:
-  std::unique_ptr<MpiRequest> request(const char* op) const {
-    return std::make_unique<MpiRequest>(op, name_, rank_, size_);
+  std::unique_ptr<MpiRequest> request(const char* op, size_t bytes, int peer = -1) const {
+    return std::make_unique<MpiRequest>(op, watch_, bytes, peer);
   }
+  std::shared_ptr<WatchGroup> watch_;
   MPI_Comm comm_;
   std::string name_;
   size_t max_;
@@ -299,20 +316,29 @@ std::unique_ptr<Communicator> make_mpi_world(size_t max_count) {
     int provided = 0;
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     std::atexit(finalize_at_exit);
-    OMNI_CHECK(provided >= MPI_THREAD_FUNNELED,
-               "[comm] MPI provides thread level ", provided, ", below MPI_THREAD_FUNNELED");
+    OMNI_CHECK(provided >= MPI_THREAD_FUNNELED, "[comm] MPI provides thread level ", provided,
+               ", below MPI_THREAD_FUNNELED");
     // Errors come back as exceptions (with the rank in the CLI's message) rather than
     // MPI's own abort.
     check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
+  int rank = 0, size = 1;
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
+  set_collective_world(rank, size, mpi_abort_world);
+  // The watchdog's exchange directory (comm/watchdog.h): rank 0's choice, on every rank.
+  char dir[1024] = {};
+  if (rank == 0) std::snprintf(dir, sizeof dir, "%s", make_hang_dir().c_str());
+  check(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  set_hang_dir(dir);
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", max_count, false);
-  set_collective_world(world->rank(), world->size(), mpi_abort_world);
   // A launcher that announced several ranks while MPI sees one: an MPI other than the
   // launcher's, or srun without an MPI plugin. Each rank would train alone.
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
     const int announced = env_int(var);
     OMNI_REQUIRE(world->size() > 1 || announced <= 1, "the launcher started ", announced,
-                 " ranks (", var, "=", announced, ") but MPI sees one, so each would train "
+                 " ranks (", var, "=", announced,
+                 ") but MPI sees one, so each would train "
                  "alone: with srun add --mpi=pmix (or pmi2); with mpirun use the MPI omnitron "
                  "was built with; see docs/launching.md");
   }

@@ -2,6 +2,8 @@
 
 #include "comm/nccl_communicator.h"
 
+#include "comm/watchdog.h"
+
 #if defined(OMNITRON_HIP)
 // RCCL implements NCCL's API; only the runtime's names differ. Checked with hipcc against
 // NCCL's header retargeted to HIP types, not yet against a real RCCL installation.
@@ -141,6 +143,9 @@ class NcclCommunicator : public Communicator {
     OMNI_COMM_GPU_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
     OMNI_COMM_GPU_CHECK(cudaMemset(barrier_word_, 0, sizeof(float)));
     blocking_.event = new_event();
+    // NCCL does not tell the world ranks of a communicator's members: the watchdog names
+    // the group by its name and this rank's place in it.
+    watch_ = std::make_shared<WatchGroup>(name_, rank_, std::vector<int>{});
   }
   ~NcclCommunicator() override {
     if (comm_) {
@@ -164,18 +169,21 @@ class NcclCommunicator : public Communicator {
 
   void all_reduce(void* data, size_t n, DType t, ReduceOp op) override {
     if (n == 0) return;
+    CollectiveWatch watch(*watch_, "ncclAllReduce", n * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), nccl_op(op), live(), stream_));
     finish();
   }
   std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) override {
     if (n == 0) return std::make_unique<DoneRequest>();
+    watch_->count("ncclAllReduce", n * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), ncclSum, live(), stream_));
     return request_for_enqueued();
   }
   void reduce_scatter(void* out, const void* in, size_t n, DType t) override {
     if (n == 0) return;
+    CollectiveWatch watch(*watch_, "ncclReduceScatter", n * size_ * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, live(), stream_));
     finish();
@@ -183,6 +191,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
                                                DType t) override {
     if (n == 0) return std::make_unique<DoneRequest>();
+    watch_->count("ncclReduceScatter", n * size_ * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, live(), stream_));
     return request_for_enqueued();
@@ -190,6 +199,7 @@ class NcclCommunicator : public Communicator {
   // NCCL recognises the in-place form (in == out + rank * n) itself.
   void all_gather(void* out, const void* in, size_t n, DType t) override {
     if (n == 0) return;
+    CollectiveWatch watch(*watch_, "ncclAllGather", n * size_ * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclAllGather(in, out, n, nccl_type(t), live(), stream_));
     finish();
@@ -198,6 +208,7 @@ class NcclCommunicator : public Communicator {
   // together, so no ordering of the pairs can deadlock.
   void all_to_all(void* out, const void* in, size_t n, DType t) override {
     if (n == 0) return;
+    CollectiveWatch watch(*watch_, "ncclAllToAll", n * size_ * dtype_size(t));
     flush();
     const size_t block = n * dtype_size(t);
     OMNI_NCCL_CHECK(ncclGroupStart());
@@ -212,14 +223,17 @@ class NcclCommunicator : public Communicator {
     OMNI_CHECK(root >= 0 && root < size_, "[comm ", name_, "] broadcast from rank ", root, " of ",
                size_);
     if (bytes == 0) return;
+    CollectiveWatch watch(*watch_, "ncclBroadcast", bytes);
     flush();
     OMNI_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), stream_));
     finish();
   }
   void send(const void* data, size_t bytes, int peer, int tag) override {
+    CollectiveWatch watch(*watch_, "ncclSend", bytes, peer);
     isend(data, bytes, peer, tag)->wait();
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
+    CollectiveWatch watch(*watch_, "ncclRecv", bytes, peer);
     irecv(data, bytes, peer, tag)->wait();
   }
   std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int) override {
@@ -230,6 +244,7 @@ class NcclCommunicator : public Communicator {
   }
   // NCCL has no barrier: a one-word all-reduce that every rank must reach does the same.
   void barrier() override {
+    CollectiveWatch watch(*watch_, "ncclAllReduce(barrier)", 0);
     flush();
     OMNI_NCCL_CHECK(
         ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclMax, live(), stream_));
@@ -351,6 +366,7 @@ class NcclCommunicator : public Communicator {
 
   ncclComm_t comm_;
   std::string name_;
+  std::shared_ptr<WatchGroup> watch_;
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   void* barrier_word_ = nullptr;

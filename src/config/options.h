@@ -152,6 +152,7 @@ struct Options {
   // (comm/watchdog.h; 0: never); gradient buckets reduced after the backward pass unless
   // --overlap-grad-reduce starts each as soon as its gradients are final.
   double distributed_timeout_minutes = 10;
+  double hang_report_seconds = 0;  // a first hang report before the timeout (0: none)
   bool overlap_grad_reduce = false, overlap_param_gather = false;
   // This process's data-parallel rank and the number of them (set from the process grid).
   int data_parallel_rank = 0, data_parallel_size = 1;

@@ -79,6 +79,11 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                              "a rank that waits longer than N minutes in one collective ends "
                              "the job, naming the rank and the call (0: wait forever)",
                              [](Options& o) -> double& { return o.distributed_timeout_minutes; }));
+  t.push_back(number<double>("--hang-report-seconds", "N", PAR,
+                             "a first hang report (the job goes on) when a rank waits N seconds "
+                             "in one collective: each rank's call, group and step phase, and "
+                             "which ranks are behind (0: only at the timeout)",
+                             [](Options& o) -> double& { return o.hang_report_seconds; }));
 }
 
 }  // namespace omni::option_rows

@@ -119,6 +119,9 @@ void finalize_logging_and_profiling(Options& o) {
   OMNI_REQUIRE(o.distributed_timeout_minutes >= 0,
                "--distributed-timeout-minutes must be 0 (wait forever) or positive, got ",
                o.distributed_timeout_minutes);
+  OMNI_REQUIRE(o.hang_report_seconds >= 0,
+               "--hang-report-seconds must be 0 (no first report) or positive, got ",
+               o.hang_report_seconds);
   if (o.overlap_param_gather) {
     // Megatron's own checks of the flag.
     OMNI_REQUIRE(o.use_distributed_optimizer,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/trace.h"
 #include "parallel/context_parallel.h"
 
 namespace omni {
@@ -763,9 +764,12 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
                 size_t(g.rows) * cfg_.hidden_size * sizeof(T));
   }
   const int first = chunks_[chunk].first;
-  for (size_t i = 0; i < a.layers.size(); ++i)
+  StepLayer place(-1);  // for the collective watchdog's reports
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    place.set(first + int(i));
     layer_forward(first + int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
                   a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
+  }
   if (!has_loss(chunk)) return a.residual.back().template data<T>();
   *loss = head_forward(a, mb, g, train, grad_scale);
   return nullptr;
@@ -787,7 +791,9 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
     std::memcpy(dres, grad_output, bytes);
   }
   const int first = chunks_[chunk].first;
+  StepLayer place(-1);  // for the collective watchdog's reports
   for (int i = int(a.layers.size()) - 1; i >= 0; --i) {
+    place.set(first + i);
     LayerActivations& la = layer_activations(a, i);
     if (recomputed(i))  // the layer's forward again, from its saved input
       layer_forward(first + i, la, a.residual[i].template data<T>(),

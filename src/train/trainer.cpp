@@ -297,6 +297,7 @@ void Trainer::load(const std::string& dir) {
 
 std::string Trainer::save(MetricsSink& sink) {
   OMNI_REQUIRE(!opts_.save.empty(), "saving a checkpoint needs --save DIR");
+  TraceSpan span("save-checkpoint");  // Megatron's timer name
   // The checkpoint is the one-rank model's, whatever the layout: each tensor is assembled
   // from its owners' slices on world rank 0, which writes it.
   ParameterSet<float>& params = optimizer_params();

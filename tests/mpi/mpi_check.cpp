@@ -9,6 +9,8 @@
 //                                      its pid to PIDFILE first (a test kills it)
 //   omnitron_mpi_check stall MINUTES   --distributed-timeout-minutes MINUTES: rank 1 never
 //                                      joins the others' all-reduce (the watchdog must end it)
+//   omnitron_mpi_check watchdog SCENARIO REPORT_S TIMEOUT_MIN   a hang of comm/hang_scenarios.h
+//                                      (4 ranks) with --hang-report-seconds REPORT_S
 //   omnitron_mpi_check idle            starts MPI and sleeps 120 s: a rank that never joins
 //                                      (beside `omnitron train` in one mpirun job)
 #include <unistd.h>
@@ -26,6 +28,7 @@
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/process_grid.h"
+#include "../comm/hang_scenarios.h"
 #include "comm/watchdog.h"
 #include "parallel/data_parallel.h"
 
@@ -249,13 +252,21 @@ int run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "rank %d: the watchdog did not end the job within 120 s\n", world.rank());
     return 3;
   }
+  if (mode == "watchdog" && args.size() == 4) {  // watchdog SCENARIO REPORT_S TIMEOUT_MIN
+    omni::set_hang_report_seconds(std::stod(args[2]));
+    omni::set_collective_timeout(std::stod(args[3]) * 60,
+                                 "--distributed-timeout-minutes " + args[3]);
+    omni::testing::run_hang_scenario(world, args[1]);
+    std::fprintf(stderr, "rank %d: the watchdog did not end the job\n", world.rank());
+    return 3;
+  }
   if (mode == "idle") {
     std::this_thread::sleep_for(std::chrono::seconds(120));
     std::fprintf(stderr, "rank %d: idle for 120 s and not ended\n", world.rank());
     return 3;
   }
   throw omni::UsageError(
-      "usage: omnitron_mpi_check collectives | throw RANK | hang PIDFILE | stall MINUTES | idle");
+      "usage: omnitron_mpi_check collectives | throw RANK | hang PIDFILE | stall MINUTES | watchdog SCENARIO REPORT_S TIMEOUT_MIN | idle");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "comm/hang_expectations.h"
 #include "mpirun.h"
 
 namespace {
@@ -48,6 +49,35 @@ TEST(CollectiveTimeout, TrainWithTheFlagEndsWhenAPeerNeverJoins) {
   EXPECT_NE(r.output.find("--distributed-timeout-minutes 0.05"), std::string::npos) << r.output;
   std::printf("train with a peer that never joins ended after %.1f s\n", r.seconds);
 }
+
+// Each hang of comm/hang_scenarios.h under mpirun (4 ranks): the first report at 1 s, then
+// at the timeout (3 s) the report again and the end of the job, within the timeout + 10 s.
+class HangReportMpi : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HangReportMpi, NamesTheRankGroupAndOperation) {
+  const HangCase c = hang_case(GetParam(), "MPI_Allreduce", "MPI_Send");
+  const MpiRun r = mpirun(4, kCheck + " watchdog " + c.scenario + " 1 0.05");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(r.seconds, 3 + 10) << r.output;
+  EXPECT_EQ(r.output.find("did not end the job"), std::string::npos) << r.output;
+  const std::string head = "omnitron hang report: the longest wait is " + c.report;
+  const size_t report = r.output.find(head);
+  ASSERT_NE(report, std::string::npos) << r.output;
+  // The rank that is behind, on that line: what it is doing.
+  const size_t line_end = r.output.find('\n', report + head.size());
+  EXPECT_LT(r.output.find(c.phase, report), line_end) << r.output;
+  // Each rank's own line, twice (the first report and the timeout's).
+  for (int k = 0; k < 4; ++k)
+    EXPECT_NE(r.output.find("omnitron hang [rank " + std::to_string(k) + " of 4, host "),
+              std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("--distributed-timeout-minutes 0.05 (3.0 s)"), std::string::npos)
+      << r.output;
+  std::printf("%s under mpirun: the job ended after %.1f s (timeout 3 s)\n", c.scenario, r.seconds);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, HangReportMpi,
+                         ::testing::Values("skip", "stall", "data", "send"));
 
 }  // namespace
 
