@@ -3,7 +3,10 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "cli/process.h"
 
@@ -24,4 +27,15 @@ inline MpiRun mpirun(int ranks, const std::string& program_and_args,
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return {r.exit_code, r.output, seconds};
+}
+
+// The training losses a run logged to its metrics file (JSON lines with "lm_loss").
+inline std::vector<double> losses_of(const std::filesystem::path& metrics) {
+  std::vector<double> losses;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"lm_loss\":");
+    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 10)));
+  }
+  return losses;
 }

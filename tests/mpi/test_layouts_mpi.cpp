@@ -38,16 +38,6 @@ struct Trained {
   std::vector<float> params;
 };
 
-std::vector<double> losses_of(const fs::path& metrics) {
-  std::vector<double> losses;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find("\"lm_loss\":");
-    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 10)));
-  }
-  return losses;
-}
-
 std::vector<float> params_of(const std::string& model_flags, const fs::path& ckpt) {
   Options o;
   std::vector<std::string> args;

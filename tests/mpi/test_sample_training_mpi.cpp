@@ -19,16 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<double> logged_losses(const fs::path& metrics) {
-  std::vector<double> losses;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find("\"lm_loss\":");
-    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 10)));
-  }
-  return losses;
-}
-
 TEST(MpiSampleTraining, PerTokenLossAndBatchRampOnTwoDataParallelRanksMatchOneProcess) {
   const fs::path dir =
       fs::temp_directory_path() / ("omnitron_sample_mpi_" + std::to_string(getpid()));
@@ -49,8 +39,8 @@ TEST(MpiSampleTraining, PerTokenLossAndBatchRampOnTwoDataParallelRanksMatchOnePr
   const MpiRun two = mpirun(2, std::string(OMNITRON_BINARY) + flags + (dir / "two.jsonl").string(),
                             "-x OMP_NUM_THREADS=1");
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const std::vector<double> a = logged_losses(dir / "one.jsonl"),
-                            b = logged_losses(dir / "two.jsonl");
+  const std::vector<double> a = losses_of(dir / "one.jsonl"),
+                            b = losses_of(dir / "two.jsonl");
   ASSERT_EQ(a.size(), 9u);
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * a[i]) << "step " << i + 1;
