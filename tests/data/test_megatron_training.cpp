@@ -17,9 +17,10 @@
 namespace {
 
 // 40 documents, each a run of the cycle 0, 1, ..., 9 of varying length and phase: every
-// label is predictable from the token before it.
+// label is predictable from the token before it. One per test: ctest runs two tests at once.
 std::string write_cyclic_dataset() {
-  const std::string prefix = ::testing::TempDir() + "omnitron_cyclic";
+  const std::string prefix = ::testing::TempDir() + "omnitron_cyclic_" +
+                             ::testing::UnitTest::GetInstance()->current_test_info()->name();
   omni::IndexedDatasetWriter w(prefix, omni::IndexedDtype::kUInt16);
   for (int d = 0; d < 40; ++d) {
     std::vector<int32_t> doc(30 + d % 7);
