@@ -1,7 +1,7 @@
 // Named spans of the training thread's work (data loading, each micro-batch's forward and
 // backward, gradient reduction, the optimizer), reported to one TraceSink when one is set:
 // --profile's Chrome trace and --log-timers-to-tensorboard's timers (train/profiler.h) are
-// built from them. With no sink a span costs one atomic load.
+// built from them. With no sink a span costs one atomic load and the StepPlace stores below.
 //
 //   { TraceSpan span("forward-compute", "microbatch", m); ... }   // ends with the scope
 //   TraceSpan sync("all-grads-sync"); ...; sync.end();            // or explicitly
