@@ -36,7 +36,7 @@
 #include <string>
 
 #include "config/options.h"
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 

@@ -22,7 +22,7 @@
 
 #include "base/dtype.h"
 #include "config/options.h"
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 
 namespace omni {
 

@@ -35,7 +35,7 @@
 
 #include "backend/ops.h"
 #include "comm/communicator.h"
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 #include "model/transformer_config.h"
 
 namespace omni {

@@ -21,7 +21,7 @@
 #include "backend/gpu/gpu_ops.h"
 #include "base/dtype.h"
 #include "model/gpt_model.h"
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 #include "model/transformer_config.h"
 
 OMNI_GPU_NAMESPACE_BEGIN

@@ -28,7 +28,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 
 namespace omni {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 
 namespace omni {
 

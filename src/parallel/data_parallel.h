@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 
 namespace omni {
 

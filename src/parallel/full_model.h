@@ -5,7 +5,7 @@
 // parallelism pads the vocabulary further) are padding and are skipped, or zero-filled.
 #pragma once
 
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 
 namespace omni {
 

@@ -1,4 +1,4 @@
-#include "model/parameters.h"
+#include "tensor/parameters.h"
 
 #include <algorithm>
 
