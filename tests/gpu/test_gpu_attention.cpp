@@ -1,5 +1,5 @@
 // Flash attention on the GPU (backend/gpu/attention_*.cu) against the CPU's attention
-// (ops::attention_forward/backward<float>, which stores the probabilities) on the same
+// (ops::attention_forward/backward<float>) on the same
 // T-rounded inputs: output, lse and the three gradients, for causal attention, grouped-query
 // and multi-query heads, packed documents (key_start) and ring-attention key blocks (q_index).
 //
@@ -74,14 +74,13 @@ Result cpu_attention(const Case& c, const Inputs<T>& in) {
   Result r;
   r.out.resize(in.q.size());
   r.lse.resize(size_t(d.batch) * d.heads * d.seq);
-  std::vector<float> probs(size_t(d.batch) * d.heads * d.seq * d.seq);
-  ops::attention_forward<float>(r.out.data(), probs.data(), in.q.data(), in.k.data(), in.v.data(),
-                                d, r.lse.data());
+  ops::attention_forward<float>(r.out.data(), r.lse.data(), in.q.data(), in.k.data(),
+                                in.v.data(), d);
   r.dq.resize(in.q.size());
   r.dk.resize(N * d.groups * d.head_dim);
   r.dv.resize(r.dk.size());
   ops::attention_backward<float>(r.dq.data(), r.dk.data(), r.dv.data(), in.dout.data(),
-                                 r.out.data(), probs.data(), in.q.data(), in.k.data(), in.v.data(),
+                                 r.out.data(), r.lse.data(), in.q.data(), in.k.data(), in.v.data(),
                                  d);
   return r;
 }
