@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "data/tokenizer_impl.h"
+#include "data/tokenizers/tokenizer_impl.h"
 
 namespace fs = std::filesystem;
 

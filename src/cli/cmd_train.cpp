@@ -19,12 +19,12 @@
 #include "config/options.h"
 #include "config/yaml_config.h"
 #include "config/yaml_tree.h"
-#include "data/dataset.h"
-#include "data/indexed_dataset.h"
-#include "data/prefetch.h"
+#include "data/datasets/dataset.h"
+#include "data/datasets/indexed_dataset.h"
+#include "data/datasets/prefetch.h"
+#include "generate/sampler.h"
 #include "train/downstream_eval.h"
 #include "train/run_options.h"
-#include "train/sampler.h"
 #include "train/trainer.h"
 
 namespace omni::cli {

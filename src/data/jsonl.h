@@ -1,5 +1,5 @@
 // Streaming input for `omnitron preprocess`: the bytes of a file (zstd-decompressed when it is
-// a .zst), split into lines (data/json.h reads a JSON line's fields).
+// a .zst), split into lines (base/json.h reads a JSON line's fields).
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "comm/process_grid.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 
 namespace omni {
 

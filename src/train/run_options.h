@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "config/options.h"
-#include "data/tokenizer.h"
+#include "data/tokenizers/tokenizer.h"
 
 namespace omni {
 

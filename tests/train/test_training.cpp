@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "train/run_options.h"
 #include "train/trainer.h"
 
