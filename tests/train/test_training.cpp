@@ -202,6 +202,36 @@ TEST(RunOptions, LoadPutsTheCheckpointsModelUnderTheCommandLineOrOverItWithUseCh
   EXPECT_FALSE(cli_wins.demo);
 }
 
+// Every option of every group as command-line text, and the notes: two resolutions agree when
+// these do.
+static std::vector<std::string> everything(const omni::Options& o) {
+  std::vector<std::string> all = o.notes, groups;
+  for (const omni::OptionDef& d : omni::option_table())
+    if (std::find(groups.begin(), groups.end(), d.group) == groups.end()) {
+      groups.push_back(d.group);
+      const std::vector<std::string> args = omni::options_as_args(o, d.group);
+      all.push_back("[" + d.group + "]");
+      all.insert(all.end(), args.begin(), args.end());
+    }
+  return all;
+}
+
+TEST(RunOptions, ACommandLineParsedOnceResolvesAsItsText) {
+  // Without a preset (the command line is the run's options), and under the demo's preset.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--mock-data", "--vocab-size", "97", "--num-layers", "3",
+                                 "--lr", "3e-4", "--use-flash-attn", "--eval-iters", "0"},
+        std::vector<std::string>{"--num-layers", "3", "--use-flash-attn", "--eval-iters", "0"}}) {
+    omni::Options named;
+    omni::parse_options(args, named);
+    const omni::RunOptions once = omni::resolve_run_options(args, named, 1);
+    const omni::RunOptions from_text = omni::resolve_run_options(args, 1);
+    EXPECT_EQ(once.demo, from_text.demo);
+    EXPECT_EQ(everything(once.opts), everything(from_text.opts));
+    EXPECT_EQ(once.opts.model.num_layers, 3);
+  }
+}
+
 TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {
   const std::string path = ::testing::TempDir() + "omnitron_metrics.jsonl";
   omni::Options o = tiny_options({"--eval-iters", "1", "--eval-interval", "3"});
