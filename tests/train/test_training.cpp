@@ -217,19 +217,27 @@ static std::vector<std::string> everything(const omni::Options& o) {
 }
 
 TEST(RunOptions, ACommandLineParsedOnceResolvesAsItsText) {
-  // Without a preset (the command line is the run's options), and under the demo's preset.
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--mock-data", "--vocab-size", "97", "--num-layers", "3",
-                                 "--lr", "3e-4", "--use-flash-attn", "--eval-iters", "0"},
-        std::vector<std::string>{"--num-layers", "3", "--use-flash-attn", "--eval-iters", "0"}}) {
-    omni::Options named;
-    omni::parse_options(args, named);
-    const omni::RunOptions once = omni::resolve_run_options(args, named, 1);
-    const omni::RunOptions from_text = omni::resolve_run_options(args, 1);
-    EXPECT_EQ(once.demo, from_text.demo);
-    EXPECT_EQ(everything(once.opts), everything(from_text.opts));
-    EXPECT_EQ(once.opts.model.num_layers, 3);
-  }
+  // Without a preset, the command line alone is the run's options: parsed and finalized.
+  const std::vector<std::string> plain = {
+      "--mock-data",      "--vocab-size", "97", "--num-layers", "3", "--lr", "3e-4",
+      "--use-flash-attn", "--eval-iters", "0"};
+  omni::Options named, alone;
+  omni::parse_options(plain, named);
+  omni::parse_options(plain, alone);
+  omni::finalize(alone);
+  const omni::RunOptions once = omni::resolve_run_options(plain, named, 1);
+  EXPECT_FALSE(once.demo);
+  EXPECT_EQ(everything(once.opts), everything(alone));
+  EXPECT_EQ(everything(once.opts), everything(omni::resolve_run_options(plain, 1).opts));
+  // Under the demo's preset, which the command line overrides.
+  const std::vector<std::string> demo = {"--num-layers", "3", "--use-flash-attn"};
+  omni::Options demo_named;
+  omni::parse_options(demo, demo_named);
+  const omni::RunOptions demo_once = omni::resolve_run_options(demo, demo_named, 1);
+  EXPECT_TRUE(demo_once.demo);
+  EXPECT_EQ(demo_once.opts.model.num_layers, 3);     // the command line's
+  EXPECT_EQ(demo_once.opts.model.hidden_size, 256);  // the demo's
+  EXPECT_EQ(everything(demo_once.opts), everything(omni::resolve_run_options(demo, 1).opts));
 }
 
 TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {
