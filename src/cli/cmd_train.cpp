@@ -88,9 +88,8 @@ std::vector<std::string> own_command_line() {
   return words;
 }
 
-// One process asked for model parallelism (`o`: the command line as parsed): say how to start
-// the ranks it needs, with the user's own command line, rather than that 1 rank does not divide
-// by the layout.
+// One process asked for model parallelism: say how to start the ranks it needs, with the
+// user's own command line, rather than that 1 rank does not divide by the layout.
 void require_ranks_for_layout(const Options& o, int world_size) {
   if (world_size != 1) return;
   std::string sizes;
