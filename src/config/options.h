@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "data/tokenizer.h"
+#include "data/tokenizers/tokenizer.h"
 #include "model/transformer_config.h"
 #include "optim/batch_schedule.h"
 #include "optim/loss_scaler.h"

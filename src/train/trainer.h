@@ -10,7 +10,7 @@
 
 #include "comm/process_grid.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "model/gpt_model.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
