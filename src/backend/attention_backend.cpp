@@ -34,7 +34,14 @@ AttentionSupport attention_support(bool gpu, const ops::AttentionDims& d, DType 
 #if defined(OMNITRON_GPU)
   if (gpu) {
     s.cudnn = gpu::has_cudnn();
-    if (s.cudnn) gpu::fused_attention_supported(d, dtype, &s.fused_unsupported);
+    if (s.cudnn) {
+      if (dtype == DType::BF16)
+        gpu::fused_attention_supported<gpu::bf16>(d, &s.fused_unsupported);
+      else if (dtype == DType::F16)
+        gpu::fused_attention_supported<gpu::f16>(d, &s.fused_unsupported);
+      else
+        gpu::fused_attention_supported<float>(d, &s.fused_unsupported);
+    }
   }
 #endif
   if (!gpu)

@@ -13,16 +13,11 @@
 namespace omni::gpu_test {
 namespace {
 
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, bf16> ? DType::BF16 : DType::F16;
-}
-
-#define OMNI_REQUIRE_FUSED(dims, dtype)                                          \
+#define OMNI_REQUIRE_FUSED(T, dims)                                              \
   do {                                                                           \
     OMNI_REQUIRE_GPU();                                                          \
     std::string why_;                                                            \
-    if (!gpu::fused_attention_supported(dims, dtype, &why_))                     \
+    if (!gpu::fused_attention_supported<T>(dims, &why_))                         \
       GTEST_SKIP() << "cuDNN's fused attention cannot run this shape: " << why_; \
   } while (0)
 
@@ -53,21 +48,21 @@ TYPED_TEST_SUITE(GpuFusedAttention, HalfTypes);
 // 8 query heads on 2 key/value heads, two samples.
 TYPED_TEST(GpuFusedAttention, CausalGroupedQuery) {
   const ops::AttentionDims d{2, 128, 8, 2, 64};
-  OMNI_REQUIRE_FUSED(d, dtype_of<TypeParam>());
+  OMNI_REQUIRE_FUSED(TypeParam, d);
   expect_fused_matches_cpu_and_flash<TypeParam>(d, 101);
 }
 
 // One key/value head, head_dim 128, a sequence that is not a multiple of 64 or 128.
 TYPED_TEST(GpuFusedAttention, CausalMultiQueryHeadDim128) {
   const ops::AttentionDims d{1, 200, 4, 1, 128};
-  OMNI_REQUIRE_FUSED(d, dtype_of<TypeParam>());
+  OMNI_REQUIRE_FUSED(TypeParam, d);
   expect_fused_matches_cpu_and_flash<TypeParam>(d, 111);
 }
 
 // Plain multi-head attention, a short odd sequence.
 TYPED_TEST(GpuFusedAttention, CausalMultiHeadShortSequence) {
   const ops::AttentionDims d{2, 70, 4, 4, 64};
-  OMNI_REQUIRE_FUSED(d, dtype_of<TypeParam>());
+  OMNI_REQUIRE_FUSED(TypeParam, d);
   expect_fused_matches_cpu_and_flash<TypeParam>(d, 121);
 }
 
@@ -76,7 +71,7 @@ TYPED_TEST(GpuFusedAttention, CausalMultiHeadShortSequence) {
 TEST(GpuFusedAttentionSupport, RefusesWhatItCannotTakeSayingWhy) {
   std::string why;
   const ops::AttentionDims ok{1, 64, 2, 1, 64};
-  EXPECT_FALSE(gpu::fused_attention_supported(ok, DType::F32, &why));
+  EXPECT_FALSE(gpu::fused_attention_supported<float>(ok, &why));
   EXPECT_FALSE(why.empty());
   if (!gpu::has_cudnn()) {
     EXPECT_NE(why.find("no cuDNN"), std::string::npos) << why;
@@ -84,13 +79,13 @@ TEST(GpuFusedAttentionSupport, RefusesWhatItCannotTakeSayingWhy) {
   }
   if (gpu::device_count() == 0) return;  // the reason is "no CUDA device is visible"
   EXPECT_NE(why.find("bf16 and f16"), std::string::npos) << why;
-  EXPECT_FALSE(gpu::fused_attention_supported({1, 64, 2, 1, 40}, DType::BF16, &why));
+  EXPECT_FALSE(gpu::fused_attention_supported<bf16>({1, 64, 2, 1, 40}, &why));
   EXPECT_NE(why.find("head_dim 40"), std::string::npos) << why;
   const std::vector<int32_t> starts(64, 0);
   const auto device_starts = to_device(starts);
   ops::AttentionDims packed = ok;
   packed.key_start = device_starts.data();
-  EXPECT_FALSE(gpu::fused_attention_supported(packed, DType::BF16, &why));
+  EXPECT_FALSE(gpu::fused_attention_supported<bf16>(packed, &why));
   EXPECT_NE(why.find("packed documents"), std::string::npos) << why;
 }
 

@@ -83,8 +83,9 @@ void finalize(void* d, const char* what) {
 
 using Dims = std::array<int64_t, 4>;
 
-cudnnDataType_t data_type(DType t) {
-  return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+template <typename T>
+cudnnDataType_t data_type() {
+  return std::is_same_v<T, bf16> ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
 }
 
 // The tensors a plan reads and writes, by unique id; virtual tensors number from kFirstVirtual.
@@ -475,10 +476,9 @@ void execute(const Plan& p, const std::vector<int64_t>& uids, const std::vector<
 constexpr int kWorkspaceSlot = 12;  // gpu::scratch slot (blas.h uses 8..11)
 
 // Reasons cuDNN's fused attention does not take a shape, before asking cuDNN itself.
-std::string static_refusal(const ops::AttentionDims& d, DType dtype, int major) {
-  if (dtype != DType::BF16 && dtype != DType::F16)
-    return std::string("cuDNN's fused attention takes bf16 and f16, not ") +
-           (dtype == DType::F32 ? "f32" : "f64");
+template <typename T>
+std::string static_refusal(const ops::AttentionDims& d, int major) {
+  if (std::is_same_v<T, float>) return "cuDNN's fused attention takes bf16 and f16, not f32";
   if (major < 8)
     return "cuDNN's fused attention needs compute capability 8.0 or newer (this GPU has " +
            std::to_string(major) + ".x)";
@@ -511,12 +511,9 @@ int compute_capability_major() {
 // The plan for a call, after the checks cuDNN cannot make (it would ignore key_start).
 template <typename T>
 const Plan& plan_for(bool backward, const ops::AttentionDims& d) {
-  const DType dtype = std::is_same_v<T, float>  ? DType::F32
-                      : std::is_same_v<T, bf16> ? DType::BF16
-                                                : DType::F16;
-  if (const std::string why = static_refusal(d, dtype, compute_capability_major()); !why.empty())
+  if (const std::string why = static_refusal<T>(d, compute_capability_major()); !why.empty())
     throw InternalError("[fused_attention] " + why);
-  return cached_plan(backward, d, data_type(dtype));
+  return cached_plan(backward, d, data_type<T>());
 }
 
 }  // namespace
@@ -531,7 +528,8 @@ std::string cudnn_version_string() {
          std::to_string(v % 100);
 }
 
-bool fused_attention_supported(const ops::AttentionDims& d, DType dtype, std::string* why) {
+template <typename T>
+bool fused_attention_supported(const ops::AttentionDims& d, std::string* why) {
   std::string reason;
   try {
     int count = 0;
@@ -539,11 +537,11 @@ bool fused_attention_supported(const ops::AttentionDims& d, DType dtype, std::st
       cudaGetLastError();
       reason = "no CUDA device is visible";
     } else {
-      reason = static_refusal(d, dtype, compute_capability_major());
+      reason = static_refusal<T>(d, compute_capability_major());
       if (reason.empty()) {
         // cuDNN's own answer: build (and cache) both plans.
-        cached_plan(false, d, data_type(dtype));
-        cached_plan(true, d, data_type(dtype));
+        cached_plan(false, d, data_type<T>());
+        cached_plan(true, d, data_type<T>());
       }
     }
   } catch (const std::exception& e) {
@@ -610,7 +608,8 @@ bool has_cudnn() {
 std::string cudnn_version_string() {
   return "";
 }
-bool fused_attention_supported(const ops::AttentionDims&, DType, std::string* why) {
+template <typename T>
+bool fused_attention_supported(const ops::AttentionDims&, std::string* why) {
   if (why) *why = "this build has no cuDNN";
   return false;
 }

@@ -13,7 +13,6 @@
 #include <string>
 
 #include "backend/gpu/gpu_ops.h"
-#include "base/dtype.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 
@@ -22,11 +21,12 @@ bool has_cudnn();
 // "cuDNN 9.19.0" (the library loaded at run time), or "" without cuDNN.
 std::string cudnn_version_string();
 
-// True when cuDNN's fused attention takes this shape and dtype on the current device; otherwise
-// false, and `why` (may be null) says what it does not take. Packed documents (d.key_start) and
-// ring-attention key blocks (d.q_index) are not taken: cuDNN's masks are causal and padding,
-// not per-row key ranges. Does not throw.
-bool fused_attention_supported(const ops::AttentionDims& d, DType dtype, std::string* why);
+// True when cuDNN's fused attention takes this shape in storage type T (float, bf16, f16) on the
+// current device; otherwise false, and `why` (may be null) says what it does not take. Packed
+// documents (d.key_start) and ring-attention key blocks (d.q_index) are not taken: cuDNN's masks
+// are causal and padding, not per-row key ranges. Does not throw.
+template <typename T>
+bool fused_attention_supported(const ops::AttentionDims& d, std::string* why);
 
 // Execution plans are built on first use of a shape (a few hundred milliseconds) and cached
 // per device, shape and dtype. The backward's dq, dk, dv are overwritten. Errors (an
