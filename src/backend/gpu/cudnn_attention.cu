@@ -384,7 +384,7 @@ std::unique_ptr<Plan> build_backward(const Layout& L, cudnnDataType_t io) {
   const Dims st = L.scores_t_stride();
 
   // D = rowsum(dO * O), stored (float) for the dS of every key tile.
-  void* do_o = G.virtual_tensor(F, L.q_dim(), L.full_head_stride());
+  void* do_o = G.virtual_tensor(F, L.q_dim(), {L.h * L.s * L.d, L.s * L.d, L.h * L.d, 1});
   G.pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, do_o);
   void* row_dot = G.virtual_tensor(F, rd, rs);
   G.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
@@ -630,6 +630,7 @@ OMNI_GPU_NAMESPACE_END
 
 OMNI_GPU_NAMESPACE_BEGIN
 #define OMNI_INSTANTIATE(T)                                                               \
+  template bool fused_attention_supported<T>(const ops::AttentionDims&, std::string*);    \
   template void fused_attention_forward<T>(T*, float*, const T*, const T*, const T*,      \
                                            const ops::AttentionDims&, Stream);            \
   template void fused_attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, \
