@@ -76,7 +76,6 @@ void add_noted_communication_and_kernels(std::vector<OptionDef>& t) {
             "one implementation of each operation",
             {{"--cross-entropy-loss-fusion", ""},
              {"--cross-entropy-fusion-impl", "native|te"},
-             {"--attention-backend", "V"},
              {"--flash-attention-version", "2|3|4"},
              {"--disable-bf16-reduced-precision-matmul", ""},
              {"--use-fused-weighted-squared-relu", ""},

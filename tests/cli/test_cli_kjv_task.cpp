@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "cli/process.h"
-#include "data/json.h"
+#include "base/json.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "backend/gpu/gpu_ops.h"
 #include "comm/local_communicator.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "train/trainer.h"
 
 namespace omni {
