@@ -2,7 +2,7 @@
 //   flash    our FlashAttention-2 kernel (backend/gpu/attention_*.cu), CUDA and HIP;
 //   fused    cuDNN's fused scaled-dot-product attention (backend/gpu/cudnn_attention.*), the
 //            vendor's kernel, NVIDIA only, in builds that found cuDNN;
-//   unfused  the plain softmax attention that stores the probabilities (ops::attention_*, the
+//   unfused  the plain softmax attention of the CPU (ops::attention_*, the
 //            reference every other backend is tested against); Megatron's `local` is the same;
 //   auto     fused where the build has cuDNN and cuDNN takes the shape, else flash.
 // On the CPU every value runs the CPU's attention (the one implementation there), and the

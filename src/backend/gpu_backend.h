@@ -73,8 +73,7 @@ class GpuBackend : public DeviceMemory {
   virtual void attention_merge(float* out, float* lse, const float* block_out,
                                const float* block_lse, const ops::AttentionDims& d) const = 0;
   virtual double classifier_cross_entropy(float* losses, float* dh, float* dw, const float* h,
-                                          const float* w, const int32_t* targets,
-                                          const float* mask,
+                                          const float* w, const int32_t* targets, const float* mask,
                                           const ops::ClassifierLossArgs& a) const = 0;
   virtual void scale(float* x, double s, size_t n) const = 0;
   // One AdamW step of n elements at step `step` (1-based), as optim/optimizer.cpp's

@@ -127,13 +127,12 @@ void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, 
 // A row whose key range is empty (key_start past its last key: a block of keys it cannot
 // see, in ring attention) gets zero output and lse -inf.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                       const AttentionDims& d);
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d);
 // dq, dk, dv are overwritten. With out and lse of attention over several blocks of keys
 // (merged by attention_merge), the gradients are this block's part of the whole.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
-                        const T* q, const T* k, const T* v, const AttentionDims& d);
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
+                        const T* k, const T* v, const AttentionDims& d);
 // Attention over the union of two blocks of keys from each block's: out and lse hold the
 // first (out [batch * seq, heads*hd], lse [batch, heads, seq]; lse -inf and out 0 for none
 // yet) and receive the merge: out = out e^(lse - lse') + block_out e^(block_lse - lse'), with
@@ -166,7 +165,6 @@ void scale(T* x, double s, size_t n);
 template <typename T>
 double sum_squares(const T* x, size_t n);
 
-
 // ---- On a device ------------------------------------------------------------------------------
 // Where an op runs: the CPU, or a GPU through its backend. The GPU runs float storage; the
 // float64 checks run on the CPU.
@@ -182,8 +180,8 @@ namespace detail {
 }  // namespace detail
 
 // Each dispatching op: the CPU implementation, or the GPU backend's for float.
-#define OMNI_DISPATCH(op, cpu_call, gpu_call)             \
-  if (!e.gpu) return cpu_call;                            \
+#define OMNI_DISPATCH(op, cpu_call, gpu_call)              \
+  if (!e.gpu) return cpu_call;                             \
   if constexpr (std::is_same_v<T, float>) return gpu_call; \
   detail::gpu_needs_float(#op)
 
@@ -257,8 +255,8 @@ void position_embedding_add(const Exec& e, T* out, const T* wpe, int N, int seq,
                 e.gpu->position_embedding_add(out, wpe, N, seq, C, positions));
 }
 template <typename T>
-void layernorm_forward(const Exec& e, T* out, T* mean, T* rstd, const T* x, const T* w,
-                       const T* b, int N, int C, double eps) {
+void layernorm_forward(const Exec& e, T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                       int N, int C, double eps) {
   OMNI_DISPATCH(layernorm_forward, layernorm_forward(out, mean, rstd, x, w, b, N, C, eps),
                 e.gpu->layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
 }
@@ -324,16 +322,16 @@ struct RopeTables {
 template <typename T>
 void rope_forward(const Exec& e, T* x, const RopeTables& t, int N, int seq, int nheads,
                   int head_dim, const int32_t* positions, int rotary_dim) {
-  OMNI_DISPATCH(rope_forward, rope_forward(x, t.cos, t.sin, N, seq, nheads, head_dim, positions,
-                                           rotary_dim),
+  OMNI_DISPATCH(rope_forward,
+                rope_forward(x, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
                 e.gpu->rope_forward(x, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
                                     positions, rotary_dim));
 }
 template <typename T>
 void rope_backward(const Exec& e, T* dx, const RopeTables& t, int N, int seq, int nheads,
                    int head_dim, const int32_t* positions, int rotary_dim) {
-  OMNI_DISPATCH(rope_backward, rope_backward(dx, t.cos, t.sin, N, seq, nheads, head_dim, positions,
-                                             rotary_dim),
+  OMNI_DISPATCH(rope_backward,
+                rope_backward(dx, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
                 e.gpu->rope_backward(dx, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
                                      positions, rotary_dim));
 }

@@ -369,6 +369,7 @@ int train(const std::vector<std::string>& raw_args) {
   if (tokenizer && info) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
   Trainer trainer(opts, std::move(data), peak, eod, &world);
   trainer.set_downstream_evaluation(make_downstream_evaluation(opts, tokenizer.get()));
+  if (info || device.device != "cpu") std::printf("  %s\n", trainer.attention_line().c_str());
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
                 (long long)latest_checkpoint_iteration(opts.load),

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <csignal>
 
+#include "backend/attention_backend.h"
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/lr_schedule.h"
@@ -129,6 +130,23 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
 #else
     throw UsageError("--device " + opts.device + ": this omnitron was built without a GPU backend");
 #endif
+  }
+  {  // --attention-backend: which kernel this run's attention uses, and why.
+    const TransformerConfig& m = opts.model;
+    const ops::AttentionDims dims{opts.micro_batch_size, m.seq_length / layout.cp,
+                                  m.num_attention_heads / layout.tp, m.query_groups() / layout.tp,
+                                  m.head_dim()};
+    const bool mixed = opts.bf16 || opts.fp16;
+    AttentionSupport support = attention_support(
+        gpu_device, dims, mixed ? (opts.bf16 ? DType::BF16 : DType::F16) : DType::F32);
+    if (gpu_device && mixed)
+      support.fused_unsupported = "the bf16/fp16 GPU model runs our flash kernel in this version";
+    else if (gpu_device && (opts.reset_attention_mask || layout.cp > 1))
+      support.fused_unsupported = "packed documents and context-parallel key blocks run our kernel";
+    std::string why;
+    const AttentionBackend backend =
+        choose_attention_backend(opts.attention_backend, support, &why);
+    attention_line_ = describe_attention_backend(backend, why);
   }
   pipeline_ = std::make_unique<PipelineExecutor<float>>(*model_, grid_->pp());
   ParameterSet<float>& params = model_->params();

@@ -84,6 +84,8 @@ class Trainer {
     if (on_gpu()) gpu_to_host();
   }
   const ProcessGrid& grid() const { return *grid_; }
+  // "attention: flash (...) -- --attention-backend auto: ...", for the start-up lines.
+  const std::string& attention_line() const { return attention_line_; }
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
 
@@ -152,6 +154,7 @@ class Trainer {
   std::unique_ptr<Communicator> own_world_;
   std::unique_ptr<ProcessGrid> grid_;
   ops::Exec exec_;  // where the model trains: the CPU, or a GPU (float32)
+  std::string attention_line_;
   std::unique_ptr<GPTModel<float>> model_;
   std::unique_ptr<PipelineExecutor<float>> pipeline_;
   std::unique_ptr<DataParallelBuckets<float>> ddp_;

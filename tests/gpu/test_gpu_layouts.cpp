@@ -42,7 +42,8 @@ void check_gpu_layout(bool llama, const Layout& layout) {
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
-  for (const MicroBatch& mb : data.batches) ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
+  for (const MicroBatch& mb : data.batches)
+    ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
 
   const auto results = run_layout<float>(cfg, layout, data, [](int rank) {
     gpu::set_device(rank);
@@ -63,7 +64,8 @@ void check_gpu_layout(bool llama, const Layout& layout) {
         for (int64_t i = 0; i < n; ++i) {
           if (g + i >= full.numel) continue;  // padded vocabulary rows beyond one rank's
           const double v = ref_values[g + i];
-          value_err = std::max(value_err, std::abs(r.values[p.offset + l + i] - v) / (std::abs(v) + 1e-30));
+          value_err =
+              std::max(value_err, std::abs(r.values[p.offset + l + i] - v) / (std::abs(v) + 1e-30));
           grad_err = std::max(grad_err, std::abs(r.grads[p.offset + l + i] - ref_grads[g + i]));
         }
       });
@@ -84,15 +86,21 @@ void check_gpu_layout(bool llama, const Layout& layout) {
 
 class GpuLayouts : public ::testing::TestWithParam<bool> {};
 
-TEST_P(GpuLayouts, OneRank) { check_gpu_layout(GetParam(), {}); }
-TEST_P(GpuLayouts, TensorParallel2) { check_gpu_layout(GetParam(), {.tp = 2}); }
+TEST_P(GpuLayouts, OneRank) {
+  check_gpu_layout(GetParam(), {});
+}
+TEST_P(GpuLayouts, TensorParallel2) {
+  check_gpu_layout(GetParam(), {.tp = 2});
+}
 TEST_P(GpuLayouts, TensorParallel2SequenceParallelPackedDocuments) {
   check_gpu_layout(GetParam(), {.tp = 2, .sp = true, .packed = true});
 }
 TEST_P(GpuLayouts, ContextParallel2PackedDocuments) {
   check_gpu_layout(GetParam(), {.cp = 2, .packed = true});
 }
-TEST_P(GpuLayouts, Pipeline2) { check_gpu_layout(GetParam(), {.pp = 2}); }
+TEST_P(GpuLayouts, Pipeline2) {
+  check_gpu_layout(GetParam(), {.pp = 2});
+}
 TEST_P(GpuLayouts, Pipeline4Interleaved) {
   check_gpu_layout(GetParam(), {.pp = 4, .layers_per_virtual_stage = 1});
 }

@@ -27,25 +27,46 @@ namespace {
 
 Options tiny_options(const std::vector<std::string>& extra, int world = 1) {
   Options o;
-  std::vector<std::string> args = {
-      "--mock-data", "--vocab-size",          "97", "--num-layers", "2",  "--hidden-size",
-      "32",          "--num-attention-heads", "4",  "--seq-length", "16", "--micro-batch-size",
-      "2",           "--train-iters",         "6",  "--eval-iters", "0",  "--lr",
-      "1e-2",        "--log-interval",        "100", "--no-progress", "--global-batch-size",
-      "4"};
+  std::vector<std::string> args = {"--mock-data",
+                                   "--vocab-size",
+                                   "97",
+                                   "--num-layers",
+                                   "2",
+                                   "--hidden-size",
+                                   "32",
+                                   "--num-attention-heads",
+                                   "4",
+                                   "--seq-length",
+                                   "16",
+                                   "--micro-batch-size",
+                                   "2",
+                                   "--train-iters",
+                                   "6",
+                                   "--eval-iters",
+                                   "0",
+                                   "--lr",
+                                   "1e-2",
+                                   "--log-interval",
+                                   "100",
+                                   "--no-progress",
+                                   "--global-batch-size",
+                                   "4"};
   args.insert(args.end(), extra.begin(), extra.end());
   parse_options(args, o);
-  const int layout = o.tensor_model_parallel_size * o.pipeline_model_parallel_size *
-                     o.context_parallel_size;
+  const int layout =
+      o.tensor_model_parallel_size * o.pipeline_model_parallel_size * o.context_parallel_size;
   o.data_parallel_size = world / layout;
   finalize(o);
   return o;
 }
 
+// The Llama family's options, with qk-layernorm (which the CPU trainer's tests leave out).
+// clang-format off
 const std::vector<std::string> kLlama = {
-    "--normalization", "RMSNorm",  "--swiglu", "--position-embedding-type", "rope",
+    "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
     "--disable-bias-linear", "--group-query-attention", "--num-query-groups", "2",
     "--untie-embeddings-and-output-weights", "--qk-layernorm"};
+// clang-format on
 
 // Each step's loss on `world` in-process ranks (rank 0's), on the CPU or the emulated GPU.
 std::vector<double> losses(const Options& o, int world = 1) {
@@ -53,8 +74,8 @@ std::vector<double> losses(const Options& o, int world = 1) {
   std::mutex mu;
   run_ranks(world, [&](Communicator& w) {
     if (o.device != "cpu") gpu::set_device(w.rank());
-    Trainer t(o, make_mock_data(o.model.vocab_size, static_cast<uint64_t>(o.seed)), 0,
-              std::nullopt, &w);
+    Trainer t(o, make_mock_data(o.model.vocab_size, static_cast<uint64_t>(o.seed)), 0, std::nullopt,
+              &w);
     MetricsSink sink(o, nullptr);
     const TrainResult r = t.run(sink);
     std::lock_guard<std::mutex> lock(mu);
@@ -92,24 +113,28 @@ void expect_same_losses(const std::vector<std::string>& model,
               world, gpu.front(), gpu.back(), worst);
 }
 
-TEST_F(GpuTraining, OneRankGpt2MatchesTheCpu) { expect_same_losses({}, {}, 1); }
-TEST_F(GpuTraining, OneRankLlamaMatchesTheCpu) { expect_same_losses(kLlama, {}, 1); }
+TEST_F(GpuTraining, OneRankGpt2MatchesTheCpu) {
+  expect_same_losses({}, {}, 1);
+}
+TEST_F(GpuTraining, OneRankLlamaMatchesTheCpu) {
+  expect_same_losses(kLlama, {}, 1);
+}
 TEST_F(GpuTraining, TensorParallel2SequenceParallelMatchesOneCpuRank) {
   expect_same_losses(kLlama, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);
 }
-TEST_F(GpuTraining, DataParallel2MatchesOneCpuRank) { expect_same_losses({}, {}, 2); }
+TEST_F(GpuTraining, DataParallel2MatchesOneCpuRank) {
+  expect_same_losses({}, {}, 2);
+}
 TEST_F(GpuTraining, Pipeline2MatchesOneCpuRank) {
   expect_same_losses({}, {"--pipeline-model-parallel-size", "2"}, 2);
 }
 TEST_F(GpuTraining, TensorParallel2Pipeline2DataParallel2MatchesOneCpuRank) {
-  expect_same_losses(kLlama,
-                     {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"},
-                     8);
+  expect_same_losses(
+      kLlama, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}, 8);
 }
 
 TEST_F(GpuTraining, ResumeFromACheckpointIsExact) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / "omnitron_gpu_resume").string();
+  const std::string dir = (std::filesystem::temp_directory_path() / "omnitron_gpu_resume").string();
   std::filesystem::remove_all(dir);
   const std::vector<double> whole = losses(tiny_options({"--device", "cuda"}));
   losses(tiny_options({"--device", "cuda", "--save", dir, "--exit-interval", "3"}));

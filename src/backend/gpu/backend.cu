@@ -34,8 +34,12 @@ class Backend final : public GpuBackend {
     fill_zero(p, bytes);
     return p;
   }
-  void deallocate(void* p) const override { device_free(p); }
-  void zero(void* p, size_t bytes) const override { fill_zero(p, bytes); }
+  void deallocate(void* p) const override {
+    device_free(p);
+  }
+  void zero(void* p, size_t bytes) const override {
+    fill_zero(p, bytes);
+  }
   void upload(void* dst, const void* src, size_t bytes) const override {
     copy_to_device(dst, src, bytes);
   }
@@ -45,7 +49,9 @@ class Backend final : public GpuBackend {
   void copy(void* dst, const void* src, size_t bytes) const override {
     copy_on_device(dst, src, bytes);
   }
-  void synchronize() const override { gpu::synchronize(); }
+  void synchronize() const override {
+    gpu::synchronize();
+  }
 
   void linear_forward(float* y, const float* x, const float* w, const float* bias, int M, int K,
                       int N) const override {
@@ -60,11 +66,10 @@ class Backend final : public GpuBackend {
                          int vocab_end) const override {
     gpu::embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end);
   }
-  void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const float* dout,
-                          int N, int seq, int C, const int32_t* positions, int vocab_start,
+  void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const float* dout, int N,
+                          int seq, int C, const int32_t* positions, int vocab_start,
                           int vocab_end) const override {
-    gpu::embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start,
-                            vocab_end);
+    gpu::embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end);
   }
   void position_embedding_add(float* out, const float* wpe, int N, int seq, int C,
                               const int32_t* positions) const override {
@@ -145,9 +150,8 @@ class Backend final : public GpuBackend {
   void scale(float* x, double s, size_t n) const override {
     gpu::scale(x, static_cast<float>(s), n);
   }
-  void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr,
-                    double beta1, double beta2, double eps, double weight_decay,
-                    int64_t step) const override {
+  void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr, double beta1,
+                    double beta2, double eps, double weight_decay, int64_t step) const override {
     AdamWStep s;
     s.lr = static_cast<float>(lr), s.beta1 = static_cast<float>(beta1);
     s.beta2 = static_cast<float>(beta2), s.eps = static_cast<float>(eps);

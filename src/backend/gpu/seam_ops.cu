@@ -23,8 +23,8 @@ __global__ void attention_merge_kernel(T* out, float* lse, const T* block_out,
   const int b = static_cast<int>(row / (static_cast<size_t>(seq) * heads));
   const float m = fmaxf(lb, lm), total = m + logf(expf(lm - m) + expf(lb - m));
   const float keep = expf(lm - total), add = expf(lb - total);
-  const size_t at = (static_cast<size_t>(b) * seq + i) * heads * head_dim +
-                    static_cast<size_t>(h) * head_dim;
+  const size_t at =
+      (static_cast<size_t>(b) * seq + i) * heads * head_dim + static_cast<size_t>(h) * head_dim;
   for (int c = 0; c < head_dim; ++c)
     out[at + c] = from_float<T>(to_float(out[at + c]) * keep + to_float(block_out[at + c]) * add);
   lse[row] = total;
@@ -54,9 +54,9 @@ void attention_merge(T* out, float* lse, const T* block_out, const float* block_
          d.head_dim);
 }
 
-#define OMNI_INSTANTIATE(T)                                                                \
-  template void attention_merge<T>(T*, float*, const T*, const float*,                     \
-                                   const ops::AttentionDims&, Stream);                      \
+#define OMNI_INSTANTIATE(T)                                                                       \
+  template void attention_merge<T>(T*, float*, const T*, const float*, const ops::AttentionDims&, \
+                                   Stream);                                                       \
   template void scale<T>(T*, float, size_t, Stream);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(bf16)
