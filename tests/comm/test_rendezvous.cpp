@@ -225,6 +225,29 @@ TEST(Rendezvous, ARankThatDiesEndsItsPeersCallsWithItsName) {
   EXPECT_TRUE(contains(outcomes[1].message, "closed its connection")) << outcomes[1].message;
 }
 
+// What `omnitron train` gets under torchrun: world_communicator() is the rendezvous world.
+TEST(Rendezvous, TheWorldIsTorchrunsRanksUnderItsEnvironment) {
+  const std::string port = std::to_string(free_port());
+  const auto outcomes = run_processes({0, 1}, [&](int rank) {
+    for (const auto& [name, value] : {std::pair{"RANK", std::to_string(rank)},
+                                      {"WORLD_SIZE", "2"},
+                                      {"LOCAL_RANK", "0"},
+                                      {"MASTER_ADDR", "localhost"},
+                                      {"MASTER_PORT", port},
+                                      {"TORCHELASTIC_RUN_ID", "t"},
+                                      {"OMNITRON_RENDEZVOUS_TIMEOUT", "20"}})
+      ::setenv(name, value.c_str(), 1);
+    Communicator& world = world_communicator();
+    expect(world.rank() == rank && world.size() == 2, "rank and size");
+    double x = rank + 1;
+    world.all_reduce(&x, 1);
+    expect(x == 3, "all_reduce over the world");
+    world.barrier();
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(outcomes[r].exit_code, 0) << "rank " << r << ": " << outcomes[r].message;
+}
+
 TEST(Rendezvous, PointToPointAndSplitNameTheCommunicatorThatCarriesThem) {
   auto world = make_rendezvous_communicator(config(1, 0, 2));  // never connects: no collective
   float x = 0;
