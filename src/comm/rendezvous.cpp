@@ -13,7 +13,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -290,8 +293,11 @@ std::vector<Fd> accept_ranks(const RendezvousConfig& c, Clock::time_point deadli
     Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!conn) continue;  // the caller gave up meanwhile
     set_nodelay(conn.get());
+    // A connection that says nothing soon is not one of ours (a port scanner, a health check).
     Hello h;
-    if (read_exact(conn.get(), h.bytes, sizeof h.bytes, deadline) != Io::Done) continue;
+    if (read_exact(conn.get(), h.bytes, sizeof h.bytes,
+                   std::min(deadline, Clock::now() + std::chrono::seconds(10))) != Io::Done)
+      continue;
     if (h.get(0, 4) != kMagic || h.get(4, 4) != kVersion) continue;  // not one of ours
     const int rank = int(int32_t(h.get(8, 4))), size = int(int32_t(h.get(12, 4)));
     OMNI_REQUIRE(size == c.size, "torchrun rendezvous at ", c.described_as, ": rank ", rank,
