@@ -87,7 +87,6 @@ RendezvousConfig torchrun_rendezvous(const TorchrunEnvironment& env) {
   c.address = env.master_addr;
   c.rank = env.rank;
   c.size = env.world_size;
-  c.timeout_seconds = rendezvous_timeout_seconds();
   c.watched = true;
   if (auto port = env_int("OMNITRON_RENDEZVOUS_PORT", 1, 65535)) {
     c.port = *port;
@@ -604,6 +603,7 @@ class RendezvousCommunicator : public Communicator {
   // and its exchange directory (rank 0's, as the MPI world does).
   void connect() {
     if (connected_ || c_.size == 1) return;
+    if (c_.timeout_seconds <= 0) c_.timeout_seconds = rendezvous_timeout_seconds();
     const Clock::time_point deadline =
         Clock::now() + std::chrono::milliseconds(int64_t(c_.timeout_seconds * 1000));
     if (c_.rank == 0)

@@ -61,7 +61,9 @@ struct RendezvousConfig {
   std::string address;  // MASTER_ADDR: a host name or an IPv4/IPv6 address
   int port = 0;
   int rank = 0, size = 1;
-  double timeout_seconds = 300;
+  // 0: rendezvous_timeout_seconds() when the first collective connects (by then the trainer
+  // has set --distributed-timeout-minutes).
+  double timeout_seconds = 0;
   // What the messages call the address ("MASTER_ADDR:MASTER_PORT localhost:6000").
   std::string described_as;
   // Register the world with the collective watchdog (comm/watchdog.h) on connecting.
@@ -69,7 +71,7 @@ struct RendezvousConfig {
 };
 
 // The rendezvous of the torchrun world: MASTER_ADDR, and MASTER_PORT (+1 when torchrun's agent
-// holds it; OMNITRON_RENDEZVOUS_PORT overrides the port), with rendezvous_timeout_seconds().
+// holds it; OMNITRON_RENDEZVOUS_PORT overrides the port); the timeout is decided on connecting.
 RendezvousConfig torchrun_rendezvous(const TorchrunEnvironment& env);
 
 // OMNITRON_RENDEZVOUS_TIMEOUT (seconds) when set; else the collective timeout

@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "comm/rendezvous.h"
+#include "comm/watchdog.h"
 
 namespace omni {
 namespace {
@@ -373,9 +374,34 @@ TEST(TorchrunEnvironment, ARankOutsideTheWorldIsNamed) {
   }
 }
 
-TEST(TorchrunEnvironment, TimeoutComesFromTheEnvironmentFirst) {
-  Env env({{"OMNITRON_RENDEZVOUS_TIMEOUT", "2.5"}});
-  EXPECT_DOUBLE_EQ(rendezvous_timeout_seconds(), 2.5);
+TEST(TorchrunEnvironment, TimeoutComesFromTheEnvironmentThenTheCollectiveTimeout) {
+  const double before = collective_timeout();
+  set_collective_timeout(90);  // --distributed-timeout-minutes 1.5
+  {
+    Env env({{"OMNITRON_RENDEZVOUS_TIMEOUT", "2.5"}});
+    EXPECT_DOUBLE_EQ(rendezvous_timeout_seconds(), 2.5);
+  }
+  Env env({});
+  EXPECT_DOUBLE_EQ(rendezvous_timeout_seconds(), 90);
+  set_collective_timeout(0);
+  EXPECT_DOUBLE_EQ(rendezvous_timeout_seconds(), 300);
+  set_collective_timeout(before);
+}
+
+// The torchrun world reads its timeout when it connects, after the trainer has set
+// --distributed-timeout-minutes (the world itself is made before the options are read).
+TEST(Rendezvous, TheWorldsTimeoutIsTheOneSetBeforeItsFirstCollective) {
+  const int port = free_port();
+  const auto outcomes = run_processes({0}, [&](int rank) {
+    RendezvousConfig c = config(port, rank, 2);
+    c.timeout_seconds = 0;  // as torchrun_rendezvous leaves it
+    auto world = make_rendezvous_communicator(c);
+    set_collective_timeout(0.5);
+    world->barrier();
+  });
+  EXPECT_EQ(outcomes[0].exit_code, 1);
+  EXPECT_TRUE(contains(outcomes[0].message, "1 of 2 ranks arrived within 0.5 s"))
+      << outcomes[0].message;
 }
 
 }  // namespace
