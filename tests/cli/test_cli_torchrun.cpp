@@ -1,9 +1,9 @@
 // `torchrun --no-python --nproc-per-node N omnitron train ...` on this machine: N copies of the
 // binary started at once with the variables torchrun gives its workers (RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID), as torchrun
-// would start them (the torchrun here may be missing or broken; the binary sees the same).
-// Without a GPU each run must stop at device selection with one line, never hang: every copy
-// runs under `timeout`.
+// would start them (so the tests do not need torchrun; one test also runs the real torchrun
+// where it works). Without a GPU each run must stop at device selection with one line, never
+// hang: every copy runs under `timeout`.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -104,6 +104,24 @@ TEST(CliTorchrun, OneRankIsAPlainSingleProcessRun) {
   const std::vector<ProcessResult> r = run_as_torchrun(1, kTiny + "--device auto", kNoGpu);
   EXPECT_EQ(r[0].exit_code, 0) << r[0].output;
   EXPECT_TRUE(contains(r[0].output, "done: 2 iterations")) << r[0].output;
+}
+
+// The real torchrun, where one is installed and starts (`--redirects 1 --tee 1`: the default
+// redirect of torch 1.13 fails on Python 3.11, and these values work on every version).
+TEST(CliTorchrun, UnderTheRealTorchrunCpuRanksGetTheMpirunCommand) {
+  if (run_command("torchrun --help").exit_code != 0) GTEST_SKIP() << "no working torchrun here";
+  const ProcessResult r = run_command(
+      "timeout 120 torchrun --standalone --nproc_per_node=2 --no_python --redirects 1 "
+      "--tee 1 " +
+      std::string(OMNITRON_BINARY) + " " + kTiny + "--device cpu");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "omnitron train [rank 0 of 2]: error: torchrun started 2 ranks "
+                       "and --device cpu was asked for"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "`mpirun -np 2 " + std::string(OMNITRON_BINARY) + " train"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "[rank 1 of 2]")) << r.output;
 }
 
 // The three `torchrun --nproc_per_node=2 pretrain_gpt.py ...` examples of the ROCm guide
