@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
@@ -247,6 +248,39 @@ TEST(Rendezvous, TheWorldIsTorchrunsRanksUnderItsEnvironment) {
   });
   for (int r = 0; r < 2; ++r)
     EXPECT_EQ(outcomes[r].exit_code, 0) << "rank " << r << ": " << outcomes[r].message;
+}
+
+// The real torchrun, where one is installed and starts: this test starts this test binary as
+// torchrun's 3 workers (its default static rendezvous, whose agent holds MASTER_PORT), and each
+// worker, seeing OMNITRON_TEST_TORCHRUN_WORKER, meets the others in world_communicator().
+TEST(Rendezvous, TheRealTorchrunsWorkersMeetInOneWorld) {
+  if (std::getenv("OMNITRON_TEST_TORCHRUN_WORKER")) {
+    Communicator& world = world_communicator();
+    double x = world.rank() + 1;
+    world.all_reduce(&x, 1);
+    char id[64] = {};
+    if (world.rank() == 0) std::snprintf(id, sizeof id, "id of rank 0");
+    world.broadcast(id, sizeof id, 0);
+    world.barrier();
+    std::printf("worker %d of %d: sum %g, '%s'\n", world.rank(), world.size(), x, id);
+    return;
+  }
+  if (std::system("torchrun --help > /dev/null 2>&1") != 0) GTEST_SKIP() << "no working torchrun";
+  char self[4096] = {};
+  ASSERT_GT(::readlink("/proc/self/exe", self, sizeof self - 1), 0);
+  const std::string command =
+      "OMNITRON_TEST_TORCHRUN_WORKER=1 OMNITRON_RENDEZVOUS_TIMEOUT=60 timeout 180 torchrun "
+      "--nproc_per_node=3 --master_port=" +
+      std::to_string(free_port()) + " --no_python --redirects 1 --tee 1 " + self +
+      " --gtest_filter=Rendezvous.TheRealTorchrunsWorkersMeetInOneWorld 2>&1";
+  FILE* p = ::popen(command.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(contains(out, "worker " + std::to_string(r) + " of 3: sum 6, 'id of rank 0'"))
+        << out;
 }
 
 TEST(Rendezvous, PointToPointAndSplitNameTheCommunicatorThatCarriesThem) {
