@@ -595,8 +595,9 @@ class RendezvousCommunicator : public Communicator {
   [[noreturn]] void not_here(const char* what) const {
     throw InternalError("[comm " + name_ + "] " + what +
                         " is not carried by the torchrun rendezvous, which carries host "
-                        "collectives only (comm/rendezvous.h): make an NCCL/RCCL communicator "
-                        "over it for the process groups and point-to-point");
+                        "collectives only (comm/rendezvous.h): GPU ranks make an NCCL/RCCL "
+                        "communicator over it for the process groups and point-to-point, and "
+                        "CPU ranks run under mpirun (docs/launching.md)");
   }
 
   // The rendezvous, on the first collective; then, for the world, the watchdog's registration
