@@ -35,7 +35,11 @@ bool contains(const std::string& text, const std::string& part) {
 // running after 120 s is ended by `timeout` (exit 124).
 std::vector<ProcessResult> run_as_torchrun(int ranks, const std::string& args,
                                            const std::string& env = "") {
-  const fs::path dir = scratch("ranks");
+  // One directory per test and call: ctest runs tests of this file at the same time.
+  static int calls = 0;
+  const fs::path dir =
+      scratch(std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+              std::to_string(calls++));
   std::string script;
   for (int r = 0; r < ranks; ++r) {
     const std::string out = (dir / ("out" + std::to_string(r))).string();
