@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "backend/device.h"
@@ -34,7 +35,12 @@ std::string what_to_check(DeviceKind backend, const GpuAvailability& here) {
          (cuda ? "" : ", and this user may open /dev/kfd and /dev/dri") + ") and that " +
          (cuda ? "CUDA_VISIBLE_DEVICES" : "HIP_VISIBLE_DEVICES") + " (" +
          (here.visible_devices == "unset" ? "unset" : "now '" + here.visible_devices + "'") +
-         ") does not hide it; or use --device cpu";
+         ") does not hide it";
+}
+
+std::string gpus_visible(DeviceKind backend, int n) {
+  return std::to_string(n) + (backend == DeviceKind::HIP ? " HIP" : " CUDA") + " GPU" +
+         (n == 1 ? " is" : "s are") + " visible";
 }
 
 }  // namespace
@@ -47,6 +53,7 @@ GpuAvailability gpu_availability() {
   GpuAvailability a;
   a.backend = kBuiltBackend;
   if (a.backend == DeviceKind::CPU) return a;
+  a.local_ranks = launcher_local_size(&a.local_ranks_source);
   a.devices = gpu_device_count();
   if (a.devices == 0) a.probe_error = gpu_probe_error();
   const char* v = std::getenv(gpu_visible_devices_variable());
@@ -78,10 +85,38 @@ ResolvedDevice resolve_device(const std::string& requested, const GpuAvailabilit
     OMNI_REQUIRE(here.devices > 0, "--device ", requested, ": no ", cuda ? "CUDA" : "HIP",
                  " GPU is visible (",
                  here.probe_error.empty() ? "the runtime found no device" : here.probe_error,
-                 "): ", what_to_check(want, here));
+                 "): ", what_to_check(want, here), "; or use --device cpu");
   }
-  if (want != DeviceKind::CPU) r.device = Device{want, launcher_local_rank() % here.devices};
+  if (want == DeviceKind::CPU) return r;
+  // One GPU per rank: more ranks on this node than GPUs would share one (NCCL refuses that).
+  if (here.local_ranks > here.devices) {
+    const std::string ranks =
+        std::to_string(here.local_ranks) + " ranks run on this node (" + here.local_ranks_source +
+        ") and " + gpus_visible(want, here.devices) + " (" + gpu_visible_devices_variable() +
+        (here.visible_devices == "unset" ? " unset" : "=" + here.visible_devices) + ")";
+    if (requested == "auto") {
+      r.note = "--device auto: " + ranks + ", so the CPU trains (one GPU per rank)";
+      return r;
+    }
+    throw UsageError("--device " + requested + ": " + ranks + "; each rank needs its own GPU: " +
+                     "start at most " + std::to_string(here.devices) +
+                     " per node (torchrun --nproc-per-node " + std::to_string(here.devices) +
+                     ", mpirun -npernode " + std::to_string(here.devices) + ") or make " +
+                     std::to_string(here.local_ranks) + " GPUs visible");
+  }
+  r.device = Device{want, launcher_local_rank() % here.devices};
   return r;
+}
+
+std::string why_no_gpu(const GpuAvailability& here) {
+  if (here.backend == DeviceKind::CPU)
+    return "this omnitron was built without CUDA or HIP (rebuild with -DOMNITRON_CUDA=ON or "
+           "-DOMNITRON_HIP=ON)";
+  if (here.devices > 0) return "";
+  return std::string("no ") + (here.backend == DeviceKind::HIP ? "HIP" : "CUDA") +
+         " GPU is visible (" +
+         (here.probe_error.empty() ? "the runtime found no device" : here.probe_error) +
+         "): " + what_to_check(here.backend, here);
 }
 
 ResolvedDevice resolve_device(const std::string& requested) {
@@ -105,11 +140,37 @@ double gpu_peak_bf16_tflops(const std::string& device_name) {
   return 0.0;
 }
 
+namespace {
+
+// The first of the launchers' variables that is set, torchrun's first when its agent started
+// this process (it is then the innermost launcher); nullptr when none is.
+const char* first_launcher_variable(std::initializer_list<const char*> mpi_and_slurm,
+                                    const char* torchrun, const char** name) {
+  const char* agent = std::getenv("TORCHELASTIC_RUN_ID");
+  if (const char* v = std::getenv(torchrun); agent && *agent && v && *v) return *name = torchrun, v;
+  for (const char* var : mpi_and_slurm)
+    if (const char* v = std::getenv(var); v && *v) return *name = var, v;
+  if (const char* v = std::getenv(torchrun); v && *v) return *name = torchrun, v;
+  return nullptr;
+}
+
+}  // namespace
+
 int launcher_local_rank() {
-  for (const char* var :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
-    if (const char* v = std::getenv(var); v && *v) return std::max(0, std::atoi(v));
-  return 0;
+  const char* name = nullptr;
+  const char* v = first_launcher_variable(
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}, "LOCAL_RANK", &name);
+  return v ? std::max(0, std::atoi(v)) : 0;
+}
+
+int launcher_local_size(std::string* source) {
+  const char* name = nullptr;
+  const char* v = first_launcher_variable(
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"},
+      "LOCAL_WORLD_SIZE", &name);
+  if (!v || std::atoi(v) < 1) return 1;
+  if (source) *source = std::string(name) + "=" + v;
+  return std::atoi(v);
 }
 
 }  // namespace omni

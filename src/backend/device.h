@@ -56,8 +56,13 @@ const char* gpu_visible_devices_variable();
 double gpu_peak_bf16_tflops(const std::string& device_name);
 
 // This process's index among the ranks on its node, from the launcher's environment
-// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID, LOCAL_RANK); 0 when started
+// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID, LOCAL_RANK; torchrun's LOCAL_RANK
+// first when torchrun's agent started the process, as under `srun torchrun`); 0 when started
 // alone. One GPU per process: the local rank modulo the visible devices picks it.
 int launcher_local_rank();
+// How many ranks the launcher started on this node (OMPI_COMM_WORLD_LOCAL_SIZE,
+// SLURM_NTASKS_PER_NODE, MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, in the same order as above); 1 when
+// none says. `source` (when given) gets the variable and its value ("LOCAL_WORLD_SIZE=2").
+int launcher_local_size(std::string* source = nullptr);
 
 }  // namespace omni

@@ -14,6 +14,7 @@
 #include "checkpoint/hf_interchange.h"
 #include "cli/commands.h"
 #include "comm/process_grid.h"
+#include "comm/rendezvous.h"
 #include "comm/watchdog.h"
 #include "config/env_overrides.h"
 #include "config/options.h"
@@ -42,7 +43,7 @@ struct DeviceChoice {
 
 DeviceChoice choose_device(const Options& o, int world_size) {
   const ResolvedDevice d = resolve_device(o.device);
-  if (d.device.kind == DeviceKind::CPU) return {"cpu", ""};
+  if (d.device.kind == DeviceKind::CPU) return {"cpu", d.note};
   const std::string name = d.device.kind == DeviceKind::CUDA ? "cuda" : "hip";
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
@@ -88,6 +89,50 @@ std::vector<std::string> own_command_line() {
   return words;
 }
 
+// How to start `ranks` ranks of this very command under MPI: "`mpirun -np N <the command
+// line>` (or `NPROC=N bash scripts/launch.sh ...`; docs/launching.md)", and what root and a
+// build without MPI also need.
+std::string mpirun_hint(int ranks) {
+  const std::vector<std::string> argv = own_command_line();
+  std::string command, after_train;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    command += " " + argv[i];
+    if (i >= 2) after_train += " " + argv[i];
+  }
+  const std::string n = std::to_string(ranks);
+  return "`mpirun -np " + n + command + "` (or `NPROC=" + n + " bash scripts/launch.sh" +
+         after_train + "`; docs/launching.md)" +
+         (geteuid() == 0 && !std::getenv("OMPI_ALLOW_RUN_AS_ROOT")
+              ? "; as root, Open MPI's mpirun also needs --allow-run-as-root"
+              : "")
+#ifndef OMNITRON_MPI
+         + "; this build has no MPI: rebuild with -DOMNITRON_MPI=ON and an MPI installed"
+#endif
+      ;
+}
+
+// torchrun starts one process per GPU and no MPI, and CPU ranks talk through MPI (the
+// torchrun world carries host collectives only: comm/rendezvous.h). So under torchrun with
+// several ranks the device is a GPU; when the CPU was chosen, rank 0 says in one line how to
+// start the same ranks with mpirun, and the other ranks stop quietly with the same code. Runs
+// before any collective, so no rank waits at the rendezvous.
+void require_gpu_ranks_under_torchrun(const std::string& requested, const DeviceChoice& chosen,
+                                      const Communicator& world) {
+  if (world.size() == 1 || chosen.device != "cpu" || !torchrun_environment()) return;
+  const GpuAvailability here = gpu_availability();
+  // auto with GPUs that do not fit the ranks of this node: the line that names both numbers.
+  if (requested == "auto" && here.devices > 0)
+    resolve_device(here.backend == DeviceKind::HIP ? "hip" : "cuda", here);
+  const std::string why = requested == "cpu" ? "--device cpu was asked for"
+                          : !chosen.note.empty()
+                              ? chosen.note
+                              : "--device auto found no GPU: " + why_no_gpu(here);
+  if (world.rank() != 0) OMNI_CHECK(std::freopen("/dev/null", "w", stderr), "cannot silence");
+  throw UsageError("torchrun started " + std::to_string(world.size()) + " ranks and " + why +
+                   "; CPU ranks talk through MPI, which torchrun does not start: run them with " +
+                   mpirun_hint(world.size()));
+}
+
 // One process asked for model parallelism: say how to start the ranks it needs, with the
 // user's own command line, rather than that 1 rank does not divide by the layout.
 void require_ranks_for_layout(const Options& o, int world_size) {
@@ -103,23 +148,9 @@ void require_ranks_for_layout(const Options& o, int world_size) {
     ranks *= size;
   }
   if (ranks == 1) return;
-  const std::vector<std::string> argv = own_command_line();
-  std::string command, after_train;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    command += " " + argv[i];
-    if (i >= 2) after_train += " " + argv[i];
-  }
   const std::string n = std::to_string(ranks);
   throw UsageError(sizes + " needs " + n + " ranks, and this is a single process: start " + n +
-                   " with `mpirun -np " + n + command + "` (or `NPROC=" + n +
-                   " bash scripts/launch.sh" + after_train + "`; docs/launching.md)" +
-                   (geteuid() == 0 && !std::getenv("OMPI_ALLOW_RUN_AS_ROOT")
-                        ? "; as root, Open MPI's mpirun also needs --allow-run-as-root"
-                        : "")
-#ifndef OMNITRON_MPI
-                   + "; this build has no MPI: rebuild with -DOMNITRON_MPI=ON and an MPI installed"
-#endif
-  );
+                   " with " + mpirun_hint(ranks));
 }
 
 }  // namespace
@@ -301,12 +332,13 @@ int train(const std::vector<std::string>& raw_args) {
   if (level < 40)
     for (const std::string& n : opts.notes) std::printf("%s\n", n.c_str());
   if (level <= 10)
-    std::printf("  debug: collective timeout %g s (--distributed-timeout-minutes), gradient "
-                "reduction %s\n",
-                opts.distributed_timeout_minutes * 60,
-                opts.overlap_grad_reduce ? "overlapped with the backward pass"
-                                         : "after the backward pass");
+    std::printf(
+        "  debug: collective timeout %g s (--distributed-timeout-minutes), gradient "
+        "reduction %s\n",
+        opts.distributed_timeout_minutes * 60,
+        opts.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass");
   const DeviceChoice device = choose_device(opts, world.size());
+  require_gpu_ranks_under_torchrun(opts.device, device, world);
   opts.device = device.device;
 
   // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the

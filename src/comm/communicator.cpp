@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "comm/mpi_communicator.h"
+#include "comm/rendezvous.h"
 #include "comm/watchdog.h"
 
 namespace omni {
@@ -107,6 +108,10 @@ int launched_ranks() {
 }
 
 std::unique_ptr<Communicator> make_world() {
+  if (const std::optional<TorchrunEnvironment> torchrun = torchrun_environment()) {
+    if (torchrun->world_size == 1) return make_self_communicator("world");
+    return make_rendezvous_communicator(torchrun_rendezvous(*torchrun), "world");
+  }
   const int launched = launched_ranks();
 #ifdef OMNITRON_MPI
   if (launched != 0) return make_mpi_world();

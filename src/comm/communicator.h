@@ -50,8 +50,7 @@ class Communicator {
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;
-  virtual std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer,
-                                             int tag) = 0;
+  virtual std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) = 0;
   // Starts an in-place sum; the data must not be touched until wait().
   virtual std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) = 0;
@@ -81,10 +80,13 @@ class Communicator {
 // One rank: collectives copy or do nothing; point-to-point with itself is an error.
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name = "world");
 
-// The world: MPI when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE,
-// PMI_SIZE or PMIX_RANK is set, or SLURM_STEP_NUM_TASKS is above 1), else one rank without
-// calling MPI_Init (a singleton MPI_Init is slow). Initialises MPI on first use; MPI is
-// finalized at exit. UsageError when launched as several ranks in a build without MPI.
+// The world: torchrun's ranks when torchrun started this process (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT: comm/rendezvous.h, host collectives over a TCP rendezvous that
+// connects at the first collective); else MPI when mpirun/srun started it
+// (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set, or SLURM_STEP_NUM_TASKS is above 1);
+// else one rank without calling MPI_Init (a singleton MPI_Init is slow). Initialises MPI on
+// first use; MPI is finalized at exit. UsageError when launched as several ranks in a build
+// without MPI.
 Communicator& world_communicator();
 
 // For the failing rank's error path (only src/cli calls it): with more than one rank,

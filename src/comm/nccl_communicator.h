@@ -1,7 +1,8 @@
 // The NCCL communicator over device memory (built with OMNITRON_NCCL; on ROCm the same source
-// builds against RCCL, whose API is NCCL's). One process per GPU, started by mpirun or srun:
-// MPI carries the NCCL unique id from rank 0 to the others, then every collective and
-// point-to-point call moves device buffers over NVLink/PCIe/InfiniBand through NCCL.
+// builds against RCCL, whose API is NCCL's). One process per GPU, started by mpirun or srun
+// (MPI carries the NCCL unique id from rank 0 to the others) or by torchrun (its TCP
+// rendezvous world does: comm/rendezvous.h); then every collective and point-to-point call
+// moves device buffers over NVLink/PCIe/InfiniBand through NCCL.
 //
 // Ordering with compute: the communicator enqueues on its own stream, created as a blocking
 // stream, so it waits for work on the legacy default stream (where the GPU ops go when no
@@ -27,7 +28,8 @@
 
 namespace omni {
 
-// An NCCL communicator over the ranks of `host` (usually the MPI world), named `name`.
+// An NCCL communicator over the ranks of `host` (the world: MPI's, or torchrun's), named
+// `name`.
 // Collective over `host`: rank 0 creates the NCCL unique id and broadcasts it with
 // host.broadcast. Selects the GPU first: the launcher's local rank (launcher_local_rank() in
 // backend/device.h) modulo the visible devices. UsageError when no GPU is visible.

@@ -88,6 +88,33 @@ TEST(DeviceSelection, HipWithoutAVisibleDeviceNamesRocmsTools) {
     EXPECT_NE(e.find(part), std::string::npos) << part << " in: " << e;
 }
 
+// torchrun --nproc-per-node 2 (or mpirun -np 2) on a node where one GPU is visible.
+GpuAvailability two_ranks_one_gpu() {
+  GpuAvailability a = machine(DeviceKind::CUDA, 1, "0");
+  a.local_ranks = 2;
+  a.local_ranks_source = "LOCAL_WORLD_SIZE=2";
+  return a;
+}
+
+TEST(DeviceSelection, NamedGpuWithMoreRanksOnTheNodeThanGpusNamesBothNumbers) {
+  const std::string e = error_of("cuda", two_ranks_one_gpu());
+  for (const char* part :
+       {"--device cuda: 2 ranks run on this node (LOCAL_WORLD_SIZE=2) and 1 CUDA GPU is visible "
+        "(CUDA_VISIBLE_DEVICES=0)",
+        "torchrun --nproc-per-node 1", "make 2 GPUs visible"})
+    EXPECT_NE(e.find(part), std::string::npos) << part << " in: " << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+}
+
+TEST(DeviceSelection, AutoWithMoreRanksOnTheNodeThanGpusTrainsOnTheCpuAndSaysWhy) {
+  const ResolvedDevice d = resolve_device("auto", two_ranks_one_gpu());
+  EXPECT_EQ(d.device.kind, DeviceKind::CPU);
+  EXPECT_NE(d.note.find("2 ranks run on this node"), std::string::npos) << d.note;
+  GpuAvailability enough = two_ranks_one_gpu();
+  enough.devices = 2;
+  EXPECT_EQ(resolve_device("auto", enough).device.kind, DeviceKind::CUDA);
+}
+
 TEST(DeviceSelection, UnknownDeviceIsRejected) {
   EXPECT_NE(error_of("tpu", machine(DeviceKind::CPU, 0)).find("not one of auto, cpu, cuda, hip"),
             std::string::npos);
@@ -122,6 +149,20 @@ TEST(LauncherLocalRank, MpirunsVariableComesFirst) {
   ScopedEnv local("LOCAL_RANK", "3");
   ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", "1");
   EXPECT_EQ(launcher_local_rank(), 1);
+}
+
+TEST(LauncherLocalRank, TorchrunsAgentComesFirstUnderSrun) {
+  ScopedEnv slurm("SLURM_LOCALID", "0");  // `srun torchrun`: one srun task per node
+  ScopedEnv local("LOCAL_RANK", "3");
+  ScopedEnv agent("TORCHELASTIC_RUN_ID", "job");
+  EXPECT_EQ(launcher_local_rank(), 3);
+}
+
+TEST(LauncherLocalSize, ReadsTheLaunchersRanksPerNodeAndNamesTheVariable) {
+  ScopedEnv local("LOCAL_WORLD_SIZE", "4");
+  std::string source;
+  EXPECT_EQ(launcher_local_size(&source), 4);
+  EXPECT_EQ(source, "LOCAL_WORLD_SIZE=4");
 }
 
 // Dense bf16 peaks from the vendors' data sheets, looked up by the names the runtimes report.
