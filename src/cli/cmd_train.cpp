@@ -48,20 +48,23 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
                            (d.gpus_visible == 1 ? "" : "s") + " visible";
+  // float32 trains the one model on the GPU; --bf16/--fp16 the earlier one-rank GPU model,
+  // which has fewer of the model's features.
+  const bool mixed = o.bf16 || o.fp16;
   std::string unsupported;
   if (world_size > 1)
     unsupported = "runs of several ranks";
-  else if (o.model.qk_layernorm)
-    unsupported = "--qk-layernorm";
-  else if (o.model.layernorm_zero_centered_gamma)
-    unsupported = "--apply-layernorm-1p";
   else if (o.model.position_embedding_type == PositionEmbedding::Rope &&
            o.model.rotary_dim() != o.model.head_dim())
     unsupported = "--rotary-percent below 1";
-  else if (!o.recompute_granularity.empty())
-    unsupported = "activation recompute";
   else if (o.optim.kind != OptimizerKind::AdamW)
     unsupported = "optimizers other than adam (AdamW)";
+  else if (mixed && o.model.qk_layernorm)
+    unsupported = "--qk-layernorm with --bf16 or --fp16";
+  else if (mixed && o.model.layernorm_zero_centered_gamma)
+    unsupported = "--apply-layernorm-1p with --bf16 or --fp16";
+  else if (mixed && !o.recompute_granularity.empty())
+    unsupported = "activation recompute with --bf16 or --fp16";
   if (unsupported.empty()) return {name, ""};
   OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
                ", but training on the GPU does not support ", unsupported,
