@@ -42,6 +42,8 @@
 #include "comm/communicator.h"
 #include "tensor/parameters.h"
 #include "model/transformer_config.h"
+#include "parallel/micro_batch.h"
+#include "parallel/pipeline.h"
 
 namespace omni {
 
@@ -49,30 +51,6 @@ namespace omni {
 inline GeluForm gelu_form(const TransformerConfig& c) {
   return c.openai_gelu ? GeluForm::Tanh : GeluForm::Erf;
 }
-
-// One micro-batch: tokens and labels are [batch, seq]; loss_mask may be null (all ones).
-// For documents packed into one sample (Megatron's --reset-position-ids and
-// --reset-attention-mask), position_ids [batch, seq] restart at each document and row i
-// attends only keys key_start[i] .. i of its sample; null means 0..seq-1 and 0 .. i.
-// Under context parallelism seq is this rank's share of the sequence, seq_index [batch,
-// seq] gives each row's index in the full sequence (keys are indexed the same way), and
-// position_ids must be given.
-struct MicroBatch {
-  const int32_t* tokens = nullptr;
-  const int32_t* labels = nullptr;
-  const float* loss_mask = nullptr;
-  int batch = 0, seq = 0;
-  const int32_t* position_ids = nullptr;
-  const int32_t* key_start = nullptr;
-  const int32_t* seq_index = nullptr;
-  // What the loss's token sum is divided by: 0, the micro-batch's own (unmasked) token
-  // count, i.e. its mean loss; under --calculate-per-token-loss, the tokens of the whole
-  // global batch, so the micro-batches' losses add up to Megatron's per-token loss.
-  double loss_divisor = 0;
-  // Output, optional: each token's loss (-log p(label)) [batch, seq], 0 where the mask is 0
-  // (downstream tasks' log-likelihoods). Filled by the stage that computes the loss.
-  float* token_losses = nullptr;
-};
 
 struct ModelParallel {
   Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
@@ -97,7 +75,7 @@ struct Recompute {
 };
 
 template <typename T>
-class GPTModel {
+class GPTModel final : public PipelineChunks<T> {
  public:
   // Allocates parameters for this rank's part of the model and initialises them from
   // `seed`; activation memory for micro-batches of up to max_batch x config.seq_length
@@ -107,11 +85,12 @@ class GPTModel {
            const ModelParallel& parallel = {}, const ops::Exec& exec = {});
 
   const TransformerConfig& config() const { return cfg_; }
-  const ops::Exec& exec() const { return x_; }
-  Device device() const { return device_; }
+  const ops::Exec& exec() const override { return x_; }
+  Device device() const override { return device_; }
   ParameterSet<T>& params() { return params_; }
   const ParameterSet<T>& params() const { return params_; }
-  int num_chunks() const { return int(chunks_.size()); }
+  int num_chunks() const override { return int(chunks_.size()); }
+  int hidden_size() const override { return cfg_.hidden_size; }
   int tp_size() const { return tp_->size(); }
   int tp_rank() const { return tp_->rank(); }
   // The parameter layout tensor-parallel rank `rank` holds (for gathering full tensors).
@@ -126,25 +105,26 @@ class GPTModel {
   double forward_loss(const MicroBatch& mb);
 
   // Pipeline stages. Rows of the activations handed between stages: [stage_rows(mb), hidden].
-  int stage_rows(const MicroBatch& mb) const;
+  int stage_rows(const MicroBatch& mb) const override;
   // Runs micro-batch `mb` through chunk `chunk`, keeping its activations in `slot` (one
   // slot per micro-batch in flight on this rank). `input` is the previous stage's output
   // (unused when the chunk starts with the embedding). Returns this chunk's output, or null
   // when the chunk ends with the loss: then *loss receives the mean masked loss and, when
   // `train`, the gradient of grad_scale * loss is prepared for chunk_backward.
   const T* chunk_forward(int chunk, int slot, const MicroBatch& mb, const T* input, bool train,
-                         double grad_scale, double* loss);
+                         double grad_scale, double* loss) override;
   // Backward of the same micro-batch: `grad_output` is d/d(output) from the next stage
   // (unused when the chunk ends with the loss). Adds the parameters' gradients; returns
   // d/d(input), or null for the chunk that starts with the embedding.
-  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb, const T* grad_output);
+  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb,
+                          const T* grad_output) override;
   // Before the first forward.
   void set_recompute(const Recompute& r);
   // Bytes of activation memory allocated so far (every slot, and recompute's scratch).
   int64_t activation_bytes() const;
   // Called during backward with [begin, end) ranges of the flat gradient buffer that this
   // micro-batch's backward will not touch again (for data-parallel buckets); null: none.
-  void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) {
+  void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) override {
     grads_ready_ = std::move(hook);
   }
 

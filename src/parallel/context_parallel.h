@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/gpt_model.h"
+#include "parallel/micro_batch.h"
 
 namespace omni {
 

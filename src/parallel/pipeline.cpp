@@ -17,7 +17,7 @@ constexpr int kActivationTag = 1, kGradientTag = 2;
 }  // namespace
 
 template <typename T>
-PipelineExecutor<T>::PipelineExecutor(GPTModel<T>& model, Communicator& pp)
+PipelineExecutor<T>::PipelineExecutor(PipelineChunks<T>& model, Communicator& pp)
     : model_(model), pp_(pp) {}
 
 template <typename T>
@@ -25,7 +25,7 @@ double PipelineExecutor<T>::run(int num_microbatches,
                                 const std::function<const MicroBatch&(int)>& batch, bool train,
                                 double grad_scale) {
   const int pp = pp_.size(), rank = pp_.rank(), vp = model_.num_chunks();
-  const int C = model_.config().hidden_size;
+  const int C = model_.hidden_size();
   const int last_stage = pp * vp - 1;
   // Neighbours of chunk c: virtual stage s = c * pp + rank.
   auto stage = [&](int chunk) { return chunk * pp + rank; };
