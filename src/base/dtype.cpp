@@ -1,5 +1,6 @@
 #include "base/dtype.h"
 
+#include <bit>
 #include <cstring>
 #include <type_traits>
 

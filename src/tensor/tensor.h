@@ -23,17 +23,6 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-template <typename T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::F32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::F64;
-}
-
 // Host memory, 64-byte aligned and zero-filled, so vector loads never straddle lines.
 class Storage {
  public:
