@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define OMNI_HOST_DEVICE __host__ __device__
@@ -38,22 +39,17 @@ struct f16 {
 
 // The DType of an element type (Tensor::data<T>, the GEMM's operand types).
 template <typename T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::F32;
-}
-template <>
-constexpr DType dtype_of<bf16>() {
-  return DType::BF16;
-}
-template <>
-constexpr DType dtype_of<f16>() {
-  return DType::F16;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::F64;
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DType::F32;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return DType::BF16;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return DType::F16;
+  } else {
+    static_assert(std::is_same_v<T, double>, "dtype_of<T>: T is float, bf16, f16 or double");
+    return DType::F64;
+  }
 }
 
 OMNI_HOST_DEVICE constexpr uint32_t float_bits(float f) {
