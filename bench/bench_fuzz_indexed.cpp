@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "data/indexed_dataset.h"
+#include "data/datasets/indexed_dataset.h"
 
 namespace {
 

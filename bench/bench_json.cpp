@@ -15,7 +15,7 @@
 //   nlohmann/json 3.11.2       56 / 52 (0.09x)
 // Neither library meets json.loads's rules without hacks: neither reads NaN/Infinity (which
 // preprocessing must accept) nor 1e400; on-demand simdjson leaves skipped values unchecked;
-// nlohmann/json has no depth limit. So omnitron keeps its own reader (data/json.h).
+// nlohmann/json has no depth limit. So omnitron keeps its own reader (base/json.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/json.h"
+#include "base/json.h"
 
 #ifdef OMNITRON_BENCH_SIMDJSON
 #include <simdjson.h>

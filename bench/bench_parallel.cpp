@@ -33,7 +33,7 @@
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "train/trainer.h"
 
 namespace {

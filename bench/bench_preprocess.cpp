@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "data/preprocess.h"
-#include "data/tokenizer.h"
+#include "data/preprocess/preprocess.h"
+#include "data/tokenizers/tokenizer.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "data/tokenizer_impl.h"
+#include "data/tokenizers/tokenizer_impl.h"
 
 namespace fs = std::filesystem;
 
@@ -52,7 +52,13 @@ int main(int argc, char** argv) {
   if (fs::exists(text_path)) {
     text = read_text(text_path);
   } else {
-    const std::string mixed = read_text(root / "tests/fixtures/tokenizers/mixed.txt");
+    const fs::path fixture = root / "tests/fixtures/tokenizers/mixed.txt";
+    const std::string mixed = read_text(fixture);
+    if (mixed.empty()) {  // both paths are relative to the build folder (__FILE__)
+      std::fprintf(stderr, "bench_tokenizer: cannot read %s or %s (run it in the build folder)\n",
+                   text_path.c_str(), fixture.c_str());
+      return 1;
+    }
     while (text.size() < (8u << 20)) text += mixed;
     text_path = fs::temp_directory_path() / "omnitron_bench_tokenizer.txt";
     std::ofstream(text_path, std::ios::binary) << text;

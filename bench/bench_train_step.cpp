@@ -18,7 +18,7 @@
 
 #include "backend/device.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "train/flops.h"
 #include "train/trainer.h"
 

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Configures and builds omnitron into build/ (CUDA is compiled in when nvcc is found).
-# Extra arguments go to cmake, e.g. scripts/build.sh -DOMNITRON_CUDA=OFF
+# Configures and builds omnitron into build/ (CUDA is compiled in when nvcc is found, the
+# kernels' HIP compile check when hipcc is found, at every run: a build/ that
+# scripts/demo.sh configured without them gets them back).
+# Extra arguments go to cmake and win, e.g. scripts/build.sh -DOMNITRON_CUDA=OFF
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+found() { command -v "$1" >/dev/null 2>&1 || [[ -x "$2/$1" ]]; }
+defaults=(-DOMNITRON_CUDA=OFF -DOMNITRON_HIP_CHECK=OFF)
+found nvcc /usr/local/cuda/bin && defaults[0]=-DOMNITRON_CUDA=ON
+found hipcc /opt/rocm/bin && defaults[1]=-DOMNITRON_HIP_CHECK=ON
+cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${defaults[@]}" "$@" >/dev/null
 ninja -C "$root/build"

@@ -1,28 +1,32 @@
-// The op surface, declared once. Every op has a CPU implementation in backend/cpu/
-// (the reference, OpenMP + BLAS); each is a function template instantiated for float
-// (training) and double (the float64 finite-difference checks run the same code).
+// The op seam, declared once: every op the model runs, in two forms.
+//  - ops::X(args): the CPU implementation in backend/cpu/ (OpenMP + BLAS), the reference every
+//    other implementation is tested against; a function template instantiated for float
+//    (training) and double (the float64 finite-difference checks run the same code).
+//  - ops::X(exec, args), at the end of this file: the same op where `exec` says, on the CPU or
+//    on a GPU through backend/gpu_backend.h (CUDA, HIP, or the emulator in tests). The model
+//    calls only this form, so one model runs on every device.
 //
-// Conventions: row-major; activations are [N, C] with N = batch * sequence tokens;
-// weights are [out, in] as in PyTorch and Megatron; gradients of parameters are
-// accumulated (+=) so micro-batches add up; gradients of activations are overwritten
-// unless the name says `accumulate`.
+// One contract for both backends:
+//  - Row-major; activations are [N, C] with N = batch * sequence tokens; weights are [out, in]
+//    as in PyTorch and Megatron. Pointers are memory of the op's device.
+//  - Gradients of parameters are accumulated (+=) so micro-batches add up; gradients of
+//    activations are overwritten unless the name says `accumulate`.
+//  - Gradients and per-row statistics (mean, rstd, log-sum-exp) are float32 (float64 in the
+//    float64 checks), whatever the activations' storage.
+//  - Attention keeps only its output and log-sum-exp for the backward, which computes the
+//    probabilities again; no [seq, seq] matrix is kept between forward and backward.
+//  - Deterministic: the same inputs give the same bits on every run (fixed reduction orders).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
-namespace omni {
-
-// GELU in Megatron's two forms. Erf, its default (torch.nn.functional.gelu, Hugging Face's
-// "gelu"): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). Tanh, its --openai-gelu (GPT-2's
-// "gelu_new", cuBLASLt's GELU epilogue): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-// Outside ops, so that a call with a GeluForm argument does not also find ops' functions.
-enum class GeluForm { Erf, Tanh };
-const char* to_string(GeluForm form);
-
-}  // namespace omni
+#include "backend/gpu_backend.h"
+#include "backend/op_types.h"
 
 namespace omni::ops {
 
@@ -93,21 +97,6 @@ void add(T* out, const T* a, const T* b, size_t n);
 template <typename T>
 void add_bias(T* y, const T* bias, int M, int N);
 
-// Shapes of one attention call. Grouped-query attention: `heads` query heads share
-// `groups` key/value heads, heads / groups query heads per group.
-struct AttentionDims {
-  int batch, seq, heads, groups, head_dim;
-  // Optional [batch * seq]: row n attends keys key_start[n] .. its own position (documents
-  // packed in one sample, Megatron's --reset-attention-mask); null: from key 0.
-  const int32_t* key_start = nullptr;
-  // Optional [batch * seq]: each query row's last key (causal: its own position; in ring
-  // attention, where the keys are another rank's block, the last one it may see, or -1 for
-  // none); null: row i of a sequence is key i.
-  const int32_t* q_index = nullptr;
-  int heads_per_group() const { return heads / groups; }
-  int qkv_width() const { return (heads + 2 * groups) * head_dim; }
-};
-
 // Megatron's fused QKV projection output is interleaved per query group:
 // [q_0 .. q_{hpg-1}, k, v] for each group. Split it into contiguous q [N, heads*hd],
 // k and v [N, groups*hd]; merge is the backward (and inverse).
@@ -132,20 +121,26 @@ void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, 
                    int head_dim, const int32_t* positions = nullptr, int rotary_dim = 0);
 
 // Causal softmax attention. q [batch * seq, heads*hd], k/v [batch * seq, groups*hd],
-// out [batch * seq, heads*hd]; probs [batch, heads, seq, seq] is saved for backward
-// (entries outside each row's keys are 0, which is also all the backward needs to know
-// about the mask).
+// out [batch * seq, heads*hd]; lse [batch, heads, seq] receives each row's log-sum-exp of its
+// scaled scores, which is all the backward keeps: it computes the probabilities again from
+// q, k and lse (as FlashAttention does), so no [seq, seq] matrix outlives a call.
 // A row whose key range is empty (key_start past its last key: a block of keys it cannot
-// see, in ring attention) gets zero output and probabilities. lse (may be null) receives
-// [batch, heads, seq] log-sum-exp of each row's scaled scores (-inf for an empty row), so
-// attention over blocks of keys can be merged.
+// see, in ring attention) gets zero output and lse -inf.
 template <typename T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
-                       const AttentionDims& d, T* lse = nullptr);
-// dq, dk, dv are overwritten.
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionDims& d);
+// dq, dk, dv are overwritten. With out and lse of attention over several blocks of keys
+// (merged by attention_merge), the gradients are this block's part of the whole.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
                         const T* q, const T* k, const T* v, const AttentionDims& d);
+// Attention over the union of two blocks of keys from each block's: out and lse hold the
+// first (out [batch * seq, heads*hd], lse [batch, heads, seq]; lse -inf and out 0 for none
+// yet) and receive the merge: out = out e^(lse - lse') + block_out e^(block_lse - lse'), with
+// lse' = log(e^lse + e^block_lse).
+template <typename T>
+void attention_merge(T* out, T* lse, const T* block_out, const T* block_lse,
+                     const AttentionDims& d);
 
 // The output layer fused with cross-entropy: logits = h w[:vocab]^T are computed a chunk of
 // rows at a time and never stored whole. w has at least `vocab` rows (the padded rows are
@@ -158,20 +153,225 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 // per-row values across the ranks that hold the other rows (max, then sums), so each rank's
 // loss is the full softmax's and dh is this rank's part (the ranks' dh sum to the full one).
 // Full logits are never gathered. Targets outside the slice are other ranks' to score.
-struct ClassifierLossArgs {
-  int rows = 0, hidden = 0, vocab = 0;
-  double grad_scale = 1.0;
-  int vocab_start = 0;
-  // In-place across ranks over n values: maximum when `max`, else sum. Null: one rank.
-  std::function<void(double* values, int n, bool max)> reduce;
-};
 template <typename T>
 double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
                                 const int32_t* targets, const float* mask,
                                 const ClassifierLossArgs& a);
 
+// x *= T(s).
+template <typename T>
+void scale(T* x, double s, size_t n);
+
 // Sum of squares of x, accumulated in double in a fixed order (independent of threads).
 template <typename T>
 double sum_squares(const T* x, size_t n);
+
+
+// ---- On a device ------------------------------------------------------------------------------
+// Where an op runs: the CPU, or a GPU through its backend. The GPU runs float storage; the
+// float64 checks run on the CPU.
+struct Exec {
+  const GpuBackend* gpu = nullptr;  // null: the CPU
+  bool on_gpu() const { return gpu != nullptr; }
+  // Where tensors of this device are allocated (null: host memory).
+  const DeviceMemory* memory() const { return gpu; }
+};
+
+namespace detail {
+[[noreturn]] void gpu_needs_float(const char* op);
+}  // namespace detail
+
+// Each dispatching op: the CPU implementation, or the GPU backend's for float.
+#define OMNI_DISPATCH(op, cpu_call, gpu_call)             \
+  if (!e.gpu) return cpu_call;                            \
+  if constexpr (std::is_same_v<T, float>) return gpu_call; \
+  detail::gpu_needs_float(#op)
+
+// Memory of the Exec's device: n elements zeroed, copied within the device, or copied from or
+// to the host.
+template <typename T>
+void zero(const Exec& e, T* p, size_t n) {
+  if (e.gpu)
+    e.gpu->zero(p, n * sizeof(T));
+  else
+    std::memset(static_cast<void*>(p), 0, n * sizeof(T));
+}
+template <typename T>
+void copy(const Exec& e, T* dst, const T* src, size_t n) {
+  if (e.gpu)
+    e.gpu->copy(dst, src, n * sizeof(T));
+  else
+    std::memcpy(static_cast<void*>(dst), src, n * sizeof(T));
+}
+template <typename T>
+void upload(const Exec& e, T* dst, const T* host_src, size_t n) {
+  if (e.gpu)
+    e.gpu->upload(dst, host_src, n * sizeof(T));
+  else
+    std::memcpy(static_cast<void*>(dst), host_src, n * sizeof(T));
+}
+template <typename T>
+void download(const Exec& e, T* host_dst, const T* src, size_t n) {
+  if (e.gpu)
+    e.gpu->download(host_dst, src, n * sizeof(T));
+  else
+    std::memcpy(static_cast<void*>(host_dst), src, n * sizeof(T));
+}
+
+template <typename T>
+void linear_forward(const Exec& e, T* y, const T* x, const T* w, const T* bias, int M, int K,
+                    int N) {
+  OMNI_DISPATCH(linear_forward, linear_forward(y, x, w, bias, M, K, N),
+                e.gpu->linear_forward(y, x, w, bias, M, K, N));
+}
+template <typename T>
+void linear_backward(const Exec& e, T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w,
+                     int M, int K, int N, bool accumulate_dx = false) {
+  OMNI_DISPATCH(linear_backward, linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx),
+                e.gpu->linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx));
+}
+template <typename T>
+void embedding_forward(const Exec& e, T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                       int N, int seq, int C, const int32_t* positions, int vocab_start,
+                       int vocab_end) {
+  OMNI_DISPATCH(
+      embedding_forward,
+      embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end),
+      e.gpu->embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start,
+                               vocab_end));
+}
+template <typename T>
+void embedding_backward(const Exec& e, T* dwte, T* dwpe, const int32_t* tokens, const T* dout,
+                        int N, int seq, int C, const int32_t* positions, int vocab_start,
+                        int vocab_end) {
+  OMNI_DISPATCH(
+      embedding_backward,
+      embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end),
+      e.gpu->embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start,
+                                vocab_end));
+}
+template <typename T>
+void position_embedding_add(const Exec& e, T* out, const T* wpe, int N, int seq, int C,
+                            const int32_t* positions) {
+  OMNI_DISPATCH(position_embedding_add, position_embedding_add(out, wpe, N, seq, C, positions),
+                e.gpu->position_embedding_add(out, wpe, N, seq, C, positions));
+}
+template <typename T>
+void layernorm_forward(const Exec& e, T* out, T* mean, T* rstd, const T* x, const T* w,
+                       const T* b, int N, int C, double eps) {
+  OMNI_DISPATCH(layernorm_forward, layernorm_forward(out, mean, rstd, x, w, b, N, C, eps),
+                e.gpu->layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
+}
+template <typename T>
+void layernorm_backward(const Exec& e, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                        const T* mean, const T* rstd, int N, int C) {
+  OMNI_DISPATCH(layernorm_backward, layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C),
+                e.gpu->layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C));
+}
+template <typename T>
+void rmsnorm_forward(const Exec& e, T* out, T* rstd, const T* x, const T* w, int N, int C,
+                     double eps) {
+  OMNI_DISPATCH(rmsnorm_forward, rmsnorm_forward(out, rstd, x, w, N, C, eps),
+                e.gpu->rmsnorm_forward(out, rstd, x, w, N, C, eps));
+}
+template <typename T>
+void rmsnorm_backward(const Exec& e, T* dx, T* dw, const T* dout, const T* x, const T* w,
+                      const T* rstd, int N, int C) {
+  OMNI_DISPATCH(rmsnorm_backward, rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C),
+                e.gpu->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C));
+}
+template <typename T>
+void gelu_forward(const Exec& e, T* out, const T* x, size_t n, GeluForm form) {
+  OMNI_DISPATCH(gelu_forward, gelu_forward(out, x, n, form), e.gpu->gelu_forward(out, x, n, form));
+}
+template <typename T>
+void gelu_backward(const Exec& e, T* dx, const T* dout, const T* x, size_t n, GeluForm form) {
+  OMNI_DISPATCH(gelu_backward, gelu_backward(dx, dout, x, n, form),
+                e.gpu->gelu_backward(dx, dout, x, n, form));
+}
+template <typename T>
+void swiglu_forward(const Exec& e, T* out, const T* x, int N, int F) {
+  OMNI_DISPATCH(swiglu_forward, swiglu_forward(out, x, N, F), e.gpu->swiglu_forward(out, x, N, F));
+}
+template <typename T>
+void swiglu_backward(const Exec& e, T* dx, const T* dout, const T* x, int N, int F) {
+  OMNI_DISPATCH(swiglu_backward, swiglu_backward(dx, dout, x, N, F),
+                e.gpu->swiglu_backward(dx, dout, x, N, F));
+}
+template <typename T>
+void add(const Exec& e, T* out, const T* a, const T* b, size_t n) {
+  OMNI_DISPATCH(add, add(out, a, b, n), e.gpu->add(out, a, b, n));
+}
+template <typename T>
+void add_bias(const Exec& e, T* y, const T* bias, int M, int N) {
+  OMNI_DISPATCH(add_bias, add_bias(y, bias, M, N), e.gpu->add_bias(y, bias, M, N));
+}
+template <typename T>
+void qkv_split(const Exec& e, T* q, T* k, T* v, const T* qkv, const AttentionDims& d) {
+  OMNI_DISPATCH(qkv_split, qkv_split(q, k, v, qkv, d), e.gpu->qkv_split(q, k, v, qkv, d));
+}
+template <typename T>
+void qkv_merge(const Exec& e, T* qkv, const T* q, const T* k, const T* v, const AttentionDims& d) {
+  OMNI_DISPATCH(qkv_merge, qkv_merge(qkv, q, k, v, d), e.gpu->qkv_merge(qkv, q, k, v, d));
+}
+
+// Rotary tables where each device reads them: double on the host for the CPU, float in
+// device memory for a GPU ([seq, rotary_dim/2] each).
+struct RopeTables {
+  const double *cos = nullptr, *sin = nullptr;
+  const float *device_cos = nullptr, *device_sin = nullptr;
+};
+template <typename T>
+void rope_forward(const Exec& e, T* x, const RopeTables& t, int N, int seq, int nheads,
+                  int head_dim, const int32_t* positions, int rotary_dim) {
+  OMNI_DISPATCH(rope_forward, rope_forward(x, t.cos, t.sin, N, seq, nheads, head_dim, positions,
+                                           rotary_dim),
+                e.gpu->rope_forward(x, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
+                                    positions, rotary_dim));
+}
+template <typename T>
+void rope_backward(const Exec& e, T* dx, const RopeTables& t, int N, int seq, int nheads,
+                   int head_dim, const int32_t* positions, int rotary_dim) {
+  OMNI_DISPATCH(rope_backward, rope_backward(dx, t.cos, t.sin, N, seq, nheads, head_dim, positions,
+                                             rotary_dim),
+                e.gpu->rope_backward(dx, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
+                                     positions, rotary_dim));
+}
+template <typename T>
+void attention_forward(const Exec& e, T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionDims& d) {
+  OMNI_DISPATCH(attention_forward, attention_forward(out, lse, q, k, v, d),
+                e.gpu->attention_forward(out, lse, q, k, v, d));
+}
+template <typename T>
+void attention_backward(const Exec& e, T* dq, T* dk, T* dv, const T* dout, const T* out,
+                        const T* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+  OMNI_DISPATCH(attention_backward, attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d),
+                e.gpu->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d));
+}
+template <typename T>
+void attention_merge(const Exec& e, T* out, T* lse, const T* block_out, const T* block_lse,
+                     const AttentionDims& d) {
+  OMNI_DISPATCH(attention_merge, attention_merge(out, lse, block_out, block_lse, d),
+                e.gpu->attention_merge(out, lse, block_out, block_lse, d));
+}
+template <typename T>
+double classifier_cross_entropy(const Exec& e, T* losses, T* dh, T* dw, const T* h, const T* w,
+                                const int32_t* targets, const float* mask,
+                                const ClassifierLossArgs& a) {
+  OMNI_DISPATCH(classifier_cross_entropy,
+                classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a),
+                e.gpu->classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a));
+}
+template <typename T>
+void scale(const Exec& e, T* x, double s, size_t n) {
+  OMNI_DISPATCH(scale, scale(x, s, n), e.gpu->scale(x, s, n));
+}
+template <typename T>
+double sum_squares(const Exec& e, const T* x, size_t n) {
+  OMNI_DISPATCH(sum_squares, sum_squares(x, n), e.gpu->sum_squares(x, n));
+}
+
+#undef OMNI_DISPATCH
 
 }  // namespace omni::ops

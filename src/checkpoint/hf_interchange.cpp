@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/json.h"
 #include "checkpoint/safetensors.h"
-#include "data/json.h"
 
 namespace omni {
 

@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "base/error.h"
-#include "data/json.h"
+#include "base/json.h"
 
 namespace omni {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/json.h"
 #include "cli/commands.h"
-#include "data/json.h"
 
 namespace omni::cli {
 

@@ -10,8 +10,8 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "config/options.h"
-#include "data/preprocess.h"
-#include "data/tokenizer.h"
+#include "data/preprocess/preprocess.h"
+#include "data/tokenizers/tokenizer.h"
 #include "train/run_options.h"
 
 namespace omni::cli {

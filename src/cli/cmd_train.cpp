@@ -19,12 +19,12 @@
 #include "config/options.h"
 #include "config/yaml_config.h"
 #include "config/yaml_tree.h"
-#include "data/dataset.h"
-#include "data/indexed_dataset.h"
-#include "data/prefetch.h"
+#include "data/datasets/dataset.h"
+#include "data/datasets/indexed_dataset.h"
+#include "data/datasets/prefetch.h"
+#include "generate/sampler.h"
 #include "train/downstream_eval.h"
 #include "train/run_options.h"
-#include "train/sampler.h"
 #include "train/trainer.h"
 
 namespace omni::cli {
@@ -90,10 +90,8 @@ std::vector<std::string> own_command_line() {
 
 // One process asked for model parallelism: say how to start the ranks it needs, with the
 // user's own command line, rather than that 1 rank does not divide by the layout.
-void require_ranks_for_layout(const std::vector<std::string>& args, int world_size) {
+void require_ranks_for_layout(const Options& o, int world_size) {
   if (world_size != 1) return;
-  Options o;
-  parse_options(args, o);
   std::string sizes;
   int ranks = 1;
   for (const auto& [flag, size] :
@@ -273,8 +271,10 @@ int train(const std::vector<std::string>& raw_args) {
     OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
   const std::optional<std::vector<std::string>> resolved = with_config(raw_args, world.size());
   if (!resolved) return 0;  // --print-config
-  require_ranks_for_layout(*resolved, world.size());
-  RunOptions run = resolve_run_options(*resolved, world.size());
+  Options named;  // the command line parsed once: checked for its layout, then resolved
+  parse_options(*resolved, named);
+  require_ranks_for_layout(named, world.size());
+  RunOptions run = resolve_run_options(*resolved, std::move(named), world.size());
   Options& opts = run.opts;
   if (world.size() > 1) set_hang_report_seconds(opts.hang_report_seconds);
   if (world.size() > 1)

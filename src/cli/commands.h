@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "config/options.h"
-#include "data/dataset.h"
-#include "data/tokenizer.h"
+#include "data/datasets/dataset.h"
+#include "data/tokenizers/tokenizer.h"
 
 namespace omni::cli {
 

@@ -152,9 +152,8 @@ void virtual_stages_to_layers(Options& o) {
   o.num_virtual_stages_per_pipeline_rank = 0;
 }
 
-}  // namespace
-
-void finalize(Options& o) {
+// Data (Megatron's data group): one source, and the vocabulary it implies.
+void finalize_data(Options& o) {
   if (!o.data_args_path.empty()) read_data_args(o);
   const bool indexed = !o.data_path.empty() || !o.data_file_list.empty() || o.per_split_data();
   OMNI_REQUIRE(
@@ -184,6 +183,10 @@ void finalize(Options& o) {
                  o.tensor_model_parallel_size, " ranks");
     o.model.make_vocab_size_divisible_by = 1;
   }
+}
+
+// Model, mixed precision and activation recompute.
+void finalize_model(Options& o) {
   o.model.validate();
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   const std::string& rg = o.recompute_granularity;
@@ -200,6 +203,10 @@ void finalize(Options& o) {
                  " (groups of layers recomputed together) is not built yet; uniform 1 and "
                  "block N are");
   }
+}
+
+// The parallel layout (Megatron's distributed group).
+void finalize_layout(Options& o) {
   OMNI_REQUIRE(o.tensor_model_parallel_size >= 1,
                "--tensor-model-parallel-size must be at least 1");
   OMNI_REQUIRE(o.pipeline_model_parallel_size >= 1,
@@ -211,10 +218,18 @@ void finalize(Options& o) {
   OMNI_REQUIRE(o.num_layers_per_virtual_pipeline_stage >= 0,
                "--num-layers-per-virtual-pipeline-stage must be 0 (off) or positive");
   OMNI_REQUIRE(o.ddp_bucket_size >= 0, "--ddp-bucket-size must be 0 (default) or positive");
+}
+
+// Logging, TensorBoard and profiling.
+void finalize_logging(Options& o) {
   OMNI_REQUIRE(o.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
   OMNI_REQUIRE(o.log_avg_skip_iterations >= 0 && o.log_avg_reset_interval >= 0,
                "--log-avg-skip-iterations and --log-avg-reset-interval must be 0 or positive");
   option_rows::finalize_logging_and_profiling(o);
+}
+
+// The training and evaluation batches (data parallel is known by now).
+void finalize_batches(Options& o) {
   // Megatron turns sequence parallelism off without tensor parallelism.
   if (o.tensor_model_parallel_size == 1) o.sequence_parallel = false;
   OMNI_REQUIRE(o.micro_batch_size > 0, "--micro-batch-size must be positive (got ",
@@ -233,6 +248,10 @@ void finalize(Options& o) {
                "--eval-micro-batch-size ", o.eval_micro_batch_size,
                ": not built yet: an evaluation micro batch other than --micro-batch-size (",
                o.micro_batch_size, ")");
+}
+
+// Learning rate, intervals, exit conditions, regularisation and the optimizer.
+void finalize_training(Options& o) {
   OMNI_REQUIRE(o.lr >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr (", o.min_lr,
                ") must be between 0 and --lr (", o.lr, ")");
   OMNI_REQUIRE(o.log_interval > 0, "--log-interval must be positive (got ", o.log_interval, ")");
@@ -256,7 +275,19 @@ void finalize(Options& o) {
   OMNI_REQUIRE(o.optim.adam_beta2 >= 0 && o.optim.adam_beta2 < 1, "--adam-beta2 must be in [0, 1)");
   OMNI_REQUIRE(o.optim.adam_eps > 0, "--adam-eps must be positive");
   o.optim.kind = parse_optimizer(o.optimizer);
+}
 
+}  // namespace
+
+// Each group's checks in turn; the order is the order of the errors a bad run meets first
+// (Primus's base language_model.yaml stops at dropout before --no-position-embedding).
+void finalize(Options& o) {
+  finalize_data(o);
+  finalize_model(o);
+  finalize_layout(o);
+  finalize_logging(o);
+  finalize_batches(o);
+  finalize_training(o);
   option_rows::finalize_schedules(o);
   OMNI_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda" || o.device == "hip",
                "--device: '", o.device, "' is not one of auto, cpu, cuda, hip");

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "data/tokenizer.h"
+#include "data/tokenizers/tokenizer.h"
 #include "model/transformer_config.h"
 #include "optim/batch_schedule.h"
 #include "optim/loss_scaler.h"
@@ -118,6 +118,8 @@ struct Options {
   // Primus's: no checkpoint at the end of training; resume from --save when it holds one.
   bool disable_last_saving = false, auto_continue_train = false;
   std::string device = "auto";
+  // auto|flash|fused|unfused|local: which attention runs (backend/attention_backend.h).
+  std::string attention_backend = "auto";
   // Mixed precision: bf16 or fp16 parameters (on the CPU: values rounded to them, fp32
   // arithmetic) with fp32 master weights and optimizer states; fp16 with a loss scaler.
   bool bf16 = false, fp16 = false;

@@ -9,6 +9,18 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   const std::string W = "weights and device";
   t.push_back(text("--device", "auto|cpu|cuda|hip", W, "where to train (auto: a GPU when present)",
                    [](Options& o) -> std::string& { return o.device; }));
+  t.push_back(OptionDef{
+      "--attention-backend", "auto|flash|fused|unfused|local", W,
+      "attention implementation: flash (omnitron's kernel), fused (cuDNN, NVIDIA), unfused "
+      "(the softmax reference; local is the same), auto (fused where cuDNN takes the shape, "
+      "else flash); the CPU has one",
+      [](Options& o, const std::string& v) {
+        if (v != "auto" && v != "flash" && v != "fused" && v != "unfused" && v != "local")
+          throw UsageError("--attention-backend: '" + v +
+                           "' is not one of auto, flash, fused, unfused, local");
+        o.attention_backend = v;
+      },
+      [](const Options& o) { return o.attention_backend; }});
 
   const std::string PAR = "parallelism";
   t.push_back(number<int>("--tensor-model-parallel-size", "N", PAR,

@@ -1,5 +1,5 @@
 // Downstream evaluation: multiple-choice tasks scored during training (--eval-task) and by
-// `omnitron evaluate --task` (train/downstream_eval.h, data/task_file.h).
+// `omnitron evaluate --task` (train/downstream_eval.h, data/datasets/task_file.h).
 #include "config/option_rows.h"
 
 namespace omni::option_rows {

@@ -7,7 +7,10 @@
 
 namespace omni::option_rows {
 
-void add_noted_options(std::vector<OptionDef>& t) {
+namespace {
+
+// Process groups, fused kernels, CUDA graphs and the allocator.
+void add_noted_communication_and_kernels(std::vector<OptionDef>& t) {
   add_noted(t,
             "it tunes NCCL or process-group set-up (SHARP, flight recorder, gloo groups, stream "
             "priorities, user buffers, JIT fuser); omnitron's communicator needs no such setting",
@@ -73,7 +76,6 @@ void add_noted_options(std::vector<OptionDef>& t) {
             "one implementation of each operation",
             {{"--cross-entropy-loss-fusion", ""},
              {"--cross-entropy-fusion-impl", "native|te"},
-             {"--attention-backend", "V"},
              {"--flash-attention-version", "2|3|4"},
              {"--disable-bf16-reduced-precision-matmul", ""},
              {"--use-fused-weighted-squared-relu", ""},
@@ -147,6 +149,10 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--optimizer-cuda-graph", ""},
              {"--cuda-graph-scope", "V..."},
              {"--cuda-graph-modules", "V..."}});
+}
+
+// Exports, garbage collection, resilience services and debugging dumps.
+void add_noted_exports_and_services(std::vector<OptionDef>& t) {
   add_noted(t, "it affects exporting to ONNX or dumping configuration files only",
             {{"--config-logger-dir", "V"},
              {"--onnx-safe", "V"},
@@ -230,6 +236,10 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--non-persistent-global-ckpt-dir", "V"},
              {"--non-persistent-local-ckpt-dir", "V"},
              {"--non-persistent-local-ckpt-algo", "fully_parallel|atomic"}});
+}
+
+// Checkpoint I/O, mixed-precision plumbing and data loading.
+void add_noted_checkpointing_precision_and_data(std::vector<OptionDef>& t) {
   add_noted(t, "omnitron keeps every checkpoint it saves", {{"--save-retain-interval", "N"}});
   add_noted(t, "checkpoints here hold the fp32 main parameters, which every load restores",
             {{"--load-main-params-from-ckpt", ""}});
@@ -329,6 +339,10 @@ void add_noted_options(std::vector<OptionDef>& t) {
              {"--trust-remote-code", ""},
              {"--chat-template", "V"},
              {"--use-gigatoken", ""}});
+}
+
+// Progress, timers and logging services.
+void add_noted_logging(std::vector<OptionDef>& t) {
   add_noted(t,
             "omnitron shows its own progress and throughput lines; Megatron's progress.txt is not "
             "written",
@@ -375,6 +389,10 @@ void add_noted_options(std::vector<OptionDef>& t) {
             "main parameters and optimizer states are fp32 here, the precision-aware optimizer's "
             "default dtypes (--main-params-dtype and its siblings refuse others)",
             {{"--use-precision-aware-optimizer", ""}});
+}
+
+// The tuning flags of refused model features (experts, multi-token prediction, ...).
+void add_tuning_of_model_features(std::vector<OptionDef>& t) {
   add_tuning(t, "mixture of experts", "--num-experts",
              {{"--expert-tensor-parallel-size", "N"},
               {"--overlap-moe-expert-parallel-comm", ""},
@@ -497,6 +515,10 @@ void add_noted_options(std::vector<OptionDef>& t) {
               {"--mup-output-mult", "X"},
               {"--mup-base-head-dim", "X"},
               {"--mup-attn-scale-power", "X"}});
+}
+
+// The tuning flags of refused precision, architecture, optimizer and data features.
+void add_tuning_of_precision_and_other_features(std::vector<OptionDef>& t) {
   add_tuning(t, "fp8 training", "--fp8-format",
              {{"--fp8-recipe", "V"},
               {"--fp8-quantizer-factory", "V"},
@@ -596,6 +618,17 @@ void add_noted_options(std::vector<OptionDef>& t) {
               {"--v-head-dim", "N"},
               {"--cache-mla-latents", ""},
               {"--mla-down-proj-fusion", ""}});
+}
+
+}  // namespace
+
+void add_noted_options(std::vector<OptionDef>& t) {
+  add_noted_communication_and_kernels(t);
+  add_noted_exports_and_services(t);
+  add_noted_checkpointing_precision_and_data(t);
+  add_noted_logging(t);
+  add_tuning_of_model_features(t);
+  add_tuning_of_precision_and_other_features(t);
 }
 
 }  // namespace omni::option_rows

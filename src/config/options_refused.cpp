@@ -5,7 +5,10 @@
 
 namespace omni::option_rows {
 
-void add_refused_options(std::vector<OptionDef>& t) {
+namespace {
+
+// Model and parallelism features: attention variants, precisions, architectures.
+void add_refused_model_features(std::vector<OptionDef>& t) {
   add_refused(t, "GTP weight rematerialisation", {{"--tensor-parallel-num-weight-shards", "N"}});
   add_refused(t, "hybrid (dynamic) context parallelism",
               {{"--max-seqlen-per-dp-cp-rank", "N"}, {"--hybrid-context-parallel", ""}});
@@ -110,6 +113,10 @@ void add_refused_options(std::vector<OptionDef>& t) {
   add_refused(t, "weight decay on the qk-layernorm weights",
               {{"--apply-wd-to-qk-layernorm", ""},
                {"--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"}});
+}
+
+// Training, checkpointing, evaluation and data features.
+void add_refused_training_features(std::vector<OptionDef>& t) {
   add_refused(t, "batch-size schedules (--rampup-batch-size is the one built)",
               {{"--step-batch-size-schedule", "V"}});
   add_refused(t, "shrinking the global batch to fit the data-parallel size",
@@ -204,6 +211,10 @@ void add_refused_options(std::vector<OptionDef>& t) {
               {{"--tokenizer-metadata", "V"},
                {"--tokenizer-special-tokens", "V..."},
                {"--null-tokenizer-eod-id", "N"}});
+}
+
+// Other model families and training methods, and refused values of built flags.
+void add_refused_other_models(std::vector<OptionDef>& t) {
   add_refused(t, "biencoder and retrieval (ICT) models",
               {{"--ict-head-size", "N"},
                {"--biencoder-projection-dim", "N"},
@@ -286,6 +297,14 @@ void add_refused_options(std::vector<OptionDef>& t) {
                         "extra vocabulary ids (T5) and tokenizer special-token files"));
   t.push_back(not_built("--null-tokenizer-pad-id", "N", "-1",
                         "extra vocabulary ids (T5) and tokenizer special-token files"));
+}
+
+}  // namespace
+
+void add_refused_options(std::vector<OptionDef>& t) {
+  add_refused_model_features(t);
+  add_refused_training_features(t);
+  add_refused_other_models(t);
 }
 
 }  // namespace omni::option_rows

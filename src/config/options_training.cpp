@@ -6,6 +6,53 @@
 
 namespace omni::option_rows {
 
+namespace {
+
+// Megatron's activation recompute flags (its training group), the last rows of the group.
+void add_recompute_options(std::vector<OptionDef>& t) {
+  const std::string RC = "activation recompute";
+  t.push_back(OptionDef{"--checkpoint-activations", "", RC,
+                        "old name of --recompute-granularity full --recompute-method uniform",
+                        [](Options& o, const std::string&) {
+                          o.recompute_granularity = "full", o.recompute_method = "uniform";
+                          o.recompute_num_layers = 1;
+                        },
+                        [](const Options&) { return std::string(); }});
+  t.push_back(
+      OptionDef{"--recompute-activations", "", RC,
+                "recompute the attention probabilities (--recompute-granularity selective)",
+                [](Options& o, const std::string&) { o.recompute_granularity = "selective"; },
+                [](const Options&) { return std::string(); }});
+  t.push_back(text("--recompute-granularity", "full|selective", RC,
+                   "full: keep only layer inputs; selective: no attention probabilities",
+                   [](Options& o) -> std::string& { return o.recompute_granularity; }));
+  t.push_back(text("--recompute-method", "uniform|block", RC,
+                   "with full: every layer (uniform 1), or the first N of each stage (block N)",
+                   [](Options& o) -> std::string& { return o.recompute_method; }));
+  t.push_back(number<int>("--recompute-num-layers", "N", RC, "N for --recompute-method",
+                          [](Options& o) -> int& { return o.recompute_num_layers; }));
+  // Selective recompute here recomputes the core attention (Megatron's default module);
+  // recompute trades memory for time and never changes results, so others get a note.
+  OptionDef modules{
+      "--recompute-modules",
+      "M...",
+      RC,
+      "modules selective recompute recomputes: core_attn",
+      [](Options& o, const std::string& v) {
+        std::istringstream in(v);
+        for (std::string m; in >> m;)
+          if (m != "core_attn")
+            plumbing("--recompute-modules", "M...",
+                     "selective recompute here recomputes the core attention (core_attn) only")
+                .set(o, v);
+      },
+      nullptr};
+  modules.many = true;
+  t.push_back(std::move(modules));
+}
+
+}  // namespace
+
 void add_training_options(std::vector<OptionDef>& t) {
   const std::string T = "training", O = "optimizer";
   t.push_back(number<int>("--micro-batch-size", "N", T, "samples per forward/backward",
@@ -125,45 +172,7 @@ void add_training_options(std::vector<OptionDef>& t) {
       },
       nullptr});
 
-  const std::string RC = "activation recompute";
-  t.push_back(OptionDef{"--checkpoint-activations", "", RC,
-                        "old name of --recompute-granularity full --recompute-method uniform",
-                        [](Options& o, const std::string&) {
-                          o.recompute_granularity = "full", o.recompute_method = "uniform";
-                          o.recompute_num_layers = 1;
-                        },
-                        [](const Options&) { return std::string(); }});
-  t.push_back(
-      OptionDef{"--recompute-activations", "", RC,
-                "recompute the attention probabilities (--recompute-granularity selective)",
-                [](Options& o, const std::string&) { o.recompute_granularity = "selective"; },
-                [](const Options&) { return std::string(); }});
-  t.push_back(text("--recompute-granularity", "full|selective", RC,
-                   "full: keep only layer inputs; selective: no attention probabilities",
-                   [](Options& o) -> std::string& { return o.recompute_granularity; }));
-  t.push_back(text("--recompute-method", "uniform|block", RC,
-                   "with full: every layer (uniform 1), or the first N of each stage (block N)",
-                   [](Options& o) -> std::string& { return o.recompute_method; }));
-  t.push_back(number<int>("--recompute-num-layers", "N", RC, "N for --recompute-method",
-                          [](Options& o) -> int& { return o.recompute_num_layers; }));
-  // Selective recompute here recomputes the core attention (Megatron's default module);
-  // recompute trades memory for time and never changes results, so others get a note.
-  OptionDef modules{
-      "--recompute-modules",
-      "M...",
-      RC,
-      "modules selective recompute recomputes: core_attn",
-      [](Options& o, const std::string& v) {
-        std::istringstream in(v);
-        for (std::string m; in >> m;)
-          if (m != "core_attn")
-            plumbing("--recompute-modules", "M...",
-                     "selective recompute here recomputes the core attention (core_attn) only")
-                .set(o, v);
-      },
-      nullptr};
-  modules.many = true;
-  t.push_back(std::move(modules));
+  add_recompute_options(t);
 }
 
 }  // namespace omni::option_rows

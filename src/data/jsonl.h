@@ -1,5 +1,7 @@
-// Streaming input for `omnitron preprocess`: the bytes of a file (zstd-decompressed when it is
-// a .zst), split into lines (data/json.h reads a JSON line's fields).
+// Streaming input of JSON lines files: the bytes of a file (zstd-decompressed when it is a
+// .zst), split into lines (base/json.h reads a JSON line's fields). Shared by the two rooms that
+// read JSON lines, so it sits above both: preprocessing (`omnitron preprocess`) and the
+// datasets' multiple-choice task files.
 #pragma once
 
 #include <cstdint>

@@ -104,8 +104,10 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
 
 template <typename T>
 GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed,
-                      const ModelParallel& parallel)
-    : cfg_(config), max_batch_(max_batch), parallel_(parallel) {
+                      const ModelParallel& parallel, const ops::Exec& exec)
+    : cfg_(config), max_batch_(max_batch), parallel_(parallel), x_(exec) {
+  if (x_.on_gpu())
+    device_ = Device{x_.gpu->name() == "HIP" ? DeviceKind::HIP : DeviceKind::CUDA, 0};
   cfg_.validate();
   OMNI_REQUIRE(max_batch > 0, "--micro-batch-size must be positive (got ", max_batch, ")");
   if (!parallel_.tp) own_tp_ = make_self_communicator("tp");
@@ -134,7 +136,7 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
     OMNI_CHECK(first >= 0 && first < end && end <= cfg_.num_layers, "[gpt] bad layer range ", first,
                "..", end);
 
-  params_ = ParameterSet<T>(parameter_layout(tp_->rank()));
+  params_ = ParameterSet<T>(parameter_layout(tp_->rank()), device_, x_.memory());
   params_.initialize(seed, cfg_.init_method_std,
                      cfg_.init_method_std / std::sqrt(2.0 * cfg_.num_layers));
   // Flat ranges of each layer, of the embedding and of the head, for the grads-ready hook.
@@ -161,13 +163,28 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   const int64_t fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     const std::vector<double> inv_freq = cfg_.rotary_inv_freq();
-    rope_cos_.resize(S * inv_freq.size());
-    rope_sin_.resize(S * inv_freq.size());
+    const size_t n = S * inv_freq.size();
+    rope_cos_.resize(n);
+    rope_sin_.resize(n);
     ops::rope_tables(rope_cos_.data(), rope_sin_.data(), S, inv_freq);
+    rope_ = {rope_cos_.data(), rope_sin_.data()};
+    if (x_.on_gpu()) {
+      std::vector<float> tables(rope_cos_.begin(), rope_cos_.end());
+      tables.insert(tables.end(), rope_sin_.begin(), rope_sin_.end());
+      rope_device_ = Tensor::zeros({int64_t(2 * n)}, DType::F32, device_, x_.memory());
+      float* d = rope_device_.template data<float>();
+      ops::upload(x_, d, tables.data(), tables.size());
+      rope_.device_cos = d, rope_.device_sin = d + n;
+    }
+  }
+  if (cfg_.layernorm_zero_centered_gamma) {
+    ones_ = buffer({C}), gamma_ = buffer({C});
+    const std::vector<T> ones(size_t(C), T(1));
+    ops::upload(x_, ones_.template data<T>(), ones.data(), ones.size());
   }
   acts_.resize(chunks_.size());
-  const DType dt = dtype_of<T>();
-  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  auto buf = [&](Shape s) { return buffer(std::move(s)); };
+  token_losses_ = buf({N});
   qkv_ = buf({N, (heads_ + 2 * groups_) * hd});
   full_ = buf({N, C}), d_full_ = buf({N, C}), d_resid_ = buf({R, C}), d_rows_ = buf({R, C});
   d_ffn_ = buf({N, ffn_}), d_fc1_ = buf({N, fc1_out});
@@ -177,11 +194,17 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   if (cp > 1) {
     const int64_t Sl = S / cp;
     ring_out_ = buf({N, heads_ * hd}), ring_dq_ = buf({N, heads_ * hd});
-    ring_probs_ = buf({int64_t(max_batch), heads_, Sl, Sl});
+    ring_lse_ = buf({int64_t(max_batch) * heads_ * Sl});
     ring_dk_ = buf({N, groups_ * hd}), ring_dv_ = buf({N, groups_ * hd});
     for (auto& pair : ring_acc_) pair[0] = buf({N, groups_ * hd}), pair[1] = buf({N, groups_ * hd});
     ring_first_.resize(N), ring_last_.resize(N);
+    ring_bounds_ = std::make_unique<Storage>(2 * N * sizeof(int32_t), device_, x_.memory());
   }
+}
+
+template <typename T>
+Tensor GPTModel<T>::buffer(Shape shape) const {
+  return Tensor::zeros(std::move(shape), dtype_of<T>(), device_, x_.memory());
 }
 
 template <typename T>
@@ -190,8 +213,7 @@ void GPTModel<T>::allocate_layer(LayerActivations& l) {
   const int64_t S = cfg_.seq_length, Sl = S / cp, hd = cfg_.head_dim(), C = cfg_.hidden_size;
   const int64_t N = int64_t(max_batch_) * Sl, R = sp_ ? N / tp : N;
   const int64_t H = heads_, G = groups_, fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
-  const DType dt = dtype_of<T>();
-  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  auto buf = [&](Shape s) { return buffer(std::move(s)); };
   l.ln1 = buf({R, C}), l.ln1_mean = buf({R}), l.ln1_rstd = buf({R});
   l.ln1_full = sp_ ? buf({N, C}) : l.ln1;
   l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * hd});
@@ -200,17 +222,8 @@ void GPTModel<T>::allocate_layer(LayerActivations& l) {
     l.qn_mean = buf({N * H}), l.qn_rstd = buf({N * H});
     l.kn_mean = buf({N * G}), l.kn_rstd = buf({N * G});
   }
-  if (cp > 1) {
-    l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
-    l.lse = buf({(cp + 1) * int64_t(max_batch_) * H * Sl});
-  }
-  // Selective recompute keeps no attention probabilities: every layer shares one buffer.
-  if (recompute_.granularity == Recompute::Selective) {
-    if (!shared_probs_.defined()) shared_probs_ = buf({max_batch_, H, Sl, S});
-    l.probs = shared_probs_;
-  } else {
-    l.probs = buf({max_batch_, H, Sl, S});
-  }
+  if (cp > 1) l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
+  l.lse = buf({int64_t(max_batch_) * H * Sl});
   l.attn = buf({N, H * hd});
   l.mid = buf({R, C});
   l.ln2 = buf({R, C}), l.ln2_mean = buf({R}), l.ln2_rstd = buf({R});
@@ -239,8 +252,7 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
   const int cp = cp_->size(), tp = tp_->size();
   const int64_t N = int64_t(max_batch_) * cfg_.seq_length / cp, R = sp_ ? N / tp : N;
   const int64_t C = cfg_.hidden_size;
-  const DType dt = dtype_of<T>();
-  auto buf = [&](Shape s) { return Tensor::zeros(std::move(s), dt); };
+  auto buf = [&](Shape s) { return buffer(std::move(s)); };
   auto a = std::make_unique<Activations>();
   const int layers = chunks_[chunk].second - chunks_[chunk].first;
   for (int i = 0; i <= layers; ++i) a->residual.push_back(buf({R, C}));
@@ -254,6 +266,8 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
     a->d_final = buf({R, C});
   }
   a->positions.resize(N);
+  // tokens, labels, positions, key_start and mask, N of each.
+  a->input_storage = std::make_unique<Storage>(5 * N * sizeof(int32_t), device_, x_.memory());
   slots[slot] = std::move(a);
   return *slots[slot];
 }
@@ -267,15 +281,12 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
         &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
-  if (recompute_.granularity != Recompute::Selective && l.probs.defined())
-    b += int64_t(l.probs.bytes());
   return b;
 }
 
 template <typename T>
 int64_t GPTModel<T>::activation_bytes() const {
   int64_t b = layer_bytes(recompute_scratch_);
-  if (shared_probs_.defined()) b += int64_t(shared_probs_.bytes());
   for (const auto& slots : acts_)
     for (const auto& a : slots) {
       if (!a) continue;
@@ -330,38 +341,60 @@ typename GPTModel<T>::Geometry GPTModel<T>::geometry(const MicroBatch& mb) const
 }
 
 template <typename T>
-ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb) const {
-  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), mb.key_start};
+ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb, const Inputs& in) const {
+  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), in.key_start};
 }
 
 template <typename T>
-const T* GPTModel<T>::norm_gamma(const T* w, int width, std::vector<T>& scratch) const {
+void GPTModel<T>::stage_inputs(Activations& a, const MicroBatch& mb, const Geometry& g) {
+  const size_t N = size_t(g.tokens);
+  for (size_t n = 0; n < N; ++n)
+    a.positions[n] = mb.position_ids ? mb.position_ids[n] : int32_t(n % size_t(g.seq));
+  int32_t* base = static_cast<int32_t*>(a.input_storage->data());
+  const size_t stride = size_t(max_batch_) * cfg_.seq_length / cp_->size();
+  auto put = [&](int i, const int32_t* host) -> const int32_t* {
+    if (!host) return nullptr;
+    ops::upload(x_, base + i * stride, host, N);
+    return base + i * stride;
+  };
+  a.in.tokens = put(0, mb.tokens);
+  a.in.labels = put(1, mb.labels);
+  a.in.positions = put(2, a.positions.data());
+  a.in.key_start = put(3, mb.key_start);
+  a.in.mask = nullptr;
+  if (mb.loss_mask) {
+    float* mask = reinterpret_cast<float*>(base + 4 * stride);
+    ops::upload(x_, mask, mb.loss_mask, N);
+    a.in.mask = mask;
+  }
+}
+
+template <typename T>
+const T* GPTModel<T>::norm_gamma(const T* w, int width) const {
   if (!cfg_.layernorm_zero_centered_gamma) return w;
-  scratch.resize(size_t(width));
-  for (int i = 0; i < width; ++i) scratch[size_t(i)] = w[i] + T(1);
-  return scratch.data();
+  T* gamma = gamma_.template data<T>();
+  ops::add(x_, gamma, w, ones_.template data<T>(), size_t(width));
+  return gamma;
 }
 
 template <typename T>
 void GPTModel<T>::norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
                                int rows, int width) const {
-  std::vector<T> gamma;
-  w = norm_gamma(w, width, gamma);
+  w = norm_gamma(w, width);
   if (cfg_.normalization == Normalization::LayerNorm)
-    ops::layernorm_forward(out, mean, rstd, x, w, b, rows, width, cfg_.norm_epsilon);
+    ops::layernorm_forward(x_, out, mean, rstd, x, w, b, rows, width, cfg_.norm_epsilon);
   else
-    ops::rmsnorm_forward(out, rstd, x, w, rows, width, cfg_.norm_epsilon);
+    ops::rmsnorm_forward(x_, out, rstd, x, w, rows, width, cfg_.norm_epsilon);
 }
 
 template <typename T>
 void GPTModel<T>::norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
                                 const T* mean, const T* rstd, int rows, int width) const {
-  std::vector<T> gamma;  // d(w + 1)/dw = 1: the gradient is the applied gamma's
-  w = norm_gamma(w, width, gamma);
+  w = norm_gamma(w, width);  // d(w + 1)/dw = 1: the gradient is the applied gamma's
   if (cfg_.normalization == Normalization::LayerNorm)
-    ops::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, rows, width);
+    ops::layernorm_backward(x_, dx, dw, db, dout, x, w, mean, rstd, rows, width);
   else
-    ops::rmsnorm_backward(dx, dw, dout, x, w, rstd, rows, width);
+    ops::rmsnorm_backward(x_, dx, dw, dout, x, w, rstd, rows, width);
 }
 
 template <typename T>
@@ -394,23 +427,20 @@ ops::AttentionDims GPTModel<T>::ring_block_dims(const MicroBatch& mb, const Geom
     ring_last_[n] = keys_before(mb.seq_index[n] + 1) - 1;
     ring_first_[n] = mb.key_start ? keys_before(mb.key_start[n]) : 0;
   }
-  return {mb.batch,           mb.seq,           heads_, groups_, cfg_.head_dim(),
-          ring_first_.data(), ring_last_.data()};
+  int32_t* bounds = static_cast<int32_t*>(ring_bounds_->data());
+  ops::upload(x_, bounds, ring_first_.data(), size_t(g.tokens));
+  ops::upload(x_, bounds + g.tokens, ring_last_.data(), size_t(g.tokens));
+  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), bounds, bounds + g.tokens};
 }
 
 template <typename T>
 void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& mb,
                                          const Geometry& g) {
-  const int cp = cp_->size(), r = cp_->rank(), H = heads_, hd = cfg_.head_dim();
-  const size_t kv = size_t(g.tokens) * groups_ * hd, rows = size_t(g.batch) * H * g.seq;
-  const size_t block_probs = rows * g.seq;
+  const int cp = cp_->size(), r = cp_->rank(), hd = cfg_.head_dim();
+  const size_t kv = size_t(g.tokens) * groups_ * hd;
   T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
-  T *lse = a.lse.template data<T>(), *merged = lse + size_t(cp) * rows;
-  std::copy_n(a.k.template data<T>(), kv, k_all + r * kv);
-  std::copy_n(a.v.template data<T>(), kv, v_all + r * kv);
-  T* attn = a.attn.template data<T>();
-  std::fill(attn, attn + size_t(g.tokens) * H * hd, T(0));
-  std::fill(merged, merged + rows, -std::numeric_limits<T>::infinity());
+  ops::copy(x_, k_all + r * kv, a.k.template data<T>(), kv);
+  ops::copy(x_, v_all + r * kv, a.v.template data<T>(), kv);
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   for (int t = 0; t < cp; ++t) {
     const int src = (r - t + cp) % cp;
@@ -424,26 +454,15 @@ void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& 
       recvs[1] = cp_->irecv(v_all + incoming * kv, kv * sizeof(T), prev, 11);
     }
     const ops::AttentionDims ad = ring_block_dims(mb, g, src);
-    T* out = ring_out_.template data<T>();
-    T* block_lse = lse + size_t(src) * rows;
-    ops::attention_forward(out, a.probs.template data<T>() + src * block_probs,
-                           a.q.template data<T>(), k_all + src * kv, v_all + src * kv, ad,
-                           block_lse);
-    // Merge: out = sum over blocks of exp(lse_block - lse) out_block.
-#pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < g.batch * H; ++bh)
-      for (int i = 0; i < g.seq; ++i) {
-        const int b = bh / H, h = bh % H;
-        const size_t row = size_t(bh) * g.seq + i;
-        const T lb = block_lse[row], lm = merged[row];
-        if (lb == -std::numeric_limits<T>::infinity()) continue;
-        const T m = std::max(lb, lm), total = m + std::log(std::exp(lm - m) + std::exp(lb - m));
-        const T keep = std::exp(lm - total), add = std::exp(lb - total);
-        T* o = attn + (size_t(b) * g.seq + i) * H * hd + h * hd;
-        const T* ob = out + (size_t(b) * g.seq + i) * H * hd + h * hd;
-        for (int c = 0; c < hd; ++c) o[c] = o[c] * keep + ob[c] * add;
-        merged[row] = total;
-      }
+    // The first block (this rank's own keys) starts the output; each later one is merged in
+    // by its log-sum-exp.
+    const bool first = t == 0;
+    T* out = first ? a.attn.template data<T>() : ring_out_.template data<T>();
+    T* lse = first ? a.lse.template data<T>() : ring_lse_.template data<T>();
+    ops::attention_forward(x_, out, lse, a.q.template data<T>(), k_all + src * kv,
+                           v_all + src * kv, ad);
+    if (!first)
+      ops::attention_merge(x_, a.attn.template data<T>(), a.lse.template data<T>(), out, lse, ad);
     for (auto& q : recvs)
       if (q) q->wait();
     for (auto& q : sends)
@@ -455,11 +474,9 @@ template <typename T>
 void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
                                           const MicroBatch& mb, const Geometry& g) {
   const int cp = cp_->size(), r = cp_->rank(), H = heads_, hd = cfg_.head_dim();
-  const size_t kv = size_t(g.tokens) * groups_ * hd, rows = size_t(g.batch) * H * g.seq;
-  const size_t block_probs = rows * g.seq;
+  const size_t kv = size_t(g.tokens) * groups_ * hd;
   const T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
-  const T *lse = a.lse.template data<T>(), *merged = lse + size_t(cp) * rows;
-  std::fill(dq, dq + size_t(g.tokens) * H * hd, T(0));
+  ops::zero(x_, dq, size_t(g.tokens) * H * hd);
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   std::unique_ptr<CommRequest> in_flight[2][2];  // per accumulator: its k and v sends
   for (int t = 0; t < cp; ++t) {
@@ -471,31 +488,22 @@ void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* 
     for (auto& q : in_flight[t % 2])
       if (q) q->wait();
     if (t == 0) {
-      std::fill(acc_k, acc_k + kv, T(0));
-      std::fill(acc_v, acc_v + kv, T(0));
+      ops::zero(x_, acc_k, kv);
+      ops::zero(x_, acc_v, kv);
     } else {
       cp_->recv(acc_k, kv * sizeof(T), prev, 12);
       cp_->recv(acc_v, kv * sizeof(T), prev, 13);
     }
-    // This block's probabilities normalised over every block: P * exp(lse_block - lse).
-    T* P = ring_probs_.template data<T>();
-    const T* P_block = a.probs.template data<T>() + src * block_probs;
-    const T* block_lse = lse + size_t(src) * rows;
-#pragma omp parallel for schedule(static)
-    for (size_t row = 0; row < rows; ++row) {
-      const T scale = block_lse[row] == -std::numeric_limits<T>::infinity()
-                          ? T(0)
-                          : std::exp(block_lse[row] - merged[row]);
-      for (int j = 0; j < g.seq; ++j) P[row * g.seq + j] = P_block[row * g.seq + j] * scale;
-    }
+    // With the merged output and log-sum-exp, the backward gives this block's part.
     const ops::AttentionDims ad = ring_block_dims(mb, g, src);
     T *dq_b = ring_dq_.template data<T>(), *dk_b = ring_dk_.template data<T>(),
       *dv_b = ring_dv_.template data<T>();
-    ops::attention_backward(dq_b, dk_b, dv_b, dattn, a.attn.template data<T>(), P,
-                            a.q.template data<T>(), k_all + src * kv, v_all + src * kv, ad);
-    ops::add(dq, dq, dq_b, size_t(g.tokens) * H * hd);
-    ops::add(acc_k, acc_k, dk_b, kv);
-    ops::add(acc_v, acc_v, dv_b, kv);
+    ops::attention_backward(x_, dq_b, dk_b, dv_b, dattn, a.attn.template data<T>(),
+                            a.lse.template data<T>(), a.q.template data<T>(), k_all + src * kv,
+                            v_all + src * kv, ad);
+    ops::add(x_, dq, dq, dq_b, size_t(g.tokens) * H * hd);
+    ops::add(x_, acc_k, acc_k, dk_b, kv);
+    ops::add(x_, acc_v, acc_v, dv_b, kv);
     // On to the next rank; after the last step the accumulator reaches its owner.
     in_flight[t % 2][0] = cp_->isend(acc_k, kv * sizeof(T), next, 12);
     in_flight[t % 2][1] = cp_->isend(acc_v, kv * sizeof(T), next, 13);
@@ -533,141 +541,136 @@ void GPTModel<T>::embed(Activations& a, const MicroBatch& mb, const Geometry& g)
   const int C = cfg_.hidden_size;
   T* out = a.residual[0].template data<T>();
   T* words = sp_ ? full_.template data<T>() : out;
-  ops::embedding_forward(words, mb.tokens, params_.value("embedding.word_embeddings.weight"),
+  ops::embedding_forward(x_, words, a.in.tokens,
+                         params_.value("embedding.word_embeddings.weight"),
                          static_cast<const T*>(nullptr), g.tokens, g.seq, C, nullptr, vocab_start_,
                          vocab_start_ + vocab_rows_);
   reduce_rows(out, words, g);
   if (const T* wpe = params_.value_or_null("embedding.position_embeddings.weight"))
-    ops::position_embedding_add(out, wpe, g.rows, g.seq, C,
-                                a.positions.data() + (sp_ ? tp_->rank() * g.rows : 0));
+    ops::position_embedding_add(x_, out, wpe, g.rows, g.seq, C,
+                                a.in.positions + (sp_ ? tp_->rank() * g.rows : 0));
 }
 
 template <typename T>
 void GPTModel<T>::embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
                                  const Geometry& g) {
   const int C = cfg_.hidden_size;
+  // The positions of this rank's residual rows (sequence parallel: a slice of them), which
+  // under context parallelism range over the whole sequence's table, not the local share.
   if (T* dwpe = params_.grad_or_null("embedding.position_embeddings.weight"))
-    ops::embedding_backward(static_cast<T*>(nullptr), dwpe, mb.tokens, d_rows, g.rows, g.seq, C,
-                            a.positions.data() + (sp_ ? tp_->rank() * g.rows : 0));
+    ops::embedding_backward(x_, static_cast<T*>(nullptr), dwpe, a.in.tokens, d_rows, g.rows,
+                            cfg_.max_positions(), C,
+                            a.in.positions + (sp_ ? tp_->rank() * g.rows : 0), 0, 1 << 30);
   const T* d_words = gather_rows(d_full_.template data<T>(), d_rows, g);
-  ops::embedding_backward(params_.grad("embedding.word_embeddings.weight"),
-                          static_cast<T*>(nullptr), mb.tokens, d_words, g.tokens, g.seq, C, nullptr,
-                          vocab_start_, vocab_start_ + vocab_rows_);
+  ops::embedding_backward(x_, params_.grad("embedding.word_embeddings.weight"),
+                          static_cast<T*>(nullptr), a.in.tokens, d_words, g.tokens, g.seq, C,
+                          nullptr, vocab_start_, vocab_start_ + vocab_rows_);
 }
 
 template <typename T>
 void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* out,
-                                const MicroBatch& mb, const Geometry& g, const int32_t* positions) {
+                                const MicroBatch& mb, const Geometry& g, const Inputs& in) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb);
+  const ops::AttentionDims ad = attention_dims(mb, in);
   const LayerParams p = layer_params(layer, false);
   T* ln1 = a.ln1.template data<T>();
   norm_forward(ln1, a.ln1_mean.template data<T>(), a.ln1_rstd.template data<T>(), x, p.ln1_w,
                p.ln1_b, R, C);
   const T* ln1_full = gather_rows(a.ln1_full.template data<T>(), ln1, g);
   T* qkv = qkv_.template data<T>();
-  ops::linear_forward(qkv, ln1_full, p.qkv_w, p.qkv_b, N, C, ad.qkv_width());
+  ops::linear_forward(x_, qkv, ln1_full, p.qkv_w, p.qkv_b, N, C, ad.qkv_width());
   T *q = a.q.template data<T>(), *k = a.k.template data<T>(), *v = a.v.template data<T>();
   if (cfg_.qk_layernorm) {
     T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
-    ops::qkv_split(q_raw, k_raw, v, qkv, ad);
+    ops::qkv_split(x_, q_raw, k_raw, v, qkv, ad);
     norm_forward(q, a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), q_raw, p.qln_w,
                  p.qln_b, N * H, hd);
     norm_forward(k, a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), k_raw, p.kln_w,
                  p.kln_b, N * G, hd);
   } else {
-    ops::qkv_split(q, k, v, qkv, ad);
+    ops::qkv_split(x_, q, k, v, qkv, ad);
   }
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     const int rd = cfg_.rotary_dim();
-    ops::rope_forward(q, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions, rd);
-    ops::rope_forward(k, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions, rd);
+    ops::rope_forward(x_, q, rope_, N, g.seq, H, hd, in.positions, rd);
+    ops::rope_forward(x_, k, rope_, N, g.seq, G, hd, in.positions, rd);
   }
   T* attn = a.attn.template data<T>();
   if (cp_->size() > 1)
     ring_attention_forward(a, mb, g);
   else
-    ops::attention_forward(attn, a.probs.template data<T>(), q, k, v, ad);
+    ops::attention_forward(x_, attn, a.lse.template data<T>(), q, k, v, ad);
   // Row-parallel projection: the ranks' partial products are summed, then the bias and the
   // residual added.
   T* mid = a.mid.template data<T>();
   T* part = sp_ ? full_.template data<T>() : mid;
-  ops::linear_forward(part, attn, p.proj_w, static_cast<const T*>(nullptr), N, H * hd, C);
+  ops::linear_forward(x_, part, attn, p.proj_w, static_cast<const T*>(nullptr), N, H * hd, C);
   reduce_rows(mid, part, g);
-  if (p.proj_b) ops::add_bias(mid, p.proj_b, R, C);
-  ops::add(mid, mid, x, size_t(R) * C);
+  if (p.proj_b) ops::add_bias(x_, mid, p.proj_b, R, C);
+  ops::add(x_, mid, mid, x, size_t(R) * C);
 
   T* ln2 = a.ln2.template data<T>();
   norm_forward(ln2, a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), mid, p.ln2_w,
                p.ln2_b, R, C);
   const T* ln2_full = gather_rows(a.ln2_full.template data<T>(), ln2, g);
   T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
-  ops::linear_forward(fc1, ln2_full, p.fc1_w, p.fc1_b, N, C, fc1_out);
+  ops::linear_forward(x_, fc1, ln2_full, p.fc1_w, p.fc1_b, N, C, fc1_out);
   if (cfg_.swiglu)
-    ops::swiglu_forward(act, fc1, N, F);
+    ops::swiglu_forward(x_, act, fc1, N, F);
   else
-    ops::gelu_forward(act, fc1, size_t(N) * F, gelu_form(cfg_));
+    ops::gelu_forward(x_, act, fc1, size_t(N) * F, gelu_form(cfg_));
   part = sp_ ? full_.template data<T>() : out;
-  ops::linear_forward(part, act, p.fc2_w, static_cast<const T*>(nullptr), N, F, C);
+  ops::linear_forward(x_, part, act, p.fc2_w, static_cast<const T*>(nullptr), N, F, C);
   reduce_rows(out, part, g);
-  if (p.fc2_b) ops::add_bias(out, p.fc2_b, R, C);
-  ops::add(out, out, mid, size_t(R) * C);
+  if (p.fc2_b) ops::add_bias(x_, out, p.fc2_b, R, C);
+  ops::add(x_, out, out, mid, size_t(R) * C);
 }
 
 template <typename T>
 void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* dres,
-                                 const MicroBatch& mb, const Geometry& g,
-                                 const int32_t* positions) {
+                                 const MicroBatch& mb, const Geometry& g, const Inputs& in) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb);
+  const ops::AttentionDims ad = attention_dims(mb, in);
   const LayerParams p = layer_params(layer, false), gp = layer_params(layer, true);
   T* partial = full_.template data<T>();
   T* d_rows = d_rows_.template data<T>();
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
   const T* dy = gather_rows(d_full_.template data<T>(), dres, g);
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
-  ops::linear_backward(dffn, gp.fc2_w, gp.fc2_b, dy, a.act.template data<T>(), p.fc2_w, N, F, C);
+  ops::linear_backward(x_, dffn, gp.fc2_w, gp.fc2_b, dy, a.act.template data<T>(), p.fc2_w, N, F,
+                       C);
   if (cfg_.swiglu)
-    ops::swiglu_backward(dfc1, dffn, a.fc1.template data<T>(), N, F);
+    ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
   else
-    ops::gelu_backward(dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
-  ops::linear_backward(partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(), p.fc1_w, N,
-                       C, fc1_out);
+    ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
+  ops::linear_backward(x_, partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(),
+                       p.fc1_w, N, C, fc1_out);
   const T* dln2 = reduce_rows(d_rows, partial, g);
   norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
                 a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), R, C);
   // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
   dy = gather_rows(d_full_.template data<T>(), dres, g);
   T* dattn = d_attn_.template data<T>();
-  ops::linear_backward(dattn, gp.proj_w, gp.proj_b, dy, a.attn.template data<T>(), p.proj_w, N,
-                       H * hd, C);
+  ops::linear_backward(x_, dattn, gp.proj_w, gp.proj_b, dy, a.attn.template data<T>(), p.proj_w,
+                       N, H * hd, C);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
-  // Selective recompute: the attention probabilities were not kept; compute them again.
-  if (recompute_.granularity == Recompute::Selective) {
-    if (cp_->size() > 1)
-      ring_attention_forward(a, mb, g);
-    else
-      ops::attention_forward(a.attn.template data<T>(), a.probs.template data<T>(),
-                             a.q.template data<T>(), a.k.template data<T>(), a.v.template data<T>(),
-                             ad);
-  }
   if (cp_->size() > 1)
     ring_attention_backward(a, dq, dk, dv, dattn, mb, g);
   else
-    ops::attention_backward(dq, dk, dv, dattn, a.attn.template data<T>(),
-                            a.probs.template data<T>(), a.q.template data<T>(),
+    ops::attention_backward(x_, dq, dk, dv, dattn, a.attn.template data<T>(),
+                            a.lse.template data<T>(), a.q.template data<T>(),
                             a.k.template data<T>(), a.v.template data<T>(), ad);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     const int rd = cfg_.rotary_dim();
-    ops::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), N, g.seq, H, hd, positions, rd);
-    ops::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), N, g.seq, G, hd, positions, rd);
+    ops::rope_backward(x_, dq, rope_, N, g.seq, H, hd, in.positions, rd);
+    ops::rope_backward(x_, dk, rope_, N, g.seq, G, hd, in.positions, rd);
   }
   if (cfg_.qk_layernorm) {
     T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
-    std::fill(dq_raw, dq_raw + size_t(N) * H * hd, T(0));
-    std::fill(dk_raw, dk_raw + size_t(N) * G * hd, T(0));
+    ops::zero(x_, dq_raw, size_t(N) * H * hd);
+    ops::zero(x_, dk_raw, size_t(N) * G * hd);
     norm_backward(dq_raw, gp.qln_w, gp.qln_b, dq, a.q_raw.template data<T>(), p.qln_w,
                   a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), N * H, hd);
     norm_backward(dk_raw, gp.kln_w, gp.kln_b, dk, a.k_raw.template data<T>(), p.kln_w,
@@ -675,9 +678,9 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     dq = dq_raw, dk = dk_raw;
   }
   T* dqkv = qkv_.template data<T>();
-  ops::qkv_merge(dqkv, dq, dk, dv, ad);
-  ops::linear_backward(partial, gp.qkv_w, gp.qkv_b, dqkv, a.ln1_full.template data<T>(), p.qkv_w, N,
-                       C, ad.qkv_width());
+  ops::qkv_merge(x_, dqkv, dq, dk, dv, ad);
+  ops::linear_backward(x_, partial, gp.qkv_w, gp.qkv_b, dqkv, a.ln1_full.template data<T>(),
+                       p.qkv_w, N, C, ad.qkv_width());
   const T* dln1 = reduce_rows(d_rows, partial, g);
   norm_backward(dres, gp.ln1_w, gp.ln1_b, dln1, x, p.ln1_w, a.ln1_mean.template data<T>(),
                 a.ln1_rstd.template data<T>(), R, C);
@@ -712,7 +715,7 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   const double denom = mb.loss_divisor > 0 ? mb.loss_divisor : masked_tokens(mb, g);
   T* d_final = a.d_final.template data<T>();
   if (denom == 0) {  // every token masked: no loss, no gradient
-    std::fill(d_final, d_final + size_t(g.rows) * C, T(0));
+    ops::zero(x_, d_final, size_t(g.rows) * C);
     if (mb.token_losses) std::fill(mb.token_losses, mb.token_losses + g.tokens, 0.0f);
     return 0.0;
   }
@@ -724,16 +727,19 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
       tp_->all_reduce(values, size_t(n), max ? ReduceOp::Max : ReduceOp::Sum);
     };
   T* dh = train ? full_.template data<T>() : nullptr;
-  std::vector<T> token_losses(mb.token_losses ? size_t(g.tokens) : 0);
-  double loss =
-      ops::classifier_cross_entropy<T>(mb.token_losses ? token_losses.data() : nullptr, dh,
-                                       train ? classifier_weight(true) : nullptr, h,
-                                       classifier_weight(false), mb.labels, mb.loss_mask, ca);
+  T* losses = mb.token_losses ? token_losses_.template data<T>() : nullptr;
+  double loss = ops::classifier_cross_entropy<T>(
+      x_, losses, dh, train ? classifier_weight(true) : nullptr, h, classifier_weight(false),
+      a.in.labels, a.in.mask, ca);
   cp_->all_reduce(&loss, 1);
-  std::copy(token_losses.begin(), token_losses.end(), mb.token_losses);
+  if (losses) {
+    std::vector<T> host(size_t(g.tokens));
+    ops::download(x_, host.data(), losses, host.size());
+    std::copy(host.begin(), host.end(), mb.token_losses);
+  }
   if (train) {
     const T* d_norm = reduce_rows(d_rows_.template data<T>(), dh, g);
-    std::fill(d_final, d_final + size_t(g.rows) * C, T(0));
+    ops::zero(x_, d_final, size_t(g.rows) * C);
     norm_backward(d_final, params_.grad("decoder.final_layernorm.weight"),
                   params_.grad_or_null("decoder.final_layernorm.bias"), d_norm,
                   a.residual.back().template data<T>(),
@@ -741,6 +747,18 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
                   a.final_rstd.template data<T>(), g.rows, C);
   }
   return loss / denom;
+}
+
+template <typename T>
+void GPTModel<T>::layers_forward(int chunk, Activations& a, const MicroBatch& mb,
+                                 const Geometry& g) {
+  const int first = chunks_[chunk].first;
+  StepLayer place(-1);  // for the collective watchdog's reports
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    place.set(first + int(i));
+    layer_forward(first + int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
+                  a.residual[i + 1].template data<T>(), mb, g, a.in);
+  }
 }
 
 template <typename T>
@@ -754,22 +772,14 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   check_batch(mb);
   const Geometry g = geometry(mb);
   Activations& a = activations(chunk, slot);
-  for (int n = 0; n < g.tokens; ++n)
-    a.positions[n] = mb.position_ids ? mb.position_ids[n] : n % g.seq;
+  stage_inputs(a, mb, g);
   if (has_embedding(chunk)) {
     embed(a, mb, g);
   } else {
     OMNI_CHECK(input, "[gpt] chunk ", chunk, " needs the previous stage's output");
-    std::memcpy(a.residual[0].template data<T>(), input,
-                size_t(g.rows) * cfg_.hidden_size * sizeof(T));
+    ops::copy(x_, a.residual[0].template data<T>(), input, size_t(g.rows) * cfg_.hidden_size);
   }
-  const int first = chunks_[chunk].first;
-  StepLayer place(-1);  // for the collective watchdog's reports
-  for (size_t i = 0; i < a.layers.size(); ++i) {
-    place.set(first + int(i));
-    layer_forward(first + int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
-                  a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
-  }
+  layers_forward(chunk, a, mb, g);
   if (!has_loss(chunk)) return a.residual.back().template data<T>();
   *loss = head_forward(a, mb, g, train, grad_scale);
   return nullptr;
@@ -780,15 +790,15 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
                                      const T* grad_output) {
   const Geometry g = geometry(mb);
   Activations& a = activations(chunk, slot);
-  const size_t bytes = size_t(g.rows) * cfg_.hidden_size * sizeof(T);
+  const size_t rows = size_t(g.rows) * cfg_.hidden_size;
   T* dres = d_resid_.template data<T>();
   if (has_loss(chunk)) {
-    std::memcpy(dres, a.d_final.template data<T>(), bytes);
+    ops::copy(x_, dres, a.d_final.template data<T>(), rows);
     mark_ready(head_range_);
     if (!parallel_.pre_process) mark_ready(embedding_range_);  // the classifier's copy
   } else {
     OMNI_CHECK(grad_output, "[gpt] chunk ", chunk, " needs the next stage's gradient");
-    std::memcpy(dres, grad_output, bytes);
+    ops::copy(x_, dres, grad_output, rows);
   }
   const int first = chunks_[chunk].first;
   StepLayer place(-1);  // for the collective watchdog's reports
@@ -797,9 +807,8 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
     LayerActivations& la = layer_activations(a, i);
     if (recomputed(i))  // the layer's forward again, from its saved input
       layer_forward(first + i, la, a.residual[i].template data<T>(),
-                    a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
-    layer_backward(first + i, la, a.residual[i].template data<T>(), dres, mb, g,
-                   a.positions.data());
+                    a.residual[i + 1].template data<T>(), mb, g, a.in);
+    layer_backward(first + i, la, a.residual[i].template data<T>(), dres, mb, g, a.in);
     mark_ready(layer_ranges_[first + i]);
   }
   if (!has_embedding(chunk)) return dres;
@@ -839,17 +848,17 @@ std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int
   check_batch(mb);
   const Geometry g = geometry(mb);
   Activations& a = activations(0, 0);
-  for (int n = 0; n < g.tokens; ++n) a.positions[n] = n % seq;
+  stage_inputs(a, mb, g);
   embed(a, mb, g);
-  for (size_t i = 0; i < a.layers.size(); ++i)
-    layer_forward(int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
-                  a.residual[i + 1].template data<T>(), mb, g, a.positions.data());
+  layers_forward(0, a, mb, g);
   final_norm_forward(a, g);
   const int C = cfg_.hidden_size, V = cfg_.vocab_size;
-  std::vector<T> logits(size_t(g.tokens) * V);
-  ops::linear_forward<T>(logits.data(), a.final_norm.template data<T>(), classifier_weight(false),
-                         nullptr, g.tokens, C, V);
-  return logits;
+  Tensor logits = buffer({int64_t(g.tokens), V});
+  ops::linear_forward<T>(x_, logits.template data<T>(), a.final_norm.template data<T>(),
+                         classifier_weight(false), nullptr, g.tokens, C, V);
+  std::vector<T> host(size_t(g.tokens) * V);
+  ops::download(x_, host.data(), logits.template data<T>(), host.size());
+  return host;
 }
 
 template <typename T>

@@ -25,6 +25,11 @@
 // Parameter names and initial values are the single-process model's: layer indices are
 // global and every element is drawn from (seed, name, index in the full tensor), so a
 // rank's parameters are exactly its slices of the one-rank model's (invariant 2).
+//
+// One model on every device: every op goes through the seam of backend/ops.h with the
+// model's Exec, so the same code runs on the CPU or on one GPU per rank (float storage), with
+// parameters, gradients and activations in that device's memory. Micro-batches stay host
+// arrays; each chunk copies what its ops read to the device.
 #pragma once
 
 #include <cstdint>
@@ -80,8 +85,9 @@ struct ModelParallel {
   bool post_process = true;  // the last chunk ends with the final norm and the loss
 };
 
-// Activation recompute (Megatron's --recompute-granularity): Selective keeps no attention
-// probabilities and computes them again in the backward; Full keeps only each recomputed
+// Activation recompute (Megatron's --recompute-granularity): Selective recomputes the
+// attention probabilities in the backward, which attention always does here (it keeps only
+// its output and log-sum-exp: ops.h), so it keeps what None keeps; Full keeps only each recomputed
 // layer's input and runs the layer's forward again before its backward (num_layers: the
 // first N layers of each chunk, Megatron's "block" method; 0: every layer). Gradients are
 // bit-identical to no recompute.
@@ -96,10 +102,13 @@ class GPTModel {
   // Allocates parameters for this rank's part of the model and initialises them from
   // `seed`; activation memory for micro-batches of up to max_batch x config.seq_length
   // tokens is allocated per micro-batch in flight, on first use.
+  // `exec` is the device the model lives and runs on (default: the CPU).
   GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed,
-           const ModelParallel& parallel = {});
+           const ModelParallel& parallel = {}, const ops::Exec& exec = {});
 
   const TransformerConfig& config() const { return cfg_; }
+  const ops::Exec& exec() const { return x_; }
+  Device device() const { return device_; }
   ParameterSet<T>& params() { return params_; }
   const ParameterSet<T>& params() const { return params_; }
   int num_chunks() const { return int(chunks_.size()); }
@@ -139,8 +148,8 @@ class GPTModel {
     grads_ready_ = std::move(hook);
   }
 
-  // Logits [batch * seq, vocab_size] of every position (for tests and tools; training
-  // never materialises them). One rank only.
+  // Logits [batch * seq, vocab_size] of every position, in host memory (for tests and tools;
+  // training never materialises them). One rank only.
   std::vector<T> forward_logits(const int32_t* tokens, int batch, int seq);
   // Logits [vocab_size] of the last position of a single sequence (batch 1). One rank only.
   std::vector<float> next_token_logits(const int32_t* tokens, int seq);
@@ -151,20 +160,28 @@ class GPTModel {
     Tensor q, k, v;                            // after qk-layernorm and rope
     Tensor q_raw, k_raw, qn_mean, qn_rstd, kn_mean, kn_rstd;  // qk-layernorm only
     // Context parallel: every rank's keys and values, block r from rank r (ring attention
-    // keeps the blocks it was passed), and per block [batch, heads, seq] log-sum-exps, then
-    // the merged one.
-    Tensor k_all, v_all, lse;
-    Tensor probs, attn;
+    // keeps the blocks it was passed).
+    Tensor k_all, v_all;
+    Tensor lse, attn;  // attention's [batch, heads, seq] log-sum-exp and output
     Tensor mid;  // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
+  };
+  // The micro-batch's arrays where the ops read them: copies in the model's device memory
+  // (mask and key_start null when the micro-batch has none).
+  struct Inputs {
+    const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr,
+                  *key_start = nullptr;
+    const float* mask = nullptr;
   };
   // Everything one micro-batch leaves for its backward in one chunk.
   struct Activations {
     std::vector<Tensor> residual;  // layers + 1 residual streams [rows, C]
     std::vector<LayerActivations> layers;
     Tensor final_norm, final_mean, final_rstd, final_full, d_final;
-    std::vector<int32_t> positions;  // [tokens]: each row's position
+    std::vector<int32_t> positions;  // [tokens]: each row's position (host)
+    std::unique_ptr<Storage> input_storage;  // what `in` points into
+    Inputs in;
   };
   struct LayerParams {
     T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *qln_w, *qln_b, *kln_w, *kln_b;
@@ -182,7 +199,10 @@ class GPTModel {
     return chunk == num_chunks() - 1 && parallel_.post_process;
   }
   Geometry geometry(const MicroBatch& mb) const;
-  ops::AttentionDims attention_dims(const MicroBatch& mb) const;
+  ops::AttentionDims attention_dims(const MicroBatch& mb, const Inputs& in) const;
+  // Copies the micro-batch's arrays (and the rows' positions) to the device, into a.in.
+  void stage_inputs(Activations& a, const MicroBatch& mb, const Geometry& g);
+  Tensor buffer(Shape shape) const;
   void check_batch(const MicroBatch& mb) const;
   Activations& activations(int chunk, int slot);
   void allocate_layer(LayerActivations& l);
@@ -194,17 +214,19 @@ class GPTModel {
   void embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
                       const Geometry& g);
   void layer_forward(int layer, LayerActivations& a, const T* x, T* out, const MicroBatch& mb,
-                     const Geometry& g, const int32_t* positions);
+                     const Geometry& g, const Inputs& in);
   // dres holds d(out) on entry and d(x) on return.
   void layer_backward(int layer, LayerActivations& a, const T* x, T* dres, const MicroBatch& mb,
-                      const Geometry& g, const int32_t* positions);
+                      const Geometry& g, const Inputs& in);
   // Final norm, classifier and loss; with `train`, leaves d(final norm input) in d_final.
   double head_forward(Activations& a, const MicroBatch& mb, const Geometry& g, bool train,
                       double grad_scale);
+  // Runs the chunk's layers forward from a.residual[0] (the chunk's input).
+  void layers_forward(int chunk, Activations& a, const MicroBatch& mb, const Geometry& g);
   double masked_tokens(const MicroBatch& mb, const Geometry& g) const;
   // Norm over rows of width `width`: LayerNorm or RMSNorm per config.
-  // The norm's applied gamma: w itself, or under --apply-layernorm-1p w + 1 (in scratch).
-  const T* norm_gamma(const T* w, int width, std::vector<T>& scratch) const;
+  // The norm's applied gamma: w itself, or under --apply-layernorm-1p w + 1 (in gamma_).
+  const T* norm_gamma(const T* w, int width) const;
   void norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows,
                     int width) const;
   void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
@@ -225,12 +247,14 @@ class GPTModel {
   void ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
                                const MicroBatch& mb, const Geometry& g);
   // Rows' [first, last] keys within rank `src`'s block of keys (causal, and the document
-  // boundaries of --reset-attention-mask), into ring_first_ and ring_last_.
+  // boundaries of --reset-attention-mask), computed on the host and copied to ring_bounds_.
   ops::AttentionDims ring_block_dims(const MicroBatch& mb, const Geometry& g, int src);
 
   TransformerConfig cfg_;
   int max_batch_;
   ModelParallel parallel_;
+  ops::Exec x_;
+  Device device_;
   std::unique_ptr<Communicator> own_tp_, own_cp_;
   Communicator *tp_, *cp_;
   bool sp_;
@@ -238,21 +262,25 @@ class GPTModel {
   int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
   std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;
-  std::vector<double> rope_cos_, rope_sin_;
+  std::vector<double> rope_cos_, rope_sin_;  // the CPU's tables
+  Tensor rope_device_;                       // a GPU's: float cos, then sin
+  ops::RopeTables rope_;
+  Tensor ones_, gamma_;  // --apply-layernorm-1p: [hidden] ones, and w + 1
   std::vector<std::vector<std::unique_ptr<Activations>>> acts_;  // [chunk][slot]
   std::function<void(int64_t, int64_t)> grads_ready_;
   Recompute recompute_;
   LayerActivations recompute_scratch_;  // Full: the layer being recomputed
-  Tensor shared_probs_;                 // Selective: every layer's probabilities
   // Scratch reused by every layer.
   // full_ and d_full_ hold all of a micro-batch's rows; d_resid_ and d_rows_ its rows of
   // the residual stream.
   Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_,
       dk_raw_;
-  // Ring attention scratch: one block's output and rescaled probabilities, dq and dk/dv of
-  // one block, and two key/value gradient accumulators in flight.
-  Tensor ring_out_, ring_probs_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];
+  Tensor token_losses_;  // [tokens]: the classifier's per-row losses (MicroBatch::token_losses)
+  // Ring attention scratch: one block's output and log-sum-exp, dq and dk/dv of one block,
+  // and two key/value gradient accumulators in flight.
+  Tensor ring_out_, ring_lse_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];
   std::vector<int32_t> ring_first_, ring_last_;
+  std::unique_ptr<Storage> ring_bounds_;  // ring_first_ then ring_last_, where the ops read
   // Flat-buffer ranges, for set_grads_ready_hook: per global layer, the embedding's, the
   // final norm's and output layer's.
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;

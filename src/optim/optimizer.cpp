@@ -14,24 +14,23 @@ OptimizerKind parse_optimizer(const std::string& s) {
 }
 
 template <typename T>
-double gradient_norm(const ParameterSet<T>& params) {
-  return std::sqrt(ops::sum_squares(params.grads(), static_cast<size_t>(params.size())));
+double gradient_norm(const ParameterSet<T>& params, const ops::Exec& exec) {
+  return std::sqrt(ops::sum_squares(exec, params.grads(), static_cast<size_t>(params.size())));
 }
 
 template <typename T>
-void scale_gradients(ParameterSet<T>& params, double scale) {
-  T* g = params.grads();
-  const T s = static_cast<T>(scale);
-  const int64_t n = params.size();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) g[i] *= s;
+void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exec) {
+  ops::scale(exec, params.grads(), scale, static_cast<size_t>(params.size()));
 }
 
 template <typename T>
-Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params)
-    : cfg_(config) {
-  m_ = Tensor::zeros({params.size()}, dtype_of<T>());
-  if (cfg_.kind != OptimizerKind::SGD) v_ = Tensor::zeros({params.size()}, dtype_of<T>());
+Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
+                        const ops::Exec& exec)
+    : cfg_(config), x_(exec) {
+  const Device device = params.values_tensor().device();
+  m_ = Tensor::zeros({params.size()}, dtype_of<T>(), device, exec.memory());
+  if (cfg_.kind != OptimizerKind::SGD)
+    v_ = Tensor::zeros({params.size()}, dtype_of<T>(), device, exec.memory());
 }
 
 template <typename T>
@@ -89,14 +88,32 @@ void Optimizer<T>::step(ParameterSet<T>& params, double lr) {
   T* m = m_.template data<T>();
   T* v = v_.defined() ? v_.template data<T>() : nullptr;
   for (const ParamInfo& p : params.infos())
-    update_elements(cfg_, step_, lr, p.weight_decay, params.values() + p.offset,
+    update_elements(x_, cfg_, step_, lr, p.weight_decay, params.values() + p.offset,
                     params.grads() + p.offset, m + p.offset, v ? v + p.offset : nullptr, p.numel);
 }
 
-template double gradient_norm<float>(const ParameterSet<float>&);
-template double gradient_norm<double>(const ParameterSet<double>&);
-template void scale_gradients<float>(ParameterSet<float>&, double);
-template void scale_gradients<double>(ParameterSet<double>&, double);
+template <typename T>
+void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t step, double lr,
+                     bool decay, T* w, const T* g, T* m, T* v, int64_t n) {
+  if (!exec.on_gpu()) return update_elements(cfg, step, lr, decay, w, g, m, v, n);
+  if constexpr (std::is_same_v<T, float>) {
+    OMNI_REQUIRE(cfg.kind == OptimizerKind::AdamW,
+                 "--optimizer sgd is not built for the GPU yet; use --optimizer adam");
+    exec.gpu->adamw_update(w, g, m, v, size_t(n), lr, cfg.adam_beta1, cfg.adam_beta2,
+                           cfg.adam_eps, decay ? cfg.weight_decay : 0.0, step);
+  } else {
+    ops::detail::gpu_needs_float("optimizer update");
+  }
+}
+
+template double gradient_norm<float>(const ParameterSet<float>&, const ops::Exec&);
+template double gradient_norm<double>(const ParameterSet<double>&, const ops::Exec&);
+template void scale_gradients<float>(ParameterSet<float>&, double, const ops::Exec&);
+template void scale_gradients<double>(ParameterSet<double>&, double, const ops::Exec&);
+template void update_elements<float>(const ops::Exec&, const OptimizerConfig&, int64_t, double,
+                                     bool, float*, const float*, float*, float*, int64_t);
+template void update_elements<double>(const ops::Exec&, const OptimizerConfig&, int64_t, double,
+                                      bool, double*, const double*, double*, double*, int64_t);
 template void update_elements<float>(const OptimizerConfig&, int64_t, double, bool, float*,
                                      const float*, float*, float*, int64_t);
 template void update_elements<double>(const OptimizerConfig&, int64_t, double, bool, double*,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
 #include "tensor/parameters.h"
 
 namespace omni {
@@ -24,12 +25,12 @@ struct OptimizerConfig {
   double clip_grad = 1.0;  // global-norm clipping; 0 disables
 };
 
-// Global L2 norm of all gradients, summed in a fixed order.
+// Global L2 norm of all gradients, summed in a fixed order; `exec`: their device.
 template <typename T>
-double gradient_norm(const ParameterSet<T>& params);
+double gradient_norm(const ParameterSet<T>& params, const ops::Exec& exec = {});
 // Multiplies all gradients by `scale`.
 template <typename T>
-void scale_gradients(ParameterSet<T>& params, double scale);
+void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exec = {});
 
 // One update of n consecutive elements of one parameter (weights w, gradients g, state m
 // and, for Adam, v) at step `step` (1-based). Optimizer and DistributedOptimizer both call
@@ -37,11 +38,17 @@ void scale_gradients(ParameterSet<T>& params, double scale);
 template <typename T>
 void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
                      const T* g, T* m, T* v, int64_t n);
+// The same update on `exec`'s device (AdamW only on a GPU).
+template <typename T>
+void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t step, double lr,
+                     bool decay, T* w, const T* g, T* m, T* v, int64_t n);
 
 template <typename T>
 class Optimizer {
  public:
-  Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params);
+  // The states live where `exec` says, as the parameters do.
+  Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
+            const ops::Exec& exec = {});
   // One update with learning rate `lr` from the current gradients (already clipped).
   void step(ParameterSet<T>& params, double lr);
   int64_t steps() const { return step_; }
@@ -55,6 +62,7 @@ class Optimizer {
 
  private:
   OptimizerConfig cfg_;
+  ops::Exec x_;
   int64_t step_ = 0;
   Tensor m_, v_;
 };

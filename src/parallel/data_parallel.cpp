@@ -14,8 +14,9 @@ int64_t default_bucket_size(int group_size) {
 
 template <typename T>
 DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, ParameterSet<T>& params,
-                                            double bucket_size, GradReduce mode)
-    : comm_(group), params_(params), mode_(mode) {
+                                            double bucket_size, GradReduce mode,
+                                            const ops::Exec& exec)
+    : comm_(group), params_(params), mode_(mode), x_(exec) {
   OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size,
                ")");
   const int64_t target =
@@ -46,7 +47,9 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, ParameterSet<T>
     reduced_offset_.push_back(reduced);
     reduced += b.piece;
   }
-  if (mode_ == GradReduce::ReduceScatter) reduced_.resize(reduced);
+  if (mode_ == GradReduce::ReduceScatter)
+    reduced_ = Tensor::zeros({reduced}, dtype_of<T>(), params.values_tensor().device(),
+                             x_.memory());
 }
 
 template <typename T>
@@ -56,11 +59,7 @@ void DataParallelBuckets<T>::start(size_t index) {
   const int p = comm_.size();
   T* g = params_.grads() + b.begin;
   const int64_t n = b.end - b.begin;
-  if (p > 1) {
-    const T scale = T(1.0 / p);
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= scale;
-  }
+  if (p > 1) ops::scale(x_, g, 1.0 / p, size_t(n));
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
   if (mode_ == GradReduce::AllReduce) {
     reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
@@ -68,7 +67,8 @@ void DataParallelBuckets<T>::start(size_t index) {
   }
   if (b.piece > 0)
     reqs.push_back(
-        comm_.ireduce_scatter(reduced_.data() + reduced_offset_[index], g, b.piece, dtype_of<T>()));
+        comm_.ireduce_scatter(reduced_.template data<T>() + reduced_offset_[index], g, b.piece,
+                              dtype_of<T>()));
   if (const int64_t rest = n - p * b.piece; rest > 0)
     reqs.push_back(comm_.iall_reduce(g + p * b.piece, rest, dtype_of<T>()));
 }
@@ -103,8 +103,8 @@ void DataParallelBuckets<T>::finish() {
   if (mode_ == GradReduce::ReduceScatter) {
     const int64_t r = comm_.rank();
     for (size_t b = 0; b < buckets_.size(); ++b)
-      std::memcpy(params_.grads() + buckets_[b].begin + r * buckets_[b].piece,
-                  reduced_.data() + reduced_offset_[b], buckets_[b].piece * sizeof(T));
+      ops::copy(x_, params_.grads() + buckets_[b].begin + r * buckets_[b].piece,
+                reduced_.template data<T>() + reduced_offset_[b], size_t(buckets_[b].piece));
   }
   next_start_ = 0;
   params_pending_ = params_in_bucket_;

@@ -34,6 +34,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/ops.h"
 #include "comm/communicator.h"
 #include "tensor/parameters.h"
 
@@ -58,8 +59,9 @@ template <typename T>
 class DataParallelBuckets {
  public:
   // `group` and `params` must outlive this object. bucket_size: elements (--ddp-bucket-size).
+  // `exec`: the device the gradients live on (the group's collectives move its memory).
   DataParallelBuckets(Communicator& group, ParameterSet<T>& params, double bucket_size,
-                      GradReduce mode);
+                      GradReduce mode, const ops::Exec& exec = {});
 
   // Gradients of [begin, end) (whole parameters) are final for this step.
   void mark_ready(int64_t begin, int64_t end);
@@ -89,7 +91,8 @@ class DataParallelBuckets {
   std::vector<bool> param_ready_;
   size_t next_start_ = 0;
   std::vector<std::vector<std::unique_ptr<CommRequest>>> requests_;  // per bucket
-  std::vector<T> reduced_;                  // ReduceScatter: each bucket's piece, in bucket order
+  ops::Exec x_;
+  Tensor reduced_;                          // ReduceScatter: each bucket's piece, in bucket order
   std::vector<int64_t> reduced_offset_;     // per bucket, into reduced_
 };
 

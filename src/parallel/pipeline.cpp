@@ -46,19 +46,42 @@ double PipelineExecutor<T>::run(int num_microbatches,
     return s;
   };
 
-  // Sends in flight with their buffers, oldest first; completed ones are released as the
-  // schedule goes on, so a step holds no more of them than the pipeline has in flight.
+  // Buffers in the model's device memory; sends in flight with theirs, oldest first.
+  // Completed ones return their buffers to `spare` as the schedule goes on, so a step holds
+  // no more of them than the pipeline has in flight.
+  const ops::Exec& x = model_.exec();
+  const Device device = model_.device();
+  std::vector<Tensor> spare;
+  auto buffer = [&](size_t n) {
+    for (size_t i = 0; i < spare.size(); ++i)
+      if (size_t(spare[i].numel()) >= n) {
+        Tensor t = std::move(spare[i]);
+        spare.erase(spare.begin() + long(i));
+        return t;
+      }
+    return Tensor::zeros({int64_t(n)}, dtype_of<T>(), device, x.memory());
+  };
   struct Send {
-    std::vector<T> buffer;
+    Tensor buffer;
     std::unique_ptr<CommRequest> request;
   };
   std::deque<Send> sends;
   auto send = [&](const T* data, size_t n, int peer, int tag) {
-    while (!sends.empty() && sends.front().request->test()) sends.pop_front();
-    sends.push_back({std::vector<T>(data, data + n), nullptr});
-    sends.back().request = pp_.isend(sends.back().buffer.data(), n * sizeof(T), peer, tag);
+    while (!sends.empty() && sends.front().request->test()) {
+      spare.push_back(std::move(sends.front().buffer));
+      sends.pop_front();
+    }
+    sends.push_back({buffer(n), nullptr});
+    T* copy = sends.back().buffer.template data<T>();
+    ops::copy(x, copy, data, n);
+    sends.back().request = pp_.isend(copy, n * sizeof(T), peer, tag);
   };
-  std::vector<T> received;
+  Tensor received;
+  auto receive = [&](size_t n, int peer, int tag) -> const T* {
+    if (!received.defined() || size_t(received.numel()) < n) received = buffer(n);
+    pp_.recv(received.template data<T>(), n * sizeof(T), peer, tag);
+    return received.template data<T>();
+  };
 
   double loss_sum = 0;
   for (const PipelineOp& op : pipeline_schedule(pp, rank, num_microbatches, vp, !train)) {
@@ -69,9 +92,7 @@ double PipelineExecutor<T>::run(int num_microbatches,
       const T* input = nullptr;
       if (s > 0) {
         TraceSpan span("forward-recv", "microbatch", op.microbatch);
-        received.resize(n);
-        pp_.recv(received.data(), n * sizeof(T), prev, kActivationTag);
-        input = received.data();
+        input = receive(n, prev, kActivationTag);
       }
       double loss = 0;
       TraceSpan span("forward-compute", "microbatch", op.microbatch);
@@ -88,9 +109,7 @@ double PipelineExecutor<T>::run(int num_microbatches,
       const T* grad = nullptr;
       if (s < last_stage) {
         TraceSpan span("backward-recv", "microbatch", op.microbatch);
-        received.resize(n);
-        pp_.recv(received.data(), n * sizeof(T), next, kGradientTag);
-        grad = received.data();
+        grad = receive(n, next, kGradientTag);
       }
       TraceSpan span("backward-compute", "microbatch", op.microbatch);
       const int slot = slot_of.at({op.chunk, op.microbatch});

@@ -7,7 +7,9 @@
 namespace omni {
 
 template <typename T>
-ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos) : infos_(std::move(infos)) {
+ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos, Device device,
+                              const DeviceMemory* memory)
+    : infos_(std::move(infos)) {
   int64_t offset = 0;
   for (size_t i = 0; i < infos_.size(); ++i) {
     ParamInfo& p = infos_[i];
@@ -20,8 +22,8 @@ ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos) : infos_(std::move(i
     p.offset = offset;
     offset += (p.numel + 15) / 16 * 16;
   }
-  values_ = Tensor::zeros({offset}, dtype_of<T>());
-  grads_ = Tensor::zeros({offset}, dtype_of<T>());
+  values_ = Tensor::zeros({offset}, dtype_of<T>(), device, memory);
+  grads_ = Tensor::zeros({offset}, dtype_of<T>(), device, memory);
 }
 
 template <typename T>
@@ -33,8 +35,10 @@ const ParamInfo& ParameterSet<T>::info(const std::string& name) const {
 
 template <typename T>
 void ParameterSet<T>::initialize(uint64_t seed, double std, double scaled_std) {
+  // On a device: drawn on the host, then copied over.
+  std::vector<T> host(memory() ? size_t(size()) : 0);
   for (const ParamInfo& p : infos_) {
-    T* v = values() + p.offset;
+    T* v = (memory() ? host.data() : values()) + p.offset;
     switch (p.init) {
       case ParamInit::Normal:
       case ParamInit::ScaledNormal: {
@@ -52,6 +56,7 @@ void ParameterSet<T>::initialize(uint64_t seed, double std, double scaled_std) {
         break;
     }
   }
+  if (memory()) memory()->upload(values(), host.data(), host.size() * sizeof(T));
 }
 
 template class ParameterSet<float>;

@@ -48,11 +48,15 @@ class ParameterSet {
  public:
   ParameterSet() = default;
   // Lays out the parameters one after another, 16-element aligned, and allocates values
-  // and gradients.
-  explicit ParameterSet(std::vector<ParamInfo> infos);
+  // and gradients: in host memory, or in `memory` (a device's) when given.
+  explicit ParameterSet(std::vector<ParamInfo> infos, Device device = {},
+                        const DeviceMemory* memory = nullptr);
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int64_t size() const { return values_.numel(); }
+  // The device memory values() and grads() live in; null: host memory.
+  const DeviceMemory* memory() const { return values_.memory(); }
+  const Tensor& values_tensor() const { return values_; }
   T* values() const { return values_.template data<T>(); }
   T* grads() const { return grads_.template data<T>(); }
   const ParamInfo& info(const std::string& name) const;

@@ -19,9 +19,14 @@ std::string Device::str() const {
   return "?";
 }
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  OMNI_CHECK(device.kind == DeviceKind::CPU, "[storage] ", device.str(),
-             " memory is allocated by the GPU backend");
+Storage::Storage(size_t bytes, Device device, const DeviceMemory* memory)
+    : bytes_(bytes), device_(device), memory_(memory) {
+  OMNI_CHECK((device.kind == DeviceKind::CPU) == (memory == nullptr), "[storage] ", device.str(),
+             memory ? " memory from a device allocator" : " memory needs the device's allocator");
+  if (memory_) {
+    data_ = memory_->allocate(bytes ? bytes : 1);
+    return;
+  }
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded ? rounded : 64);
   if (!data_) throw std::bad_alloc();
@@ -29,7 +34,10 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
 }
 
 Storage::~Storage() {
-  std::free(data_);
+  if (memory_)
+    memory_->deallocate(data_);
+  else
+    std::free(data_);
 }
 
 std::string shape_str(const Shape& shape) {
@@ -56,10 +64,10 @@ static Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device, const DeviceMemory* memory) {
   for (int64_t d : shape) OMNI_CHECK(d >= 0, "[tensor] negative dimension in ", shape_str(shape));
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(product(shape) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(product(shape) * dtype_size(dtype), device, memory);
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
@@ -89,7 +97,10 @@ Tensor Tensor::view(int64_t offset, Shape shape) const {
 }
 
 void Tensor::zero_() {
-  std::memset(raw(), 0, bytes());
+  if (const DeviceMemory* m = memory())
+    m->zero(raw(), bytes());
+  else
+    std::memset(raw(), 0, bytes());
 }
 
 }  // namespace omni

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/device_memory.h"
 #include "base/dtype.h"
 #include "base/error.h"
 
@@ -23,21 +24,24 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-// Host memory, 64-byte aligned and zero-filled, so vector loads never straddle lines.
+// Zero-filled memory: on the host (no `memory`), 64-byte aligned so vector loads never
+// straddle lines; on a device, from that device's memory.
 class Storage {
  public:
-  Storage(size_t bytes, Device device);
+  Storage(size_t bytes, Device device, const DeviceMemory* memory = nullptr);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  const DeviceMemory* memory() const { return memory_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  const DeviceMemory* memory_ = nullptr;
 };
 
 using Shape = std::vector<int64_t>;
@@ -46,7 +50,9 @@ std::string shape_str(const Shape& shape);
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor zeros(Shape shape, DType dtype, Device device = {});
+  // Host memory, or `memory`'s (a device's) when given.
+  static Tensor zeros(Shape shape, DType dtype, Device device = {},
+                      const DeviceMemory* memory = nullptr);
 
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }
@@ -55,6 +61,8 @@ class Tensor {
   int64_t numel() const;
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device{}; }
+  // The device memory the data lives in; null: host memory.
+  const DeviceMemory* memory() const { return storage_ ? storage_->memory() : nullptr; }
   bool defined() const { return storage_ != nullptr; }
   size_t bytes() const { return numel() * dtype_size(dtype_); }
 

@@ -1,4 +1,4 @@
-// Downstream evaluation: multiple-choice tasks (data/task_file.h) scored by the model's
+// Downstream evaluation: multiple-choice tasks (data/datasets/task_file.h) scored by the model's
 // log-likelihood of each choice given its context, as lm-evaluation-harness scores its
 // multiple_choice tasks:
 //   acc       the fraction of examples whose right choice has the largest summed
@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "config/options.h"
-#include "data/task_file.h"
-#include "data/tokenizer.h"
+#include "data/datasets/task_file.h"
+#include "data/tokenizers/tokenizer.h"
 #include "train/metrics.h"
 
 namespace omni {

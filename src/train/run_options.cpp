@@ -5,7 +5,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "comm/process_grid.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 
 namespace omni {
 
@@ -74,9 +74,15 @@ std::unique_ptr<Tokenizer> open_tokenizer(Options& opts) {
 }
 
 RunOptions resolve_run_options(const std::vector<std::string>& command_line, int world_size) {
-  RunOptions run;
-  Options named;  // what the command line names: its data and its checkpoint
+  Options named;
   parse_options(command_line, named);
+  return resolve_run_options(command_line, std::move(named), world_size);
+}
+
+RunOptions resolve_run_options(const std::vector<std::string>& command_line, Options parsed,
+                               int world_size) {
+  RunOptions run;
+  Options named = parsed;  // what the command line names: its data and its checkpoint
   // Primus's auto_continue_train: a --save that holds a checkpoint is resumed, with its
   // optimizer and its options, as Primus's trainer sets load, finetune, no_load_optim and
   // use_checkpoint_args; without one, the run starts afresh.
@@ -110,7 +116,10 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, int
   if (named.use_checkpoint_args)  // Megatron: the checkpoint's model options win
     all.insert(all.end(), from_checkpoint.begin(), from_checkpoint.end());
   Options& o = run.opts;
-  parse_options(all, o);
+  if (all == command_line)  // nothing goes under or over the command line: parsed already
+    o = std::move(parsed);
+  else
+    parse_options(all, o);
   if (resume) o.finetune = o.no_load_optim = false;
   if (!missing_load.empty()) {
     o.load.clear();

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "config/options.h"
-#include "data/tokenizer.h"
+#include "data/tokenizers/tokenizer.h"
 
 namespace omni {
 
@@ -26,6 +26,12 @@ struct RunOptions {
 
 // `args` is the command line after --config's YAML and the environment were merged into it.
 RunOptions resolve_run_options(const std::vector<std::string>& args, int world_size);
+// The same, given `named`: `args` parsed alone (parse_options onto default Options), which a
+// command that checks the command line before resolving it (train's layout check) already
+// holds, so that the command line is parsed once. Without a preset (demo or checkpoint
+// options) to go under it, `named` is the run's options, and nothing is parsed again.
+RunOptions resolve_run_options(const std::vector<std::string>& args, Options named,
+                               int world_size);
 
 // `omnitron train` without data options: the demo's flags (any flag given still wins).
 std::vector<std::string> demo_args();

@@ -83,8 +83,25 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
+  const bool gpu_device = opts.device == "cuda" || opts.device == "hip";
+  if (gpu_device && !opts.bf16 && !opts.fp16) {
+    // float32 on a GPU: the one model with its parameters, gradients, activations and
+    // optimizer states in device memory, every op through the GPU half of the seam.
+    const GpuBackend* gpu = gpu_backend();
+    if (!gpu)
+      throw UsageError("--device " + opts.device +
+                       ": this omnitron was built without a GPU backend");
+    OMNI_REQUIRE(world->size() == 1 || gpu->name() == "emulated",
+                 "training on GPUs over several ranks (NCCL/RCCL) is not built yet (",
+                 world->size(), " ranks launched); use --device cpu for multi-rank runs");
+    OMNI_REQUIRE(!opts.use_distributed_optimizer,
+                 "--use-distributed-optimizer is not built for the GPU yet");
+    OMNI_REQUIRE(opts.optim.kind == OptimizerKind::AdamW,
+                 "--optimizer sgd is not built for the GPU yet; use --optimizer adam");
+    exec_ = ops::Exec{gpu};
+  }
   model_ = std::make_unique<GPTModel<float>>(opts.model, opts.micro_batch_size,
-                                             static_cast<uint64_t>(opts.seed), mp);
+                                             static_cast<uint64_t>(opts.seed), mp, exec_);
   Recompute recompute;
   if (opts.recompute_granularity == "selective") recompute.granularity = Recompute::Selective;
   if (opts.recompute_granularity == "full") {
@@ -92,9 +109,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     recompute.num_layers = opts.recompute_method == "block" ? opts.recompute_num_layers : 0;
   }
   model_->set_recompute(recompute);
-  if (opts.device == "cuda" || opts.device == "hip") {
+  if (gpu_device && (opts.bf16 || opts.fp16)) {
 #if defined(OMNITRON_GPU)
-    // The GPU model is one rank with every layer (gpu_model.h).
+    // bf16/fp16 storage on the GPU: until GPTModel stores 16-bit activations, the earlier
+    // one-rank GPU model (gpu_model.h) trains them.
     OMNI_REQUIRE(world->size() == 1, "training on the GPU runs on one rank in this version (",
                  world->size(), " ranks launched); use --device cpu for multi-rank runs");
     OMNI_REQUIRE(opts.optim.kind == OptimizerKind::AdamW,
@@ -121,7 +139,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   }
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
       grid_->dp_cp(), params, opts.ddp_bucket_size,
-      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce);
+      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_);
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
   // Without it (Megatron's default) ddp_->finish() starts them all after the backward pass.
@@ -144,7 +162,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     dist_optimizer_ =
         std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params());
   else
-    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params());
+    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_);
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
   batch_schedule_ = opts.batch_schedule;
@@ -199,6 +217,33 @@ void Trainer::host_to_gpu() {
     gpu_->set_state(name, std::vector<float>(state, state + params.size()));
   }
 #endif
+}
+
+struct Trainer::HostCopy {
+  HostCopy(const ParameterSet<float>& device, const OptimizerConfig& config)
+      : params(device.infos()), optimizer(config, params) {}
+  ParameterSet<float> params;
+  Optimizer<float> optimizer;
+};
+
+std::unique_ptr<Trainer::HostCopy> Trainer::host_copy() {
+  const ParameterSet<float>& params = optimizer_params();
+  auto host = std::make_unique<HostCopy>(params, opts_.optim);
+  const size_t n = size_t(params.size());
+  ops::download(exec_, host->params.values(), params.values(), n);
+  for (const std::string& name : optimizer_->state_names())
+    ops::download(exec_, host->optimizer.state_buffer(name), optimizer_->state_buffer(name), n);
+  host->optimizer.set_steps(optimizer_->steps());
+  return host;
+}
+
+void Trainer::upload(const HostCopy& host) {
+  ParameterSet<float>& params = optimizer_params();
+  const size_t n = size_t(params.size());
+  ops::upload(exec_, params.values(), host.params.values(), n);
+  for (const std::string& name : optimizer_->state_names())
+    ops::upload(exec_, optimizer_->state_buffer(name), host.optimizer.state_buffer(name), n);
+  optimizer_->set_steps(host.optimizer.steps());
 }
 
 Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
@@ -258,7 +303,13 @@ void Trainer::load(const std::string& dir) {
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
   ParameterSet<float>& params = optimizer_params();
   TrainingProgress p;
-  if (grid_->world().size() == 1 && optimizer_) {
+  if (exec_.on_gpu()) {
+    OMNI_REQUIRE(grid_->world().size() == 1,
+                 "--load: checkpoints of a GPU run over several ranks are not built yet");
+    const std::unique_ptr<HostCopy> host = host_copy();
+    p = load_checkpoint(dir, host->params, with_optimizer ? &host->optimizer : nullptr);
+    upload(*host);
+  } else if (grid_->world().size() == 1 && optimizer_) {
     p = load_checkpoint(dir, params, with_optimizer ? optimizer_.get() : nullptr);
   } else {
     // Every rank reads the one-rank model's checkpoint and keeps its slices of it.
@@ -309,7 +360,12 @@ std::string Trainer::save(MetricsSink& sink) {
   if (scaler_) progress.loss_scaler = scaler_->state();
   std::string dir;
   if (on_gpu()) gpu_to_host();
-  if (world.size() == 1 && optimizer_) {
+  if (exec_.on_gpu()) {
+    OMNI_REQUIRE(world.size() == 1,
+                 "--save: checkpoints of a GPU run over several ranks are not built yet");
+    const std::unique_ptr<HostCopy> host = host_copy();
+    dir = save_checkpoint(opts_.save, opts_, progress, host->params, host->optimizer);
+  } else if (world.size() == 1 && optimizer_) {
     dir = save_checkpoint(opts_.save, opts_, progress, params, *optimizer_);
   } else {
     GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
@@ -386,11 +442,15 @@ const MicroBatch& Trainer::batch(int m) const {
 }
 
 double Trainer::gradient_norm_squared(const std::vector<ShardRange>& ranges) {
-  return sum_over_params(optimizer_params().grads(), ranges, ops::sum_squares<float>);
+  return sum_over_params(optimizer_params().grads(), ranges, sum_squares_op());
+}
+
+std::function<double(const float*, size_t)> Trainer::sum_squares_op() const {
+  return [x = exec_](const float* data, size_t n) { return ops::sum_squares(x, data, n); };
 }
 
 double Trainer::sum_over_params(const float* data, const std::vector<ShardRange>& ranges,
-                                double (*op)(const float*, size_t)) {
+                                const std::function<double(const float*, size_t)>& op) {
   const ParameterSet<float>& params = optimizer_params();
   const bool tp_lead = grid_->tp_rank() == 0;
   double sum = 0;
@@ -484,7 +544,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
   if (opts_.optim.clip_grad > 0) {
     const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
-    if (coeff < 1.0) scale_gradients(master, coeff);
+    if (coeff < 1.0) scale_gradients(master, coeff, exec_);
   }
   if (dist_optimizer_)
     dist_optimizer_->step(master, step.lr);
@@ -521,10 +581,11 @@ void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
     return;
   }
 #endif
+  OMNI_REQUIRE(!zeros || !exec_.on_gpu(), "--log-num-zeros-in-grad is not built for the GPU yet");
   ParameterSet<float>& master = optimizer_params();
   const std::vector<ShardRange> ranges =
       dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}};
-  double sums[2] = {norm ? sum_over_params(master.values(), ranges, ops::sum_squares<float>) : 0,
+  double sums[2] = {norm ? sum_over_params(master.values(), ranges, sum_squares_op()) : 0,
                     zeros ? sum_over_params(master.grads(), ranges, count_zeros) : 0};
   grid_->model_parallel().all_reduce(sums, 2);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);

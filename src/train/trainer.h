@@ -2,6 +2,7 @@
 // the LR schedule, the optimizer step, periodic evaluation and metrics.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -9,7 +10,7 @@
 
 #include "comm/process_grid.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "model/gpt_model.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
@@ -130,7 +131,14 @@ class Trainer {
   double gradient_norm_squared(const std::vector<ShardRange>& ranges);
   // The sum of op over `ranges` of a buffer laid out like the parameters, with the same rule.
   double sum_over_params(const float* data, const std::vector<ShardRange>& ranges,
-                         double (*op)(const float*, size_t));
+                         const std::function<double(const float*, size_t)>& op);
+  // ops::sum_squares on the model's device.
+  std::function<double(const float*, size_t)> sum_squares_op() const;
+  // A host copy of the parameters and optimizer states when they live on a GPU (checkpoints
+  // are written from and read into it); with `upload`, copies it back to the device.
+  struct HostCopy;
+  std::unique_ptr<HostCopy> host_copy();
+  void upload(const HostCopy& host);
   // --log-params-norm and --log-num-zeros-in-grad (collective over the model-parallel ranks).
   void add_step_statistics(StepMetrics& m, bool skipped);
   // Sum of the last stage's per-micro-batch losses, averaged over data-parallel ranks and
@@ -143,6 +151,7 @@ class Trainer {
   double peak_gflops_;
   std::unique_ptr<Communicator> own_world_;
   std::unique_ptr<ProcessGrid> grid_;
+  ops::Exec exec_;  // where the model trains: the CPU, or a GPU (float32)
   std::unique_ptr<GPTModel<float>> model_;
   std::unique_ptr<PipelineExecutor<float>> pipeline_;
   std::unique_ptr<DataParallelBuckets<float>> ddp_;

@@ -13,10 +13,10 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
-#include "config/options.h"
-#include "data/dataset.h"
-#include "train/trainer.h"
 #include "cli/process.h"
+#include "config/options.h"
+#include "data/datasets/dataset.h"
+#include "train/trainer.h"
 
 namespace {
 

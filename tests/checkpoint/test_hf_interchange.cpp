@@ -20,7 +20,7 @@
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/safetensors.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "model/gpt_model.h"
 #include "train/trainer.h"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "cli/process.h"
-#include "data/json.h"
 
 namespace {
 

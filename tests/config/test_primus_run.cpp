@@ -9,7 +9,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "train/run_options.h"
 #include "train/trainer.h"
 

@@ -19,7 +19,7 @@
 #include "config/megatron_flag_list.h"
 #include "config/options.h"
 #include "config/yaml_config.h"
-#include "data/hf_hub.h"
+#include "data/tokenizers/hf_hub.h"
 
 namespace omni {
 namespace {

@@ -1,5 +1,5 @@
 // Flash attention on the GPU (backend/gpu/attention_*.cu) against the CPU's attention
-// (ops::attention_forward/backward<float>, which stores the probabilities) on the same
+// (ops::attention_forward/backward<float>) on the same
 // T-rounded inputs: output, lse and the three gradients, for causal attention, grouped-query
 // and multi-query heads, packed documents (key_start) and ring-attention key blocks (q_index).
 //
@@ -15,100 +15,12 @@
 //          D = dO . O, whose error is multiplied by P in every dS.
 //   f16:   4e-3. The same roundings with f16's 2^-12 (plus f16's smaller range of exponents
 //          for small gradients).
-#include <algorithm>
 #include <cstring>
-#include <limits>
 
-#include "backend/ops.h"
-#include "gpu/gpu_test.h"
+#include "gpu/attention_reference.h"
 
 namespace omni::gpu_test {
 namespace {
-
-template <typename T>
-constexpr double attention_tol() {
-  if constexpr (std::is_same_v<T, float>) return 5e-5;
-  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
-  return 4e-3;
-}
-
-::testing::AssertionResult close_scaled(const std::vector<float>& got,
-                                        const std::vector<float>& want, double tol) {
-  // Floor 1e-2: gradients that cancel to ~0 (one key: dS = P (dP - D) = 0) are rounding noise.
-  double peak = 1e-2;
-  for (float w : want)
-    if (std::isfinite(w)) peak = std::max(peak, double(std::abs(w)));
-  return close(got, want, tol, tol * peak);
-}
-
-struct Result {
-  std::vector<float> out, lse, dq, dk, dv;
-};
-
-struct Case {
-  ops::AttentionDims d;
-  std::vector<int32_t> key_start, q_index;  // empty: not used
-  uint32_t seed = 1;
-};
-
-template <typename T>
-struct Inputs {
-  std::vector<float> q, k, v, dout;
-  explicit Inputs(const Case& c) {
-    const auto& d = c.d;
-    const size_t N = size_t(d.batch) * d.seq;
-    q = rounded<T>(random_vector(N * d.heads * d.head_dim, c.seed));
-    k = rounded<T>(random_vector(N * d.groups * d.head_dim, c.seed + 1));
-    v = rounded<T>(random_vector(N * d.groups * d.head_dim, c.seed + 2));
-    dout = rounded<T>(random_vector(N * d.heads * d.head_dim, c.seed + 3));
-  }
-};
-
-// The CPU reference in float.
-template <typename T>
-Result cpu_attention(const Case& c, const Inputs<T>& in) {
-  ops::AttentionDims d = c.d;
-  if (!c.key_start.empty()) d.key_start = c.key_start.data();
-  if (!c.q_index.empty()) d.q_index = c.q_index.data();
-  const size_t N = size_t(d.batch) * d.seq;
-  Result r;
-  r.out.resize(in.q.size());
-  r.lse.resize(size_t(d.batch) * d.heads * d.seq);
-  std::vector<float> probs(size_t(d.batch) * d.heads * d.seq * d.seq);
-  ops::attention_forward<float>(r.out.data(), probs.data(), in.q.data(), in.k.data(), in.v.data(),
-                                d, r.lse.data());
-  r.dq.resize(in.q.size());
-  r.dk.resize(N * d.groups * d.head_dim);
-  r.dv.resize(r.dk.size());
-  ops::attention_backward<float>(r.dq.data(), r.dk.data(), r.dv.data(), in.dout.data(),
-                                 r.out.data(), probs.data(), in.q.data(), in.k.data(), in.v.data(),
-                                 d);
-  return r;
-}
-
-// The GPU forward, then the backward from the GPU's own output and lse (as training runs it).
-template <typename T>
-Result gpu_attention(const Case& c, const Inputs<T>& in) {
-  ops::AttentionDims d = c.d;
-  gpu::DeviceArray<int32_t> key_start, q_index;
-  if (!c.key_start.empty()) key_start = to_device(c.key_start), d.key_start = key_start.data();
-  if (!c.q_index.empty()) q_index = to_device(c.q_index), d.q_index = q_index.data();
-  Device<T> q(in.q), k(in.k), v(in.v), dout(in.dout);
-  Device<T> out(in.q.size()), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-  const size_t rows = size_t(d.batch) * d.heads * d.seq;
-  gpu::DeviceArray<float> lse(rows);
-  gpu::flash_attention_forward(out.get(), lse.data(), q.get(), k.get(), v.get(), d);
-  gpu::flash_attention_backward(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.data(),
-                                q.get(), k.get(), v.get(), d);
-  Result r;
-  r.out = out.host();
-  r.lse.resize(rows);
-  gpu::copy_to_host(r.lse.data(), lse.data(), rows * sizeof(float));
-  r.dq = dq.host();
-  r.dk = dk.host();
-  r.dv = dv.host();
-  return r;
-}
 
 template <typename T>
 void expect_matches_cpu(const Case& c) {

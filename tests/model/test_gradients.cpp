@@ -303,14 +303,14 @@ void check_attention(const ops::AttentionDims& d, uint64_t seed) {
   Vec q = rng.normal(N * d.heads * d.head_dim), k = rng.normal(N * d.groups * d.head_dim),
       v = rng.normal(k.size());
   const Vec dout = rng.normal(q.size());
-  Vec out(q.size()), probs(size_t(d.batch) * d.heads * d.seq * d.seq);
+  Vec out(q.size()), lse(size_t(d.batch) * d.heads * d.seq);
   auto objective = [&] {
-    ops::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), d);
+    ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
     return dot(dout, out);
   };
   objective();
   Vec dq(q.size(), kJunk), dk(k.size(), kJunk), dv(v.size(), kJunk);
-  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), probs.data(),
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
                           q.data(), k.data(), v.data(), d);
 
   EXPECT_TRUE(gradients_match("dq", dq, numerical_gradient(q, objective)));
@@ -345,8 +345,8 @@ TEST(AttentionForward, GivesLogSumExpAndZeroForRowsWithoutKeys) {
   const ops::AttentionDims d{1, S, 1, 1, hd, first.data(), last.data()};
   TestRng rng(26);
   Vec q = rng.normal(S * hd), k = rng.normal(S * hd), v = rng.normal(S * hd);
-  Vec out(S * hd, kJunk), probs(S * S, kJunk), lse(S, kJunk);
-  ops::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), d, lse.data());
+  Vec out(S * hd, kJunk), lse(S, kJunk);
+  ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
   for (int i = 0; i < S; ++i) {
     if (last[i] < first[i]) {
       EXPECT_EQ(lse[i], -std::numeric_limits<double>::infinity());
@@ -360,7 +360,45 @@ TEST(AttentionForward, GivesLogSumExpAndZeroForRowsWithoutKeys) {
                       std::sqrt(double(hd)));
     EXPECT_NEAR(lse[i], std::log(sum), 1e-12);
   }
-  for (int j = 0; j < S; ++j) EXPECT_EQ(probs[2 * S + j], 0.0);
+}
+
+// Attention over all keys equals attention over two blocks of them merged by their
+// log-sum-exps, and the backward with the merged output and log-sum-exp gives each block's
+// part of the gradients (ring attention's arithmetic).
+TEST(AttentionMerge, TwoBlocksOfKeysGiveAttentionOverAll) {
+  const int S = 6, H = 2, hd = 3;
+  const ops::AttentionDims all{1, S, H, 1, hd};
+  TestRng rng(27);
+  const Vec q = rng.normal(S * H * hd), k = rng.normal(S * hd), v = rng.normal(S * hd),
+            dout = rng.normal(S * H * hd);
+  Vec out(q.size()), lse(S * H), dq(q.size()), dk(k.size()), dv(v.size());
+  ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), all);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                          q.data(), k.data(), v.data(), all);
+  // Block A: keys 0..2 (row i sees 0..min(i, 2)); block B: keys 3..5 (row i sees 3..i).
+  std::vector<int32_t> first_a(S, 0), last_a(S), first_b(S, 0), last_b(S);
+  for (int i = 0; i < S; ++i) last_a[i] = std::min(i, 2), last_b[i] = i - 3;
+  Vec kb(k.begin() + 3 * hd, k.end()), vb(v.begin() + 3 * hd, v.end());
+  kb.resize(k.size()), vb.resize(v.size());
+  const ops::AttentionDims da{1, S, H, 1, hd, first_a.data(), last_a.data()};
+  const ops::AttentionDims db{1, S, H, 1, hd, first_b.data(), last_b.data()};
+  Vec merged(q.size()), merged_lse(S * H), out_b(q.size()), lse_b(S * H);
+  ops::attention_forward(merged.data(), merged_lse.data(), q.data(), k.data(), v.data(), da);
+  ops::attention_forward(out_b.data(), lse_b.data(), q.data(), kb.data(), vb.data(), db);
+  ops::attention_merge(merged.data(), merged_lse.data(), out_b.data(), lse_b.data(), db);
+  EXPECT_TRUE(gradients_match("out", merged, out, 1e-12));
+  EXPECT_TRUE(gradients_match("lse", merged_lse, lse, 1e-12));
+  Vec dq_a(q.size()), dk_a(k.size()), dv_a(v.size()), dq_b(q.size()), dk_b(k.size()),
+      dv_b(v.size());
+  ops::attention_backward(dq_a.data(), dk_a.data(), dv_a.data(), dout.data(), merged.data(),
+                          merged_lse.data(), q.data(), k.data(), v.data(), da);
+  ops::attention_backward(dq_b.data(), dk_b.data(), dv_b.data(), dout.data(), merged.data(),
+                          merged_lse.data(), q.data(), kb.data(), vb.data(), db);
+  for (size_t i = 0; i < dq.size(); ++i) dq_a[i] += dq_b[i];
+  for (int j = 0; j < 3 * hd; ++j) dk_a[3 * hd + j] = dk_b[j], dv_a[3 * hd + j] = dv_b[j];
+  EXPECT_TRUE(gradients_match("dq", dq_a, dq, 1e-12));
+  EXPECT_TRUE(gradients_match("dk", dk_a, dk, 1e-12));
+  EXPECT_TRUE(gradients_match("dv", dv_a, dv, 1e-12));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -682,19 +720,19 @@ TEST(FloatGradient, AttentionMatchesDouble) {
   const Vec q = rounded(rng.normal(N * d.heads * d.head_dim)),
             k = rounded(rng.normal(N * d.groups * d.head_dim)), v = rounded(rng.normal(k.size())),
             dout = rounded(rng.normal(q.size()));
-  const size_t nprobs = size_t(d.batch) * d.heads * d.seq * d.seq;
+  const size_t nlse = size_t(d.batch) * d.heads * d.seq;
 
-  Vec out(q.size()), probs(nprobs), dq(q.size()), dk(k.size()), dv(v.size());
-  ops::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), d);
-  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), probs.data(),
+  Vec out(q.size()), lse(nlse), dq(q.size()), dk(k.size()), dv(v.size());
+  ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
                           q.data(), k.data(), v.data(), d);
 
   auto f = [](const Vec& x) { return std::vector<float>(x.begin(), x.end()); };
   const std::vector<float> qf = f(q), kf = f(k), vf = f(v), doutf = f(dout);
-  std::vector<float> outf(q.size()), probsf(nprobs), dqf(q.size()), dkf(k.size()), dvf(v.size());
-  ops::attention_forward(outf.data(), probsf.data(), qf.data(), kf.data(), vf.data(), d);
+  std::vector<float> outf(q.size()), lsef(nlse), dqf(q.size()), dkf(k.size()), dvf(v.size());
+  ops::attention_forward(outf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), d);
   ops::attention_backward(dqf.data(), dkf.data(), dvf.data(), doutf.data(), outf.data(),
-                          probsf.data(), qf.data(), kf.data(), vf.data(), d);
+                          lsef.data(), qf.data(), kf.data(), vf.data(), d);
 
   EXPECT_TRUE(gradients_match("out", to_double(outf), out, kFloatTolerance));
   EXPECT_TRUE(gradients_match("dq", to_double(dqf), dq, kFloatTolerance));

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <map>
 
+#include "base/json.h"
 #include "cli/process.h"
-#include "data/json.h"
 #include "mpirun.h"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data/json.h"
+#include "base/json.h"
 #include "mpirun.h"
 
 namespace {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "config/options.h"
-#include "data/json.h"
 #include "event_file_reader.h"
 #include "train/metrics.h"
 

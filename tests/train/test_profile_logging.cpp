@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "cli/process.h"
 #include "config/options.h"
-#include "data/dataset.h"
-#include "data/json.h"
+#include "data/datasets/dataset.h"
 #include "event_file_reader.h"
 #include "train/trainer.h"
 

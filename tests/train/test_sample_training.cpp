@@ -10,8 +10,8 @@
 
 #include "cli/process.h"
 #include "config/options.h"
-#include "data/dataset.h"
-#include "data/indexed_dataset.h"
+#include "data/datasets/dataset.h"
+#include "data/datasets/indexed_dataset.h"
 #include "train/trainer.h"
 
 namespace {

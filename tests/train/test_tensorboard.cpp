@@ -13,8 +13,8 @@
 
 #include "base/crc32c.h"
 #include "base/error.h"
+#include "base/json.h"
 #include "cli/process.h"
-#include "data/json.h"
 #include "event_file_reader.h"
 #include "train/tensorboard.h"
 

@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "config/options.h"
-#include "data/dataset.h"
+#include "data/datasets/dataset.h"
 #include "train/run_options.h"
 #include "train/trainer.h"
 
@@ -200,6 +200,44 @@ TEST(RunOptions, LoadPutsTheCheckpointsModelUnderTheCommandLineOrOverItWithUseCh
   with_flag.push_back("--use-checkpoint-args");
   EXPECT_EQ(omni::resolve_run_options(with_flag, 1).opts.model.num_layers, 2);
   EXPECT_FALSE(cli_wins.demo);
+}
+
+// Every option of every group as command-line text, and the notes: two resolutions agree when
+// these do.
+static std::vector<std::string> everything(const omni::Options& o) {
+  std::vector<std::string> all = o.notes, groups;
+  for (const omni::OptionDef& d : omni::option_table())
+    if (std::find(groups.begin(), groups.end(), d.group) == groups.end()) {
+      groups.push_back(d.group);
+      const std::vector<std::string> args = omni::options_as_args(o, d.group);
+      all.push_back("[" + d.group + "]");
+      all.insert(all.end(), args.begin(), args.end());
+    }
+  return all;
+}
+
+TEST(RunOptions, ACommandLineParsedOnceResolvesAsItsText) {
+  // Without a preset, the command line alone is the run's options: parsed and finalized.
+  const std::vector<std::string> plain = {
+      "--mock-data",      "--vocab-size", "97", "--num-layers", "3", "--lr", "3e-4",
+      "--use-flash-attn", "--eval-iters", "0"};
+  omni::Options named, alone;
+  omni::parse_options(plain, named);
+  omni::parse_options(plain, alone);
+  omni::finalize(alone);
+  const omni::RunOptions once = omni::resolve_run_options(plain, named, 1);
+  EXPECT_FALSE(once.demo);
+  EXPECT_EQ(everything(once.opts), everything(alone));
+  EXPECT_EQ(everything(once.opts), everything(omni::resolve_run_options(plain, 1).opts));
+  // Under the demo's preset, which the command line overrides.
+  const std::vector<std::string> demo = {"--num-layers", "3", "--use-flash-attn"};
+  omni::Options demo_named;
+  omni::parse_options(demo, demo_named);
+  const omni::RunOptions demo_once = omni::resolve_run_options(demo, demo_named, 1);
+  EXPECT_TRUE(demo_once.demo);
+  EXPECT_EQ(demo_once.opts.model.num_layers, 3);     // the command line's
+  EXPECT_EQ(demo_once.opts.model.hidden_size, 256);  // the demo's
+  EXPECT_EQ(everything(demo_once.opts), everything(omni::resolve_run_options(demo, 1).opts));
 }
 
 TEST(Metrics, FileHasOneJsonObjectPerLoggedStepWithTheRequiredKeys) {

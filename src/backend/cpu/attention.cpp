@@ -120,77 +120,91 @@ int block_keys(const AttentionDims& d, int b, int r0, int r1) {
   return end;
 }
 
+// Scores of rows [r0, r1) against keys [0, kend): S = scale q k^T into P (leading dimension
+// ld), then each row i's probabilities exp(S - lse_i) over its keys [first, last] and 0
+// elsewhere, given lse; or, when lse is to be computed (`find_lse`), the softmax, writing lse.
+template <typename T>
+void row_block_probabilities(T* P, int ld, const T* qb, int ldq, const T* kb, int ldk,
+                             const AttentionDims& d, int b, int r0, int r1, int kend, T scale,
+                             T* lse_rows, bool find_lse) {
+  gemm<T>(false, true, r1 - r0, kend, d.head_dim, scale, qb + static_cast<size_t>(r0) * ldq, ldq,
+          kb, ldk, T(0), P, ld);
+  for (int i = r0; i < r1; ++i) {
+    T* row = P + static_cast<size_t>(i - r0) * ld;
+    const int j0 = first_key(d, b, i), j1 = last_key(d, b, i);
+    if (j1 < j0) {
+      std::fill(row, row + kend, T(0));
+      if (find_lse) lse_rows[i] = -std::numeric_limits<T>::infinity();
+      continue;
+    }
+    T shift = lse_rows[i];
+    if (find_lse) {
+      T mx = std::numeric_limits<T>::lowest();
+      for (int j = j0; j <= j1; ++j) mx = std::max(mx, row[j]);
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int j = j0; j <= j1; ++j) sum += std::exp(row[j] - mx);
+      shift = lse_rows[i] = mx + std::log(sum);
+    }
+#pragma omp simd
+    for (int j = j0; j <= j1; ++j) row[j] = std::exp(row[j] - shift);
+    std::fill(row, row + j0, T(0));
+    std::fill(row + j1 + 1, row + kend, T(0));
+  }
+}
+
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v,
-                       const AttentionDims& d, T* lse) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionDims& d) {
   const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < d.batch * H; ++bh) {
-    const int b = bh / H, h = bh % H, g = h / hpg;
-    const T* qb = q + static_cast<size_t>(b) * S * ldq + h * hd;
-    const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
-    const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
-    T* ob = out + static_cast<size_t>(b) * S * ldq + h * hd;
-    T* P = probs + static_cast<size_t>(bh) * S * S;
-    for (int r0 = 0; r0 < S; r0 += kRowBlock) {
-      const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
-      const int kend = block_keys(d, b, r0, r1);
-      T* Pb = P + static_cast<size_t>(r0) * S;
-      if (kend == 0) {  // no row of the block sees a key
-        std::fill(Pb, Pb + static_cast<size_t>(rows) * S, T(0));
-        for (int i = r0; i < r1; ++i) {
-          std::fill(ob + static_cast<size_t>(i) * ldq, ob + static_cast<size_t>(i) * ldq + hd, T(0));
-          if (lse) lse[static_cast<size_t>(bh) * S + i] = -std::numeric_limits<T>::infinity();
-        }
-        continue;
-      }
-      gemm<T>(false, true, rows, kend, hd, scale, qb + static_cast<size_t>(r0) * ldq, ldq, kb, ldk,
-              T(0), Pb, S);
-      for (int i = r0; i < r1; ++i) {
-        T* row = P + static_cast<size_t>(i) * S;
-        const int j0 = first_key(d, b, i), j1 = last_key(d, b, i);
-        if (j1 < j0) {
-          std::fill(row, row + S, T(0));
-          if (lse) lse[static_cast<size_t>(bh) * S + i] = -std::numeric_limits<T>::infinity();
+#pragma omp parallel
+  {
+    std::vector<T> P(static_cast<size_t>(kRowBlock) * S);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < d.batch * H; ++bh) {
+      const int b = bh / H, h = bh % H, g = h / hpg;
+      const T* qb = q + static_cast<size_t>(b) * S * ldq + h * hd;
+      const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
+      const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
+      T* ob = out + static_cast<size_t>(b) * S * ldq + h * hd;
+      T* lse_rows = lse + static_cast<size_t>(bh) * S;
+      for (int r0 = 0; r0 < S; r0 += kRowBlock) {
+        const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
+        const int kend = block_keys(d, b, r0, r1);
+        if (kend == 0) {  // no row of the block sees a key
+          for (int i = r0; i < r1; ++i) {
+            std::fill(ob + static_cast<size_t>(i) * ldq, ob + static_cast<size_t>(i) * ldq + hd,
+                      T(0));
+            lse_rows[i] = -std::numeric_limits<T>::infinity();
+          }
           continue;
         }
-        T mx = std::numeric_limits<T>::lowest();
-        for (int j = j0; j <= j1; ++j) mx = std::max(mx, row[j]);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int j = j0; j <= j1; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        const T inv = T(1) / sum;
-#pragma omp simd
-        for (int j = j0; j <= j1; ++j) row[j] *= inv;
-        if (lse) lse[static_cast<size_t>(bh) * S + i] = mx + std::log(sum);
-        std::fill(row, row + j0, T(0));
-        std::fill(row + j1 + 1, row + S, T(0));
+        row_block_probabilities(P.data(), S, qb, ldq, kb, ldk, d, b, r0, r1, kend, scale,
+                                lse_rows, true);
+        gemm<T>(false, false, rows, hd, kend, T(1), P.data(), S, vb, ldk, T(0),
+                ob + static_cast<size_t>(r0) * ldq, ldq);
       }
-      gemm<T>(false, false, rows, hd, kend, T(1), Pb, S, vb, ldk, T(0),
-              ob + static_cast<size_t>(r0) * ldq, ldq);
     }
   }
 }
 
-// Per row i: dS_ij = P_ij (dP_ij - D_i) with D_i = sum_j P_ij dP_ij = dO_i . O_i.
-// Work is split by (batch, group) so the heads sharing a key/value head accumulate into
-// dk/dv from one thread, in a fixed order.
+// Per row i: P_ij = exp(s_ij - lse_i), dS_ij = P_ij (dP_ij - D_i) with D_i = dO_i . O_i
+// (= sum_j P_ij dP_ij when O is this block's attention alone; with O and lse of attention
+// over several blocks, this block's part of the gradient). Work is split by (batch, group) so
+// the heads sharing a key/value head accumulate into dk/dv from one thread, in a fixed order.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* probs,
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
                         const T* q, const T* k, const T* v, const AttentionDims& d) {
   const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel
   {
-    std::vector<T> dS(static_cast<size_t>(kRowBlock) * S);
+    std::vector<T> P(static_cast<size_t>(kRowBlock) * S), dS(static_cast<size_t>(kRowBlock) * S);
 #pragma omp for schedule(dynamic, 1)
     for (int bg = 0; bg < d.batch * G; ++bg) {
       const int b = bg / G, g = bg % G;
@@ -206,11 +220,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       }
       for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
         const size_t qoff = static_cast<size_t>(b) * S * ldq + h * hd;
-        const T* P = probs + (static_cast<size_t>(b) * H + h) * S * S;
+        const T* lse_rows = lse + (static_cast<size_t>(b) * H + h) * S;
         for (int r0 = 0; r0 < S; r0 += kRowBlock) {
           const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
           const int kend = block_keys(d, b, r0, r1);
-          const T* Pb = P + static_cast<size_t>(r0) * S;
           const T* dOb = dout + qoff + static_cast<size_t>(r0) * ldq;
           if (kend == 0) {  // no row of the block sees a key
             for (int i = r0; i < r1; ++i)
@@ -218,20 +231,20 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                         dq + qoff + static_cast<size_t>(i) * ldq + hd, T(0));
             continue;
           }
+          row_block_probabilities(P.data(), S, q + qoff, ldq, kb, ldk, d, b, r0, r1, kend, scale,
+                                  const_cast<T*>(lse_rows), false);
           // dV[0:kend] += P^T dO ; dP = dO V^T
-          gemm<T>(true, false, kend, hd, rows, T(1), Pb, S, dOb, ldq, T(1), dvb, ldk);
+          gemm<T>(true, false, kend, hd, rows, T(1), P.data(), S, dOb, ldq, T(1), dvb, ldk);
           gemm<T>(false, true, rows, kend, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), S);
           for (int i = r0; i < r1; ++i) {
             const T* o = out + qoff + static_cast<size_t>(i) * ldq;
             const T* go = dout + qoff + static_cast<size_t>(i) * ldq;
             T D = 0;
             for (int c = 0; c < hd; ++c) D += go[c] * o[c];
-            const T* p = P + static_cast<size_t>(i) * S;
+            const T* p = P.data() + static_cast<size_t>(i - r0) * S;
             T* ds = dS.data() + static_cast<size_t>(i - r0) * S;
-            const int j1 = last_key(d, b, i);
 #pragma omp simd
-            for (int j = 0; j <= j1; ++j) ds[j] = p[j] * (ds[j] - D);
-            std::fill(ds + j1 + 1, ds + kend, T(0));
+            for (int j = 0; j < kend; ++j) ds[j] = p[j] * (ds[j] - D);
           }
           // dQ = scale dS K ; dK[0:kend] += scale dS^T Q
           gemm<T>(false, false, rows, hd, kend, scale, dS.data(), S, kb, ldk, T(0),
@@ -244,6 +257,26 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   }
 }
 
+template <typename T>
+void attention_merge(T* out, T* lse, const T* block_out, const T* block_lse,
+                     const AttentionDims& d) {
+  const int H = d.heads, hd = d.head_dim;
+  constexpr T kNone = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < d.batch * H; ++bh)
+    for (int i = 0; i < d.seq; ++i) {
+      const int b = bh / H, h = bh % H;
+      const size_t row = static_cast<size_t>(bh) * d.seq + i;
+      const T lb = block_lse[row], lm = lse[row];
+      if (lb == kNone) continue;
+      const T m = std::max(lb, lm), total = m + std::log(std::exp(lm - m) + std::exp(lb - m));
+      const T keep = std::exp(lm - total), add = std::exp(lb - total);
+      const size_t at = (static_cast<size_t>(b) * d.seq + i) * H * hd + static_cast<size_t>(h) * hd;
+      for (int c = 0; c < hd; ++c) out[at + c] = out[at + c] * keep + block_out[at + c] * add;
+      lse[row] = total;
+    }
+}
+
 #define INSTANTIATE(T)                                                                            \
   template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                         \
   template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);             \
@@ -251,10 +284,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                                 const int32_t*, int);                                            \
   template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,           \
                                  const int32_t*, int);                                           \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&,  \
-                                     T*);                                                         \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&);  \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
-                                      const T*, const T*, const AttentionDims&);
+                                      const T*, const T*, const AttentionDims&);                  \
+  template void attention_merge<T>(T*, T*, const T*, const T*, const AttentionDims&);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 
 }  // namespace omni::ops

@@ -62,6 +62,13 @@ void add(T* out, const T* a, const T* b, size_t n) {
 }
 
 template <typename T>
+void scale(T* x, double s, size_t n) {
+  const T factor = T(s);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+template <typename T>
 double sum_squares(const T* x, size_t n) {
   constexpr size_t kBlock = 1 << 16;
   const size_t nblocks = (n + kBlock - 1) / kBlock;
@@ -83,6 +90,7 @@ double sum_squares(const T* x, size_t n) {
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, bool); \
   template void add<T>(T*, const T*, const T*, size_t);                                            \
   template void add_bias<T>(T*, const T*, int, int);                                               \
+  template void scale<T>(T*, double, size_t);                                                      \
   template double sum_squares<T>(const T*, size_t);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 

@@ -349,15 +349,24 @@ gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
 gpuError_t gpuGetLastError() {
   return gpuSuccess;
 }
+// Emulated devices share the host's memory; what differs per device is its scratch space
+// (memory.cu), so that ranks running in threads of one process (the in-process layout tests)
+// each use their own, as processes with one GPU each do. The current device is per thread, as
+// CUDA's is.
+constexpr int kEmulatedDevices = 8;
+thread_local int t_device = 0;
+
 gpuError_t gpuGetDeviceCount(int* n) {
-  *n = 1;
+  *n = kEmulatedDevices;
   return gpuSuccess;
 }
-gpuError_t gpuSetDevice(int) {
+gpuError_t gpuSetDevice(int d) {
+  if (d < 0 || d >= kEmulatedDevices) return 101;  // cudaErrorInvalidDevice
+  t_device = d;
   return gpuSuccess;
 }
 gpuError_t gpuGetDevice(int* d) {
-  *d = 0;
+  *d = t_device;
   return gpuSuccess;
 }
 gpuError_t gpuGetDeviceProperties(gpuDeviceProp* prop, int) {
@@ -378,5 +387,7 @@ gpuError_t gpuRuntimeGetVersion(int* v) {
   return gpuSuccess;
 }
 const char* gpuGetErrorString(gpuError_t e) {
-  return e == gpuSuccess ? "no error" : "out of memory (emulated device)";
+  return e == gpuSuccess ? "no error"
+         : e == 101     ? "invalid device ordinal (emulated device)"
+                        : "out of memory (emulated device)";
 }

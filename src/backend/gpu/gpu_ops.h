@@ -21,7 +21,8 @@
 #include <string>
 
 #include "backend/gpu/gpu_types.h"
-#include "backend/ops.h"
+#include "backend/gpu_backend.h"
+#include "backend/op_types.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 
@@ -152,6 +153,16 @@ void flash_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, 
                               const T* q, const T* k, const T* v, const ops::AttentionDims& d,
                               Stream stream = nullptr);
 
+// x *= s (float arithmetic).
+template <typename T>
+void scale(T* x, float s, size_t n, Stream stream = nullptr);
+
+// ops::attention_merge: out (T) and lse (float) hold attention over earlier blocks of keys and
+// receive the merge with this block's block_out and block_lse.
+template <typename T>
+void attention_merge(T* out, float* lse, const T* block_out, const float* block_lse,
+                     const ops::AttentionDims& d, Stream stream = nullptr);
+
 // ---- Matmuls (cuBLASLt / hipBLASLt; the emulated build multiplies on the CPU) -------------------
 // y[M,N] = x[M,K] w[N,K]^T (+ bias[N]); with gelu_out non-null also gelu_out = gelu(y) in
 // gelu_form (the bias-GELU epilogue: y is the pre-activation the backward needs; only the tanh
@@ -201,5 +212,8 @@ struct AdamWStep {
 template <typename T>
 void adamw_update(float* params, T* model_copy, const float* grads, float* exp_avg,
                   float* exp_avg_sq, size_t n, const AdamWStep& s, Stream stream = nullptr);
+
+// The op seam's GPU half (backend/gpu_backend.h) over these ops, on the default stream.
+const ::omni::GpuBackend& backend();
 
 OMNI_GPU_NAMESPACE_END

@@ -1,0 +1,172 @@
+// The op seam's GPU half (backend/gpu_backend.h): each op of ops.h's dispatching form, for
+// float storage, through this folder's kernels on the default stream. Built as CUDA, as HIP
+// and on the emulator, like every source here.
+#include <cmath>
+#include <string>
+
+#include "backend/gpu/gpu_ops.h"
+#include "base/error.h"
+
+OMNI_GPU_NAMESPACE_BEGIN
+namespace {
+
+// The rotary kernels rotate every channel of a head; Megatron's --rotary-percent below 1
+// runs on the CPU.
+void require_full_rotary(int rotary_dim, int head_dim) {
+  OMNI_REQUIRE(rotary_dim == 0 || rotary_dim == head_dim,
+               "--rotary-percent below 1 is not built for the GPU yet (rotary dimension ",
+               rotary_dim, " of ", head_dim, ")");
+}
+
+class Backend final : public GpuBackend {
+ public:
+  std::string name() const override {
+#if defined(OMNITRON_GPU_EMULATE)
+    return "emulated";
+#elif defined(OMNITRON_HIP) || defined(__HIPCC__)
+    return "HIP";
+#else
+    return "CUDA";
+#endif
+  }
+  void* allocate(size_t bytes) const override {
+    void* p = device_alloc(bytes);
+    fill_zero(p, bytes);
+    return p;
+  }
+  void deallocate(void* p) const override { device_free(p); }
+  void zero(void* p, size_t bytes) const override { fill_zero(p, bytes); }
+  void upload(void* dst, const void* src, size_t bytes) const override {
+    copy_to_device(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) const override {
+    copy_to_host(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) const override {
+    copy_on_device(dst, src, bytes);
+  }
+  void synchronize() const override { gpu::synchronize(); }
+
+  void linear_forward(float* y, const float* x, const float* w, const float* bias, int M, int K,
+                      int N) const override {
+    gpu::linear_forward(y, x, w, bias, M, K, N);
+  }
+  void linear_backward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
+                       const float* w, int M, int K, int N, bool accumulate_dx) const override {
+    gpu::linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx);
+  }
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                         int N, int seq, int C, const int32_t* positions, int vocab_start,
+                         int vocab_end) const override {
+    gpu::embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const float* dout,
+                          int N, int seq, int C, const int32_t* positions, int vocab_start,
+                          int vocab_end) const override {
+    gpu::embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start,
+                            vocab_end);
+  }
+  void position_embedding_add(float* out, const float* wpe, int N, int seq, int C,
+                              const int32_t* positions) const override {
+    gpu::position_embedding_add(out, wpe, N, seq, C, positions);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                         const float* b, int N, int C, double eps) const override {
+    gpu::layernorm_forward(out, mean, rstd, x, w, b, N, C, static_cast<float>(eps));
+  }
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) const override {
+    gpu::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
+                       double eps) const override {
+    gpu::rmsnorm_forward(out, rstd, x, w, N, C, static_cast<float>(eps));
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                        const float* rstd, int N, int C) const override {
+    gpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+  }
+  void gelu_forward(float* out, const float* x, size_t n, GeluForm form) const override {
+    gpu::gelu_forward(out, x, n, form);
+  }
+  void gelu_backward(float* dx, const float* dout, const float* x, size_t n,
+                     GeluForm form) const override {
+    gpu::gelu_backward(dx, dout, x, n, form);
+  }
+  void swiglu_forward(float* out, const float* x, int N, int F) const override {
+    gpu::swiglu_forward(out, x, N, F);
+  }
+  void swiglu_backward(float* dx, const float* dout, const float* x, int N, int F) const override {
+    gpu::swiglu_backward(dx, dout, x, N, F);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) const override {
+    gpu::add(out, a, b, n);
+  }
+  void add_bias(float* y, const float* bias, int M, int N) const override {
+    gpu::add_bias(y, bias, M, N);
+  }
+  void qkv_split(float* q, float* k, float* v, const float* qkv,
+                 const ops::AttentionDims& d) const override {
+    gpu::qkv_split(q, k, v, qkv, d);
+  }
+  void qkv_merge(float* qkv, const float* q, const float* k, const float* v,
+                 const ops::AttentionDims& d) const override {
+    gpu::qkv_merge(qkv, q, k, v, d);
+  }
+  void rope_forward(float* x, const float* cos, const float* sin, int N, int seq, int nheads,
+                    int head_dim, const int32_t* positions, int rotary_dim) const override {
+    require_full_rotary(rotary_dim, head_dim);
+    gpu::rope_forward(x, cos, sin, N, seq, nheads, head_dim, positions);
+  }
+  void rope_backward(float* dx, const float* cos, const float* sin, int N, int seq, int nheads,
+                     int head_dim, const int32_t* positions, int rotary_dim) const override {
+    require_full_rotary(rotary_dim, head_dim);
+    gpu::rope_backward(dx, cos, sin, N, seq, nheads, head_dim, positions);
+  }
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const ops::AttentionDims& d) const override {
+    gpu::flash_attention_forward(out, lse, q, k, v, d);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const ops::AttentionDims& d) const override {
+    gpu::flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
+  }
+  void attention_merge(float* out, float* lse, const float* block_out, const float* block_lse,
+                       const ops::AttentionDims& d) const override {
+    gpu::attention_merge(out, lse, block_out, block_lse, d);
+  }
+  double classifier_cross_entropy(float* losses, float* dh, float* dw, const float* h,
+                                  const float* w, const int32_t* targets, const float* mask,
+                                  const ops::ClassifierLossArgs& a) const override {
+    return gpu::classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a);
+  }
+  void scale(float* x, double s, size_t n) const override {
+    gpu::scale(x, static_cast<float>(s), n);
+  }
+  void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr,
+                    double beta1, double beta2, double eps, double weight_decay,
+                    int64_t step) const override {
+    AdamWStep s;
+    s.lr = static_cast<float>(lr), s.beta1 = static_cast<float>(beta1);
+    s.beta2 = static_cast<float>(beta2), s.eps = static_cast<float>(eps);
+    s.weight_decay = static_cast<float>(weight_decay);
+    s.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, double(step)));
+    s.bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, double(step)));
+    s.grad_scale = 1.0f;
+    gpu::adamw_update(w, static_cast<float*>(nullptr), g, m, v, n, s);
+  }
+  double sum_squares(const float* x, size_t n) const override {
+    return gpu::sum_squares(&x, &n, 1);
+  }
+};
+
+}  // namespace
+
+const GpuBackend& backend() {
+  static const Backend instance;
+  return instance;
+}
+
+OMNI_GPU_NAMESPACE_END

@@ -1,0 +1,44 @@
+// Types the op seam's two halves share (backend/ops.h, backend/gpu_backend.h and the GPU
+// kernels' backend/gpu/gpu_ops.h): plain C++17.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace omni {
+
+// GELU in Megatron's two forms. Erf, its default (torch.nn.functional.gelu, Hugging Face's
+// "gelu"): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). Tanh, its --openai-gelu (GPT-2's
+// "gelu_new", cuBLASLt's GELU epilogue): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// Outside ops, so that a call with a GeluForm argument does not also find ops' functions.
+enum class GeluForm { Erf, Tanh };
+const char* to_string(GeluForm form);
+
+}  // namespace omni
+
+namespace omni::ops {
+
+// Shapes of one attention call. Grouped-query attention: `heads` query heads share
+// `groups` key/value heads, heads / groups query heads per group.
+struct AttentionDims {
+  int batch, seq, heads, groups, head_dim;
+  // Optional [batch * seq]: row n attends keys key_start[n] .. its own position (documents
+  // packed in one sample, Megatron's --reset-attention-mask); null: from key 0.
+  const int32_t* key_start = nullptr;
+  // Optional [batch * seq]: each query row's last key (causal: its own position; in ring
+  // attention, where the keys are another rank's block, the last one it may see, or -1 for
+  // none); null: row i of a sequence is key i.
+  const int32_t* q_index = nullptr;
+  int heads_per_group() const { return heads / groups; }
+  int qkv_width() const { return (heads + 2 * groups) * head_dim; }
+};
+
+// The vocabulary-parallel cross-entropy's arguments (ops::classifier_cross_entropy).
+struct ClassifierLossArgs {
+  int rows = 0, hidden = 0, vocab = 0;
+  double grad_scale = 1.0;
+  int vocab_start = 0;
+  // In-place across ranks over n values: maximum when `max`, else sum. Null: one rank.
+  std::function<void(double* values, int n, bool max)> reduce;
+};
+}  // namespace omni::ops

@@ -1,0 +1,151 @@
+// One step of the model under a parallel layout on in-process ranks, shared by the CPU layout
+// tests (parallel/test_model_parallel.cpp, float64) and the GPU ones (gpu/test_gpu_layouts.cpp,
+// the one model on emulated GPU ranks): a tiny GPT-2 or Llama-style model, four micro-batches
+// through the pipeline schedule, and each rank's parameters and gradients copied to the host,
+// with the partial gradients the layout leaves (tensor-parallel norms, context-parallel parts,
+// tied embeddings across stages) summed.
+#pragma once
+
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/local_communicator.h"
+#include "comm/process_grid.h"
+#include "model/gpt_model.h"
+#include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/schedules.h"
+
+namespace omni::layout_test {
+
+inline TransformerConfig tiny(bool llama) {
+  TransformerConfig c;
+  c.num_layers = 8;
+  c.hidden_size = llama ? 32 : 16;
+  c.num_attention_heads = llama ? 8 : 4;
+  c.ffn_hidden_size = llama ? 24 : 0;
+  c.seq_length = 8;
+  c.vocab_size = 50;
+  c.make_vocab_size_divisible_by = 4;
+  c.init_method_std = 0.2;
+  if (llama) {
+    c.group_query_attention = true;
+    c.num_query_groups = 4;
+    c.normalization = Normalization::RMSNorm;
+    c.swiglu = true;
+    c.position_embedding_type = PositionEmbedding::Rope;
+    c.add_bias_linear = false;
+    c.untie_embeddings_and_output_weights = true;
+    c.qk_layernorm = true;
+  }
+  c.validate();
+  return c;
+}
+
+struct Layout {
+  int tp = 1, cp = 1, pp = 1, layers_per_virtual_stage = 0;
+  bool sp = false;
+  bool packed = false;  // two documents per sample (reset positions and attention)
+  Recompute::Granularity recompute = Recompute::None;  // of every layer
+};
+
+constexpr int kBatch = 2, kMicroBatches = 4;
+constexpr uint64_t kSeed = 7;
+
+struct Data {
+  std::vector<std::vector<int32_t>> tokens, labels, positions, key_start;
+  std::vector<std::vector<float>> masks;
+  std::vector<MicroBatch> batches;
+};
+
+inline Data make_data(const TransformerConfig& c, bool packed) {
+  Data d;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> id(0, c.vocab_size - 1);
+  const int n = kBatch * c.seq_length;
+  for (int m = 0; m < kMicroBatches; ++m) {
+    std::vector<int32_t> t(n), l(n);
+    std::vector<float> mask(n, 1.0f);
+    for (int i = 0; i < n; ++i) t[i] = id(rng), l[i] = id(rng);
+    mask[3] = mask[n - 1] = 0.0f;
+    d.tokens.push_back(t), d.labels.push_back(l), d.masks.push_back(mask);
+  }
+  // Packed: the second document of each sample starts at position 3.
+  const int S = c.seq_length, doc = 3;
+  std::vector<int32_t> pos(n), start(n);
+  for (int i = 0; i < n; ++i) {
+    pos[i] = i % S < doc ? i % S : i % S - doc;
+    start[i] = i % S < doc ? 0 : doc;
+  }
+  d.positions.assign(kMicroBatches, pos), d.key_start.assign(kMicroBatches, start);
+  for (int m = 0; m < kMicroBatches; ++m)
+    d.batches.push_back(MicroBatch{d.tokens[m].data(), d.labels[m].data(), d.masks[m].data(),
+                                   kBatch, c.seq_length, packed ? d.positions[m].data() : nullptr,
+                                   packed ? d.key_start[m].data() : nullptr});
+  return d;
+}
+
+// What one rank holds after the step, in host memory.
+template <typename T>
+struct RankResult {
+  int rank = 0;
+  bool last_stage = false;
+  double loss = 0;
+  std::vector<ParamInfo> infos;
+  std::vector<T> values, grads;
+};
+
+// Runs the step on tp * cp * pp ranks; `exec(rank)` is the device rank `rank` runs on (it is
+// called on that rank's thread). Returns every rank's result, in rank order.
+template <typename T>
+std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout& layout,
+                                      const Data& data,
+                                      const std::function<ops::Exec(int rank)>& exec) {
+  const int world = layout.tp * layout.cp * layout.pp;
+  std::vector<RankResult<T>> results(world);
+  run_ranks(world, [&](Communicator& w) {
+    const ops::Exec x = exec(w.rank());
+    ProcessGrid grid(w, ParallelLayout{.tp = layout.tp, .cp = layout.cp, .pp = layout.pp});
+    PipelineSplit split;
+    split.num_layers = cfg.num_layers;
+    split.pipeline_model_parallel_size = layout.pp;
+    split.num_layers_per_virtual_pipeline_stage = layout.layers_per_virtual_stage;
+    ModelParallel mp;
+    mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = layout.sp;
+    for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
+      mp.chunks.push_back({r.begin, r.end});
+    mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
+    GPTModel<T> model(cfg, kBatch, kSeed, mp, x);
+    model.set_recompute(Recompute{layout.recompute, 0});
+
+    std::vector<ContextParallelBatch> local(kMicroBatches);
+    for (int m = 0; m < kMicroBatches; ++m)
+      local[m].slice(data.batches[m], layout.cp, grid.cp_rank());
+    PipelineExecutor<T> pipe(model, grid.pp());
+    auto batch = [&](int m) -> const MicroBatch& {
+      return layout.cp > 1 ? local[m].batch() : data.batches[m];
+    };
+    // Context-parallel ranks each hold part of every gradient: their sum is the gradient.
+    const double l = pipe.run(kMicroBatches, batch, true, 1.0 / kMicroBatches);
+    ParameterSet<T>& ps = model.params();
+    for (const ParamInfo& p : ps.infos())
+      if (p.tp_partial_grad) grid.tp().all_reduce(ps.grads() + p.offset, p.numel);
+    grid.cp().all_reduce(ps.grads(), ps.size());
+    if (layout.pp > 1 && ps.has("embedding.word_embeddings.weight") &&
+        !cfg.untie_embeddings_and_output_weights) {
+      const ParamInfo& e = ps.info("embedding.word_embeddings.weight");
+      grid.embedding().all_reduce(ps.grads() + e.offset, e.numel);
+    }
+    RankResult<T>& r = results[w.rank()];
+    r.rank = w.rank(), r.last_stage = grid.is_last_stage(), r.loss = l, r.infos = ps.infos();
+    r.values.resize(ps.size()), r.grads.resize(ps.size());
+    ops::download(x, r.values.data(), ps.values(), r.values.size());
+    ops::download(x, r.grads.data(), ps.grads(), r.grads.size());
+  });
+  return results;
+}
+
+}  // namespace omni::layout_test
