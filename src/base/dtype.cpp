@@ -1,5 +1,6 @@
 #include "base/dtype.h"
 
+#include <bit>
 #include <cstring>
 #include <type_traits>
 
@@ -79,70 +80,50 @@ uint32_t f64_to_f32_bits_round_to_odd(double d) {
   return sign | kept | sticky;
 }
 
-template <DType T>
-struct Storage;
-template <>
-struct Storage<DType::F32> {
-  using type = float;
-};
-template <>
-struct Storage<DType::BF16> {
-  using type = uint16_t;
-};
-template <>
-struct Storage<DType::F16> {
-  using type = uint16_t;
-};
-template <>
-struct Storage<DType::F64> {
-  using type = double;
-};
+// The element types are dtype_of's: float, bf16, f16, double. Every narrower type widens
+// exactly, so a conversion is "widen to Wide, round once to D"; Wide is double only when a side
+// is f64, to keep the common f32<->bf16 path in floats.
+template <typename T>
+constexpr bool kHalf = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
-// Every narrower type widens exactly, so a conversion is "widen to Wide, round once to D";
-// Wide is double only when a side is f64, to keep the common f32<->bf16 path in floats.
-template <DType T, typename Wide>
-Wide widen(typename Storage<T>::type v) {
-  if constexpr (T == DType::BF16)
-    return static_cast<Wide>(bf16_to_f32(v));
-  else if constexpr (T == DType::F16)
-    return static_cast<Wide>(f16_to_f32(v));
+template <typename Wide, typename T>
+Wide widen(T v) {
+  if constexpr (kHalf<T>)
+    return static_cast<Wide>(to_float(v));
   else
     return static_cast<Wide>(v);
 }
 
-template <DType T, typename Wide>
-typename Storage<T>::type narrow(Wide v) {
-  if constexpr (std::is_same_v<Wide, double> && (T == DType::BF16 || T == DType::F16)) {
-    const float odd = std::bit_cast<float>(f64_to_f32_bits_round_to_odd(v));
-    return T == DType::BF16 ? f32_to_bf16(odd) : f32_to_f16(odd);
-  } else if constexpr (T == DType::BF16) {
-    return f32_to_bf16(v);
-  } else if constexpr (T == DType::F16) {
-    return f32_to_f16(v);
-  } else {
-    return static_cast<typename Storage<T>::type>(v);
-  }
+template <typename D, typename Wide>
+D narrow(Wide v) {
+  if constexpr (std::is_same_v<Wide, double> && kHalf<D>)
+    return from_float<D>(std::bit_cast<float>(f64_to_f32_bits_round_to_odd(v)));
+  else if constexpr (kHalf<D>)
+    return from_float<D>(v);
+  else
+    return static_cast<D>(v);
 }
 
-template <DType S, DType D>
+template <typename S, typename D>
 void convert_typed(const void* src, void* dst, size_t n) {
-  using Wide = std::conditional_t<S == DType::F64 || D == DType::F64, double, float>;
-  const auto* in = static_cast<const typename Storage<S>::type*>(src);
-  auto* out = static_cast<typename Storage<D>::type*>(dst);
-  for (size_t i = 0; i < n; ++i) out[i] = narrow<D, Wide>(widen<S, Wide>(in[i]));
+  using Wide =
+      std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>, double, float>;
+  const auto* in = static_cast<const S*>(src);
+  auto* out = static_cast<D*>(dst);
+  for (size_t i = 0; i < n; ++i) out[i] = narrow<D, Wide>(widen<Wide>(in[i]));
 }
 
-template <DType S>
+template <typename S>
 void convert_from(const void* src, void* dst, DType dst_type, size_t n) {
   switch (dst_type) {
     case DType::F32:
-      return convert_typed<S, DType::F32>(src, dst, n);
+      return convert_typed<S, float>(src, dst, n);
     case DType::BF16:
-      return convert_typed<S, DType::BF16>(src, dst, n);
+      return convert_typed<S, bf16>(src, dst, n);
     case DType::F16:
-      return convert_typed<S, DType::F16>(src, dst, n);
+      return convert_typed<S, f16>(src, dst, n);
     case DType::F64:
-      return convert_typed<S, DType::F64>(src, dst, n);
+      return convert_typed<S, double>(src, dst, n);
   }
   OMNI_CHECK(false, "[convert] invalid destination DType ", static_cast<int>(dst_type));
 }
@@ -157,13 +138,13 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
   }
   switch (src_type) {
     case DType::F32:
-      return convert_from<DType::F32>(src, dst, dst_type, n);
+      return convert_from<float>(src, dst, dst_type, n);
     case DType::BF16:
-      return convert_from<DType::BF16>(src, dst, dst_type, n);
+      return convert_from<bf16>(src, dst, dst_type, n);
     case DType::F16:
-      return convert_from<DType::F16>(src, dst, dst_type, n);
+      return convert_from<f16>(src, dst, dst_type, n);
     case DType::F64:
-      return convert_from<DType::F64>(src, dst, dst_type, n);
+      return convert_from<double>(src, dst, dst_type, n);
   }
   OMNI_CHECK(false, "[convert] invalid source DType ", static_cast<int>(src_type));
 }

@@ -1,15 +1,23 @@
-// Element types of stored tensors, and exact conversions between them.
+// Element types of stored tensors, and exact conversions between them: the one dtype of host
+// code, the GPU kernels (backend/gpu/, built as CUDA, HIP or emulated, all C++20) and Tensor.
 //
 // The scalar conversions are constexpr and use only integer operations on the bit patterns, so
 // they round the same way (nearest, ties to even) whatever the caller's floating-point flags:
 // a kernel compiled with -ffast-math may call them and still keep NaN, infinities and signed
-// zeros intact.
+// zeros intact. They are host and device functions (OMNI_HOST_DEVICE) and use builtins the
+// three compilers share instead of <bit>, whose functions are host-only for nvcc.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define OMNI_HOST_DEVICE __host__ __device__
+#else
+#define OMNI_HOST_DEVICE
+#endif
 
 namespace omni {
 
@@ -20,11 +28,42 @@ const char* dtype_name(DType t);  // "f32", "bf16", "f16", "f64"
 // Accepts f32/fp32/float32, bf16/bfloat16, f16/fp16/float16, f64/float64; throws UsageError.
 DType parse_dtype(std::string_view name);
 
+// 16-bit floating-point storage as bit patterns, in host memory and on the GPU alike;
+// arithmetic is always in float (to_float, from_float below).
+struct bf16 {
+  uint16_t bits;
+};
+struct f16 {
+  uint16_t bits;
+};
+
+// The DType of an element type (Tensor::data<T>, the GEMM's operand types).
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DType::F32;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return DType::BF16;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return DType::F16;
+  } else {
+    static_assert(std::is_same_v<T, double>, "dtype_of<T>: T is float, bf16, f16 or double");
+    return DType::F64;
+  }
+}
+
+OMNI_HOST_DEVICE constexpr uint32_t float_bits(float f) {
+  return __builtin_bit_cast(uint32_t, f);
+}
+OMNI_HOST_DEVICE constexpr float bits_float(uint32_t u) {
+  return __builtin_bit_cast(float, u);
+}
+
 // bfloat16 is the top half of a float, so rounding is "add just under half an ulp, plus the lsb
 // of the kept part (ties to even), and truncate". The carry may run into the exponent, which is
 // exactly right: it bumps to the next binade or, from the largest finite value, to infinity.
-constexpr uint16_t f32_to_bf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
+OMNI_HOST_DEVICE constexpr uint16_t f32_to_bf16(float f) {
+  uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) {
     // NaN: truncating could clear every payload bit and leave an infinity, so force the quiet bit.
     return static_cast<uint16_t>((u >> 16) | 0x0040u);
@@ -33,12 +72,12 @@ constexpr uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-constexpr float bf16_to_f32(uint16_t h) {
-  return std::bit_cast<float>(uint32_t{h} << 16);
+OMNI_HOST_DEVICE constexpr float bf16_to_f32(uint16_t h) {
+  return bits_float(uint32_t{h} << 16);
 }
 
-constexpr uint16_t f32_to_f16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
+OMNI_HOST_DEVICE constexpr uint16_t f32_to_f16(float f) {
+  const uint32_t u = float_bits(f);
   const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) {
@@ -69,17 +108,43 @@ constexpr uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | q);
 }
 
-constexpr float f16_to_f32(uint16_t h) {
+OMNI_HOST_DEVICE constexpr float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
   const uint32_t e = (h >> 10) & 0x1fu;
   const uint32_t m = h & 0x03ffu;
-  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));  // inf, NaN
-  if (e != 0) return std::bit_cast<float>(sign | ((e + (127 - 15)) << 23) | (m << 13));
-  if (m == 0) return std::bit_cast<float>(sign);
+  if (e == 0x1f) return bits_float(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e != 0) return bits_float(sign | ((e + (127 - 15)) << 23) | (m << 13));
+  if (m == 0) return bits_float(sign);
   // Subnormal half m * 2^-24 is a normal float: move the leading bit p of m to the implicit
   // position, giving exponent p - 24.
-  const auto p = static_cast<uint32_t>(std::bit_width(m) - 1);
-  return std::bit_cast<float>(sign | ((p + 127 - 24) << 23) | ((m << (23 - p)) & 0x007fffffu));
+  uint32_t p = 9;
+  while ((m >> p) == 0) --p;
+  return bits_float(sign | ((p + 127 - 24) << 23) | ((m << (23 - p)) & 0x007fffffu));
+}
+
+// The value types' conversions, for code generic over the element type T (float, bf16, f16).
+OMNI_HOST_DEVICE constexpr float to_float(float x) {
+  return x;
+}
+OMNI_HOST_DEVICE constexpr float to_float(bf16 x) {
+  return bf16_to_f32(x.bits);
+}
+OMNI_HOST_DEVICE constexpr float to_float(f16 x) {
+  return f16_to_f32(x.bits);
+}
+template <typename T>
+OMNI_HOST_DEVICE constexpr T from_float(float f);
+template <>
+OMNI_HOST_DEVICE constexpr float from_float<float>(float f) {
+  return f;
+}
+template <>
+OMNI_HOST_DEVICE constexpr bf16 from_float<bf16>(float f) {
+  return bf16{f32_to_bf16(f)};
+}
+template <>
+OMNI_HOST_DEVICE constexpr f16 from_float<f16>(float f) {
+  return f16{f32_to_f16(f)};
 }
 
 // Converts n elements. Each output is the input's exact value rounded once (nearest, ties to

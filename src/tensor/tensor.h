@@ -24,17 +24,6 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-template <typename T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::F32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::F64;
-}
-
 // Zero-filled memory: on the host (no `memory`), 64-byte aligned so vector loads never
 // straddle lines; on a device, from that device's memory.
 class Storage {

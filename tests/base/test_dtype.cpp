@@ -270,6 +270,39 @@ TEST(DType, ScalarConversionsAreUsableInConstantExpressions) {
   static_assert(f16_to_f32(0x0001) == 0x1p-24f);
   static_assert(f32_to_bf16(-2.0f) == 0xc000);
   static_assert(bf16_to_f32(0x3f80) == 1.0f);
+  // The value types (shared with the GPU kernels) and dtype_of.
+  static_assert(to_float(bf16{0xbf80}) == -1.0f && to_float(f16{0x8001}) == -0x1p-24f);
+  static_assert(from_float<bf16>(1.0f).bits == 0x3f80 && from_float<f16>(65520.0f).bits == 0x7c00);
+  static_assert(dtype_of<float>() == DType::F32 && dtype_of<bf16>() == DType::BF16 &&
+                dtype_of<f16>() == DType::F16 && dtype_of<double>() == DType::F64);
+  static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2 && alignof(bf16) == 2);
+}
+
+// The value types are the same bits as the uint16_t conversions, for every pattern both ways.
+TEST(DType, ValueTypesConvertLikeTheBitPatternFunctions) {
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const auto b = static_cast<uint16_t>(h);
+    ASSERT_EQ(bits_of(to_float(bf16{b})), bits_of(bf16_to_f32(b))) << std::hex << h;
+    ASSERT_EQ(bits_of(to_float(f16{b})), bits_of(f16_to_f32(b))) << std::hex << h;
+    ASSERT_EQ(dtype_size(dtype_of<bf16>()), sizeof(bf16));
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = from_bits(static_cast<uint32_t>(rng()));
+    ASSERT_EQ(from_float<bf16>(x).bits, f32_to_bf16(x)) << x;
+    ASSERT_EQ(from_float<f16>(x).bits, f32_to_f16(x)) << x;
+    ASSERT_EQ(bits_of(from_float<float>(x)), bits_of(x));
+  }
+}
+
+// f16 subnormals m * 2^-24 are normal floats: the integer normalisation must give exactly the
+// product (what the GPU kernels computed before they shared this header).
+TEST(DType, F16SubnormalsWidenToTheirExactValue) {
+  for (uint16_t m = 1; m < 0x400; ++m) {
+    const float want = std::ldexp(static_cast<float>(m), -24);
+    ASSERT_EQ(bits_of(f16_to_f32(m)), bits_of(want)) << m;
+    ASSERT_EQ(bits_of(f16_to_f32(static_cast<uint16_t>(0x8000u | m))), bits_of(-want)) << m;
+  }
 }
 
 // --- convert() ---

@@ -21,12 +21,12 @@ namespace omni::gpu_test {
 using gpu::bf16;
 using gpu::f16;
 
-#define OMNI_REQUIRE_GPU()                                                              \
-  do {                                                                                  \
-    if (::omni::gpu::device_count() == 0)                                               \
-      GTEST_SKIP() << "no GPU device visible (check nvidia-smi / rocm-smi and "         \
+#define OMNI_REQUIRE_GPU()                                                               \
+  do {                                                                                   \
+    if (::omni::gpu::device_count() == 0)                                                \
+      GTEST_SKIP() << "no GPU device visible (check nvidia-smi / rocm-smi and "          \
                       "CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); the emulated build " \
-                      "of this test runs the same kernels on the CPU";                  \
+                      "of this test runs the same kernels on the CPU";                   \
   } while (0)
 
 inline std::vector<float> random_vector(size_t n, uint32_t seed, float lo = -1.0f,
@@ -38,18 +38,15 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed, float lo = -1.0
   return v;
 }
 
-// Element conversions between float and a storage type, on the host.
+// Element conversions between float and a storage type, on the host: base/dtype.h's, the
+// functions the kernels call.
 template <typename T>
 T to_storage(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  if constexpr (std::is_same_v<T, bf16>) return bf16{f32_to_bf16(x)};
-  if constexpr (std::is_same_v<T, f16>) return f16{f32_to_f16(x)};
+  return from_float<T>(x);
 }
 template <typename T>
 float from_storage(T x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_f32(x.bits);
-  if constexpr (std::is_same_v<T, f16>) return f16_to_f32(x.bits);
+  return to_float(x);
 }
 // x rounded to T and back: the value the GPU op sees, so the CPU reference gets it too.
 template <typename T>
@@ -99,18 +96,16 @@ constexpr double default_rtol() {
 }
 
 inline ::testing::AssertionResult close(const std::vector<float>& got,
-                                        const std::vector<float>& want, double rtol,
-                                        double atol) {
+                                        const std::vector<float>& want, double rtol, double atol) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure()
-           << "size " << got.size() << " against " << want.size();
+    return ::testing::AssertionFailure() << "size " << got.size() << " against " << want.size();
   size_t bad = 0, first = 0;
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::abs(double(got[i]) - want[i]);
     const double allowed = atol + rtol * std::abs(double(want[i]));
-    const bool same_special = (std::isnan(got[i]) && std::isnan(want[i])) ||
-                              (std::isinf(want[i]) && got[i] == want[i]);
+    const bool same_special =
+        (std::isnan(got[i]) && std::isnan(want[i])) || (std::isinf(want[i]) && got[i] == want[i]);
     if (!same_special && !(err <= allowed)) {
       if (bad++ == 0) first = i;
       worst = std::max(worst, err / std::max(allowed, 1e-30));

@@ -62,8 +62,8 @@ TYPED_TEST(GpuGemm, EveryTransposeAndLeadingDimensionMatchesCpu) {
         Device<float> dd_f(d0);
         blas::GemmProblem p;
         p.M = M, p.N = N, p.K = K, p.trans_a = ta, p.trans_b = tb;
-        p.ab_type = blas::data_type_of<T>();
-        p.d_type = float_out ? blas::DataType::F32 : p.ab_type;
+        p.ab_type = dtype_of<T>();
+        p.d_type = float_out ? DType::F32 : p.ab_type;
         p.A = da.get(), p.lda = lda, p.B = db.get(), p.ldb = ldb;
         p.D = float_out ? static_cast<void*>(dd_f.get()) : dd_t.get(), p.ldd = ldd;
         p.alpha = 0.5f, p.beta = 1.0f;
@@ -84,7 +84,7 @@ TYPED_TEST(GpuGemm, GeluEpilogueNeedsItsAuxLeadingDimensionToBeAMultipleOf8) {
       aux(4 * 8);
   blas::GemmProblem p;
   p.M = 4, p.N = 7, p.K = 8;
-  p.ab_type = p.d_type = blas::data_type_of<T>();
+  p.ab_type = p.d_type = dtype_of<T>();
   p.A = a.get(), p.lda = 8, p.B = b.get(), p.ldb = 8, p.D = d.get(), p.ldd = 8;
   p.epilogue = blas::Epilogue::GeluAux, p.aux = aux.get(), p.ld_aux = 7;
   EXPECT_NE(blas::Gemm::can_implement(p), "");

@@ -118,8 +118,8 @@ OMNI_GPU_NAMESPACE_BEGIN
 namespace blas {
 namespace {
 
-const char* type_name(DataType t) {
-  return t == DataType::F32 ? "f32" : t == DataType::BF16 ? "bf16" : "f16";
+bool is_gemm_type(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16;
 }
 
 bool has_bias(Epilogue e) {
@@ -134,7 +134,9 @@ std::string check_arguments(const GemmProblem& p) {
   if (p.M < 0 || p.N < 0 || p.K < 0) return "negative size";
   if (p.M == 0 || p.N == 0) return {};
   if (p.K == 0) return "K = 0 (the caller handles the empty sum)";
-  if (p.d_type != p.ab_type && p.d_type != DataType::F32)
+  if (!is_gemm_type(p.ab_type) || !is_gemm_type(p.d_type))
+    return "matrices must be f32, bf16 or f16";
+  if (p.d_type != p.ab_type && p.d_type != DType::F32)
     return "D must have the inputs' type or be f32";
   if (!p.A || !p.B || !p.D) return "null matrix pointer";
   if (p.lda < (p.trans_a ? p.M : p.K)) return "lda shorter than a row of A";
@@ -155,31 +157,31 @@ std::string check_arguments(const GemmProblem& p) {
 std::string describe(const GemmProblem& p) {
   static const char* const kEpilogue[] = {"", ", bias", ", gelu(aux)", ", gelu(aux = + bias)"};
   return "[gemm] " + std::to_string(p.M) + "x" + std::to_string(p.N) + "x" + std::to_string(p.K) +
-         " " + type_name(p.ab_type) + " x " + type_name(p.ab_type) + " -> " + type_name(p.d_type) +
-         " (" + (p.trans_a ? "T" : "N") + "," + (p.trans_b ? "T" : "N") + ")" +
-         kEpilogue[static_cast<int>(p.epilogue)] + (p.beta != 0.0f ? ", beta != 0" : "");
+         " " + dtype_name(p.ab_type) + " x " + dtype_name(p.ab_type) + " -> " +
+         dtype_name(p.d_type) + " (" + (p.trans_a ? "T" : "N") + "," + (p.trans_b ? "T" : "N") +
+         ")" + kEpilogue[static_cast<int>(p.epilogue)] + (p.beta != 0.0f ? ", beta != 0" : "");
 }
 
 #if defined(OMNITRON_GPU_EMULATE)
 // ---- Emulated: the CPU multiplies float copies ----------------------------------------------
 namespace {
 
-float load(DataType t, const void* p, size_t i) {
+float load(DType t, const void* p, size_t i) {
   switch (t) {
-    case DataType::F32:
+    case DType::F32:
       return static_cast<const float*>(p)[i];
-    case DataType::BF16:
+    case DType::BF16:
       return to_float(static_cast<const bf16*>(p)[i]);
     default:
       return to_float(static_cast<const f16*>(p)[i]);
   }
 }
-void store(DataType t, void* p, size_t i, float v) {
+void store(DType t, void* p, size_t i, float v) {
   switch (t) {
-    case DataType::F32:
+    case DType::F32:
       static_cast<float*>(p)[i] = v;
       break;
-    case DataType::BF16:
+    case DType::BF16:
       static_cast<bf16*>(p)[i] = from_float<bf16>(v);
       break;
     default:
@@ -244,8 +246,8 @@ constexpr size_t kMaxWorkspaceBytes = size_t{32} << 20;
                           std::to_string(__LINE__));                                        \
   } while (0)
 
-blasDataType_t library_type(DataType t) {
-  return t == DataType::F32 ? BLAS_R_32F : t == DataType::BF16 ? BLAS_R_16BF : BLAS_R_16F;
+blasDataType_t library_type(DType t) {
+  return t == DType::F32 ? BLAS_R_32F : t == DType::BF16 ? BLAS_R_16BF : BLAS_R_16F;
 }
 
 // The largest power of two up to 256 dividing the address: the algorithm choice depends on it.
@@ -294,7 +296,7 @@ Key key_of(const GemmProblem& p) {
           p.ldd,
           static_cast<int64_t>(p.epilogue),
           has_gelu(p.epilogue) ? p.ld_aux : 0,
-          p.allow_tf32 && p.ab_type == DataType::F32,
+          p.allow_tf32 && p.ab_type == DType::F32,
           alignment(p.A),
           alignment(p.B),
           alignment(p.D),
@@ -316,7 +318,7 @@ void set_pointers(const Plan& plan, const GemmProblem& p) {
 // buffer as its first operand, A's as its second, and D as an N x M column-major matrix.
 std::unique_ptr<Plan> make_plan(const GemmProblem& p) {
   auto plan = std::make_unique<Plan>();
-  const bool tf32 = p.allow_tf32 && p.ab_type == DataType::F32;
+  const bool tf32 = p.allow_tf32 && p.ab_type == DType::F32;
   const blasComputeType_t compute = tf32 ? BLAS_COMPUTE_32F_FAST_TF32 : BLAS_COMPUTE_32F;
   OMNI_BLAS_CHECK(blasLtMatmulDescCreate(&plan->desc, compute, BLAS_R_32F));
   const blasOperation_t op_first = p.trans_b ? BLAS_OP_T : BLAS_OP_N;
@@ -463,12 +465,12 @@ void gemm(const GemmProblem& p, Stream stream) {
 }
 
 void accumulate_weight_grad(float* dw, const void* dy, int ld_dy, const void* x, int ld_x, int M,
-                            int N, int K, DataType type, Stream stream) {
+                            int N, int K, DType type, Stream stream) {
   if (M == 0) return;
   GemmProblem p;
   p.M = N, p.N = K, p.K = M;
   p.trans_a = true;
-  p.ab_type = type, p.d_type = DataType::F32;
+  p.ab_type = type, p.d_type = DType::F32;
   p.A = dy, p.lda = ld_dy;
   p.B = x, p.ldb = ld_x;
   p.D = dw, p.ldd = K;

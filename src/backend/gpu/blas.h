@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/gpu/gpu_ops.h"
+#include "base/dtype.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 namespace blas {
@@ -27,22 +28,6 @@ constexpr int kWorkspaceSlot = 8;       // cuBLASLt / hipBLASLt workspace
 constexpr int kColumnSumSlot = 9;       // linear_backward: per-block column sums of dy
 constexpr int kLogitsSlot = 10;         // classifier_cross_entropy: a chunk of float logits
 constexpr int kRowStatisticsSlot = 11;  // classifier_cross_entropy: per-row float64 values
-
-enum class DataType { F32, BF16, F16 };
-template <typename T>
-constexpr DataType data_type_of();
-template <>
-constexpr DataType data_type_of<float>() {
-  return DataType::F32;
-}
-template <>
-constexpr DataType data_type_of<bf16>() {
-  return DataType::BF16;
-}
-template <>
-constexpr DataType data_type_of<f16>() {
-  return DataType::F16;
-}
 
 enum class Epilogue {
   None,
@@ -55,11 +40,11 @@ enum class Epilogue {
 struct GemmProblem {
   int M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
-  DataType ab_type = DataType::F32;  // A and B
-  DataType d_type = DataType::F32;   // D (and bias, aux): ab_type or F32
-  const void* A = nullptr;           // op(A) is [M, K]; A is [M, K] (or [K, M] transposed)
-  int lda = 0;                       // elements between rows of A as stored
-  const void* B = nullptr;           // op(B) is [K, N]
+  DType ab_type = DType::F32;  // A and B: F32, BF16 or F16 (dtype_of<T>())
+  DType d_type = DType::F32;   // D (and bias, aux): ab_type or F32
+  const void* A = nullptr;     // op(A) is [M, K]; A is [M, K] (or [K, M] transposed)
+  int lda = 0;                 // elements between rows of A as stored
+  const void* B = nullptr;     // op(B) is [K, N]
   int ldb = 0;
   void* D = nullptr;  // [M, N], read too when beta != 0
   int ldd = 0;
@@ -91,7 +76,7 @@ void gemm(const GemmProblem& p, Stream stream);
 // the classifier). dy and x are of `type` with leading dimensions ld_dy and ld_x; M == 0 adds
 // nothing.
 void accumulate_weight_grad(float* dw, const void* dy, int ld_dy, const void* x, int ld_x, int M,
-                            int N, int K, DataType type, Stream stream);
+                            int N, int K, DType type, Stream stream);
 
 // "[gemm] 64x50304x768 bf16 x bf16 -> f32 (T,N), bias" for error messages.
 std::string describe(const GemmProblem& p);

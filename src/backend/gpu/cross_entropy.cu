@@ -147,7 +147,7 @@ double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, con
   const int N = a.rows, C = a.hidden, V = a.vocab, v0 = a.vocab_start;
   if (N <= 0) return 0.0;
   const auto s = static_cast<gpuStream_t>(stream);
-  const blas::DataType type = blas::data_type_of<T>();
+  const DType type = dtype_of<T>();
   const int ldz = (std::max(V, 1) + kRowAlignElements - 1) / kRowAlignElements * kRowAlignElements;
   const int ld_grad = ldz * static_cast<int>(sizeof(float) / sizeof(T));  // in T elements
   const int chunk = static_cast<int>(std::clamp<size_t>(classifier_chunk_elements() / ldz, 1, N));
@@ -177,7 +177,7 @@ double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, con
       blas::GemmProblem p;
       p.M = rows, p.N = V, p.K = C;
       p.trans_b = true;
-      p.ab_type = type, p.d_type = blas::DataType::F32;
+      p.ab_type = type, p.d_type = DType::F32;
       p.A = hb, p.lda = C;
       p.B = w, p.ldb = C;
       p.D = z, p.ldd = ldz;

@@ -219,73 +219,10 @@ OMNI_DEVICE float block_max(float v, float* scratch) {
 }
 
 // ---- Storage types ---------------------------------------------------------------------------
-// bf16 and f16 (backend/gpu/gpu_types.h) are converted with integer operations (the same
-// rounding as base/dtype.h: nearest, ties to even; NaN stays NaN), so no vendor half-precision
-// header is needed and the three builds agree bit for bit. Arithmetic is always in float.
-// memcpy of 4 bytes compiles to a register move on every target, host and device.
-OMNI_HD uint32_t float_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-OMNI_HD float bits_float(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-OMNI_HD float to_float(float x) {
-  return x;
-}
-OMNI_HD float to_float(bf16 x) {
-  return bits_float(uint32_t{x.bits} << 16);
-}
-OMNI_HD float to_float(f16 h) {
-  const uint32_t sign = uint32_t{h.bits & 0x8000u} << 16;
-  const uint32_t e = (h.bits >> 10) & 0x1fu;
-  const uint32_t m = h.bits & 0x03ffu;
-  if (e == 0x1f) return bits_float(sign | 0x7f800000u | (m << 13));
-  if (e != 0) return bits_float(sign | ((e + (127 - 15)) << 23) | (m << 13));
-  // Subnormal: m * 2^-24, exact in float.
-  const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
-  return sign ? -v : v;
-}
-
-template <typename T>
-OMNI_HD T from_float(float f);
-template <>
-OMNI_HD float from_float<float>(float f) {
-  return f;
-}
-template <>
-OMNI_HD bf16 from_float<bf16>(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x0040u)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{static_cast<uint16_t>(u >> 16)};
-}
-template <>
-OMNI_HD f16 from_float<f16>(float f) {
-  const uint32_t u = float_bits(f);
-  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x01ffu))};
-  if (a >= 0x477ff000u) return f16{static_cast<uint16_t>(sign | 0x7c00u)};
-  if (a >= 0x38800000u) {
-    uint32_t r = a - (uint32_t{127 - 15} << 23);
-    r += 0x0fffu + ((r >> 13) & 1u);
-    return f16{static_cast<uint16_t>(sign | (r >> 13))};
-  }
-  const uint32_t e = a >> 23;
-  if (e < 102) return f16{sign};
-  const uint32_t m = (a & 0x007fffffu) | 0x00800000u;
-  const uint32_t shift = 126 - e;
-  uint32_t q = m >> shift;
-  const uint32_t rest = m & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  if (rest > half || (rest == half && (q & 1u))) ++q;
-  return f16{static_cast<uint16_t>(sign | q)};
-}
+// bf16 and f16 and their conversions to_float / from_float<T> are base/dtype.h's (host and
+// device functions): integer operations on the bits, nearest with ties to even, NaN stays NaN,
+// so no vendor half-precision header is needed and the three builds agree bit for bit with the
+// host code. Arithmetic is always in float.
 
 // ---- Tensor cores ----------------------------------------------------------------------------
 // c[16x8] += a[16x16] b[16x8] on one warp, T = bf16 or f16 inputs, float accumulators: PTX's

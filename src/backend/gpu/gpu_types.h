@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "base/dtype.h"
+
 // The emulated build (OMNITRON_GPU_EMULATE: kernels run on the CPU, for tests) and the device
 // build may be linked into one program: their symbols live in different inline namespaces,
 // while code written against omni::gpu:: reads the same for both.
@@ -22,13 +24,9 @@
 
 OMNI_GPU_NAMESPACE_BEGIN
 
-// 16-bit floating-point storage: bit patterns, converted to and from float by to_float and
-// from_float<T> (gpu_runtime.h) in kernels. Arithmetic is always in float.
-struct bf16 {
-  uint16_t bits;
-};
-struct f16 {
-  uint16_t bits;
-};
+// The element types are base/dtype.h's, shared with the host code: bf16 and f16 (bit
+// patterns), converted to and from float by to_float and from_float<T> in kernels.
+using ::omni::bf16;
+using ::omni::f16;
 
 OMNI_GPU_NAMESPACE_END

@@ -63,7 +63,7 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
   blas::GemmProblem p;
   p.M = M, p.N = N, p.K = K;
   p.trans_b = true;  // w is [N, K]
-  p.ab_type = p.d_type = blas::data_type_of<T>();
+  p.ab_type = p.d_type = dtype_of<T>();
   p.A = x, p.lda = K;
   p.B = w, p.ldb = K;
   p.D = y, p.ldd = N;
@@ -100,7 +100,7 @@ template <typename T>
 void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w, int M,
                      int K, int N, bool accumulate_dx, Stream stream) {
   const auto s = static_cast<gpuStream_t>(stream);
-  const blas::DataType type = blas::data_type_of<T>();
+  const DType type = dtype_of<T>();
   if (dx && M > 0 && K > 0) {
     if (N == 0) {
       if (!accumulate_dx) fill_zero(dx, size_t(M) * K * sizeof(T), stream);
