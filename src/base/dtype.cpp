@@ -22,20 +22,6 @@ size_t dtype_size(DType t) {
   OMNI_CHECK(false, "[dtype_size] invalid DType value ", static_cast<int>(t));
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "f32";
-    case DType::BF16:
-      return "bf16";
-    case DType::F16:
-      return "f16";
-    case DType::F64:
-      return "f64";
-  }
-  OMNI_CHECK(false, "[dtype_name] invalid DType value ", static_cast<int>(t));
-}
-
 DType parse_dtype(std::string_view name) {
   if (name == "f32" || name == "fp32" || name == "float32") return DType::F32;
   if (name == "bf16" || name == "bfloat16") return DType::BF16;

@@ -24,7 +24,21 @@ namespace omni {
 enum class DType : uint8_t { F32, BF16, F16, F64 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "f32", "bf16", "f16", "f64"
+// "f32", "bf16", "f16", "f64". Inline: the GPU library names types too, and links without
+// the core library's objects.
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::F64:
+      return "f64";
+  }
+  return "invalid dtype";
+}
 // Accepts f32/fp32/float32, bf16/bfloat16, f16/fp16/float16, f64/float64; throws UsageError.
 DType parse_dtype(std::string_view name);
 
