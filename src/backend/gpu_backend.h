@@ -21,6 +21,9 @@ class GpuBackend : public DeviceMemory {
  public:
   // "CUDA", "HIP" or "emulated".
   virtual std::string name() const = 0;
+  // Device memory is host memory (the emulator), so ranks that are threads of one process can
+  // exchange it through the in-process communicator; a real GPU's needs NCCL/RCCL.
+  virtual bool memory_is_host_memory() const = 0;
 
   virtual void linear_forward(float* y, const float* x, const float* w, const float* bias, int M,
                               int K, int N) const = 0;

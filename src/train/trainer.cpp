@@ -92,7 +92,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     if (!gpu)
       throw UsageError("--device " + opts.device +
                        ": this omnitron was built without a GPU backend");
-    OMNI_REQUIRE(world->size() == 1 || gpu->name() == "emulated",
+    OMNI_REQUIRE(world->size() == 1 || gpu->memory_is_host_memory(),
                  "training on GPUs over several ranks (NCCL/RCCL) is not built yet (",
                  world->size(), " ranks launched); use --device cpu for multi-rank runs");
     OMNI_REQUIRE(!opts.use_distributed_optimizer,

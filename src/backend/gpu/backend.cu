@@ -29,6 +29,13 @@ class Backend final : public GpuBackend {
     return "CUDA";
 #endif
   }
+  bool memory_is_host_memory() const override {
+#if defined(OMNITRON_GPU_EMULATE)
+    return true;
+#else
+    return false;
+#endif
+  }
   void* allocate(size_t bytes) const override {
     void* p = device_alloc(bytes);
     fill_zero(p, bytes);
