@@ -11,13 +11,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #if defined(OMNITRON_GPU)
 #include "backend/gpu/gpu_ops.h"
-#include "model/gpu_model.h"
+#include "model/gpt_model.h"
+#include "optim/mixed_precision.h"
+#include "optim/optimizer.h"
 #include "train/flops.h"
 
 namespace {
@@ -55,17 +58,28 @@ void run(const Bench& b, int micro_batch, int steps, int warmup, double peak_tfl
   std::printf("%s: %d layers, hidden %d, seq %d, micro-batch %d, %s; building...\n", b.name,
               cfg.num_layers, cfg.hidden_size, cfg.seq_length, micro_batch, dtype);
   std::fflush(stdout);
-  omni::gpu::GPUGPTModel<T> model(cfg, micro_batch, 1234);
+  // The trainer's step (train/trainer.cpp) on one GPU: the one model, fp32 master weights
+  // beside 16-bit ones, clipping at norm 1 and AdamW, all in device memory.
+  const omni::ops::Exec x{omni::gpu_backend()};
+  omni::GPTModel<T> model(cfg, micro_batch, 1234, {}, x);
+  std::unique_ptr<omni::MixedPrecision> mixed;
+  if constexpr (omni::is_16bit<T>) mixed = std::make_unique<omni::MixedPrecision>(model.params(), x);
+  omni::ParameterSet<float>& master = mixed ? mixed->master() : model.params();
+  omni::OptimizerConfig oc;
+  oc.adam_beta2 = 0.95, oc.weight_decay = 0.1;
+  omni::Optimizer<float> optimizer(oc, master, x);
   std::vector<double> ms;
   double loss = 0;
   for (int s = 1; s <= warmup + steps; ++s) {
     omni::gpu::synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    model.zero_grads();
+    omni::ops::zero(x, model.params().grads(), size_t(model.params().size()));
     loss = model.forward_backward(mb, 1.0);
-    const double norm = std::sqrt(model.grad_sum_squares());
-    const float clip = norm > 1.0 ? float(1.0 / norm) : 1.0f;
-    model.adamw_step(3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s, clip);
+    if (mixed) mixed->unscale_and_check(1.0f);
+    const double norm = std::sqrt(omni::ops::sum_squares(x, master.grads(), size_t(master.size())));
+    if (norm > 1.0) omni::scale_gradients(master, 1.0 / norm, x);
+    optimizer.step(master, 3e-4);
+    if (mixed) mixed->copy_master_to_model();
     omni::gpu::synchronize();
     const double t =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -77,7 +91,7 @@ void run(const Bench& b, int micro_batch, int steps, int warmup, double peak_tfl
   std::printf(
       "%-8s %-5s params %6.1fM  step %8.1f ms (min %.1f)  %9.0f tokens/s  %6.1f TFLOP/s"
       "  MFU %5.1f%%  (loss %.3f)\n",
-      b.name, dtype, model.num_params() / 1e6, med, ms.front(), n / (med * 1e-3), tflops,
+      b.name, dtype, model.params().size() / 1e6, med, ms.front(), n / (med * 1e-3), tflops,
       100.0 * tflops / peak_tflops, loss);
 }
 
@@ -117,7 +131,7 @@ int main(int argc, char** argv) {
       if (dtype == "f32")
         run<float>(b, mb, steps, warmup, peak, "f32");
       else
-        run<omni::gpu::bf16>(b, mb, steps, warmup, peak, "bf16");
+        run<omni::bf16>(b, mb, steps, warmup, peak, "bf16");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_train_step: %s\n", e.what());

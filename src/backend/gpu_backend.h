@@ -2,8 +2,8 @@
 // GPU. One implementation, backend/gpu/backend.cu, is built three ways: CUDA, HIP, and on the
 // GPU emulator (tests); a build without a GPU backend has none, and gpu_backend() throws.
 //
-// The ops have ops.h's meaning and conventions (read the comments there), with float storage
-// on the device. Every pointer is device memory; ops are enqueued on the backend's stream and
+// The ops have ops.h's meaning and conventions (read the comments there), for float, bf16 and
+// f16 storage on the device. Every pointer is device memory; ops are enqueued on the backend's stream and
 // return without waiting, except those that return a value to the host. Plain C++17 with no
 // GPU headers, so the GPU sources include it too.
 #pragma once
@@ -11,11 +11,72 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backend/op_types.h"
 #include "base/device_memory.h"
+#include "base/dtype.h"
 
 namespace omni {
+
+// The ops of one storage type T (float, bf16 or f16): activations and weights are T;
+// parameter gradients and per-row statistics (mean, rstd, log-sum-exp, per-row losses) are
+// float, as ops.h's contract says.
+template <typename T>
+class GpuOps {
+ public:
+  virtual ~GpuOps() = default;
+  virtual void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K,
+                              int N) const = 0;
+  virtual void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x,
+                               const T* w, int M, int K, int N, bool accumulate_dx) const = 0;
+  virtual void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N,
+                                 int seq, int C, const int32_t* positions, int vocab_start,
+                                 int vocab_end) const = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const T* dout,
+                                  int N, int seq, int C, const int32_t* positions, int vocab_start,
+                                  int vocab_end) const = 0;
+  virtual void position_embedding_add(T* out, const T* wpe, int N, int seq, int C,
+                                      const int32_t* positions) const = 0;
+  virtual void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w,
+                                 const T* b, int N, int C, double eps) const = 0;
+  virtual void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x,
+                                  const T* w, const float* mean, const float* rstd, int N,
+                                  int C) const = 0;
+  virtual void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C,
+                               double eps) const = 0;
+  virtual void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w,
+                                const float* rstd, int N, int C) const = 0;
+  virtual void gelu_forward(T* out, const T* x, size_t n, GeluForm form) const = 0;
+  virtual void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form) const = 0;
+  virtual void swiglu_forward(T* out, const T* x, int N, int F) const = 0;
+  virtual void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F) const = 0;
+  virtual void add(T* out, const T* a, const T* b, size_t n) const = 0;
+  virtual void add_bias(T* y, const T* bias, int M, int N) const = 0;
+  virtual void qkv_split(T* q, T* k, T* v, const T* qkv, const ops::AttentionDims& d) const = 0;
+  virtual void qkv_merge(T* qkv, const T* q, const T* k, const T* v,
+                         const ops::AttentionDims& d) const = 0;
+  // cos/sin: float [seq, rotary_dim/2] device tables.
+  virtual void rope_forward(T* x, const float* cos, const float* sin, int N, int seq, int nheads,
+                            int head_dim, const int32_t* positions, int rotary_dim) const = 0;
+  virtual void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq,
+                             int nheads, int head_dim, const int32_t* positions,
+                             int rotary_dim) const = 0;
+  virtual void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                                 const ops::AttentionDims& d) const = 0;
+  virtual void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out,
+                                  const float* lse, const T* q, const T* k, const T* v,
+                                  const ops::AttentionDims& d) const = 0;
+  virtual void attention_merge(T* out, float* lse, const T* block_out, const float* block_lse,
+                               const ops::AttentionDims& d) const = 0;
+  virtual double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h,
+                                          const T* w, const int32_t* targets, const float* mask,
+                                          const ops::ClassifierLossArgs& a) const = 0;
+  virtual void scale(T* x, double s, size_t n) const = 0;
+  // dst = src rounded to T (nearest, ties to even), and back to float (exact).
+  virtual void from_float(T* dst, const float* src, size_t n) const = 0;
+  virtual void to_float(float* dst, const T* src, size_t n) const = 0;
+};
 
 class GpuBackend : public DeviceMemory {
  public:
@@ -25,60 +86,20 @@ class GpuBackend : public DeviceMemory {
   // exchange it through the in-process communicator; a real GPU's needs NCCL/RCCL.
   virtual bool memory_is_host_memory() const = 0;
 
-  virtual void linear_forward(float* y, const float* x, const float* w, const float* bias, int M,
-                              int K, int N) const = 0;
-  virtual void linear_backward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
-                               const float* w, int M, int K, int N, bool accumulate_dx) const = 0;
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int N, int seq, int C, const int32_t* positions,
-                                 int vocab_start, int vocab_end) const = 0;
-  virtual void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens,
-                                  const float* dout, int N, int seq, int C,
-                                  const int32_t* positions, int vocab_start,
-                                  int vocab_end) const = 0;
-  virtual void position_embedding_add(float* out, const float* wpe, int N, int seq, int C,
-                                      const int32_t* positions) const = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* x,
-                                 const float* w, const float* b, int N, int C,
-                                 double eps) const = 0;
-  virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dout,
-                                  const float* x, const float* w, const float* mean,
-                                  const float* rstd, int N, int C) const = 0;
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N,
-                               int C, double eps) const = 0;
-  virtual void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x,
-                                const float* w, const float* rstd, int N, int C) const = 0;
-  virtual void gelu_forward(float* out, const float* x, size_t n, GeluForm form) const = 0;
-  virtual void gelu_backward(float* dx, const float* dout, const float* x, size_t n,
-                             GeluForm form) const = 0;
-  virtual void swiglu_forward(float* out, const float* x, int N, int F) const = 0;
-  virtual void swiglu_backward(float* dx, const float* dout, const float* x, int N,
-                               int F) const = 0;
-  virtual void add(float* out, const float* a, const float* b, size_t n) const = 0;
-  virtual void add_bias(float* y, const float* bias, int M, int N) const = 0;
-  virtual void qkv_split(float* q, float* k, float* v, const float* qkv,
-                         const ops::AttentionDims& d) const = 0;
-  virtual void qkv_merge(float* qkv, const float* q, const float* k, const float* v,
-                         const ops::AttentionDims& d) const = 0;
-  // cos/sin: float [seq, rotary_dim/2] device tables.
-  virtual void rope_forward(float* x, const float* cos, const float* sin, int N, int seq,
-                            int nheads, int head_dim, const int32_t* positions,
-                            int rotary_dim) const = 0;
-  virtual void rope_backward(float* dx, const float* cos, const float* sin, int N, int seq,
-                             int nheads, int head_dim, const int32_t* positions,
-                             int rotary_dim) const = 0;
-  virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
-                                 const float* v, const ops::AttentionDims& d) const = 0;
-  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                  const float* out, const float* lse, const float* q,
-                                  const float* k, const float* v,
-                                  const ops::AttentionDims& d) const = 0;
-  virtual void attention_merge(float* out, float* lse, const float* block_out,
-                               const float* block_lse, const ops::AttentionDims& d) const = 0;
-  virtual double classifier_cross_entropy(float* losses, float* dh, float* dw, const float* h,
-                                          const float* w, const int32_t* targets, const float* mask,
-                                          const ops::ClassifierLossArgs& a) const = 0;
-  virtual void scale(float* x, double s, size_t n) const = 0;
+  // The ops for storage type T.
+  template <typename T>
+  const GpuOps<T>& ops() const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return ops_bf16();
+    else if constexpr (std::is_same_v<T, f16>)
+      return ops_f16();
+    else
+      return ops_f32();
+  }
+  virtual const GpuOps<float>& ops_f32() const = 0;
+  virtual const GpuOps<bf16>& ops_bf16() const = 0;
+  virtual const GpuOps<f16>& ops_f16() const = 0;
+
   // One AdamW step of n elements at step `step` (1-based), as optim/optimizer.cpp's
   // update_elements does it.
   virtual void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr,

@@ -30,9 +30,13 @@ void set_gpu_backend(const GpuBackend* backend) {
 
 namespace ops::detail {
 
-void gpu_needs_float(const char* op) {
-  throw InternalError(std::string("[") + op +
-                      "] runs on the GPU with float storage; float64 runs on the CPU");
+void gpu_has_no_double(const char* op) {
+  throw InternalError(std::string("[") + op + "] runs on the GPU in float, bf16 or f16; float64 " +
+                      "runs on the CPU");
+}
+void cpu_has_no_16bit(const char* op) {
+  throw InternalError(std::string("[") + op + "] runs on the CPU in float or float64; bf16 and " +
+                      "f16 storage run on a GPU");
 }
 
 }  // namespace ops::detail

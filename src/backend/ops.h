@@ -18,6 +18,7 @@
 //  - Deterministic: the same inputs give the same bits on every run (fixed reduction orders).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -166,8 +167,9 @@ template <typename T>
 double sum_squares(const T* x, size_t n);
 
 // ---- On a device ------------------------------------------------------------------------------
-// Where an op runs: the CPU, or a GPU through its backend. The GPU runs float storage; the
-// float64 checks run on the CPU.
+// Where an op runs: the CPU, or a GPU through its backend. The GPU runs float, bf16 and f16
+// storage; the CPU float and double (the float64 checks). Parameter gradients and statistics
+// are accum_t<T> (base/dtype.h): float for 16-bit storage, T otherwise.
 struct Exec {
   const GpuBackend* gpu = nullptr;  // null: the CPU
   bool on_gpu() const { return gpu != nullptr; }
@@ -176,14 +178,24 @@ struct Exec {
 };
 
 namespace detail {
-[[noreturn]] void gpu_needs_float(const char* op);
+[[noreturn]] void gpu_has_no_double(const char* op);
+[[noreturn]] void cpu_has_no_16bit(const char* op);
 }  // namespace detail
 
-// Each dispatching op: the CPU implementation, or the GPU backend's for float.
-#define OMNI_DISPATCH(op, cpu_call, gpu_call)              \
-  if (!e.gpu) return cpu_call;                             \
-  if constexpr (std::is_same_v<T, float>) return gpu_call; \
-  detail::gpu_needs_float(#op)
+// Each dispatching op: the CPU implementation (float, double), or the GPU backend's for T
+// (float, bf16, f16); gpu_call is a call on the backend's GpuOps<T>.
+#define OMNI_DISPATCH(op, cpu_call, gpu_call)             \
+  if (!e.gpu) {                                           \
+    if constexpr (is_16bit<T>)                            \
+      detail::cpu_has_no_16bit(#op);                      \
+    else                                                  \
+      return cpu_call;                                    \
+  } else {                                                \
+    if constexpr (std::is_same_v<T, double>)              \
+      detail::gpu_has_no_double(#op);                     \
+    else                                                  \
+      return e.gpu->template ops<T>().gpu_call;           \
+  }
 
 // Memory of the Exec's device: n elements zeroed, copied within the device, or copied from or
 // to the host.
@@ -220,13 +232,13 @@ template <typename T>
 void linear_forward(const Exec& e, T* y, const T* x, const T* w, const T* bias, int M, int K,
                     int N) {
   OMNI_DISPATCH(linear_forward, linear_forward(y, x, w, bias, M, K, N),
-                e.gpu->linear_forward(y, x, w, bias, M, K, N));
+                linear_forward(y, x, w, bias, M, K, N));
 }
 template <typename T>
-void linear_backward(const Exec& e, T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w,
+void linear_backward(const Exec& e, T* dx, accum_t<T>* dw, accum_t<T>* dbias, const T* dy, const T* x, const T* w,
                      int M, int K, int N, bool accumulate_dx = false) {
   OMNI_DISPATCH(linear_backward, linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx),
-                e.gpu->linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx));
+                linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx));
 }
 template <typename T>
 void embedding_forward(const Exec& e, T* out, const int32_t* tokens, const T* wte, const T* wpe,
@@ -235,82 +247,82 @@ void embedding_forward(const Exec& e, T* out, const int32_t* tokens, const T* wt
   OMNI_DISPATCH(
       embedding_forward,
       embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end),
-      e.gpu->embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start,
+      embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start,
                                vocab_end));
 }
 template <typename T>
-void embedding_backward(const Exec& e, T* dwte, T* dwpe, const int32_t* tokens, const T* dout,
+void embedding_backward(const Exec& e, accum_t<T>* dwte, accum_t<T>* dwpe, const int32_t* tokens, const T* dout,
                         int N, int seq, int C, const int32_t* positions, int vocab_start,
                         int vocab_end) {
   OMNI_DISPATCH(
       embedding_backward,
       embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end),
-      e.gpu->embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start,
+      embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start,
                                 vocab_end));
 }
 template <typename T>
 void position_embedding_add(const Exec& e, T* out, const T* wpe, int N, int seq, int C,
                             const int32_t* positions) {
   OMNI_DISPATCH(position_embedding_add, position_embedding_add(out, wpe, N, seq, C, positions),
-                e.gpu->position_embedding_add(out, wpe, N, seq, C, positions));
+                position_embedding_add(out, wpe, N, seq, C, positions));
 }
 template <typename T>
-void layernorm_forward(const Exec& e, T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+void layernorm_forward(const Exec& e, T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* x, const T* w, const T* b,
                        int N, int C, double eps) {
   OMNI_DISPATCH(layernorm_forward, layernorm_forward(out, mean, rstd, x, w, b, N, C, eps),
-                e.gpu->layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
+                layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
 }
 template <typename T>
-void layernorm_backward(const Exec& e, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
-                        const T* mean, const T* rstd, int N, int C) {
+void layernorm_backward(const Exec& e, T* dx, accum_t<T>* dw, accum_t<T>* db, const T* dout,
+                        const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd, int N, int C) {
   OMNI_DISPATCH(layernorm_backward, layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C),
-                e.gpu->layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C));
+                layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C));
 }
 template <typename T>
-void rmsnorm_forward(const Exec& e, T* out, T* rstd, const T* x, const T* w, int N, int C,
+void rmsnorm_forward(const Exec& e, T* out, accum_t<T>* rstd, const T* x, const T* w, int N, int C,
                      double eps) {
   OMNI_DISPATCH(rmsnorm_forward, rmsnorm_forward(out, rstd, x, w, N, C, eps),
-                e.gpu->rmsnorm_forward(out, rstd, x, w, N, C, eps));
+                rmsnorm_forward(out, rstd, x, w, N, C, eps));
 }
 template <typename T>
-void rmsnorm_backward(const Exec& e, T* dx, T* dw, const T* dout, const T* x, const T* w,
-                      const T* rstd, int N, int C) {
+void rmsnorm_backward(const Exec& e, T* dx, accum_t<T>* dw, const T* dout, const T* x,
+                      const T* w, const accum_t<T>* rstd, int N, int C) {
   OMNI_DISPATCH(rmsnorm_backward, rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C),
-                e.gpu->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C));
+                rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C));
 }
 template <typename T>
 void gelu_forward(const Exec& e, T* out, const T* x, size_t n, GeluForm form) {
-  OMNI_DISPATCH(gelu_forward, gelu_forward(out, x, n, form), e.gpu->gelu_forward(out, x, n, form));
+  OMNI_DISPATCH(gelu_forward, gelu_forward(out, x, n, form), gelu_forward(out, x, n, form));
 }
 template <typename T>
 void gelu_backward(const Exec& e, T* dx, const T* dout, const T* x, size_t n, GeluForm form) {
   OMNI_DISPATCH(gelu_backward, gelu_backward(dx, dout, x, n, form),
-                e.gpu->gelu_backward(dx, dout, x, n, form));
+                gelu_backward(dx, dout, x, n, form));
 }
 template <typename T>
 void swiglu_forward(const Exec& e, T* out, const T* x, int N, int F) {
-  OMNI_DISPATCH(swiglu_forward, swiglu_forward(out, x, N, F), e.gpu->swiglu_forward(out, x, N, F));
+  OMNI_DISPATCH(swiglu_forward, swiglu_forward(out, x, N, F), swiglu_forward(out, x, N, F));
 }
 template <typename T>
 void swiglu_backward(const Exec& e, T* dx, const T* dout, const T* x, int N, int F) {
   OMNI_DISPATCH(swiglu_backward, swiglu_backward(dx, dout, x, N, F),
-                e.gpu->swiglu_backward(dx, dout, x, N, F));
+                swiglu_backward(dx, dout, x, N, F));
 }
 template <typename T>
 void add(const Exec& e, T* out, const T* a, const T* b, size_t n) {
-  OMNI_DISPATCH(add, add(out, a, b, n), e.gpu->add(out, a, b, n));
+  OMNI_DISPATCH(add, add(out, a, b, n), add(out, a, b, n));
 }
 template <typename T>
 void add_bias(const Exec& e, T* y, const T* bias, int M, int N) {
-  OMNI_DISPATCH(add_bias, add_bias(y, bias, M, N), e.gpu->add_bias(y, bias, M, N));
+  OMNI_DISPATCH(add_bias, add_bias(y, bias, M, N), add_bias(y, bias, M, N));
 }
 template <typename T>
 void qkv_split(const Exec& e, T* q, T* k, T* v, const T* qkv, const AttentionDims& d) {
-  OMNI_DISPATCH(qkv_split, qkv_split(q, k, v, qkv, d), e.gpu->qkv_split(q, k, v, qkv, d));
+  OMNI_DISPATCH(qkv_split, qkv_split(q, k, v, qkv, d), qkv_split(q, k, v, qkv, d));
 }
 template <typename T>
 void qkv_merge(const Exec& e, T* qkv, const T* q, const T* k, const T* v, const AttentionDims& d) {
-  OMNI_DISPATCH(qkv_merge, qkv_merge(qkv, q, k, v, d), e.gpu->qkv_merge(qkv, q, k, v, d));
+  OMNI_DISPATCH(qkv_merge, qkv_merge(qkv, q, k, v, d), qkv_merge(qkv, q, k, v, d));
 }
 
 // Rotary tables where each device reads them: double on the host for the CPU, float in
@@ -324,7 +336,7 @@ void rope_forward(const Exec& e, T* x, const RopeTables& t, int N, int seq, int 
                   int head_dim, const int32_t* positions, int rotary_dim) {
   OMNI_DISPATCH(rope_forward,
                 rope_forward(x, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
-                e.gpu->rope_forward(x, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
+                rope_forward(x, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
                                     positions, rotary_dim));
 }
 template <typename T>
@@ -332,42 +344,57 @@ void rope_backward(const Exec& e, T* dx, const RopeTables& t, int N, int seq, in
                    int head_dim, const int32_t* positions, int rotary_dim) {
   OMNI_DISPATCH(rope_backward,
                 rope_backward(dx, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
-                e.gpu->rope_backward(dx, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
+                rope_backward(dx, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
                                      positions, rotary_dim));
 }
 template <typename T>
-void attention_forward(const Exec& e, T* out, T* lse, const T* q, const T* k, const T* v,
+void attention_forward(const Exec& e, T* out, accum_t<T>* lse, const T* q, const T* k, const T* v,
                        const AttentionDims& d) {
   OMNI_DISPATCH(attention_forward, attention_forward(out, lse, q, k, v, d),
-                e.gpu->attention_forward(out, lse, q, k, v, d));
+                attention_forward(out, lse, q, k, v, d));
 }
 template <typename T>
 void attention_backward(const Exec& e, T* dq, T* dk, T* dv, const T* dout, const T* out,
-                        const T* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
+                        const accum_t<T>* lse, const T* q, const T* k, const T* v,
+                        const AttentionDims& d) {
   OMNI_DISPATCH(attention_backward, attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d),
-                e.gpu->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d));
+                attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d));
 }
 template <typename T>
-void attention_merge(const Exec& e, T* out, T* lse, const T* block_out, const T* block_lse,
+void attention_merge(const Exec& e, T* out, accum_t<T>* lse, const T* block_out,
+                     const accum_t<T>* block_lse,
                      const AttentionDims& d) {
   OMNI_DISPATCH(attention_merge, attention_merge(out, lse, block_out, block_lse, d),
-                e.gpu->attention_merge(out, lse, block_out, block_lse, d));
+                attention_merge(out, lse, block_out, block_lse, d));
 }
 template <typename T>
-double classifier_cross_entropy(const Exec& e, T* losses, T* dh, T* dw, const T* h, const T* w,
+double classifier_cross_entropy(const Exec& e, accum_t<T>* losses, T* dh, accum_t<T>* dw,
+                                const T* h, const T* w,
                                 const int32_t* targets, const float* mask,
                                 const ClassifierLossArgs& a) {
   OMNI_DISPATCH(classifier_cross_entropy,
                 classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a),
-                e.gpu->classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a));
+                classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a));
 }
 template <typename T>
 void scale(const Exec& e, T* x, double s, size_t n) {
-  OMNI_DISPATCH(scale, scale(x, s, n), e.gpu->scale(x, s, n));
+  OMNI_DISPATCH(scale, scale(x, s, n), scale(x, s, n));
 }
+// Sum of squares of a gradient-like buffer (float on a GPU).
 template <typename T>
 double sum_squares(const Exec& e, const T* x, size_t n) {
-  OMNI_DISPATCH(sum_squares, sum_squares(x, n), e.gpu->sum_squares(x, n));
+  if (!e.gpu) return sum_squares(x, n);
+  if constexpr (std::is_same_v<T, float>) return e.gpu->sum_squares(x, n);
+  detail::gpu_has_no_double("sum_squares");
+}
+// dst = src rounded to T (a 16-bit model's weights from the fp32 master), or back to float.
+template <typename T>
+void from_float(const Exec& e, T* dst, const float* src, size_t n) {
+  OMNI_DISPATCH(from_float, [&] { std::copy(src, src + n, dst); }(), from_float(dst, src, n));
+}
+template <typename T>
+void to_float(const Exec& e, float* dst, const T* src, size_t n) {
+  OMNI_DISPATCH(to_float, [&] { std::copy(src, src + n, dst); }(), to_float(dst, src, n));
 }
 
 #undef OMNI_DISPATCH

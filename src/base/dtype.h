@@ -51,6 +51,15 @@ struct f16 {
   uint16_t bits;
 };
 
+// Storage that is 16 bits wide (bf16, f16): the model computes with it, but keeps its
+// gradients and per-row statistics in float (backend/ops.h's contract).
+template <typename T>
+inline constexpr bool is_16bit = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+// The type of a storage type's parameter gradients and statistics: float for 16-bit storage,
+// the type itself for float and double.
+template <typename T>
+using accum_t = std::conditional_t<is_16bit<T>, float, T>;
+
 // The DType of an element type (Tensor::data<T>, the GEMM's operand types).
 template <typename T>
 constexpr DType dtype_of() {

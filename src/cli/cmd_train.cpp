@@ -435,7 +435,6 @@ int train(const std::vector<std::string>& raw_args) {
     std::printf("\n--- sample (temperature %.2f, top-k %d) ---\n%s", so.temperature, so.top_k,
                 opts.prompt.c_str());
     std::fflush(stdout);
-    trainer.sync_host_model();  // the GPU's weights, when a GPU trained
     sample_bytes(trainer.model(), opts.prompt, so, [](char c) {
       std::fputc(c, stdout);
       std::fflush(stdout);

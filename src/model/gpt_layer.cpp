@@ -4,10 +4,44 @@
 // all-reduce). The model, its embedding, head and chunks are in gpt_model.cpp.
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "model/gpt_model.h"
 
 namespace omni {
+
+template <typename T>
+template <typename P, typename Get>
+typename GPTModel<T>::template LayerTensors<P> GPTModel<T>::layer_tensors(int i, Get get) const {
+  const std::string l = "decoder.layers." + std::to_string(i) + ".";
+  return LayerTensors<P>{get(l + "input_layernorm.weight"),
+                         get(l + "input_layernorm.bias"),
+                         get(l + "self_attention.linear_qkv.weight"),
+                         get(l + "self_attention.linear_qkv.bias"),
+                         get(l + "self_attention.q_layernorm.weight"),
+                         get(l + "self_attention.q_layernorm.bias"),
+                         get(l + "self_attention.k_layernorm.weight"),
+                         get(l + "self_attention.k_layernorm.bias"),
+                         get(l + "self_attention.linear_proj.weight"),
+                         get(l + "self_attention.linear_proj.bias"),
+                         get(l + "pre_mlp_layernorm.weight"),
+                         get(l + "pre_mlp_layernorm.bias"),
+                         get(l + "mlp.linear_fc1.weight"),
+                         get(l + "mlp.linear_fc1.bias"),
+                         get(l + "mlp.linear_fc2.weight"),
+                         get(l + "mlp.linear_fc2.bias")};
+}
+
+template <typename T>
+typename GPTModel<T>::template LayerTensors<T> GPTModel<T>::layer_params(int i) const {
+  return layer_tensors<T>(i, [&](const std::string& n) { return params_.value_or_null(n); });
+}
+
+template <typename T>
+typename GPTModel<T>::template LayerTensors<typename GPTModel<T>::Grad> GPTModel<T>::layer_grads(
+    int i) const {
+  return layer_tensors<Grad>(i, [&](const std::string& n) { return params_.grad_or_null(n); });
+}
 
 template <typename T>
 const T* GPTModel<T>::norm_gamma(const T* w, int width) const {
@@ -18,8 +52,8 @@ const T* GPTModel<T>::norm_gamma(const T* w, int width) const {
 }
 
 template <typename T>
-void GPTModel<T>::norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
-                               int rows, int width) const {
+void GPTModel<T>::norm_forward(T* out, Grad* mean, Grad* rstd, const T* x, const T* w,
+                               const T* b, int rows, int width) const {
   w = norm_gamma(w, width);
   if (cfg_.normalization == Normalization::LayerNorm)
     ops::layernorm_forward(x_, out, mean, rstd, x, w, b, rows, width, cfg_.norm_epsilon);
@@ -28,8 +62,9 @@ void GPTModel<T>::norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w,
 }
 
 template <typename T>
-void GPTModel<T>::norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
-                                const T* mean, const T* rstd, int rows, int width) const {
+void GPTModel<T>::norm_backward(T* dx, Grad* dw, Grad* db, const T* dout, const T* x,
+                                const T* w, const Grad* mean, const Grad* rstd, int rows,
+                                int width) const {
   w = norm_gamma(w, width);  // d(w + 1)/dw = 1: the gradient is the applied gamma's
   if (cfg_.normalization == Normalization::LayerNorm)
     ops::layernorm_backward(x_, dx, dw, db, dout, x, w, mean, rstd, rows, width);
@@ -98,11 +133,11 @@ void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& 
     // by its log-sum-exp.
     const bool first = t == 0;
     T* out = first ? a.attn.template data<T>() : ring_out_.template data<T>();
-    T* lse = first ? a.lse.template data<T>() : ring_lse_.template data<T>();
+    Grad* lse = first ? a.lse.template data<Grad>() : ring_lse_.template data<Grad>();
     ops::attention_forward(x_, out, lse, a.q.template data<T>(), k_all + src * kv, v_all + src * kv,
                            ad);
     if (!first)
-      ops::attention_merge(x_, a.attn.template data<T>(), a.lse.template data<T>(), out, lse, ad);
+      ops::attention_merge(x_, a.attn.template data<T>(), a.lse.template data<Grad>(), out, lse, ad);
     for (auto& q : recvs)
       if (q) q->wait();
     for (auto& q : sends)
@@ -139,7 +174,7 @@ void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* 
     T *dq_b = ring_dq_.template data<T>(), *dk_b = ring_dk_.template data<T>(),
       *dv_b = ring_dv_.template data<T>();
     ops::attention_backward(x_, dq_b, dk_b, dv_b, dattn, a.attn.template data<T>(),
-                            a.lse.template data<T>(), a.q.template data<T>(), k_all + src * kv,
+                            a.lse.template data<Grad>(), a.q.template data<T>(), k_all + src * kv,
                             v_all + src * kv, ad);
     ops::add(x_, dq, dq, dq_b, size_t(g.tokens) * H * hd);
     ops::add(x_, acc_k, acc_k, dk_b, kv);
@@ -161,9 +196,9 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
   const ops::AttentionDims ad = attention_dims(mb, in);
-  const LayerParams p = layer_params(layer, false);
+  const auto p = layer_params(layer);
   T* ln1 = a.ln1.template data<T>();
-  norm_forward(ln1, a.ln1_mean.template data<T>(), a.ln1_rstd.template data<T>(), x, p.ln1_w,
+  norm_forward(ln1, a.ln1_mean.template data<Grad>(), a.ln1_rstd.template data<Grad>(), x, p.ln1_w,
                p.ln1_b, R, C);
   const T* ln1_full = gather_rows(a.ln1_full.template data<T>(), ln1, g);
   T* qkv = qkv_.template data<T>();
@@ -172,9 +207,9 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   if (cfg_.qk_layernorm) {
     T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
     ops::qkv_split(x_, q_raw, k_raw, v, qkv, ad);
-    norm_forward(q, a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), q_raw, p.qln_w,
+    norm_forward(q, a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), q_raw, p.qln_w,
                  p.qln_b, N * H, hd);
-    norm_forward(k, a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), k_raw, p.kln_w,
+    norm_forward(k, a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), k_raw, p.kln_w,
                  p.kln_b, N * G, hd);
   } else {
     ops::qkv_split(x_, q, k, v, qkv, ad);
@@ -188,7 +223,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   if (cp_->size() > 1)
     ring_attention_forward(a, mb, g);
   else
-    ops::attention_forward(x_, attn, a.lse.template data<T>(), q, k, v, ad);
+    ops::attention_forward(x_, attn, a.lse.template data<Grad>(), q, k, v, ad);
   // Row-parallel projection: the ranks' partial products are summed, then the bias and the
   // residual added.
   T* mid = a.mid.template data<T>();
@@ -199,7 +234,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   ops::add(x_, mid, mid, x, size_t(R) * C);
 
   T* ln2 = a.ln2.template data<T>();
-  norm_forward(ln2, a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), mid, p.ln2_w,
+  norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid, p.ln2_w,
                p.ln2_b, R, C);
   const T* ln2_full = gather_rows(a.ln2_full.template data<T>(), ln2, g);
   T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
@@ -221,7 +256,8 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
   const ops::AttentionDims ad = attention_dims(mb, in);
-  const LayerParams p = layer_params(layer, false), gp = layer_params(layer, true);
+  const auto p = layer_params(layer);
+  const auto gp = layer_grads(layer);
   T* partial = full_.template data<T>();
   T* d_rows = d_rows_.template data<T>();
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
@@ -237,7 +273,7 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
                        p.fc1_w, N, C, fc1_out);
   const T* dln2 = reduce_rows(d_rows, partial, g);
   norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
-                a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), R, C);
+                a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), R, C);
   // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
   dy = gather_rows(d_full_.template data<T>(), dres, g);
   T* dattn = d_attn_.template data<T>();
@@ -248,7 +284,7 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     ring_attention_backward(a, dq, dk, dv, dattn, mb, g);
   else
     ops::attention_backward(x_, dq, dk, dv, dattn, a.attn.template data<T>(),
-                            a.lse.template data<T>(), a.q.template data<T>(),
+                            a.lse.template data<Grad>(), a.q.template data<T>(),
                             a.k.template data<T>(), a.v.template data<T>(), ad);
   if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
     const int rd = cfg_.rotary_dim();
@@ -260,9 +296,9 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     ops::zero(x_, dq_raw, size_t(N) * H * hd);
     ops::zero(x_, dk_raw, size_t(N) * G * hd);
     norm_backward(dq_raw, gp.qln_w, gp.qln_b, dq, a.q_raw.template data<T>(), p.qln_w,
-                  a.qn_mean.template data<T>(), a.qn_rstd.template data<T>(), N * H, hd);
+                  a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), N * H, hd);
     norm_backward(dk_raw, gp.kln_w, gp.kln_b, dk, a.k_raw.template data<T>(), p.kln_w,
-                  a.kn_mean.template data<T>(), a.kn_rstd.template data<T>(), N * G, hd);
+                  a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), N * G, hd);
     dq = dq_raw, dk = dk_raw;
   }
   T* dqkv = qkv_.template data<T>();
@@ -270,24 +306,27 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   ops::linear_backward(x_, partial, gp.qkv_w, gp.qkv_b, dqkv, a.ln1_full.template data<T>(),
                        p.qkv_w, N, C, ad.qkv_width());
   const T* dln1 = reduce_rows(d_rows, partial, g);
-  norm_backward(dres, gp.ln1_w, gp.ln1_b, dln1, x, p.ln1_w, a.ln1_mean.template data<T>(),
-                a.ln1_rstd.template data<T>(), R, C);
+  norm_backward(dres, gp.ln1_w, gp.ln1_b, dln1, x, p.ln1_w, a.ln1_mean.template data<Grad>(),
+                a.ln1_rstd.template data<Grad>(), R, C);
 }
 
-#define OMNI_INSTANTIATE(T)                                                                    \
-  template const T* GPTModel<T>::norm_gamma(const T*, int) const;                              \
-  template void GPTModel<T>::norm_forward(T*, T*, T*, const T*, const T*, const T*, int, int)  \
-      const;                                                                                   \
-  template void GPTModel<T>::norm_backward(T*, T*, T*, const T*, const T*, const T*, const T*, \
-                                           const T*, int, int) const;                          \
-  template const T* GPTModel<T>::gather_rows(T*, const T*, const Geometry&) const;             \
-  template const T* GPTModel<T>::reduce_rows(T*, T*, const Geometry&) const;                   \
-  template void GPTModel<T>::layer_forward(int, LayerActivations&, const T*, T*,               \
-                                           const MicroBatch&, const Geometry&, const Inputs&); \
-  template void GPTModel<T>::layer_backward(int, LayerActivations&, const T*, T*,              \
+#define OMNI_INSTANTIATE(T)                                                                     \
+  template const T* GPTModel<T>::norm_gamma(const T*, int) const;                               \
+  template void GPTModel<T>::norm_forward(T*, accum_t<T>*, accum_t<T>*, const T*, const T*,     \
+                                          const T*, int, int) const;                            \
+  template void GPTModel<T>::norm_backward(T*, accum_t<T>*, accum_t<T>*, const T*, const T*,    \
+                                           const T*, const accum_t<T>*, const accum_t<T>*, int, \
+                                           int) const;                                          \
+  template const T* GPTModel<T>::gather_rows(T*, const T*, const Geometry&) const;              \
+  template const T* GPTModel<T>::reduce_rows(T*, T*, const Geometry&) const;                    \
+  template void GPTModel<T>::layer_forward(int, LayerActivations&, const T*, T*,                \
+                                           const MicroBatch&, const Geometry&, const Inputs&);  \
+  template void GPTModel<T>::layer_backward(int, LayerActivations&, const T*, T*,               \
                                             const MicroBatch&, const Geometry&, const Inputs&);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(double)
+OMNI_INSTANTIATE(bf16)
+OMNI_INSTANTIATE(f16)
 #undef OMNI_INSTANTIATE
 
 }  // namespace omni

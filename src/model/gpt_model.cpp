@@ -11,6 +11,15 @@
 namespace omni {
 
 namespace {
+// A value in storage type T (rounded to nearest for bf16/f16).
+template <typename T>
+T storage_value(double v) {
+  if constexpr (is_16bit<T>)
+    return from_float<T>(float(v));
+  else
+    return T(v);
+}
+
 std::string layer_prefix(int i) {
   return "decoder.layers." + std::to_string(i) + ".";
 }
@@ -177,12 +186,12 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   }
   if (cfg_.layernorm_zero_centered_gamma) {
     ones_ = buffer({C}), gamma_ = buffer({C});
-    const std::vector<T> ones(size_t(C), T(1));
+    const std::vector<T> ones(size_t(C), storage_value<T>(1.0));
     ops::upload(x_, ones_.template data<T>(), ones.data(), ones.size());
   }
   acts_.resize(chunks_.size());
   auto buf = [&](Shape s) { return buffer(std::move(s)); };
-  token_losses_ = buf({N});
+  token_losses_ = stat_buffer({N});
   qkv_ = buf({N, (heads_ + 2 * groups_) * hd});
   full_ = buf({N, C}), d_full_ = buf({N, C}), d_resid_ = buf({R, C}), d_rows_ = buf({R, C});
   d_ffn_ = buf({N, ffn_}), d_fc1_ = buf({N, fc1_out});
@@ -192,7 +201,7 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   if (cp > 1) {
     const int64_t Sl = S / cp;
     ring_out_ = buf({N, heads_ * hd}), ring_dq_ = buf({N, heads_ * hd});
-    ring_lse_ = buf({int64_t(max_batch) * heads_ * Sl});
+    ring_lse_ = stat_buffer({int64_t(max_batch) * heads_ * Sl});
     ring_dk_ = buf({N, groups_ * hd}), ring_dv_ = buf({N, groups_ * hd});
     for (auto& pair : ring_acc_) pair[0] = buf({N, groups_ * hd}), pair[1] = buf({N, groups_ * hd});
     ring_first_.resize(N), ring_last_.resize(N);
@@ -206,25 +215,31 @@ Tensor GPTModel<T>::buffer(Shape shape) const {
 }
 
 template <typename T>
+Tensor GPTModel<T>::stat_buffer(Shape shape) const {
+  return Tensor::zeros(std::move(shape), dtype_of<Grad>(), device_, x_.memory());
+}
+
+template <typename T>
 void GPTModel<T>::allocate_layer(LayerActivations& l) {
   const int cp = cp_->size(), tp = tp_->size();
   const int64_t S = cfg_.seq_length, Sl = S / cp, hd = cfg_.head_dim(), C = cfg_.hidden_size;
   const int64_t N = int64_t(max_batch_) * Sl, R = sp_ ? N / tp : N;
   const int64_t H = heads_, G = groups_, fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
   auto buf = [&](Shape s) { return buffer(std::move(s)); };
-  l.ln1 = buf({R, C}), l.ln1_mean = buf({R}), l.ln1_rstd = buf({R});
+  auto stat = [&](Shape s) { return stat_buffer(std::move(s)); };
+  l.ln1 = buf({R, C}), l.ln1_mean = stat({R}), l.ln1_rstd = stat({R});
   l.ln1_full = sp_ ? buf({N, C}) : l.ln1;
   l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * hd});
   if (cfg_.qk_layernorm) {
     l.q_raw = buf({N, H * hd}), l.k_raw = buf({N, G * hd});
-    l.qn_mean = buf({N * H}), l.qn_rstd = buf({N * H});
-    l.kn_mean = buf({N * G}), l.kn_rstd = buf({N * G});
+    l.qn_mean = stat({N * H}), l.qn_rstd = stat({N * H});
+    l.kn_mean = stat({N * G}), l.kn_rstd = stat({N * G});
   }
   if (cp > 1) l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
-  l.lse = buf({int64_t(max_batch_) * H * Sl});
+  l.lse = stat({int64_t(max_batch_) * H * Sl});
   l.attn = buf({N, H * hd});
   l.mid = buf({R, C});
-  l.ln2 = buf({R, C}), l.ln2_mean = buf({R}), l.ln2_rstd = buf({R});
+  l.ln2 = buf({R, C}), l.ln2_mean = stat({R}), l.ln2_rstd = stat({R});
   l.ln2_full = sp_ ? buf({N, C}) : l.ln2;
   l.fc1 = buf({N, fc1_out}), l.act = buf({N, ffn_});
 }
@@ -259,7 +274,7 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
   for (int i = 0; i < layers; ++i)
     if (!recomputed(i)) allocate_layer(a->layers[i]);
   if (chunk == num_chunks() - 1 && parallel_.post_process) {
-    a->final_norm = buf({R, C}), a->final_mean = buf({R}), a->final_rstd = buf({R});
+    a->final_norm = buf({R, C}), a->final_mean = stat_buffer({R}), a->final_rstd = stat_buffer({R});
     a->final_full = sp_ ? buf({N, C}) : a->final_norm;
     a->d_final = buf({R, C});
   }
@@ -302,34 +317,15 @@ void GPTModel<T>::set_recompute(const Recompute& r) {
 }
 
 template <typename T>
-typename GPTModel<T>::LayerParams GPTModel<T>::layer_params(int i, bool grads) const {
-  const std::string l = layer_prefix(i);
-  auto get = [&](const std::string& name) {
-    return grads ? params_.grad_or_null(l + name) : params_.value_or_null(l + name);
-  };
-  return LayerParams{get("input_layernorm.weight"),
-                     get("input_layernorm.bias"),
-                     get("self_attention.linear_qkv.weight"),
-                     get("self_attention.linear_qkv.bias"),
-                     get("self_attention.q_layernorm.weight"),
-                     get("self_attention.q_layernorm.bias"),
-                     get("self_attention.k_layernorm.weight"),
-                     get("self_attention.k_layernorm.bias"),
-                     get("self_attention.linear_proj.weight"),
-                     get("self_attention.linear_proj.bias"),
-                     get("pre_mlp_layernorm.weight"),
-                     get("pre_mlp_layernorm.bias"),
-                     get("mlp.linear_fc1.weight"),
-                     get("mlp.linear_fc1.bias"),
-                     get("mlp.linear_fc2.weight"),
-                     get("mlp.linear_fc2.bias")};
+T* GPTModel<T>::classifier_weight() const {
+  return params_.value(cfg_.untie_embeddings_and_output_weights ? "output_layer.weight"
+                                                                : "embedding.word_embeddings.weight");
 }
 
 template <typename T>
-T* GPTModel<T>::classifier_weight(bool grads) const {
-  const char* name = cfg_.untie_embeddings_and_output_weights ? "output_layer.weight"
-                                                              : "embedding.word_embeddings.weight";
-  return grads ? params_.grad(name) : params_.value(name);
+typename GPTModel<T>::Grad* GPTModel<T>::classifier_grad() const {
+  return params_.grad(cfg_.untie_embeddings_and_output_weights ? "output_layer.weight"
+                                                               : "embedding.word_embeddings.weight");
 }
 
 template <typename T>
@@ -408,13 +404,13 @@ void GPTModel<T>::embed_backward(const T* d_rows, const Activations& a, const Mi
   const int C = cfg_.hidden_size;
   // The positions of this rank's residual rows (sequence parallel: a slice of them), which
   // under context parallelism range over the whole sequence's table, not the local share.
-  if (T* dwpe = params_.grad_or_null("embedding.position_embeddings.weight"))
-    ops::embedding_backward(x_, static_cast<T*>(nullptr), dwpe, a.in.tokens, d_rows, g.rows,
+  if (Grad* dwpe = params_.grad_or_null("embedding.position_embeddings.weight"))
+    ops::embedding_backward(x_, static_cast<Grad*>(nullptr), dwpe, a.in.tokens, d_rows, g.rows,
                             cfg_.max_positions(), C,
                             a.in.positions + (sp_ ? tp_->rank() * g.rows : 0), 0, 1 << 30);
   const T* d_words = gather_rows(d_full_.template data<T>(), d_rows, g);
   ops::embedding_backward(x_, params_.grad("embedding.word_embeddings.weight"),
-                          static_cast<T*>(nullptr), a.in.tokens, d_words, g.tokens, g.seq, C,
+                          static_cast<Grad*>(nullptr), a.in.tokens, d_words, g.tokens, g.seq, C,
                           nullptr, vocab_start_, vocab_start_ + vocab_rows_);
 }
 
@@ -431,8 +427,8 @@ double GPTModel<T>::masked_tokens(const MicroBatch& mb, const Geometry& g) const
 
 template <typename T>
 void GPTModel<T>::final_norm_forward(Activations& a, const Geometry& g) {
-  norm_forward(a.final_norm.template data<T>(), a.final_mean.template data<T>(),
-               a.final_rstd.template data<T>(), a.residual.back().template data<T>(),
+  norm_forward(a.final_norm.template data<T>(), a.final_mean.template data<Grad>(),
+               a.final_rstd.template data<Grad>(), a.residual.back().template data<T>(),
                params_.value("decoder.final_layernorm.weight"),
                params_.value_or_null("decoder.final_layernorm.bias"), g.rows, cfg_.hidden_size);
 }
@@ -459,13 +455,13 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
       tp_->all_reduce(values, size_t(n), max ? ReduceOp::Max : ReduceOp::Sum);
     };
   T* dh = train ? full_.template data<T>() : nullptr;
-  T* losses = mb.token_losses ? token_losses_.template data<T>() : nullptr;
-  double loss =
-      ops::classifier_cross_entropy<T>(x_, losses, dh, train ? classifier_weight(true) : nullptr, h,
-                                       classifier_weight(false), a.in.labels, a.in.mask, ca);
+  Grad* losses = mb.token_losses ? token_losses_.template data<Grad>() : nullptr;
+  double loss = ops::classifier_cross_entropy<T>(x_, losses, dh, train ? classifier_grad() : nullptr,
+                                                 h, classifier_weight(), a.in.labels, a.in.mask,
+                                                 ca);
   cp_->all_reduce(&loss, 1);
   if (losses) {
-    std::vector<T> host(size_t(g.tokens));
+    std::vector<Grad> host(size_t(g.tokens));
     ops::download(x_, host.data(), losses, host.size());
     std::copy(host.begin(), host.end(), mb.token_losses);
   }
@@ -475,8 +471,8 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
     norm_backward(d_final, params_.grad("decoder.final_layernorm.weight"),
                   params_.grad_or_null("decoder.final_layernorm.bias"), d_norm,
                   a.residual.back().template data<T>(),
-                  params_.value("decoder.final_layernorm.weight"), a.final_mean.template data<T>(),
-                  a.final_rstd.template data<T>(), g.rows, C);
+                  params_.value("decoder.final_layernorm.weight"), a.final_mean.template data<Grad>(),
+                  a.final_rstd.template data<Grad>(), g.rows, C);
   }
   return loss / denom;
 }
@@ -587,7 +583,7 @@ std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int
   const int C = cfg_.hidden_size, V = cfg_.vocab_size;
   Tensor logits = buffer({int64_t(g.tokens), V});
   ops::linear_forward<T>(x_, logits.template data<T>(), a.final_norm.template data<T>(),
-                         classifier_weight(false), nullptr, g.tokens, C, V);
+                         classifier_weight(), nullptr, g.tokens, C, V);
   std::vector<T> host(size_t(g.tokens) * V);
   ops::download(x_, host.data(), logits.template data<T>(), host.size());
   return host;
@@ -597,10 +593,20 @@ template <typename T>
 std::vector<float> GPTModel<T>::next_token_logits(const int32_t* tokens, int seq) {
   const std::vector<T> all = forward_logits(tokens, 1, seq);
   const int V = cfg_.vocab_size;
-  return std::vector<float>(all.end() - V, all.end());
+  std::vector<float> last(static_cast<size_t>(V));
+  for (int v = 0; v < V; ++v) {
+    const T x = all[all.size() - V + v];
+    if constexpr (is_16bit<T>)
+      last[v] = to_float(x);
+    else
+      last[v] = float(x);
+  }
+  return last;
 }
 
 template class GPTModel<float>;
 template class GPTModel<double>;
+template class GPTModel<bf16>;
+template class GPTModel<f16>;
 
 }  // namespace omni

@@ -27,7 +27,8 @@
 // rank's parameters are exactly its slices of the one-rank model's (invariant 2).
 //
 // One model on every device: every op goes through the seam of backend/ops.h with the
-// model's Exec, so the same code runs on the CPU or on one GPU per rank (float storage), with
+// model's Exec, so the same code runs on the CPU or on one GPU per rank (float, or bf16/f16
+// weights and activations with float gradients), with
 // parameters, gradients and activations in that device's memory. Micro-batches stay host
 // arrays; each chunk copies what its ops read to the device.
 #pragma once
@@ -74,9 +75,12 @@ struct Recompute {
   int num_layers = 0;
 };
 
+// T: the storage of weights and activations: float or double on the CPU; float, bf16 or f16 on
+// a GPU. Parameter gradients and per-row statistics are Grad (float for bf16/f16).
 template <typename T>
 class GPTModel final : public PipelineChunks<T> {
  public:
+  using Grad = accum_t<T>;
   // Allocates parameters for this rank's part of the model and initialises them from
   // `seed`; activation memory for micro-batches of up to max_batch x config.seq_length
   // tokens is allocated per micro-batch in flight, on first use.
@@ -163,17 +167,25 @@ class GPTModel final : public PipelineChunks<T> {
     std::unique_ptr<Storage> input_storage;  // what `in` points into
     Inputs in;
   };
-  struct LayerParams {
-    T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *qln_w, *qln_b, *kln_w, *kln_b;
-    T *proj_w, *proj_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+  // A layer's parameters (P = T) or their gradients (P = Grad).
+  template <typename P>
+  struct LayerTensors {
+    P *ln1_w, *ln1_b, *qkv_w, *qkv_b, *qln_w, *qln_b, *kln_w, *kln_b;
+    P *proj_w, *proj_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
   };
   // Sizes of one micro-batch on this rank.
   struct Geometry {
     int batch, seq, tokens, rows;  // rows: of the residual stream (tokens / tp under SP)
   };
 
-  LayerParams layer_params(int layer, bool grads) const;
-  T* classifier_weight(bool grads) const;
+  LayerTensors<T> layer_params(int layer) const;
+  LayerTensors<Grad> layer_grads(int layer) const;
+  // The layer's tensors by name through get (a value or gradient lookup).
+  template <typename P, typename Get>
+  LayerTensors<P> layer_tensors(int layer, Get get) const;
+  // The output layer's weight (the word embeddings when tied), and its gradient.
+  T* classifier_weight() const;
+  Grad* classifier_grad() const;
   bool has_embedding(int chunk) const { return chunk == 0 && parallel_.pre_process; }
   bool has_loss(int chunk) const {
     return chunk == num_chunks() - 1 && parallel_.post_process;
@@ -182,7 +194,8 @@ class GPTModel final : public PipelineChunks<T> {
   ops::AttentionDims attention_dims(const MicroBatch& mb, const Inputs& in) const;
   // Copies the micro-batch's arrays (and the rows' positions) to the device, into a.in.
   void stage_inputs(Activations& a, const MicroBatch& mb, const Geometry& g);
-  Tensor buffer(Shape shape) const;
+  Tensor buffer(Shape shape) const;       // T
+  Tensor stat_buffer(Shape shape) const;  // Grad: statistics (mean, rstd, lse), losses
   void check_batch(const MicroBatch& mb) const;
   Activations& activations(int chunk, int slot);
   void allocate_layer(LayerActivations& l);
@@ -207,10 +220,10 @@ class GPTModel final : public PipelineChunks<T> {
   // Norm over rows of width `width`: LayerNorm or RMSNorm per config.
   // The norm's applied gamma: w itself, or under --apply-layernorm-1p w + 1 (in gamma_).
   const T* norm_gamma(const T* w, int width) const;
-  void norm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int rows,
+  void norm_forward(T* out, Grad* mean, Grad* rstd, const T* x, const T* w, const T* b, int rows,
                     int width) const;
-  void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
-                     const T* rstd, int rows, int width) const;
+  void norm_backward(T* dx, Grad* dw, Grad* db, const T* dout, const T* x, const T* w,
+                     const Grad* mean, const Grad* rstd, int rows, int width) const;
   // Tensor-parallel regions: all-gather rows into `full` (sequence parallel), or nothing.
   const T* gather_rows(T* full, const T* part, const Geometry& g) const;
   // Sums the ranks' partial results `full` [tokens, C]: reduce-scatter into `out`'s rows

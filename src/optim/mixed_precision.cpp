@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 #include "base/error.h"
 
@@ -45,7 +46,7 @@ bool round_to_dtype(const float* src, float* dst, int64_t n, DType dtype) {
 }
 
 MixedPrecision::MixedPrecision(ParameterSet<float>& model, DType dtype, DType grad_dtype)
-    : model_(model), master_(model.infos()), dtype_(dtype), grad_dtype_(grad_dtype) {
+    : model_(&model), master_(model.infos()), dtype_(dtype), grad_dtype_(grad_dtype) {
   OMNI_CHECK(dtype == DType::BF16 || dtype == DType::F16, "[mixed precision] parameters in ",
              dtype_name(dtype), ", not bf16 or f16");
   OMNI_CHECK(grad_dtype == dtype || grad_dtype == DType::F32, "[mixed precision] gradients in ",
@@ -55,21 +56,57 @@ MixedPrecision::MixedPrecision(ParameterSet<float>& model, DType dtype, DType gr
   std::copy_n(model.values(), model.size(), master_.values());
 }
 
+namespace {
+template <typename F>
+void with_storage(DType dtype, F&& f) {
+  if (dtype == DType::BF16)
+    f(bf16{});
+  else
+    f(f16{});
+}
+}  // namespace
+
+MixedPrecision::MixedPrecision(const Stored& model, std::vector<ParamInfo> infos, Device device)
+    : stored_(model),
+      master_(std::move(infos), device, model.exec.memory()),
+      dtype_(model.dtype),
+      grad_dtype_(DType::F32) {
+  with_storage(dtype_, [&](auto t) {
+    using T = decltype(t);
+    ops::to_float(stored_.exec, master_.values(), static_cast<const T*>(stored_.values),
+                  size_t(master_.size()));
+  });
+}
+
 bool MixedPrecision::unscale_and_check(float loss_scale) {
   OMNI_CHECK(loss_scale > 0 && finite_bits(loss_scale), "[mixed precision] loss scale ",
              loss_scale);
-  const int64_t n = model_.size();
-  float* g = model_.grads();
-  const bool found_inf = round_to_dtype(g, g, n, grad_dtype_);
   const auto inv_scale = static_cast<float>(1.0 / double(loss_scale));
   float* master_g = master_.grads();
+  if (!model_) {  // float gradients on the device: scaled into the master's, then checked
+    const size_t n = size_t(master_.size());
+    ops::copy(stored_.exec, master_g, stored_.grads, n);
+    ops::scale(stored_.exec, master_g, double(inv_scale), n);
+    return !std::isfinite(ops::sum_squares(stored_.exec, master_g, n));
+  }
+  const int64_t n = model_->size();
+  float* g = model_->grads();
+  const bool found_inf = round_to_dtype(g, g, n, grad_dtype_);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) master_g[i] = g[i] * inv_scale;
   return found_inf;
 }
 
 void MixedPrecision::copy_master_to_model() {
-  round_to_dtype(master_.values(), model_.values(), model_.size(), dtype_);
+  if (model_) {
+    round_to_dtype(master_.values(), model_->values(), model_->size(), dtype_);
+    return;
+  }
+  with_storage(dtype_, [&](auto t) {
+    using T = decltype(t);
+    ops::from_float(stored_.exec, static_cast<T*>(stored_.values), master_.values(),
+                    size_t(master_.size()));
+  });
 }
 
 }  // namespace omni

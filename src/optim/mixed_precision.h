@@ -19,6 +19,10 @@
 //     clip with gradient_norm(mp.master()) / scale_gradients(mp.master(), coeff)
 //     optimizer.step(mp.master(), lr);
 //     mp.copy_master_to_model();
+// On a GPU the model itself is bf16 or f16 (GPTModel<bf16>: 16-bit weights and activations,
+// fp32 gradients, Megatron's main_grad), and the master lives in device memory beside it:
+//   omni::MixedPrecision mp(model.params(), exec);   // ParameterSet<bf16> or <f16>
+// with the same calls as above.
 // Checkpoints save and load mp.master() (fp32) as the parameters; after a load, call
 // copy_master_to_model(). The distributed optimizer works on mp.master() unchanged: its
 // buckets reduce the model's gradients, and checking the whole gradient buffer is safe, as
@@ -27,6 +31,7 @@
 
 #include <cstdint>
 
+#include "backend/ops.h"
 #include "base/dtype.h"
 #include "tensor/parameters.h"
 
@@ -45,6 +50,13 @@ class MixedPrecision {
   // --accumulate-allreduce-grads-in-fp32, or `dtype` (fp16's default). On the CPU, fp16
   // gradient overflow shows only when grad_dtype is F16, since the arithmetic is fp32.
   MixedPrecision(ParameterSet<float>& model, DType dtype, DType grad_dtype);
+  // A bf16 or f16 model on `exec`'s device (which must outlive this): float gradients, and a
+  // master in the same device memory.
+  template <typename T>
+    requires is_16bit<T>
+  MixedPrecision(ParameterSet<T>& model, const ops::Exec& exec)
+      : MixedPrecision(Stored{model.values(), dtype_of<T>(), model.grads(), exec}, model.infos(),
+                       model.values_tensor().device()) {}
 
   DType dtype() const { return dtype_; }
   DType grad_dtype() const { return grad_dtype_; }
@@ -61,7 +73,17 @@ class MixedPrecision {
   void copy_master_to_model();
 
  private:
-  ParameterSet<float>& model_;
+  // A 16-bit model on a GPU: its values, their type, and its float gradients.
+  struct Stored {
+    void* values;
+    DType dtype;
+    float* grads;
+    ops::Exec exec;
+  };
+  MixedPrecision(const Stored& model, std::vector<ParamInfo> infos, Device device);
+
+  ParameterSet<float>* model_ = nullptr;  // the CPU's: float values rounded to dtype_
+  Stored stored_{};                       // else the GPU's
   ParameterSet<float> master_;
   DType dtype_, grad_dtype_;
 };

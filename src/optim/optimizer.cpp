@@ -102,7 +102,7 @@ void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t 
     exec.gpu->adamw_update(w, g, m, v, size_t(n), lr, cfg.adam_beta1, cfg.adam_beta2,
                            cfg.adam_eps, decay ? cfg.weight_decay : 0.0, step);
   } else {
-    ops::detail::gpu_needs_float("optimizer update");
+    ops::detail::gpu_has_no_double("optimizer update");
   }
 }
 

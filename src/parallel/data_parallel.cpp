@@ -13,19 +13,19 @@ int64_t default_bucket_size(int group_size) {
 }
 
 template <typename T>
-DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, ParameterSet<T>& params,
-                                            double bucket_size, GradReduce mode,
+DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<ParamInfo> layout,
+                                            Tensor grads, double bucket_size, GradReduce mode,
                                             const ops::Exec& exec)
-    : comm_(group), params_(params), mode_(mode), x_(exec) {
+    : comm_(group), infos_(std::move(layout)), grads_(std::move(grads)), mode_(mode), x_(exec) {
   OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size,
                ")");
   const int64_t target =
       bucket_size > 0 ? static_cast<int64_t>(bucket_size) : default_bucket_size(group.size());
-  const std::vector<ParamInfo>& infos = params.infos();
+  const std::vector<ParamInfo>& infos = infos_;
   bucket_of_param_.resize(infos.size());
   param_ready_.assign(infos.size(), false);
   // From the last parameter back, closing a bucket at a parameter's start once it is full.
-  int64_t end = params.size();
+  int64_t end = grads_.numel();
   int with_elements = 0;
   for (size_t i = infos.size(); i-- > 0;) {
     bucket_of_param_[i] = buckets_.size();
@@ -48,8 +48,7 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, ParameterSet<T>
     reduced += b.piece;
   }
   if (mode_ == GradReduce::ReduceScatter)
-    reduced_ = Tensor::zeros({reduced}, dtype_of<T>(), params.values_tensor().device(),
-                             x_.memory());
+    reduced_ = Tensor::zeros({reduced}, dtype_of<T>(), grads_.device(), x_.memory());
 }
 
 template <typename T>
@@ -57,7 +56,7 @@ void DataParallelBuckets<T>::start(size_t index) {
   TraceSpan span("grad-bucket-start", "bucket", int(index));
   const GradBucket& b = buckets_[index];
   const int p = comm_.size();
-  T* g = params_.grads() + b.begin;
+  T* g = grads() + b.begin;
   const int64_t n = b.end - b.begin;
   if (p > 1) ops::scale(x_, g, 1.0 / p, size_t(n));
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
@@ -75,9 +74,9 @@ void DataParallelBuckets<T>::start(size_t index) {
 
 template <typename T>
 void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
-  OMNI_CHECK(0 <= begin && begin <= end && end <= params_.size(), "[ddp] mark_ready(", begin,
-             ", ", end, ") outside the buffer of ", params_.size());
-  const std::vector<ParamInfo>& infos = params_.infos();
+  OMNI_CHECK(0 <= begin && begin <= end && end <= grads_.numel(), "[ddp] mark_ready(", begin,
+             ", ", end, ") outside the buffer of ", grads_.numel());
+  const std::vector<ParamInfo>& infos = infos_;
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];
     if (p.numel == 0 || p.offset >= end || p.offset + p.numel <= begin) continue;
@@ -103,7 +102,7 @@ void DataParallelBuckets<T>::finish() {
   if (mode_ == GradReduce::ReduceScatter) {
     const int64_t r = comm_.rank();
     for (size_t b = 0; b < buckets_.size(); ++b)
-      ops::copy(x_, params_.grads() + buckets_[b].begin + r * buckets_[b].piece,
+      ops::copy(x_, grads() + buckets_[b].begin + r * buckets_[b].piece,
                 reduced_.template data<T>() + reduced_offset_[b], size_t(buckets_[b].piece));
   }
   next_start_ = 0;

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "backend/ops.h"
@@ -55,13 +56,23 @@ struct ShardRange {
 // Megatron-Core's default bucket size for a data-parallel group of `group_size` ranks.
 int64_t default_bucket_size(int group_size);
 
+// T: the gradients' type (float, or double in the float64 checks; a bf16/f16 model's gradients
+// are float).
 template <typename T>
 class DataParallelBuckets {
  public:
-  // `group` and `params` must outlive this object. bucket_size: elements (--ddp-bucket-size).
-  // `exec`: the device the gradients live on (the group's collectives move its memory).
-  DataParallelBuckets(Communicator& group, ParameterSet<T>& params, double bucket_size,
-                      GradReduce mode, const ops::Exec& exec = {});
+  // Buckets over `grads`, a buffer laid out as `infos` say (a ParameterSet's). `group` must
+  // outlive this object. bucket_size: elements (--ddp-bucket-size). `exec`: the device the
+  // gradients live on (the group's collectives move its memory).
+  DataParallelBuckets(Communicator& group, std::vector<ParamInfo> infos, Tensor grads,
+                      double bucket_size, GradReduce mode, const ops::Exec& exec = {});
+  // Over the gradients of `params` (a model of any storage whose gradients are T).
+  template <typename P>
+    requires std::is_same_v<accum_t<P>, T>
+  DataParallelBuckets(Communicator& group, ParameterSet<P>& params, double bucket_size,
+                      GradReduce mode, const ops::Exec& exec = {})
+      : DataParallelBuckets(group, params.infos(), params.grads_tensor(), bucket_size, mode,
+                            exec) {}
 
   // Gradients of [begin, end) (whole parameters) are final for this step.
   void mark_ready(int64_t begin, int64_t end);
@@ -81,8 +92,11 @@ class DataParallelBuckets {
  private:
   void start(size_t bucket);
 
+  T* grads() const { return grads_.template data<T>(); }
+
   Communicator& comm_;
-  ParameterSet<T>& params_;
+  std::vector<ParamInfo> infos_;
+  Tensor grads_;
   GradReduce mode_;
   std::vector<GradBucket> buckets_;
   std::vector<ShardRange> shard_;

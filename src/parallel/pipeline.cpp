@@ -127,5 +127,7 @@ double PipelineExecutor<T>::run(int num_microbatches,
 
 template class PipelineExecutor<float>;
 template class PipelineExecutor<double>;
+template class PipelineExecutor<bf16>;
+template class PipelineExecutor<f16>;
 
 }  // namespace omni

@@ -1,6 +1,7 @@
 #include "tensor/parameters.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/philox.h"
 
@@ -23,7 +24,7 @@ ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos, Device device,
     offset += (p.numel + 15) / 16 * 16;
   }
   values_ = Tensor::zeros({offset}, dtype_of<T>(), device, memory);
-  grads_ = Tensor::zeros({offset}, dtype_of<T>(), device, memory);
+  grads_ = Tensor::zeros({offset}, dtype_of<Grad>(), device, memory);
 }
 
 template <typename T>
@@ -35,31 +36,46 @@ const ParamInfo& ParameterSet<T>::info(const std::string& name) const {
 
 template <typename T>
 void ParameterSet<T>::initialize(uint64_t seed, double std, double scaled_std) {
-  // On a device: drawn on the host, then copied over.
-  std::vector<T> host(memory() ? size_t(size()) : 0);
+  // Drawn in T (float for 16-bit storage) on the host, then rounded or copied over.
+  using Draw = accum_t<T>;
+  const bool staged = memory() || is_16bit<T>;
+  std::vector<Draw> host(staged ? size_t(size()) : 0);
   for (const ParamInfo& p : infos_) {
-    T* v = (memory() ? host.data() : values()) + p.offset;
+    Draw* v = (staged ? host.data() : reinterpret_cast<Draw*>(values())) + p.offset;
     switch (p.init) {
       case ParamInit::Normal:
       case ParamInit::ScaledNormal: {
         const double s = p.init == ParamInit::Normal ? std : scaled_std;
         for_each_run(p, [&](int64_t local, int64_t global, int64_t n) {
-          fill_normal<T>(v + local, n, seed, p.name, global, 0.0, s);
+          fill_normal<Draw>(v + local, n, seed, p.name, global, 0.0, s);
         });
         break;
       }
       case ParamInit::Ones:
-        std::fill(v, v + p.numel, T(1));
+        std::fill(v, v + p.numel, Draw(1));
         break;
       case ParamInit::Zeros:
-        std::fill(v, v + p.numel, T(0));
+        std::fill(v, v + p.numel, Draw(0));
         break;
     }
   }
-  if (memory()) memory()->upload(values(), host.data(), host.size() * sizeof(T));
+  if (!staged) return;
+  std::vector<T> rounded;
+  const void* src = host.data();
+  if constexpr (is_16bit<T>) {
+    rounded.resize(host.size());
+    convert(host.data(), DType::F32, rounded.data(), dtype_of<T>(), host.size());
+    src = rounded.data();
+  }
+  if (memory())
+    memory()->upload(values(), src, host.size() * sizeof(T));
+  else
+    std::memcpy(static_cast<void*>(values()), src, host.size() * sizeof(T));
 }
 
 template class ParameterSet<float>;
 template class ParameterSet<double>;
+template class ParameterSet<bf16>;
+template class ParameterSet<f16>;
 
 }  // namespace omni

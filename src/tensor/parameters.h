@@ -43,9 +43,12 @@ struct ParamInfo {
   bool weight_decay = true;  // false for biases and norm weights, as Megatron groups them
 };
 
+// T: the values' storage (float, double, or bf16/f16 on a GPU). Gradients are accum_t<T>:
+// float for 16-bit values (Megatron's fp32 main_grad), T itself otherwise.
 template <typename T>
 class ParameterSet {
  public:
+  using Grad = accum_t<T>;
   ParameterSet() = default;
   // Lays out the parameters one after another, 16-element aligned, and allocates values
   // and gradients: in host memory, or in `memory` (a device's) when given.
@@ -57,18 +60,22 @@ class ParameterSet {
   // The device memory values() and grads() live in; null: host memory.
   const DeviceMemory* memory() const { return values_.memory(); }
   const Tensor& values_tensor() const { return values_; }
+  const Tensor& grads_tensor() const { return grads_; }
   T* values() const { return values_.template data<T>(); }
-  T* grads() const { return grads_.template data<T>(); }
+  Grad* grads() const { return grads_.template data<Grad>(); }
   const ParamInfo& info(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) > 0; }
   T* value(const std::string& name) const { return values() + info(name).offset; }
-  T* grad(const std::string& name) const { return grads() + info(name).offset; }
+  Grad* grad(const std::string& name) const { return grads() + info(name).offset; }
   // Same as value()/grad() but null when the model has no such parameter (e.g. biases off).
   T* value_or_null(const std::string& name) const { return has(name) ? value(name) : nullptr; }
-  T* grad_or_null(const std::string& name) const { return has(name) ? grad(name) : nullptr; }
+  Grad* grad_or_null(const std::string& name) const {
+    return has(name) ? grad(name) : nullptr;
+  }
 
   // Megatron's initialisation from the counter-based RNG: each element depends only on
   // (seed, name, index in the full tensor), whatever the layout. ScaledNormal uses scaled_std.
+  // 16-bit values are the float draws rounded to nearest.
   void initialize(uint64_t seed, double std, double scaled_std);
   void zero_grads() { grads_.zero_(); }
   // Calls f(local_offset, global_index, count) for each run of elements of `p` that is

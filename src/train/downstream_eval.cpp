@@ -170,7 +170,6 @@ std::unique_ptr<DownstreamEvaluation> make_downstream_evaluation(const Options& 
 // part of the sequence). The last stage's first tensor-parallel rank adds its tokens'
 // losses; one sum over the world gives every rank every log-likelihood.
 std::vector<double> Trainer::log_likelihoods(const std::vector<ScoredSequence>& sequences) {
-  if (on_gpu()) gpu_to_host();  // the GPU's weights, scored by the host model
   const int mb = opts_.micro_batch_size, seq = opts_.model.seq_length;
   const int dp = grid_->dp_size(), cp = grid_->cp_size();
   const int64_t total = int64_t(sequences.size());
@@ -210,7 +209,7 @@ std::vector<double> Trainer::log_likelihoods(const std::vector<ScoredSequence>& 
       r.losses.assign(size_t(r.used.batch) * r.used.seq, 0.0f);
       r.used.token_losses = r.losses.data();
     }
-    pipeline_->run(
+    run_pipeline(
         count, [&](int m) -> const MicroBatch& { return rows[m].used; }, false, 0.0);
     if (!adds) continue;
     for (int i = 0; i < count; ++i) {

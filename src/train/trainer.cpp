@@ -85,9 +85,9 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
   const bool gpu_device = opts.device == "cuda" || opts.device == "hip";
-  if (gpu_device && !opts.bf16 && !opts.fp16) {
-    // float32 on a GPU: the one model with its parameters, gradients, activations and
-    // optimizer states in device memory, every op through the GPU half of the seam.
+  if (gpu_device) {
+    // The one model with its parameters, gradients, activations and optimizer states in the
+    // GPU's memory, every op through the GPU half of the seam.
     const GpuBackend* gpu = gpu_backend();
     if (!gpu)
       throw UsageError("--device " + opts.device +
@@ -101,36 +101,25 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                  "--optimizer sgd is not built for the GPU yet; use --optimizer adam");
     exec_ = ops::Exec{gpu};
   }
-  model_ = std::make_unique<GPTModel<float>>(opts.model, opts.micro_batch_size,
-                                             static_cast<uint64_t>(opts.seed), mp, exec_);
+  // On a GPU, --bf16 and --fp16 store weights and activations in 16 bits (fp32 gradients
+  // and master weights); the CPU computes in float with values rounded to them (below).
+  const uint64_t seed = static_cast<uint64_t>(opts.seed);
+  if (gpu_device && opts.bf16)
+    model_ = std::make_unique<Staged<bf16>>(opts.model, opts.micro_batch_size, seed, mp, exec_,
+                                            grid_->pp());
+  else if (gpu_device && opts.fp16)
+    model_ = std::make_unique<Staged<f16>>(opts.model, opts.micro_batch_size, seed, mp, exec_,
+                                           grid_->pp());
+  else
+    model_ = std::make_unique<Staged<float>>(opts.model, opts.micro_batch_size, seed, mp, exec_,
+                                             grid_->pp());
   Recompute recompute;
   if (opts.recompute_granularity == "selective") recompute.granularity = Recompute::Selective;
   if (opts.recompute_granularity == "full") {
     recompute.granularity = Recompute::Full;
     recompute.num_layers = opts.recompute_method == "block" ? opts.recompute_num_layers : 0;
   }
-  model_->set_recompute(recompute);
-  if (gpu_device && (opts.bf16 || opts.fp16)) {
-#if defined(OMNITRON_GPU)
-    // bf16/fp16 storage on the GPU: until GPTModel stores 16-bit activations, the earlier
-    // one-rank GPU model (gpu_model.h) trains them.
-    OMNI_REQUIRE(world->size() == 1, "training on the GPU runs on one rank in this version (",
-                 world->size(), " ranks launched); use --device cpu for multi-rank runs");
-    OMNI_REQUIRE(opts.optim.kind == OptimizerKind::AdamW,
-                 "--optimizer: the GPU trains with adam "
-                 "(AdamW, decoupled weight decay) in this version");
-    OMNI_REQUIRE(recompute.granularity == Recompute::None,
-                 "activation recompute is not built for the GPU model yet");
-    OMNI_REQUIRE(!opts.use_distributed_optimizer,
-                 "--use-distributed-optimizer needs more than one GPU rank");
-    const DType storage = opts.bf16 ? DType::BF16 : opts.fp16 ? DType::F16 : DType::F32;
-    gpu_ = gpu::make_gpu_model(opts.model, opts.micro_batch_size, static_cast<uint64_t>(opts.seed),
-                               storage);
-    if (opts.bf16 || opts.fp16) scaler_ = make_grad_scaler(opts.loss_scale, storage);
-#else
-    throw UsageError("--device " + opts.device + ": this omnitron was built without a GPU backend");
-#endif
-  }
+  with_model([&](auto& m) { m.model.set_recompute(recompute); });
   {  // --attention-backend: which kernel this run's attention uses, and why.
     const TransformerConfig& m = opts.model;
     const ops::AttentionDims dims{opts.micro_batch_size, m.seq_length / layout.cp,
@@ -140,7 +129,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     AttentionSupport support = attention_support(
         gpu_device, dims, mixed ? (opts.bf16 ? DType::BF16 : DType::F16) : DType::F32);
     if (gpu_device && mixed)
-      support.fused_unsupported = "the bf16/fp16 GPU model runs our flash kernel in this version";
+      support.fused_unsupported = "the model runs our flash kernel on the GPU in this version";
     else if (gpu_device && (opts.reset_attention_mask || layout.cp > 1))
       support.fused_unsupported = "packed documents and context-parallel key blocks run our kernel";
     std::string why;
@@ -148,20 +137,17 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
         choose_attention_backend(opts.attention_backend, support, &why);
     attention_line_ = describe_attention_backend(backend, why);
   }
-  pipeline_ = std::make_unique<PipelineExecutor<float>>(*model_, grid_->pp());
-  ParameterSet<float>& params = model_->params();
-  if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights &&
-      params.has("embedding.word_embeddings.weight")) {
-    const ParamInfo& e = params.info("embedding.word_embeddings.weight");
-    shared_embedding_ = {e.offset, e.offset + e.numel};
-  }
+  if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights)
+    for (const ParamInfo& e : model_infos())
+      if (e.name == "embedding.word_embeddings.weight")
+        shared_embedding_ = {e.offset, e.offset + e.numel};
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
-      grid_->dp_cp(), params, opts.ddp_bucket_size,
+      grid_->dp_cp(), model_infos(), model_grads(), opts.ddp_bucket_size,
       opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_);
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
   // Without it (Megatron's default) ddp_->finish() starts them all after the backward pass.
-  pipeline_->set_grads_ready_hook([this](int64_t begin, int64_t end) {
+  auto grads_ready = [this](int64_t begin, int64_t end) {
     if (!opts_.overlap_grad_reduce) return;
     if (begin < shared_embedding_.second && shared_embedding_.first < end) {
       if (begin < shared_embedding_.first) ddp_->mark_ready(begin, shared_embedding_.first);
@@ -169,11 +155,19 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
       return;
     }
     ddp_->mark_ready(begin, end);
-  });
-  if ((opts.bf16 || opts.fp16) && !on_gpu()) {
-    // Megatron keeps bf16 gradients in fp32 and fp16 ones in fp16.
+  };
+  with_model([&](auto& m) { m.pipeline.set_grads_ready_hook(grads_ready); });
+  if (opts.bf16 || opts.fp16) {
     const DType dtype = opts.bf16 ? DType::BF16 : DType::F16;
-    mixed_ = std::make_unique<MixedPrecision>(params, dtype, opts.bf16 ? DType::F32 : dtype);
+    with_model([&](auto& m) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(m.model)>, GPTModel<float>>)
+        // The CPU's float values rounded to dtype. Megatron keeps bf16 gradients in fp32 and
+        // fp16 ones in fp16.
+        mixed_ = std::make_unique<MixedPrecision>(m.model.params(), dtype,
+                                                  opts.bf16 ? DType::F32 : dtype);
+      else  // a 16-bit model on the GPU (fp32 gradients)
+        mixed_ = std::make_unique<MixedPrecision>(m.model.params(), exec_);
+    });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
   }
   if (opts.use_distributed_optimizer)
@@ -192,7 +186,6 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need a "
                "tokenizer with an end-of-document token (--tokenizer-type)");
   if (!opts_.load.empty()) load(opts_.load);
-  if (on_gpu() && opts_.load.empty()) host_to_gpu();  // the same initial weights either way
   if (opts_.exit_signal_handler) {
     install_exit_signal_handler(opts_.exit_signal);
     signal_handler_installed_ = true;
@@ -207,34 +200,35 @@ void Trainer::set_downstream_evaluation(std::unique_ptr<DownstreamEvaluation> ev
   downstream_ = std::move(evaluation);
 }
 
-bool Trainer::on_gpu() const {
-#if defined(OMNITRON_GPU)
-  return gpu_ != nullptr;
-#else
-  return false;
-#endif
+GPTModel<float>& Trainer::model() {
+  if (auto* f = std::get_if<std::unique_ptr<Staged<float>>>(&model_)) return (*f)->model;
+  OMNI_REQUIRE(grid_->world().size() == 1,
+               "a float32 copy of a 16-bit GPU model is made for one-rank runs only");
+  if (!host_model_)
+    host_model_ = std::make_unique<GPTModel<float>>(opts_.model, 1, uint64_t(opts_.seed));
+  ops::download(exec_, host_model_->params().values(), mixed_->master().values(),
+                size_t(mixed_->master().size()));
+  return *host_model_;
 }
 
-void Trainer::gpu_to_host() {
-#if defined(OMNITRON_GPU)
-  const std::vector<float> values = gpu_->get_params();
-  std::copy(values.begin(), values.end(), model_->params().values());
-  for (const std::string& name : optimizer_->state_names()) {
-    const std::vector<float> state = gpu_->get_state(name);
-    std::copy(state.begin(), state.end(), optimizer_->state_buffer(name));
-  }
-#endif
+double Trainer::run_pipeline(int num_microbatches,
+                             const std::function<const MicroBatch&(int)>& batch, bool train,
+                             double grad_scale) {
+  return with_model(
+      [&](auto& m) { return m.pipeline.run(num_microbatches, batch, train, grad_scale); });
 }
 
-void Trainer::host_to_gpu() {
-#if defined(OMNITRON_GPU)
-  const ParameterSet<float>& params = model_->params();
-  gpu_->set_params(std::vector<float>(params.values(), params.values() + params.size()));
-  for (const std::string& name : optimizer_->state_names()) {
-    const float* state = optimizer_->state_buffer(name);
-    gpu_->set_state(name, std::vector<float>(state, state + params.size()));
-  }
-#endif
+const std::vector<ParamInfo>& Trainer::model_infos() {
+  return with_model([](auto& m) -> const std::vector<ParamInfo>& { return m.model.params().infos(); });
+}
+
+const Tensor& Trainer::model_grads() {
+  return with_model([](auto& m) -> const Tensor& { return m.model.params().grads_tensor(); });
+}
+
+ParameterSet<float>& Trainer::optimizer_params() {
+  if (mixed_) return mixed_->master();
+  return std::get<std::unique_ptr<Staged<float>>>(model_)->model.params();
 }
 
 struct Trainer::HostCopy {
@@ -262,57 +256,6 @@ void Trainer::upload(const HostCopy& host) {
   for (const std::string& name : optimizer_->state_names())
     ops::upload(exec_, optimizer_->state_buffer(name), host.optimizer.state_buffer(name), n);
   optimizer_->set_steps(host.optimizer.steps());
-}
-
-Trainer::Step Trainer::gpu_train_step(int64_t iteration) {
-  Step step;
-#if defined(OMNITRON_GPU)
-  const int mb = opts_.micro_batch_size, accum = step_micro_batches();
-  gpu_->zero_grads();
-  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  double loss_sum = 0;
-  TraceSpan forward_backward("forward-backward");  // with each micro-batch's reading
-  for (int m = 0; m < accum; ++m)
-    read_batch(m, micro_batch_first_sample(consumed_samples_, m, mb, 0, 1), true);
-  const double tokens = per_token_loss_divisor(accum);
-  for (int m = 0; m < accum; ++m) {
-    // Per-token loss: micro-batch m's mean weighs its share of the step's tokens.
-    const double weight = tokens > 0 ? unmasked_tokens(batch(m)) / tokens : 1.0 / accum;
-    loss_sum += weight * gpu_->forward_backward(batch(m), loss_scale * weight);
-  }
-  forward_backward.end();
-  TraceSpan optimizer_span("optimizer");
-  const int64_t samples = int64_t(accum) * mb;
-  consumed_samples_ += samples;
-  step.loss = loss_sum;
-  step.lr = learning_rate(opts_.lr_schedule, lr_samples_);
-  if (scaler_) {
-    const bool found_inf = gpu_->grads_nonfinite();
-    scaler_->update(found_inf);
-    if (found_inf) {
-      step.skipped = true;
-      step.grad_norm = NAN;
-      return step;
-    }
-  }
-  step.grad_norm = std::sqrt(gpu_->grad_sum_squares()) / loss_scale;
-  OMNI_REQUIRE(std::isfinite(step.grad_norm) || !opts_.check_for_nan_in_loss_and_grad, "iteration ",
-               iteration, ": the gradient norm is not finite (lm loss ", step.loss,
-               "); lower --lr or enable --clip-grad (--no-check-for-nan-in-loss-and-grad trains "
-               "on)");
-  double coeff = 1.0;  // Megatron's clip_coeff, applied when below 1
-  if (opts_.optim.clip_grad > 0)
-    coeff = std::min(1.0, opts_.optim.clip_grad / (step.grad_norm + 1e-6));
-  optimizer_->set_steps(optimizer_->steps() + 1);
-  const OptimizerConfig& o = opts_.optim;
-  gpu_->adamw_step(float(step.lr), float(o.adam_beta1), float(o.adam_beta2), float(o.adam_eps),
-                   float(o.weight_decay), int(optimizer_->steps()), float(coeff / loss_scale));
-  ++lr_steps_;
-  lr_samples_ += samples;
-#else
-  (void)iteration;
-#endif
-  return step;
 }
 
 void Trainer::load(const std::string& dir) {
@@ -351,7 +294,6 @@ void Trainer::load(const std::string& dir) {
     }
   }
   if (mixed_) mixed_->copy_master_to_model();
-  if (on_gpu()) host_to_gpu();
   if (resume) {
     iteration_ = p.iteration;
     lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
@@ -377,7 +319,6 @@ std::string Trainer::save(MetricsSink& sink) {
   progress.lr_schedule_samples = lr_samples_;
   if (scaler_) progress.loss_scaler = scaler_->state();
   std::string dir;
-  if (on_gpu()) gpu_to_host();
   if (exec_.on_gpu()) {
     OMNI_REQUIRE(world.size() == 1,
                  "--save: checkpoints of a GPU run over several ranks are not built yet");
@@ -494,10 +435,9 @@ double Trainer::reduce_loss(double loss_sum, int microbatches) const {
 }
 
 Trainer::Step Trainer::train_step(int64_t iteration) {
-  if (on_gpu()) return gpu_train_step(iteration);
   const int mb = opts_.micro_batch_size, accum = step_micro_batches();
-  ParameterSet<float>& params = model_->params();
-  params.zero_grads();
+  float* grads = model_grads().data<float>();
+  ops::zero(exec_, grads, size_t(model_grads().numel()));
   for (int m = 0; m < accum; ++m)
     read_batch(
         m, micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(), grid_->dp_size()),
@@ -514,21 +454,21 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   const bool per_token = per_token_loss_divisor(accum) > 0;
   TraceSpan forward_backward("forward-backward");
   const double loss_sum =
-      pipeline_->run(accum, batch, true,
-                     loss_scale * grid_->cp_size() * (per_token ? grid_->dp_size() : 1.0 / accum));
+      run_pipeline(accum, batch, true,
+                   loss_scale * grid_->cp_size() * (per_token ? grid_->dp_size() : 1.0 / accum));
   forward_backward.end();
   TraceSpan grads_sync("all-grads-sync");
   const int64_t samples = int64_t(accum) * mb * grid_->dp_size();
   consumed_samples_ += samples;
   if (shared_embedding_.second > 0) {
     const int64_t b = shared_embedding_.first, e = shared_embedding_.second;
-    grid_->embedding().all_reduce(params.grads() + b, size_t(e - b));
+    grid_->embedding().all_reduce(grads + b, size_t(e - b));
     if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
   ddp_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
-  for (const ParamInfo& p : params.infos())
-    if (p.tp_partial_grad) grid_->tp().all_reduce(params.grads() + p.offset, size_t(p.numel));
+  for (const ParamInfo& p : model_infos())
+    if (p.tp_partial_grad) grid_->tp().all_reduce(grads + p.offset, size_t(p.numel));
   grads_sync.end();
   TraceSpan optimizer_span("optimizer");
   Step step;
@@ -591,14 +531,6 @@ void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
   // optimizer's ranks each count their shard.
   const bool norm = opts_.log_params_norm, zeros = opts_.log_num_zeros_in_grad && !skipped;
   if (!norm && !zeros) return;
-#if defined(OMNITRON_GPU)
-  if (gpu_) {
-    OMNI_REQUIRE(!zeros, "--log-num-zeros-in-grad is not built for the GPU model yet");
-    const std::vector<float> values = gpu_->get_params();
-    m.params_norm = std::sqrt(ops::sum_squares(values.data(), values.size()));
-    return;
-  }
-#endif
   OMNI_REQUIRE(!zeros || !exec_.on_gpu(), "--log-num-zeros-in-grad is not built for the GPU yet");
   ParameterSet<float>& master = optimizer_params();
   const std::vector<ShardRange> ranges =
@@ -617,15 +549,8 @@ double Trainer::evaluate() {
   // Validation micro-batch i of data-parallel rank r: samples (i * dp + r) * mb ...
   for (int i = 0; i < n; ++i)
     read_batch(i, (int64_t(i) * grid_->dp_size() + grid_->dp_rank()) * mb, false);
-#if defined(OMNITRON_GPU)
-  if (gpu_) {
-    double sum = 0;
-    for (int i = 0; i < n; ++i) sum += gpu_->forward_loss(batch(i));
-    return sum / n;
-  }
-#endif
   auto batch = [this](int m) -> const MicroBatch& { return this->batch(m); };
-  return reduce_loss(pipeline_->run(n, batch, false, 0.0), n);
+  return reduce_loss(run_pipeline(n, batch, false, 0.0), n);
 }
 
 TrainResult Trainer::run(MetricsSink& sink) {

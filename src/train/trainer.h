@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -22,9 +23,6 @@
 #include "train/document_masks.h"
 #include "train/metrics.h"
 
-#if defined(OMNITRON_GPU)
-#include "model/gpu_model.h"
-#endif
 
 namespace omni {
 
@@ -76,13 +74,10 @@ class Trainer {
   std::vector<double> log_likelihoods(const std::vector<ScoredSequence>& sequences);
   // --eval-task: scored at iteration 0 of a fresh run, when due() and at the end.
   void set_downstream_evaluation(std::unique_ptr<DownstreamEvaluation> evaluation);
-  // This rank's part of the model. When a GPU trains, it holds the weights of the last
-  // checkpoint or sync_host_model() call.
-  GPTModel<float>& model() { return *model_; }
-  // Copies the GPU's weights and optimizer states into model() (nothing on the CPU).
-  void sync_host_model() {
-    if (on_gpu()) gpu_to_host();
-  }
+  // This rank's part of the model in float32: the model itself (on the CPU, or a GPU's in
+  // device memory), or when a GPU trains in bf16/f16, a one-rank CPU copy of the fp32 master
+  // weights made at this call.
+  GPTModel<float>& model();
   const ProcessGrid& grid() const { return *grid_; }
   // "attention: flash (...) -- --attention-backend auto: ...", for the start-up lines.
   const std::string& attention_line() const { return attention_line_; }
@@ -102,22 +97,34 @@ class Trainer {
     bool skipped = false;  // fp16: the gradients overflowed, no update
   };
   Step train_step(int64_t iteration);
-  // The same step on the GPU model (one rank): gradients, norm, clipping, loss scaling and
-  // AdamW all on the device.
-  Step gpu_train_step(int64_t iteration);
-  bool on_gpu() const;
   // Micro-batches per data-parallel rank in the step that starts now.
   int step_micro_batches() const {
     return batch_schedule_.batch_at(consumed_samples_) /
            (opts_.micro_batch_size * opts_.data_parallel_size);
   }
-  // Checkpoints are written from the host model: the GPU's parameters and AdamW states are
-  // copied into it before saving, and out of it after loading.
-  void gpu_to_host();
-  void host_to_gpu();
+  // The model in its storage type (float; bf16 or f16 on a GPU), with its pipeline schedule.
+  template <typename T>
+  struct Staged {
+    Staged(const TransformerConfig& config, int micro_batch, uint64_t seed,
+           const ModelParallel& parallel, const ops::Exec& exec, Communicator& pp)
+        : model(config, micro_batch, seed, parallel, exec), pipeline(model, pp) {}
+    GPTModel<T> model;
+    PipelineExecutor<T> pipeline;
+  };
+  // f(staged) for the model's storage type; f returns the same type for each.
+  template <typename F>
+  decltype(auto) with_model(F&& f) {
+    return std::visit([&](auto& staged) -> decltype(auto) { return f(*staged); }, model_);
+  }
+  // The schedule's run (PipelineExecutor::run) over the model.
+  double run_pipeline(int num_microbatches, const std::function<const MicroBatch&(int)>& batch,
+                      bool train, double grad_scale);
+  // The model's parameter layout and float gradients (whatever its storage type).
+  const std::vector<ParamInfo>& model_infos();
+  const Tensor& model_grads();
   // The parameters the optimizer updates: the fp32 master under mixed precision, else the
-  // model's own.
-  ParameterSet<float>& optimizer_params() { return mixed_ ? mixed_->master() : model_->params(); }
+  // (float) model's own.
+  ParameterSet<float>& optimizer_params();
   // Reads micro-batch `m` of this step (training: from consumed sample `first`) into
   // batches_[m], with document masks when the options ask for them, and slices it for
   // context parallelism.
@@ -153,10 +160,12 @@ class Trainer {
   double peak_gflops_;
   std::unique_ptr<Communicator> own_world_;
   std::unique_ptr<ProcessGrid> grid_;
-  ops::Exec exec_;  // where the model trains: the CPU, or a GPU (float32)
+  ops::Exec exec_;  // where the model trains: the CPU, or a GPU
   std::string attention_line_;
-  std::unique_ptr<GPTModel<float>> model_;
-  std::unique_ptr<PipelineExecutor<float>> pipeline_;
+  std::variant<std::unique_ptr<Staged<float>>, std::unique_ptr<Staged<bf16>>,
+               std::unique_ptr<Staged<f16>>>
+      model_;
+  std::unique_ptr<GPTModel<float>> host_model_;  // model()'s copy of a 16-bit GPU model
   std::unique_ptr<DataParallelBuckets<float>> ddp_;
   std::unique_ptr<MixedPrecision> mixed_;                        // --bf16, --fp16
   std::unique_ptr<GradScaler> scaler_;                           // --fp16 (dynamic) or --loss-scale
@@ -175,11 +184,6 @@ class Trainer {
   DocumentMaskOptions doc_masks_;
   std::vector<Batch> batches_;
   std::unique_ptr<DownstreamEvaluation> downstream_;
-#if defined(OMNITRON_GPU)
-  // --device cuda/hip: the model trains here; model_ and optimizer_ then only hold the
-  // host copies checkpoints are read from and written to.
-  std::unique_ptr<gpu::GPUTrainingModel> gpu_;
-#endif
 };
 
 }  // namespace omni

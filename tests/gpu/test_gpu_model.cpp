@@ -1,15 +1,16 @@
-// The GPU model against the CPU model (the reference): the same parameters, one micro-batch,
-// loss and every gradient; bf16 training tracking the fp32 CPU loss curve; two identical GPU
-// runs giving the same bits.
-#include "model/gpu_model.h"
-
+// The one model on a GPU (GPTModel<T> with a GPU Exec: float, or bf16 weights and activations
+// with fp32 gradients) against the same model on the CPU (the reference): the same
+// parameters, one micro-batch, loss and every gradient; bf16 training with fp32 master weights
+// tracking the fp32 CPU loss curve; two identical GPU runs giving the same bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 
 #include "gpu/gpu_test.h"
 #include "model/gpt_model.h"
+#include "optim/mixed_precision.h"
 #include "optim/optimizer.h"
 
 namespace omni::gpu_test {
@@ -64,6 +65,26 @@ double relative_error(const float* a, const float* b, int64_t n) {
   return scale == 0 ? err : err / scale;
 }
 
+ops::Exec device() {
+  return ops::Exec{&gpu::backend()};
+}
+
+// Host copies of a device model's parameters and gradients, as float.
+template <typename T>
+std::vector<float> host_values(const GPTModel<T>& m) {
+  std::vector<float> out(size_t(m.params().size()));
+  Tensor f = Tensor::zeros({m.params().size()}, DType::F32, m.device(), m.exec().memory());
+  ops::to_float(m.exec(), f.data<float>(), m.params().values(), out.size());
+  ops::download(m.exec(), out.data(), f.data<float>(), out.size());
+  return out;
+}
+template <typename T>
+std::vector<float> host_grads(const GPTModel<T>& m) {
+  std::vector<float> out(size_t(m.params().size()));
+  ops::download(m.exec(), out.data(), m.params().grads(), out.size());
+  return out;
+}
+
 template <typename T>
 void expect_matches_cpu(const TransformerConfig& cfg, double loss_rtol, double grad_rtol) {
   const int batch = 2, seq = cfg.seq_length;
@@ -72,11 +93,11 @@ void expect_matches_cpu(const TransformerConfig& cfg, double loss_rtol, double g
   GPTModel<float> cpu(cfg, batch, 42);
   cpu.params().zero_grads();
   const double cpu_loss = cpu.forward_backward(mb, 1.0);
-  gpu::GPUGPTModel<T> dev(cfg, batch, 42);
-  ASSERT_EQ(dev.num_params(), cpu.params().size());
+  GPTModel<T> dev(cfg, batch, 42, {}, device());
+  ASSERT_EQ(dev.params().size(), cpu.params().size());
   const double gpu_loss = dev.forward_backward(mb, 1.0);
   EXPECT_NEAR(gpu_loss, cpu_loss, loss_rtol * cpu_loss);
-  const std::vector<float> g = dev.get_grads();
+  const std::vector<float> g = host_grads(dev);
   double worst = 0;
   for (const ParamInfo& p : cpu.params().infos()) {
     const double e = relative_error(g.data() + p.offset, cpu.params().grads() + p.offset, p.numel);
@@ -135,20 +156,28 @@ TEST(GpuModel, Llama31RopeScalingAndNoPositionEmbeddingMatchTheCpuModel) {
   expect_matches_cpu<float>(nope, 1e-5, 2e-4);
 }
 
-// What the GPU model does not build says so, naming the flag.
-TEST(GpuModel, RefusesPartialRotaryAndZeroCentredNorms) {
+// --apply-layernorm-1p (gamma stored as w - 1, applied as w + 1) and qk-layernorm, which the
+// earlier GPU-only model refused, run the one model's code on the GPU too.
+TEST(GpuModel, LayerNorm1pAndQkLayerNormMatchTheCpuModel) {
   OMNI_REQUIRE_GPU();
-  TransformerConfig partial = tiny_llama(), one_p = tiny_llama();
+  TransformerConfig c = tiny_llama();
+  c.layernorm_zero_centered_gamma = true, c.qk_layernorm = true;
+  expect_matches_cpu<float>(c, 1e-5, 2e-4);
+  expect_matches_cpu<bf16>(c, 1e-2, 8e-2);
+}
+
+// What the GPU does not build says so, naming the flag.
+TEST(GpuModel, RefusesPartialRotary) {
+  OMNI_REQUIRE_GPU();
+  TransformerConfig partial = tiny_llama();
   partial.rotary_percent = 0.5;
-  one_p.layernorm_zero_centered_gamma = true;
-  for (const auto& [cfg, flag] :
-       {std::pair{partial, "--rotary-percent"}, std::pair{one_p, "--apply-layernorm-1p"}}) {
-    try {
-      gpu::GPUGPTModel<float> dev(cfg, 2, 42);
-      ADD_FAILURE() << flag << " accepted";
-    } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
-    }
+  const Batch data = random_batch(2 * partial.seq_length, partial.vocab_size, 3);
+  try {
+    GPTModel<float> dev(partial, 2, 42, {}, device());
+    dev.forward_backward(data.mb(2, partial.seq_length, false), 1.0);
+    ADD_FAILURE() << "--rotary-percent 0.5 accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--rotary-percent"), std::string::npos) << e.what();
   }
 }
 
@@ -157,24 +186,49 @@ TEST(GpuModel, Gpt2Bf16IsCloseToTheFloat32CpuModel) {
   // bf16 keeps 8 significant bits: weights and every activation are rounded (2^-9 relative
   // each), so the loss moves by about 1e-3 and gradients by a few percent of their largest
   // element.
-  expect_matches_cpu<gpu::bf16>(tiny_gpt2(), 1e-2, 8e-2);
+  expect_matches_cpu<bf16>(tiny_gpt2(), 1e-2, 8e-2);
 }
 
 TEST(GpuModel, LlamaBf16IsCloseToTheFloat32CpuModel) {
   OMNI_REQUIRE_GPU();
-  expect_matches_cpu<gpu::bf16>(tiny_llama(), 1e-2, 8e-2);
+  expect_matches_cpu<bf16>(tiny_llama(), 1e-2, 8e-2);
 }
 
-// AdamW steps on the CPU (fp32) and on the GPU (model storage T, fp32 master weights).
+// AdamW steps on the CPU (fp32) and on the GPU (model storage T, fp32 master weights), as
+// the trainer takes them.
+template <typename T>
+struct DeviceRun {
+  DeviceRun(const TransformerConfig& cfg, uint64_t seed) : model(cfg, 2, seed, {}, device()) {
+    if constexpr (is_16bit<T>) mixed = std::make_unique<MixedPrecision>(model.params(), device());
+    OptimizerConfig oc;
+    oc.adam_beta2 = 0.95, oc.weight_decay = 0.1;
+    optimizer = std::make_unique<Optimizer<float>>(oc, master(), device());
+  }
+  ParameterSet<float>& master() {
+    if constexpr (is_16bit<T>)
+      return mixed->master();
+    else
+      return model.params();
+  }
+  double step(const MicroBatch& mb, double lr) {
+    ops::zero(device(), model.params().grads(), size_t(model.params().size()));
+    const double loss = model.forward_backward(mb, 1.0);
+    if (mixed) mixed->unscale_and_check(1.0f);
+    optimizer->step(master(), lr);
+    if (mixed) mixed->copy_master_to_model();
+    return loss;
+  }
+  GPTModel<T> model;
+  std::unique_ptr<MixedPrecision> mixed;
+  std::unique_ptr<Optimizer<float>> optimizer;
+};
+
 template <typename T>
 std::vector<double> gpu_losses(const TransformerConfig& cfg, const Batch& data, int steps) {
-  gpu::GPUGPTModel<T> dev(cfg, 2, 7);
+  DeviceRun<T> dev(cfg, 7);
   std::vector<double> losses;
-  for (int s = 1; s <= steps; ++s) {
-    dev.zero_grads();
-    losses.push_back(dev.forward_backward(data.mb(2, cfg.seq_length, false), 1.0));
-    dev.adamw_step(3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, s, 1.0f);
-  }
+  for (int s = 1; s <= steps; ++s)
+    losses.push_back(dev.step(data.mb(2, cfg.seq_length, false), 3e-3));
   return losses;
 }
 
@@ -199,7 +253,7 @@ TEST(GpuModel, Bf16TrainingTracksTheFloat32CpuLossCurve) {
   const int steps = 30;
   const auto cpu = cpu_losses(cfg, data, steps);
   const auto f32 = gpu_losses<float>(cfg, data, steps);
-  const auto b16 = gpu_losses<gpu::bf16>(cfg, data, steps);
+  const auto b16 = gpu_losses<bf16>(cfg, data, steps);
   double f32_worst = 0, b16_worst = 0;
   for (int s = 0; s < steps; ++s) {
     f32_worst = std::max(f32_worst, std::abs(f32[s] - cpu[s]) / cpu[s]);
@@ -221,14 +275,10 @@ TEST(GpuModel, TwoIdenticalRunsGiveTheSameBits) {
   const TransformerConfig cfg = tiny_gpt2();
   const Batch data = random_batch(2 * cfg.seq_length, cfg.vocab_size, 5);
   auto run = [&] {
-    gpu::GPUGPTModel<gpu::bf16> dev(cfg, 2, 9);
+    DeviceRun<bf16> dev(cfg, 9);
     std::vector<double> losses;
-    for (int s = 1; s <= 3; ++s) {
-      dev.zero_grads();
-      losses.push_back(dev.forward_backward(data.mb(2, cfg.seq_length, true), 1.0));
-      dev.adamw_step(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, s, 1.0f);
-    }
-    return std::make_pair(losses, dev.get_params());
+    for (int s = 1; s <= 3; ++s) losses.push_back(dev.step(data.mb(2, cfg.seq_length, true), 1e-3));
+    return std::make_pair(losses, host_values(dev.model));
   };
   const auto a = run(), b = run();
   EXPECT_EQ(a.first, b.first);

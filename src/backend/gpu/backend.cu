@@ -1,8 +1,9 @@
 // The op seam's GPU half (backend/gpu_backend.h): each op of ops.h's dispatching form, for
-// float storage, through this folder's kernels on the default stream. Built as CUDA, as HIP
+// float, bf16 and f16 storage, through this folder's kernels on the default stream. Built as CUDA, as HIP
 // and on the emulator, like every source here.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend/gpu/gpu_ops.h"
 #include "base/error.h"
@@ -17,6 +18,117 @@ void require_full_rotary(int rotary_dim, int head_dim) {
                "--rotary-percent below 1 is not built for the GPU yet (rotary dimension ",
                rotary_dim, " of ", head_dim, ")");
 }
+
+// Each op of one storage type through this folder's kernels.
+template <typename T>
+class Ops final : public GpuOps<T> {
+ public:
+  void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K,
+                      int N) const override {
+    gpu::linear_forward(y, x, w, bias, M, K, N);
+  }
+  void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w, int M, int K, int N, bool accumulate_dx) const override {
+    gpu::linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx);
+  }
+  void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                         int N, int seq, int C, const int32_t* positions, int vocab_start,
+                         int vocab_end) const override {
+    gpu::embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const T* dout, int N,
+                          int seq, int C, const int32_t* positions, int vocab_start,
+                          int vocab_end) const override {
+    gpu::embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end);
+  }
+  void position_embedding_add(T* out, const T* wpe, int N, int seq, int C,
+                              const int32_t* positions) const override {
+    gpu::position_embedding_add(out, wpe, N, seq, C, positions);
+  }
+  void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int N, int C, double eps) const override {
+    gpu::layernorm_forward(out, mean, rstd, x, w, b, N, C, static_cast<float>(eps));
+  }
+  void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean, const float* rstd, int N,
+                          int C) const override {
+    gpu::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C,
+                       double eps) const override {
+    gpu::rmsnorm_forward(out, rstd, x, w, N, C, static_cast<float>(eps));
+  }
+  void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w,
+                        const float* rstd, int N, int C) const override {
+    gpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+  }
+  void gelu_forward(T* out, const T* x, size_t n, GeluForm form) const override {
+    gpu::gelu_forward(out, x, n, form);
+  }
+  void gelu_backward(T* dx, const T* dout, const T* x, size_t n,
+                     GeluForm form) const override {
+    gpu::gelu_backward(dx, dout, x, n, form);
+  }
+  void swiglu_forward(T* out, const T* x, int N, int F) const override {
+    gpu::swiglu_forward(out, x, N, F);
+  }
+  void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F) const override {
+    gpu::swiglu_backward(dx, dout, x, N, F);
+  }
+  void add(T* out, const T* a, const T* b, size_t n) const override {
+    gpu::add(out, a, b, n);
+  }
+  void add_bias(T* y, const T* bias, int M, int N) const override {
+    gpu::add_bias(y, bias, M, N);
+  }
+  void qkv_split(T* q, T* k, T* v, const T* qkv,
+                 const ops::AttentionDims& d) const override {
+    gpu::qkv_split(q, k, v, qkv, d);
+  }
+  void qkv_merge(T* qkv, const T* q, const T* k, const T* v,
+                 const ops::AttentionDims& d) const override {
+    gpu::qkv_merge(qkv, q, k, v, d);
+  }
+  void rope_forward(T* x, const float* cos, const float* sin, int N, int seq, int nheads,
+                    int head_dim, const int32_t* positions, int rotary_dim) const override {
+    require_full_rotary(rotary_dim, head_dim);
+    gpu::rope_forward(x, cos, sin, N, seq, nheads, head_dim, positions);
+  }
+  void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq, int nheads,
+                     int head_dim, const int32_t* positions, int rotary_dim) const override {
+    require_full_rotary(rotary_dim, head_dim);
+    gpu::rope_backward(dx, cos, sin, N, seq, nheads, head_dim, positions);
+  }
+  void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                         const ops::AttentionDims& d) const override {
+    gpu::flash_attention_forward(out, lse, q, k, v, d);
+  }
+  void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                          const T* q, const T* k, const T* v,
+                          const ops::AttentionDims& d) const override {
+    gpu::flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
+  }
+  void attention_merge(T* out, float* lse, const T* block_out, const float* block_lse,
+                       const ops::AttentionDims& d) const override {
+    gpu::attention_merge(out, lse, block_out, block_lse, d);
+  }
+  double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, const T* w, const int32_t* targets, const float* mask,
+                                  const ops::ClassifierLossArgs& a) const override {
+    return gpu::classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a);
+  }
+  void scale(T* x, double s, size_t n) const override {
+    gpu::scale(x, static_cast<float>(s), n);
+  }
+  void from_float(T* dst, const float* src, size_t n) const override {
+    if constexpr (std::is_same_v<T, float>)
+      copy_on_device(dst, src, n * sizeof(float));
+    else
+      convert_from_float(dst, src, n);
+  }
+  void to_float(float* dst, const T* src, size_t n) const override {
+    if constexpr (std::is_same_v<T, float>)
+      copy_on_device(dst, src, n * sizeof(float));
+    else
+      convert_to_float(dst, src, n);
+  }
+};
 
 class Backend final : public GpuBackend {
  public:
@@ -60,103 +172,16 @@ class Backend final : public GpuBackend {
     gpu::synchronize();
   }
 
-  void linear_forward(float* y, const float* x, const float* w, const float* bias, int M, int K,
-                      int N) const override {
-    gpu::linear_forward(y, x, w, bias, M, K, N);
+  const GpuOps<float>& ops_f32() const override {
+    return f32_;
   }
-  void linear_backward(float* dx, float* dw, float* dbias, const float* dy, const float* x,
-                       const float* w, int M, int K, int N, bool accumulate_dx) const override {
-    gpu::linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx);
+  const GpuOps<bf16>& ops_bf16() const override {
+    return bf16_;
   }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int N, int seq, int C, const int32_t* positions, int vocab_start,
-                         int vocab_end) const override {
-    gpu::embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end);
+  const GpuOps<f16>& ops_f16() const override {
+    return f16_;
   }
-  void embedding_backward(float* dwte, float* dwpe, const int32_t* tokens, const float* dout, int N,
-                          int seq, int C, const int32_t* positions, int vocab_start,
-                          int vocab_end) const override {
-    gpu::embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end);
-  }
-  void position_embedding_add(float* out, const float* wpe, int N, int seq, int C,
-                              const int32_t* positions) const override {
-    gpu::position_embedding_add(out, wpe, N, seq, C, positions);
-  }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                         const float* b, int N, int C, double eps) const override {
-    gpu::layernorm_forward(out, mean, rstd, x, w, b, N, C, static_cast<float>(eps));
-  }
-  void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) const override {
-    gpu::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
-  }
-  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
-                       double eps) const override {
-    gpu::rmsnorm_forward(out, rstd, x, w, N, C, static_cast<float>(eps));
-  }
-  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                        const float* rstd, int N, int C) const override {
-    gpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
-  }
-  void gelu_forward(float* out, const float* x, size_t n, GeluForm form) const override {
-    gpu::gelu_forward(out, x, n, form);
-  }
-  void gelu_backward(float* dx, const float* dout, const float* x, size_t n,
-                     GeluForm form) const override {
-    gpu::gelu_backward(dx, dout, x, n, form);
-  }
-  void swiglu_forward(float* out, const float* x, int N, int F) const override {
-    gpu::swiglu_forward(out, x, N, F);
-  }
-  void swiglu_backward(float* dx, const float* dout, const float* x, int N, int F) const override {
-    gpu::swiglu_backward(dx, dout, x, N, F);
-  }
-  void add(float* out, const float* a, const float* b, size_t n) const override {
-    gpu::add(out, a, b, n);
-  }
-  void add_bias(float* y, const float* bias, int M, int N) const override {
-    gpu::add_bias(y, bias, M, N);
-  }
-  void qkv_split(float* q, float* k, float* v, const float* qkv,
-                 const ops::AttentionDims& d) const override {
-    gpu::qkv_split(q, k, v, qkv, d);
-  }
-  void qkv_merge(float* qkv, const float* q, const float* k, const float* v,
-                 const ops::AttentionDims& d) const override {
-    gpu::qkv_merge(qkv, q, k, v, d);
-  }
-  void rope_forward(float* x, const float* cos, const float* sin, int N, int seq, int nheads,
-                    int head_dim, const int32_t* positions, int rotary_dim) const override {
-    require_full_rotary(rotary_dim, head_dim);
-    gpu::rope_forward(x, cos, sin, N, seq, nheads, head_dim, positions);
-  }
-  void rope_backward(float* dx, const float* cos, const float* sin, int N, int seq, int nheads,
-                     int head_dim, const int32_t* positions, int rotary_dim) const override {
-    require_full_rotary(rotary_dim, head_dim);
-    gpu::rope_backward(dx, cos, sin, N, seq, nheads, head_dim, positions);
-  }
-  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         const ops::AttentionDims& d) const override {
-    gpu::flash_attention_forward(out, lse, q, k, v, d);
-  }
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const float* lse, const float* q, const float* k, const float* v,
-                          const ops::AttentionDims& d) const override {
-    gpu::flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
-  }
-  void attention_merge(float* out, float* lse, const float* block_out, const float* block_lse,
-                       const ops::AttentionDims& d) const override {
-    gpu::attention_merge(out, lse, block_out, block_lse, d);
-  }
-  double classifier_cross_entropy(float* losses, float* dh, float* dw, const float* h,
-                                  const float* w, const int32_t* targets, const float* mask,
-                                  const ops::ClassifierLossArgs& a) const override {
-    return gpu::classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a);
-  }
-  void scale(float* x, double s, size_t n) const override {
-    gpu::scale(x, static_cast<float>(s), n);
-  }
+
   void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr, double beta1,
                     double beta2, double eps, double weight_decay, int64_t step) const override {
     AdamWStep s;
@@ -171,6 +196,11 @@ class Backend final : public GpuBackend {
   double sum_squares(const float* x, size_t n) const override {
     return gpu::sum_squares(&x, &n, 1);
   }
+
+ private:
+  Ops<float> f32_;
+  Ops<bf16> bf16_;
+  Ops<f16> f16_;
 };
 
 }  // namespace
