@@ -33,8 +33,8 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU model supports (model/gpu_model.h: one rank, AdamW, no recompute or qk-layernorm); auto
-// falls back to the CPU and says why. `note` is printed with the run's set-up lines, so that
+// GPU half of the seam supports (one rank per process, AdamW, full rotary); auto falls back
+// to the CPU and says why. `note` is printed with the run's set-up lines, so that
 // earlier errors stay one line.
 struct DeviceChoice {
   std::string device;  // "cpu", "cuda" or "hip"
@@ -48,9 +48,6 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
                            (d.gpus_visible == 1 ? "" : "s") + " visible";
-  // float32 trains the one model on the GPU; --bf16/--fp16 the earlier one-rank GPU model,
-  // which has fewer of the model's features.
-  const bool mixed = o.bf16 || o.fp16;
   std::string unsupported;
   if (world_size > 1)
     unsupported = "runs of several ranks";
@@ -59,12 +56,8 @@ DeviceChoice choose_device(const Options& o, int world_size) {
     unsupported = "--rotary-percent below 1";
   else if (o.optim.kind != OptimizerKind::AdamW)
     unsupported = "optimizers other than adam (AdamW)";
-  else if (mixed && o.model.qk_layernorm)
-    unsupported = "--qk-layernorm with --bf16 or --fp16";
-  else if (mixed && o.model.layernorm_zero_centered_gamma)
-    unsupported = "--apply-layernorm-1p with --bf16 or --fp16";
-  else if (mixed && !o.recompute_granularity.empty())
-    unsupported = "activation recompute with --bf16 or --fp16";
+  else if (o.use_distributed_optimizer)
+    unsupported = "--use-distributed-optimizer";
   if (unsupported.empty()) return {name, ""};
   OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
                ", but training on the GPU does not support ", unsupported,

@@ -94,9 +94,11 @@ class GpuTraining : public ::testing::Test {
   }
 };
 
-// `model` on one CPU rank, against `model` + `layout` on `world` emulated GPU ranks.
+// `model` on one CPU rank, against `model` + `layout` on `world` emulated GPU ranks, each step's
+// loss within `tolerance` (relative).
 void expect_same_losses(const std::vector<std::string>& model,
-                        const std::vector<std::string>& layout, int world) {
+                        const std::vector<std::string>& layout, int world,
+                        double tolerance = 1e-4) {
   std::vector<std::string> gpu_flags = model;
   gpu_flags.insert(gpu_flags.end(), layout.begin(), layout.end());
   gpu_flags.insert(gpu_flags.end(), {"--device", "cuda"});
@@ -106,7 +108,7 @@ void expect_same_losses(const std::vector<std::string>& model,
   double worst = 0;
   for (size_t i = 0; i < cpu.size(); ++i) {
     const double rel = std::abs(gpu[i] - cpu[i]) / std::abs(cpu[i]);
-    EXPECT_LT(rel, 1e-4) << "step " << i + 1 << ": GPU " << gpu[i] << ", CPU " << cpu[i];
+    EXPECT_LT(rel, tolerance) << "step " << i + 1 << ": GPU " << gpu[i] << ", CPU " << cpu[i];
     worst = std::max(worst, rel);
   }
   std::printf("%d rank(s): losses %.6f .. %.6f, worst relative difference from the CPU %.2e\n",
@@ -133,15 +135,47 @@ TEST_F(GpuTraining, TensorParallel2Pipeline2DataParallel2MatchesOneCpuRank) {
       kLlama, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}, 8);
 }
 
-TEST_F(GpuTraining, ResumeFromACheckpointIsExact) {
+// --bf16 and --fp16: the GPU stores weights and activations in 16 bits, the CPU computes in
+// float with 16-bit values, so each step's loss differs by the activations' rounding (about
+// 2^-8 relative per rounding in bf16, 2^-11 in fp16), well inside 1e-2 over these few steps.
+TEST_F(GpuTraining, Bf16OneRankLlamaTracksTheCpu) {
+  std::vector<std::string> model = kLlama;
+  model.push_back("--bf16");
+  expect_same_losses(model, {}, 1, 1e-2);
+}
+TEST_F(GpuTraining, Bf16TensorParallel2Pipeline2SequenceParallelTracksOneCpuRank) {
+  expect_same_losses({"--bf16"},
+                     {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                      "--sequence-parallel"},
+                     4, 1e-2);
+}
+TEST_F(GpuTraining, Fp16WithTheLossScalerTracksTheCpu) {
+  expect_same_losses({"--fp16"}, {}, 1, 1e-2);
+}
+
+void expect_exact_resume(const std::vector<std::string>& flags) {
   const std::string dir = (std::filesystem::temp_directory_path() / "omnitron_gpu_resume").string();
   std::filesystem::remove_all(dir);
-  const std::vector<double> whole = losses(tiny_options({"--device", "cuda"}));
-  losses(tiny_options({"--device", "cuda", "--save", dir, "--exit-interval", "3"}));
-  const std::vector<double> rest = losses(tiny_options({"--device", "cuda", "--load", dir}));
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), flags.begin(), flags.end());
+    return tiny_options(more);
+  };
+  const std::vector<double> whole = losses(with({}));
+  losses(with({"--save", dir, "--exit-interval", "3"}));
+  const std::vector<double> rest = losses(with({"--load", dir}));
   ASSERT_EQ(rest.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i], whole[i + 3]) << "step " << i + 4;
   std::filesystem::remove_all(dir);
+}
+
+TEST_F(GpuTraining, ResumeFromACheckpointIsExact) {
+  expect_exact_resume({"--device", "cuda"});
+}
+// The checkpoint holds the fp32 master weights and the loss scaler; the 16-bit model is
+// rounded from them on load, so the resumed run is the uninterrupted one, bit for bit.
+TEST_F(GpuTraining, Bf16AndFp16ResumeFromACheckpointIsExact) {
+  expect_exact_resume({"--device", "cuda", "--bf16"});
+  expect_exact_resume({"--device", "cuda", "--fp16"});
 }
 
 }  // namespace

@@ -95,7 +95,8 @@ struct RankResult {
   bool last_stage = false;
   double loss = 0;
   std::vector<ParamInfo> infos;
-  std::vector<T> values, grads;
+  std::vector<T> values;
+  std::vector<accum_t<T>> grads;
 };
 
 // Runs the step on tp * cp * pp ranks; `exec(rank)` is the device rank `rank` runs on (it is
