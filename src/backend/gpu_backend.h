@@ -96,6 +96,11 @@ class GpuBackend : public DeviceMemory {
     else
       return ops_f32();
   }
+  // Whether attention_forward/backward run cuDNN's fused attention (--attention-backend
+  // fused, or auto where cuDNN takes the run's shape) instead of our flash kernel; calls with
+  // per-row key ranges (packed documents, ring blocks) run ours either way. Set once per run,
+  // before its first step.
+  virtual void use_fused_attention(bool fused) const = 0;
   virtual const GpuOps<float>& ops_f32() const = 0;
   virtual const GpuOps<bf16>& ops_bf16() const = 0;
   virtual const GpuOps<f16>& ops_f16() const = 0;

@@ -128,14 +128,14 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     const bool mixed = opts.bf16 || opts.fp16;
     AttentionSupport support = attention_support(
         gpu_device, dims, mixed ? (opts.bf16 ? DType::BF16 : DType::F16) : DType::F32);
-    if (gpu_device && mixed)
-      support.fused_unsupported = "the model runs our flash kernel on the GPU in this version";
-    else if (gpu_device && (opts.reset_attention_mask || layout.cp > 1))
+    if (gpu_device && support.fused_unsupported.empty() &&
+        (opts.reset_attention_mask || layout.cp > 1))
       support.fused_unsupported = "packed documents and context-parallel key blocks run our kernel";
     std::string why;
     const AttentionBackend backend =
         choose_attention_backend(opts.attention_backend, support, &why);
     attention_line_ = describe_attention_backend(backend, why);
+    if (exec_.gpu) exec_.gpu->use_fused_attention(backend == AttentionBackend::Fused);
   }
   if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights)
     for (const ParamInfo& e : model_infos())

@@ -1,10 +1,12 @@
 // The op seam's GPU half (backend/gpu_backend.h): each op of ops.h's dispatching form, for
 // float, bf16 and f16 storage, through this folder's kernels on the default stream. Built as CUDA, as HIP
 // and on the emulator, like every source here.
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <type_traits>
 
+#include "backend/gpu/cudnn_attention.h"
 #include "backend/gpu/gpu_ops.h"
 #include "base/error.h"
 
@@ -23,6 +25,7 @@ void require_full_rotary(int rotary_dim, int head_dim) {
 template <typename T>
 class Ops final : public GpuOps<T> {
  public:
+  explicit Ops(const std::atomic<bool>& fused) : fused_(fused) {}
   void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K,
                       int N) const override {
     gpu::linear_forward(y, x, w, bias, M, K, N);
@@ -98,12 +101,18 @@ class Ops final : public GpuOps<T> {
   }
   void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                          const ops::AttentionDims& d) const override {
-    gpu::flash_attention_forward(out, lse, q, k, v, d);
+    if (fused(d))
+      fused_attention_forward(out, lse, q, k, v, d);
+    else
+      gpu::flash_attention_forward(out, lse, q, k, v, d);
   }
   void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
                           const T* q, const T* k, const T* v,
                           const ops::AttentionDims& d) const override {
-    gpu::flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
+    if (fused(d))
+      fused_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
+    else
+      gpu::flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
   }
   void attention_merge(T* out, float* lse, const T* block_out, const float* block_lse,
                        const ops::AttentionDims& d) const override {
@@ -128,6 +137,12 @@ class Ops final : public GpuOps<T> {
     else
       convert_to_float(dst, src, n);
   }
+
+ private:
+  bool fused(const ops::AttentionDims& d) const {
+    return fused_.load(std::memory_order_relaxed) && !d.key_start && !d.q_index;
+  }
+  const std::atomic<bool>& fused_;
 };
 
 class Backend final : public GpuBackend {
@@ -172,6 +187,9 @@ class Backend final : public GpuBackend {
     gpu::synchronize();
   }
 
+  void use_fused_attention(bool fused) const override {
+    fused_.store(fused, std::memory_order_relaxed);
+  }
   const GpuOps<float>& ops_f32() const override {
     return f32_;
   }
@@ -198,9 +216,10 @@ class Backend final : public GpuBackend {
   }
 
  private:
-  Ops<float> f32_;
-  Ops<bf16> bf16_;
-  Ops<f16> f16_;
+  mutable std::atomic<bool> fused_{false};
+  Ops<float> f32_{fused_};
+  Ops<bf16> bf16_{fused_};
+  Ops<f16> f16_{fused_};
 };
 
 }  // namespace
