@@ -110,6 +110,9 @@ class GpuBackend : public DeviceMemory {
   virtual void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr,
                             double beta1, double beta2, double eps, double weight_decay,
                             int64_t step) const = 0;
+  // One SGD step (momentum, weight decay added to the gradient), as update_elements does it.
+  virtual void sgd_update(float* w, const float* g, float* m, size_t n, double lr, double momentum,
+                          double weight_decay) const = 0;
   virtual double sum_squares(const float* x, size_t n) const = 0;
 };
 

@@ -33,7 +33,7 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU half of the seam supports (one rank per process, AdamW, full rotary); auto falls back
+// GPU half of the seam supports (one rank per process, full rotary); auto falls back
 // to the CPU and says why. `note` is printed with the run's set-up lines, so that
 // earlier errors stay one line.
 struct DeviceChoice {
@@ -54,8 +54,6 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   else if (o.model.position_embedding_type == PositionEmbedding::Rope &&
            o.model.rotary_dim() != o.model.head_dim())
     unsupported = "--rotary-percent below 1";
-  else if (o.optim.kind != OptimizerKind::AdamW)
-    unsupported = "optimizers other than adam (AdamW)";
   else if (o.use_distributed_optimizer)
     unsupported = "--use-distributed-optimizer";
   if (unsupported.empty()) return {name, ""};

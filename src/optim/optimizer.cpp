@@ -97,10 +97,12 @@ void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t 
                      bool decay, T* w, const T* g, T* m, T* v, int64_t n) {
   if (!exec.on_gpu()) return update_elements(cfg, step, lr, decay, w, g, m, v, n);
   if constexpr (std::is_same_v<T, float>) {
-    OMNI_REQUIRE(cfg.kind == OptimizerKind::AdamW,
-                 "--optimizer sgd is not built for the GPU yet; use --optimizer adam");
-    exec.gpu->adamw_update(w, g, m, v, size_t(n), lr, cfg.adam_beta1, cfg.adam_beta2,
-                           cfg.adam_eps, decay ? cfg.weight_decay : 0.0, step);
+    const double wd = decay ? cfg.weight_decay : 0.0;
+    if (cfg.kind == OptimizerKind::SGD)
+      exec.gpu->sgd_update(w, g, m, size_t(n), lr, cfg.sgd_momentum, wd);
+    else
+      exec.gpu->adamw_update(w, g, m, v, size_t(n), lr, cfg.adam_beta1, cfg.adam_beta2,
+                             cfg.adam_eps, wd, step);
   } else {
     ops::detail::gpu_has_no_double("optimizer update");
   }

@@ -97,8 +97,6 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                  world->size(), " ranks launched); use --device cpu for multi-rank runs");
     OMNI_REQUIRE(!opts.use_distributed_optimizer,
                  "--use-distributed-optimizer is not built for the GPU yet");
-    OMNI_REQUIRE(opts.optim.kind == OptimizerKind::AdamW,
-                 "--optimizer sgd is not built for the GPU yet; use --optimizer adam");
     exec_ = ops::Exec{gpu};
   }
   // On a GPU, --bf16 and --fp16 store weights and activations in 16 bits (fp32 gradients

@@ -156,5 +156,25 @@ TEST(GpuOptimizer, AdamWWithoutModelCopyUpdatesMasterWeights) {
   EXPECT_TRUE(close(dw.host(), want_w, 1e-6, 1e-8));
 }
 
+// --optimizer sgd on the GPU: momentum and weight decay as the CPU's update_elements, over
+// three steps (the momentum buffer carries over).
+TEST(GpuOptimizer, SgdStepsMatchCpuUpdateElements) {
+  OMNI_REQUIRE_GPU();
+  OptimizerConfig cfg;
+  cfg.kind = OptimizerKind::SGD, cfg.sgd_momentum = 0.9, cfg.weight_decay = 0.1;
+  const size_t n = 1000;
+  std::vector<float> w = random_vector(n, 80), want_w = w, want_m(n, 0.0f);
+  Device<float> dw(w), dm(n);
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<float> g = random_vector(n, 80 + step);
+    update_elements<float>(cfg, step, 1e-2, true, want_w.data(), g.data(), want_m.data(), nullptr,
+                           int64_t(n));
+    Device<float> dg(g);
+    gpu::backend().sgd_update(dw.get(), dg.get(), dm.get(), n, 1e-2, 0.9, 0.1);
+  }
+  EXPECT_TRUE(close(dw.host(), want_w, 1e-6, 1e-7));
+  EXPECT_TRUE(close(dm.host(), want_m, 1e-6, 1e-7));
+}
+
 }  // namespace
 }  // namespace omni::gpu_test

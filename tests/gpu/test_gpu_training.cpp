@@ -149,6 +149,9 @@ TEST_F(GpuTraining, Bf16TensorParallel2Pipeline2SequenceParallelTracksOneCpuRank
                       "--sequence-parallel"},
                      4, 1e-2);
 }
+TEST_F(GpuTraining, SgdWithMomentumMatchesTheCpu) {
+  expect_same_losses({"--optimizer", "sgd", "--sgd-momentum", "0.9"}, {}, 1);
+}
 TEST_F(GpuTraining, Fp16WithTheLossScalerTracksTheCpu) {
   expect_same_losses({"--fp16"}, {}, 1, 1e-2);
 }

@@ -211,6 +211,11 @@ class Backend final : public GpuBackend {
     s.grad_scale = 1.0f;
     gpu::adamw_update(w, static_cast<float*>(nullptr), g, m, v, n, s);
   }
+  void sgd_update(float* w, const float* g, float* m, size_t n, double lr, double momentum,
+                  double weight_decay) const override {
+    gpu::sgd_update(w, g, m, n, static_cast<float>(lr), static_cast<float>(momentum),
+                    static_cast<float>(weight_decay));
+  }
   double sum_squares(const float* x, size_t n) const override {
     return gpu::sum_squares(&x, &n, 1);
   }

@@ -213,6 +213,11 @@ template <typename T>
 void adamw_update(float* params, T* model_copy, const float* grads, float* exp_avg,
                   float* exp_avg_sq, size_t n, const AdamWStep& s, Stream stream = nullptr);
 
+// One SGD step over a contiguous range (optim/optimizer.cpp's update_elements): momentum and
+// weight decay folded into the gradient, fp32 throughout.
+void sgd_update(float* params, const float* grads, float* momentum_buf, size_t n, float lr,
+                float momentum, float weight_decay, Stream stream = nullptr);
+
 // The op seam's GPU half (backend/gpu_backend.h) over these ops, on the default stream.
 const ::omni::GpuBackend& backend();
 

@@ -194,6 +194,26 @@ void adamw_update(float* params, T* model_copy, const float* grads, float* exp_a
            exp_avg_sq, n, c);
 }
 
+// SGD with momentum and (coupled) weight decay, as optim/optimizer.cpp's update_elements:
+// g' = g + wd w; m = momentum m + g'; w -= lr m.
+__global__ void sgd_kernel(float* params, const float* grads, float* momentum_buf, size_t n,
+                           float lr, float momentum, float weight_decay) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float g = grads[i] + weight_decay * params[i];
+    const float m = momentum * momentum_buf[i] + g;
+    momentum_buf[i] = m;
+    params[i] -= lr * m;
+  }
+}
+
+void sgd_update(float* params, const float* grads, float* momentum_buf, size_t n, float lr,
+                float momentum, float weight_decay, Stream stream) {
+  if (n == 0) return;
+  launch(sgd_kernel, grid_for(n), kThreads, 0, static_cast<gpuStream_t>(stream), params, grads,
+         momentum_buf, n, lr, momentum, weight_decay);
+}
+
 #define OMNI_INSTANTIATE(T)                                                       \
   template void adamw_update<T>(float*, T*, const float*, float*, float*, size_t, \
                                 const AdamWStep&, Stream);
