@@ -64,7 +64,12 @@ void run(const Bench& b, int micro_batch, int steps, int warmup, double peak_tfl
   omni::GPTModel<T> model(cfg, micro_batch, 1234, {}, x);
   std::unique_ptr<omni::MixedPrecision> mixed;
   if constexpr (omni::is_16bit<T>) mixed = std::make_unique<omni::MixedPrecision>(model.params(), x);
-  omni::ParameterSet<float>& master = mixed ? mixed->master() : model.params();
+  omni::ParameterSet<float>& master = [&]() -> omni::ParameterSet<float>& {
+    if constexpr (omni::is_16bit<T>)
+      return mixed->master();
+    else
+      return model.params();
+  }();
   omni::OptimizerConfig oc;
   oc.adam_beta2 = 0.95, oc.weight_decay = 0.1;
   omni::Optimizer<float> optimizer(oc, master, x);
