@@ -73,19 +73,21 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   const int64_t vocab_rows = (c.vocab_size + multiple - 1) / multiple * multiple / tp;
   const bool pre = stage == 0, post = stage == l.pp - 1;
   const bool tied = !c.untie_embeddings_and_output_weights;
-  auto norm = [&](int64_t width) { return c.norm_has_bias() ? 2 * width : width; };
+  // ParameterSet starts every tensor at a multiple of 16 elements.
+  auto tensor = [](int64_t n) { return (n + 15) / 16 * 16; };
+  auto norm = [&](int64_t width) { return tensor(width) * (c.norm_has_bias() ? 2 : 1); };
   int64_t n = 0;
-  if (pre || (post && tied)) n += vocab_rows * C;
+  if (pre || (post && tied)) n += tensor(vocab_rows * C);
   if (pre && c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
-    n += int64_t(c.max_positions()) * C;
-  int64_t layer = 2 * norm(C) + qkv_rows * C + C * Hl * hd;
-  if (c.qkv_bias()) layer += qkv_rows;
-  if (c.qk_layernorm) layer += 2 * norm(hd);
+    n += tensor(int64_t(c.max_positions()) * C);
   const int64_t fc1_rows = c.swiglu ? 2 * Fl : Fl;
-  layer += fc1_rows * C + C * Fl;
-  if (c.add_bias_linear) layer += 2 * C + fc1_rows;
+  int64_t layer = 2 * norm(C) + tensor(qkv_rows * C) + tensor(C * Hl * hd) + tensor(fc1_rows * C) +
+                  tensor(C * Fl);
+  if (c.qkv_bias()) layer += tensor(qkv_rows);
+  if (c.qk_layernorm) layer += 2 * norm(hd);
+  if (c.add_bias_linear) layer += 2 * tensor(C) + tensor(fc1_rows);
   for (const LayerRange& r : plan_stage_layers(c, l, stage)) n += r.size() * layer;
-  if (post) n += norm(C) + (tied ? 0 : vocab_rows * C);
+  if (post) n += norm(C) + (tied ? 0 : tensor(vocab_rows * C));
   return n;
 }
 
