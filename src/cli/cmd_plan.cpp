@@ -19,6 +19,12 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+std::string gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", bytes / kGiB);
+  return text;
+}
+
 struct PlanFlags {
   std::string machine;  // empty: this machine's GPU when the table has it, else cpu
   int gpus = 0;         // 0: TP x CP x PP (one data-parallel replica)
@@ -159,7 +165,16 @@ int plan(const std::vector<std::string>& raw_args) {
   if (!resolved) return 0;  // --print-config
   Options o;
   parse_options(*resolved, o);
-  open_tokenizer(o);
+  // The tokenizer only sizes the vocabulary: --vocab-size spares reading its files.
+  if (o.model.vocab_size == 0) {
+    try {
+      open_tokenizer(o);
+    } catch (const UsageError& e) {
+      throw UsageError(std::string(e.what()) +
+                       "; plan needs only the vocabulary's size: --vocab-size N gives it");
+    }
+  }
+  o.tokenizer.type.clear();  // read or not, finalize() needs no tokenizer
   OMNI_REQUIRE(o.model.vocab_size > 0,
                "the model names no vocabulary size: give --vocab-size N (Llama 3: 128256, "
                "GPT-2: 50257) or --tokenizer-type with its files");
@@ -207,9 +222,8 @@ int plan(const std::vector<std::string>& raw_args) {
     if (found.fitting.empty())
       throw UsageError("no layout of " + std::to_string(gpus) + " x " + device.name +
                        " fits: the smallest (" + least.layout.describe() + ") needs " +
-                       std::to_string(least.memory_bytes() / kGiB).substr(0, 6) +
-                       " GiB per rank of " + std::to_string(device.memory_gib).substr(0, 6) +
-                       " GiB; add GPUs");
+                       gib(least.memory_bytes()) + " per rank of " + gib(device.memory_gib * kGiB) +
+                       "; add GPUs");
     std::printf("%d layouts of %d x %s tried, %d do not fit in %.1f GiB; the fastest %zu:\n",
                 found.tried, gpus, device.name.c_str(), found.too_big, device.memory_gib,
                 found.fitting.size());
@@ -228,11 +242,10 @@ int plan(const std::vector<std::string>& raw_args) {
   const Plan p = make_plan(o.model, layout, device);
   print_plan(p, flags.explain);
   if (!p.fits())
-    throw UsageError("does not fit: a rank of pipeline stage " + std::to_string(p.stage) +
-                     " needs " + std::to_string(p.memory_bytes() / kGiB).substr(0, 6) + " GiB of " +
-                     device.name + "'s " + std::to_string(device.memory_gib).substr(0, 6) +
-                     " GiB; more model parallelism, --recompute-granularity full or --search " +
-                     "--gpus N may");
+    throw UsageError(
+        "does not fit: a rank of pipeline stage " + std::to_string(p.stage) + " needs " +
+        gib(p.memory_bytes()) + " of " + device.name + "'s " + gib(device.memory_gib * kGiB) +
+        "; more model parallelism, --recompute-granularity full or --search " + "--gpus N may");
   return 0;
 }
 

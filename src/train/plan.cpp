@@ -107,8 +107,8 @@ int recomputed_layers(const PlanLayout& l, const std::vector<LayerRange>& chunks
 std::string PlanLayout::describe() const {
   std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
   if (vp > 1) s += sfmt(" (VPP %d)", vp);
-  s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batches), %s", dp, micro_batch,
-            global_batch, micro_batches(), precision.c_str());
+  s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
+            global_batch, micro_batches(), micro_batches() == 1 ? "" : "es", precision.c_str());
   if (sequence_parallel) s += ", SP";
   if (distributed_optimizer) s += ", distributed optimizer";
   s += recompute.empty() ? ", no recompute" : ", recompute " + recompute;
