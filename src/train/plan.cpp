@@ -288,7 +288,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       sfmt("%s on stage %d (%d layers%s%s) at %.0f%% of %s/s %s", flop(slowest).c_str(), slow_stage,
            slow_layers, slow_rc ? sfmt(", %d recomputed", slow_rc).c_str() : "",
            slow_stage == l.pp - 1 ? " + logits" : "", 100 * d.compute_efficiency,
-           flop(peak).c_str(), l.precision == "fp32" ? "fp32" : "bf16"),
+           flop(peak).c_str(), l.precision.c_str()),
       "Megatron's 24 B s h^2 L (1 + G/H + s/h + F'/h) + 6 B s h V split over TP x CP x DP, x 4/3 "
       "for recomputed layers, / (peak x efficiency)");
   const double tokens = double(l.micro_batch) * c.seq_length / l.cp;
