@@ -128,11 +128,14 @@ void print_plan(const Plan& p, bool explain) {
   if (selective.recompute.empty()) selective.recompute = "selective";
   const double kept = korthikanti_layer_bytes(m, p.layout);
   const double unit = kept >= kGiB ? kGiB : double(1 << 20);
+  const double without = korthikanti_layer_bytes(m, selective);
+  char also[96] = "";
+  if (without != kept)
+    std::snprintf(also, sizeof also, ", %.3f without the attention scores", without / unit);
   std::printf(
       "  (for comparison, Megatron-LM keeps %.3f %s of activations per layer and "
-      "micro-batch, %.3f without the attention scores: Korthikanti et al. 2022, "
-      "Table 2)\n\n",
-      kept / unit, unit == kGiB ? "GiB" : "MiB", korthikanti_layer_bytes(m, selective) / unit);
+      "micro-batch%s: Korthikanti et al. 2022, Table 2)\n\n",
+      kept / unit, unit == kGiB ? "GiB" : "MiB", also);
   print_figures("step time (predicted)", p.time, 1e-3, "ms", explain);
 }
 

@@ -221,7 +221,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
            l.pp == 1   ? "no pipeline"
            : l.vp == 1 ? sfmt("1F1B on stage %d: min(PP - stage, M)", s).c_str()
                        : "interleaved 1F1B warm-up",
-           ", as the schedule runs", eb,
+           l.pp == 1 ? "" : ", counted in the trainer's schedule", eb,
            rc ? sfmt("; %d of them recomputed keep only their input", rc).c_str() : "",
            l.sequence_parallel ? "; SP: norms and residuals 1/TP" : ""),
       "per layer and micro-batch: N(4 C' + 2 + Hd + 2Gd + H + Hd + C' + F' + F) with N = b s/CP "
