@@ -3,6 +3,7 @@
 // plan's table (train/plan.h).
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,16 @@ PlanFlags take_plan_flags(std::vector<std::string>& args) {
   PlanFlags f;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
+    std::string a = args[i];
+    std::optional<std::string> inline_value;  // --flag=value
+    for (const char* flag :
+         {"--machine=", "--gpus=", "--gpus-per-node=", "--top=", "--compute-efficiency="})
+      if (a.rfind(flag, 0) == 0) {
+        inline_value = a.substr(std::string(flag).size());
+        a = std::string(flag).substr(0, std::string(flag).size() - 1);
+      }
     auto value = [&](const char* flag) {
+      if (inline_value) return *inline_value;
       OMNI_REQUIRE(i + 1 < args.size(), flag, " needs a value");
       return args[++i];
     };
@@ -215,7 +224,8 @@ int plan(const std::vector<std::string>& raw_args) {
   if (flags.ranks_per_node > 0) device.ranks_per_node = flags.ranks_per_node;
   if (flags.efficiency > 0) device.compute_efficiency = flags.efficiency;
 
-  PlanLayout layout = plan_layout(o, flags.search ? 1 : gpus);
+  // --search lays out the GPUs itself: the base layout keeps only the batch and precision.
+  PlanLayout layout = plan_layout(o, flags.search ? model_ranks : gpus);
   if (flags.search) {
     layout.gpus = gpus;
     const PlanSearch found = search_plans(o.model, layout, device, flags.top);

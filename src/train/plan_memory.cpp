@@ -22,23 +22,35 @@ PipelineSplit split_of(const TransformerConfig& c, const PlanLayout& l) {
   return s;
 }
 
+// One micro-batch's sizes on a rank: N tokens (after CP), R rows of the residual stream
+// (N/TP under SP), and this rank's heads, groups and MLP columns.
+struct RankShape {
+  int64_t N, R, C, hd, H, G, F, fc1_out;
+  bool sp;
+};
+
+RankShape rank_shape(const TransformerConfig& c, const PlanLayout& l) {
+  RankShape r;
+  r.sp = l.sequence_parallel && l.tp > 1;
+  r.N = int64_t(l.micro_batch) * c.seq_length / l.cp, r.R = r.sp ? r.N / l.tp : r.N;
+  r.C = c.hidden_size, r.hd = c.head_dim();
+  r.H = c.num_attention_heads / l.tp, r.G = c.query_groups() / l.tp, r.F = c.ffn_size() / l.tp;
+  r.fc1_out = c.swiglu ? 2 * r.F : r.F;
+  return r;
+}
+
 // Elements one layer keeps for its backward (GPTModel::allocate_layer), per micro-batch.
 int64_t layer_elements(const TransformerConfig& c, const PlanLayout& l) {
-  const int64_t tp = l.tp, cp = l.cp, C = c.hidden_size, hd = c.head_dim();
-  const int64_t N = int64_t(l.micro_batch) * c.seq_length / cp;
-  const bool sp = l.sequence_parallel && tp > 1;
-  const int64_t R = sp ? N / tp : N;
-  const int64_t H = c.num_attention_heads / tp, G = c.query_groups() / tp, F = c.ffn_size() / tp;
-  const int64_t fc1_out = c.swiglu ? 2 * F : F;
+  const auto [N, R, C, hd, H, G, F, fc1_out, sp] = rank_shape(c, l);
   int64_t e = 2 * (R * C + 2 * R);   // ln1, ln2 with their means and reciprocal stds
   if (sp) e += 2 * N * C;            // ln1_full, ln2_full: the gathered rows
   e += N * H * hd + 2 * N * G * hd;  // q, k, v
   if (c.qk_layernorm) e += N * H * hd + N * G * hd + 2 * N * H + 2 * N * G;
-  if (cp > 1) e += 2 * N * cp * G * hd;  // every rank's keys and values (ring attention)
-  e += N * H;                            // log-sum-exp
-  e += N * H * hd;                       // attention output
-  e += R * C;                            // residual stream after attention
-  e += N * fc1_out + N * F;              // fc1 and the activation
+  if (l.cp > 1) e += 2 * N * l.cp * G * hd;  // every rank's keys and values (ring attention)
+  e += N * H;                                // log-sum-exp
+  e += N * H * hd;                           // attention output
+  e += R * C;                                // residual stream after attention
+  e += N * fc1_out + N * F;                  // fc1 and the activation
   return e;
 }
 
@@ -93,8 +105,7 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
 
 int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
                               int element_bytes) {
-  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;
-  const int64_t R = l.sequence_parallel && l.tp > 1 ? N / l.tp : N;
+  const int64_t R = rank_shape(c, l).R;
   const int64_t per_layer = layer_elements(c, l);
   const std::vector<LayerRange> chunks = plan_stage_layers(c, l, stage);
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
@@ -133,16 +144,11 @@ double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l) 
 // staged token ids: what activation_bytes() leaves out.
 int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
                              int element_bytes) {
-  const int64_t tp = l.tp, cp = l.cp, C = c.hidden_size, hd = c.head_dim();
-  const int64_t N = int64_t(l.micro_batch) * c.seq_length / cp;
-  const bool sp = l.sequence_parallel && tp > 1;
-  const int64_t R = sp ? N / tp : N;
-  const int64_t H = c.num_attention_heads / tp, G = c.query_groups() / tp, F = c.ffn_size() / tp;
-  const int64_t fc1_out = c.swiglu ? 2 * F : F;
+  const auto [N, R, C, hd, H, G, F, fc1_out, sp] = rank_shape(c, l);
   int64_t e = N + N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out +
               2 * N * H * hd + 2 * N * G * hd;
   if (c.qk_layernorm) e += N * H * hd + N * G * hd;
-  if (cp > 1) e += 2 * N * H * hd + N * H + 6 * N * G * hd;
+  if (l.cp > 1) e += 2 * N * H * hd + N * H + 6 * N * G * hd;
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
   int in_flight = 0;
   for (int s : slots) in_flight += s;

@@ -94,7 +94,7 @@ TEST(CliPlan, CpuIsMeasured) {
 
 TEST(CliPlan, SearchListsTheFastestFittingLayouts) {
   const ProcessResult r = run_omnitron(kLlama8b +
-                                       "--machine H100 --gpus 16 --search --top 3 --bf16 "
+                                       "--machine H100 --gpus 16 --search --top=3 --bf16 "
                                        "--global-batch-size 128");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "the fastest 3:")) << r.output;

@@ -16,6 +16,7 @@
 #include "model/gpt_model.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
+#include "parallel/layout_run.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedules.h"
 #include "train/plan.h"
@@ -23,37 +24,15 @@
 namespace omni {
 namespace {
 
+// layout_run.h's tiny models: Llama-shaped (RMSNorm, SwiGLU, grouped queries, rope, untied,
+// qk-layernorm) and GPT-2-shaped (LayerNorm, biases, learned positions, tied), here with
+// qk-layernorm too so that its LayerNorm's biases are counted.
 TransformerConfig tiny_llama() {
-  TransformerConfig c;
-  c.num_layers = 4;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.group_query_attention = true;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 48;
-  c.seq_length = 16;
-  c.vocab_size = 61;
-  c.make_vocab_size_divisible_by = 8;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.position_embedding_type = PositionEmbedding::Rope;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  c.validate();
-  return c;
+  return layout_test::tiny(true);
 }
-
-// GPT-2's shape (LayerNorm, biases, learned positions, tied embeddings) with qk-layernorm.
 TransformerConfig tiny_gpt2() {
-  TransformerConfig c;
-  c.num_layers = 4;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.seq_length = 16;
-  c.vocab_size = 70;
-  c.make_vocab_size_divisible_by = 8;
+  TransformerConfig c = layout_test::tiny(false);
   c.qk_layernorm = true;
-  c.validate();
   return c;
 }
 
@@ -205,6 +184,7 @@ PlanDevice h100() {
 
 TransformerConfig llama3_8b() {
   TransformerConfig c = tiny_llama();
+  c.qk_layernorm = false, c.init_method_std = 0.02;
   c.num_layers = 32, c.hidden_size = 4096, c.ffn_hidden_size = 14336;
   c.num_attention_heads = 32, c.num_query_groups = 8, c.seq_length = 8192;
   c.vocab_size = 128256, c.make_vocab_size_divisible_by = 128;
