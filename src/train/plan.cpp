@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "comm/process_grid.h"
+#include "parallel/data_parallel.h"
 #include "train/flops.h"
 
 namespace omni {
@@ -239,17 +240,22 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
     comm += 4 * rows * c.hidden_size * eb;
     comm_why = "pipeline send/receive buffers, 4 x [rows, hidden]";
   }
-  // omnitron's distributed optimizer reduce-scatters into a buffer of its own shard
-  // (DataParallelBuckets); Megatron's reduces inside its gradient buffer.
-  if (d.host_memory && l.distributed_optimizer && l.dp * l.cp > 1) {
-    comm += P / (l.dp * l.cp) * sb.grad;
+  // On the CPU: the distributed optimizer reduce-scatters into a buffer of its own shard
+  // (DataParallelBuckets; Megatron's reduces inside its gradient buffer), and MPI's collectives
+  // copy a whole bucket (measured: DP 2 runs peak one bucket above the rest).
+  if (d.host_memory && l.dp * l.cp > 1) {
+    const double bucket = std::min(P, double(default_bucket_size(l.dp * l.cp))) * 4;
+    comm += bucket;
+    if (l.distributed_optimizer) comm += P / (l.dp * l.cp) * 4;
     comm_why +=
-        std::string(comm_why.empty() ? "" : "; ") + "this rank's reduce-scattered gradient shard";
+        sfmt("%sMPI's copy of one gradient bucket (%s)%s", comm_why.empty() ? "" : "; ",
+             gib(bucket).c_str(),
+             l.distributed_optimizer ? "; this rank's reduce-scattered gradient shard" : "");
   }
   mem("comm buffers", comm,
       comm_why.empty() ? "none: no pipeline, gradients reduced in place" : comm_why,
-      "PP: 4 x rows x hidden x bytes; on the CPU with the distributed optimizer, P_rank/(DP x "
-      "CP) x 4 B");
+      "PP: 4 x rows x hidden x bytes; on the CPU with DP x CP > 1, min(P_rank, bucket) x 4 B "
+      "(+ P_rank/(DP x CP) x 4 B with the distributed optimizer)");
   // The CPU's: `omnitron train` of a one-layer model of hidden size 16 peaks at 64 MiB of RSS.
   const double reserve = d.host_memory ? 64.0 * (1 << 20) : 2.0 * kGiB;
   mem("runtime", reserve,
