@@ -24,7 +24,7 @@ LAYOUTS=(
   "2|--context-parallel-size 2"
   "1|--bf16"
 )
-printf "%-92s %10s %10s %7s %10s %10s %7s\n" layout "plan MiB" "RSS MiB" error "plan ms" "step ms" error
+printf "%-100s %10s %10s %7s %10s %10s %7s\n" layout "plan MiB" "RSS MiB" error "plan ms" "step ms" error
 for row in "${LAYOUTS[@]}"; do
   ranks=${row%%|*}
   flags=${row#*|}
@@ -40,6 +40,6 @@ for row in "${LAYOUTS[@]}"; do
   rss=$(grep -oE "max RSS \(MB\): [0-9]+" <<<"$log" | tail -1 | awk '{ print $4 }')
   ms=$(grep -oE "per iteration \(ms\): [0-9.]+" <<<"$log" | tail -1 | awk '{ print $4 }')
   awk -v l="ranks $ranks ${flags:-(defaults)}" -v pm="$plan_mib" -v rss="$rss" -v pt="$plan_ms" \
-    -v ms="$ms" 'BEGIN { printf "%-92s %10.1f %10.0f %6.1f%% %10.0f %10.0f %6.1f%%\n", l, pm,
+    -v ms="$ms" 'BEGIN { printf "%-100s %10.1f %10.0f %6.1f%% %10.0f %10.0f %6.1f%%\n", l, pm,
       rss, 100 * (pm - rss) / rss, pt, ms, 100 * (pt - ms) / ms }'
 done
