@@ -33,5 +33,11 @@ int info(const std::vector<std::string>& args);
 int convert(const std::vector<std::string>& args);   // cmd_convert.cpp
 int plot(const std::vector<std::string>& args);      // cmd_plot.cpp
 int evaluate(const std::vector<std::string>& args);  // cmd_evaluate.cpp
+int plan(const std::vector<std::string>& args);      // cmd_plan.cpp
+
+// The command line with --config's YAML, --model's zoo file and the environment merged in
+// (cmd_train.cpp); nothing after --print-config, which printed them.
+std::optional<std::vector<std::string>> with_config(const std::vector<std::string>& raw,
+                                                    int world_size);
 
 }  // namespace omni::cli

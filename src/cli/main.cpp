@@ -27,6 +27,8 @@ const char* kUsage =
     "  evaluate        score a model on multiple-choice tasks (--load DIR --task FILE): acc,\n"
     "                  acc_norm, as lm-evaluation-harness; HellaSwag and ARC files read as is\n"
     "  plot            a run's loss and throughput curves (--metrics-file) as an HTML page\n"
+    "  plan            per-rank memory and predicted step time of a layout on a machine\n"
+    "                  (H100, MI300X, ..., cpu); --search --gpus N: the fastest layouts that fit\n"
     "  info            devices, BLAS, GPU backend and the measured peak used for MFU\n"
     "  help            this text and every option\n"
     "\n"
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
     if (cmd == "convert") return omni::cli::convert(args);
     if (cmd == "plot") return omni::cli::plot(args);
     if (cmd == "evaluate") return omni::cli::evaluate(args);
+    if (cmd == "plan") return omni::cli::plan(args);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::printf("%s\noptions:%s", kUsage, omni::options_help().c_str());
       return 0;

@@ -1,0 +1,379 @@
+// One plan: each rank's memory and the step's time, each figure with where it comes from.
+#include "train/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "base/error.h"
+#include "comm/process_grid.h"
+#include "parallel/data_parallel.h"
+#include "train/flops.h"
+
+namespace omni {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string sfmt(const char* fmt, auto... args) {
+  char text[512];
+  std::snprintf(text, sizeof text, fmt, args...);
+  return text;
+}
+
+std::string gib(double bytes) {
+  return bytes >= kGiB ? sfmt("%.2f GiB", bytes / kGiB) : sfmt("%.2f MiB", bytes / (1 << 20));
+}
+// "3.2 TFLOP", "410 GFLOP" (rates: append "/s").
+std::string flop(double f) {
+  return f >= 1e15   ? sfmt("%.3g PFLOP", f / 1e15)
+         : f >= 1e12 ? sfmt("%.3g TFLOP", f / 1e12)
+                     : sfmt("%.3g GFLOP", f / 1e9);
+}
+std::string millions(double n) {
+  return n >= 1e9 ? sfmt("%.2f B", n / 1e9) : sfmt("%.1f M", n / 1e6);
+}
+
+// Bytes per parameter of this rank's model, gradient and optimizer state. On a GPU, Megatron's
+// table (docs/source/api-guide/dist_optimizer.md): fp16 2 + 2 + 16, bf16 2 + 4 (fp32 main
+// gradients) + 12, fp32 4 + 4 + 8, the last term divided among the data-parallel ranks by
+// the distributed optimizer. On the CPU, omnitron's trainer: float storage for every precision,
+// AdamW's two moments (sharded by the distributed optimizer), and with --bf16/--fp16 an fp32
+// master copy with its gradients (MixedPrecision), which is not sharded.
+struct StateBytes {
+  double param, grad, optim;
+  std::string param_why, grad_why, optim_why;
+};
+
+StateBytes state_bytes(const PlanLayout& l, const PlanDevice& d) {
+  const double shards = l.distributed_optimizer ? double(l.dp) * l.cp : 1.0;
+  const std::string over =
+      l.distributed_optimizer ? sfmt(" / %d (distributed optimizer over DP x CP)", l.dp * l.cp)
+                              : std::string(" (no distributed optimizer: every DP rank holds all)");
+  const bool mixed = l.precision != "fp32";
+  if (d.host_memory) {
+    StateBytes s{4, 4, 8 / shards + (mixed ? 8 : 0), "", "", ""};
+    s.param_why =
+        mixed ? "float storage holding " + l.precision + " values (the CPU backend)" : "fp32";
+    s.grad_why = "fp32 gradients, as the CPU backend stores them";
+    s.optim_why = "AdamW's two fp32 moments, 8 B" + over +
+                  (mixed ? "; + fp32 master values and gradients, 8 B (not sharded)" : "");
+    return s;
+  }
+  if (l.precision == "bf16")
+    return {2,
+            4,
+            12 / shards,
+            "bf16",
+            "fp32 main gradients (Megatron's default with --bf16)",
+            "fp32 master, AdamW's two moments: 12 B" + over};
+  if (l.precision == "fp16")
+    return {2,      2,      16 / shards,
+            "fp16", "fp16", "fp32 gradient copy, master and AdamW's two moments: 16 B" + over};
+  return {4, 4, 8 / shards, "fp32", "fp32", "AdamW's two fp32 moments: 8 B" + over};
+}
+
+int activation_element_bytes(const PlanLayout& l, const PlanDevice& d) {
+  return d.host_memory || l.precision == "fp32" ? 4 : 2;
+}
+
+// Ring collectives over `n` ranks moving `bytes` per rank, at `gbps` (one direction).
+double all_reduce_seconds(double bytes, int n, double gbps) {
+  return n > 1 ? 2.0 * (n - 1) / n * bytes / (gbps * 1e9) : 0.0;
+}
+double gather_seconds(double bytes, int n, double gbps) {  // all-gather or reduce-scatter
+  return n > 1 ? double(n - 1) / n * bytes / (gbps * 1e9) : 0.0;
+}
+
+// The link a group uses: within a node when its ranks (the group's span in the rank order
+// tp-cp-dp-pp, leftmost fastest) fit in one, else the network.
+double link_gbps(const PlanDevice& d, int span, std::string* which) {
+  const bool intra = span <= d.ranks_per_node;
+  *which = intra ? sfmt("%.0f GB/s in the node", d.intra_gbps * d.link_efficiency)
+                 : sfmt("%.1f GB/s across nodes", d.inter_gbps * d.link_efficiency);
+  return (intra ? d.intra_gbps : d.inter_gbps) * d.link_efficiency;
+}
+
+int recomputed_layers(const PlanLayout& l, const std::vector<LayerRange>& chunks) {
+  if (l.recompute != "full") return 0;
+  int n = 0;
+  for (const LayerRange& r : chunks)
+    n += l.recompute_method == "block" ? std::min(r.size(), l.recompute_num_layers) : r.size();
+  return n;
+}
+
+}  // namespace
+
+std::string PlanLayout::describe() const {
+  std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
+  if (vp > 1) s += sfmt(" (VPP %d)", vp);
+  s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
+            global_batch, micro_batches(), micro_batches() == 1 ? "" : "es", precision.c_str());
+  if (sequence_parallel) s += ", SP";
+  if (distributed_optimizer) s += ", distributed optimizer";
+  s += recompute.empty() ? ", no recompute" : ", recompute " + recompute;
+  if (recompute == "full" && recompute_method == "block")
+    s += sfmt(" (block, %d layers)", recompute_num_layers);
+  return s;
+}
+
+bool Plan::fits() const {
+  return memory_bytes() <= device.memory_gib * kGiB;
+}
+
+double Plan::tokens_per_second() const {
+  return double(layout.global_batch) * model.seq_length / step_seconds();
+}
+
+double Plan::model_tflops_per_rank() const {
+  return megatron_flops_per_iteration(model, layout.global_batch) / step_seconds() / layout.gpus /
+         1e12;
+}
+
+PlanLayout plan_layout(const Options& o, int gpus) {
+  PlanLayout l;
+  l.gpus = gpus;
+  l.tp = o.tensor_model_parallel_size, l.cp = o.context_parallel_size;
+  l.pp = o.pipeline_model_parallel_size;
+  l.dp = data_parallel_size(gpus, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
+  l.vp = o.num_layers_per_virtual_pipeline_stage > 0
+             ? o.model.num_layers / (l.pp * o.num_layers_per_virtual_pipeline_stage)
+             : 1;
+  l.micro_batch = o.micro_batch_size, l.global_batch = o.global_batch_size;
+  l.sequence_parallel = o.sequence_parallel && l.tp > 1;
+  l.distributed_optimizer = o.use_distributed_optimizer;
+  l.overlap_grad_reduce = o.overlap_grad_reduce;
+  l.recompute = o.recompute_granularity, l.recompute_method = o.recompute_method;
+  l.recompute_num_layers = o.recompute_num_layers;
+  l.first_stage_layers = o.decoder_first_pipeline_num_layers;
+  l.last_stage_layers = o.decoder_last_pipeline_num_layers;
+  l.precision = o.bf16 ? "bf16" : o.fp16 ? "fp16" : "fp32";
+  return l;
+}
+
+Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice& d) {
+  Plan p;
+  p.model = c, p.layout = l, p.device = d;
+  const int G = c.query_groups(), F = c.ffn_size();
+  OMNI_REQUIRE(G % l.tp == 0,
+               c.group_query_attention ? "--num-query-groups (" : "--num-attention-heads (", G,
+               ") must be divisible by --tensor-model-parallel-size (", l.tp, ")");
+  OMNI_REQUIRE(F % l.tp == 0, "the MLP width (--ffn-hidden-size, ", F,
+               ") must be divisible by --tensor-model-parallel-size (", l.tp, ")");
+  OMNI_REQUIRE(l.cp == 1 || c.seq_length % (2 * l.cp) == 0, "--seq-length (", c.seq_length,
+               ") must be divisible by twice --context-parallel-size (", l.cp, ")");
+  OMNI_REQUIRE(!l.sequence_parallel || (int64_t(l.micro_batch) * c.seq_length / l.cp) % l.tp == 0,
+               "--sequence-parallel: the micro-batch's tokens must divide among the ", l.tp,
+               " tensor-parallel ranks");
+  OMNI_REQUIRE(l.global_batch % (l.micro_batch * l.dp) == 0, "--global-batch-size (",
+               l.global_batch, ") must be a positive multiple of --micro-batch-size (",
+               l.micro_batch, ") x data-parallel size (", l.dp, ")");
+  OMNI_REQUIRE(l.vp == 1 || l.micro_batches() % l.pp == 0,
+               "the interleaved schedule needs the micro-batches (", l.micro_batches(),
+               ") to be a multiple of --pipeline-model-parallel-size (", l.pp, ")");
+  const StateBytes sb = state_bytes(l, d);
+  const int eb = activation_element_bytes(l, d);
+  const int M = l.micro_batches();
+
+  // Memory: the pipeline rank that needs the most.
+  double best = -1;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    const double params = double(plan_rank_parameters(c, l, stage));
+    const double total = params * (sb.param + sb.grad + sb.optim) +
+                         double(plan_activation_bytes(c, l, stage, eb)) +
+                         double(plan_workspace_bytes(c, l, stage, eb));
+    if (total > best) best = total, p.stage = stage;
+  }
+  const int s = p.stage;
+  const double P = double(plan_rank_parameters(c, l, s));
+  const std::vector<LayerRange> chunks = plan_stage_layers(c, l, s);
+  int layers = 0;
+  for (const LayerRange& r : chunks) layers += r.size();
+  const std::string where = sfmt(
+      "%d layers%s%s", layers, s == 0 ? " + embedding" : "",
+      s == l.pp - 1 ? (c.untie_embeddings_and_output_weights ? " + output layer" : " + final norm")
+                    : "");
+  auto mem = [&](std::string name, double v, std::string why, std::string formula) {
+    p.memory.push_back({std::move(name), v, std::move(why), std::move(formula)});
+  };
+  mem("parameters", P * sb.param,
+      sfmt("%s parameters x %g B (%s): 1/TP %d of each matrix, %s", millions(P).c_str(), sb.param,
+           sb.param_why.c_str(), l.tp, where.c_str()),
+      "P_rank x bytes(param); P_rank = the stage's layers x (QKV + proj + fc1 + fc2)/TP + norms "
+      "(+ vocab/TP x h on the first/last stage)");
+  mem("gradients", P * sb.grad,
+      sfmt("%s x %g B (%s)", millions(P).c_str(), sb.grad, sb.grad_why.c_str()),
+      "P_rank x bytes(grad)");
+  mem("optimizer", P * sb.optim,
+      sfmt("%s x %.3g B: %s", millions(P).c_str(), sb.optim, sb.optim_why.c_str()),
+      "P_rank x (state bytes / (DP x CP) with --use-distributed-optimizer)");
+  const std::vector<int> slots = plan_slots_in_flight(l, s);
+  const double act = double(plan_activation_bytes(c, l, s, eb));
+  std::string flight;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (k) flight += '+';
+    flight += std::to_string(slots[k]);
+  }
+  const int rc = recomputed_layers(l, chunks);
+  mem("activations", act,
+      sfmt("%d layers' kept tensors x %s micro-batch%s in flight (%s%s), %d B each%s%s", layers,
+           flight.c_str(), flight == "1" ? "" : "es",
+           l.pp == 1   ? "no pipeline"
+           : l.vp == 1 ? sfmt("1F1B on stage %d: min(PP - stage, M)", s).c_str()
+                       : "interleaved 1F1B warm-up",
+           l.pp == 1 ? "" : ", counted in the trainer's schedule", eb,
+           rc ? sfmt("; %d of them recomputed keep only their input", rc).c_str() : "",
+           l.sequence_parallel ? "; SP: norms and residuals 1/TP" : ""),
+      "per layer and micro-batch: N(4 C' + 2 + Hd + 2Gd + H + Hd + C' + F' + F) with N = b s/CP "
+      "tokens, C' = C/TP under SP, H, G, F per TP rank; x micro-batches in flight; recomputed "
+      "layers keep N C' + one scratch layer");
+  mem("workspace", double(plan_workspace_bytes(c, l, s, eb)),
+      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s",
+           s == l.pp - 1 ? " + final norm per micro-batch in flight" : ""),
+      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP)");
+  double comm = 0;
+  std::string comm_why;
+  if (l.pp > 1) {
+    const double rows =
+        double(l.micro_batch) * c.seq_length / l.cp / (l.sequence_parallel ? l.tp : 1);
+    comm += 4 * rows * c.hidden_size * eb;
+    comm_why = "pipeline send/receive buffers, 4 x [rows, hidden]";
+  }
+  // On the CPU: the distributed optimizer reduce-scatters into a buffer of its own shard
+  // (DataParallelBuckets; Megatron's reduces inside its gradient buffer), and MPI's collectives
+  // copy a whole bucket (measured: DP 2 runs peak one bucket above the rest).
+  if (d.host_memory && l.dp * l.cp > 1) {
+    const double bucket = std::min(P, double(default_bucket_size(l.dp * l.cp))) * 4;
+    comm += bucket;
+    if (l.distributed_optimizer) comm += P / (l.dp * l.cp) * 4;
+    comm_why +=
+        sfmt("%sMPI's copy of one gradient bucket (%s)%s", comm_why.empty() ? "" : "; ",
+             gib(bucket).c_str(),
+             l.distributed_optimizer ? "; this rank's reduce-scattered gradient shard" : "");
+  }
+  mem("comm buffers", comm,
+      comm_why.empty() ? "none: no pipeline, gradients reduced in place" : comm_why,
+      "PP: 4 x rows x hidden x bytes; on the CPU with DP x CP > 1, min(P_rank, bucket) x 4 B "
+      "(+ P_rank/(DP x CP) x 4 B with the distributed optimizer)");
+  // The CPU's: `omnitron train` of a one-layer model of hidden size 16 peaks at 64 MiB of RSS.
+  const double reserve = d.host_memory ? 64.0 * (1 << 20) : 2.0 * kGiB;
+  mem("runtime", reserve,
+      d.host_memory ? "the program, its libraries, threads and data (a one-layer model's peak RSS)"
+                    : "CUDA/HIP context, NCCL/RCCL and the allocator's fragmentation (assumed)",
+      "a fixed allowance");
+  double total = 0;
+  for (const PlanFigure& f : p.memory) total += f.value;
+  mem("total", total,
+      sfmt("of %s on %s (%s)", gib(d.memory_gib * kGiB).c_str(), d.name.c_str(),
+           total <= d.memory_gib * kGiB ? "fits" : "does not fit"),
+      "sum of the above");
+
+  // Time: the slowest stage's compute, exposed communication, the bubble, the optimizer.
+  const double V = c.padded_vocab_size();
+  const double flops = megatron_flops_per_iteration(c, l.global_batch);
+  const double logits = 6.0 * l.global_batch * double(c.seq_length) * c.hidden_size * V;
+  const double per_layer = (flops - logits) / c.num_layers;
+  const double peak = (l.precision == "fp32" ? d.fp32_tflops : d.bf16_tflops) * 1e12;
+  const double rate = peak * d.compute_efficiency;
+  const double split = double(l.tp) * l.cp * l.dp;
+  double slowest = 0;
+  int slow_stage = 0, slow_layers = 0, slow_rc = 0;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    const std::vector<LayerRange> ch = plan_stage_layers(c, l, stage);
+    int n = 0;
+    for (const LayerRange& r : ch) n += r.size();
+    const int rcs = recomputed_layers(l, ch);
+    const double f = (per_layer * (n + rcs / 3.0) + (stage == l.pp - 1 ? logits : 0)) / split;
+    if (f > slowest) slowest = f, slow_stage = stage, slow_layers = n, slow_rc = rcs;
+  }
+  const double t_compute = slowest / rate;
+  auto tim = [&](std::string name, double v, std::string why, std::string formula) {
+    p.time.push_back({std::move(name), v, std::move(why), std::move(formula)});
+  };
+  tim("compute", t_compute,
+      sfmt("%s on stage %d (%d layers%s%s) at %.0f%% of %s/s %s", flop(slowest).c_str(), slow_stage,
+           slow_layers, slow_rc ? sfmt(", %d recomputed", slow_rc).c_str() : "",
+           slow_stage == l.pp - 1 ? " + logits" : "", 100 * d.compute_efficiency,
+           flop(peak).c_str(), l.precision.c_str()),
+      "Megatron's 24 B s h^2 L (1 + G/H + s/h + F'/h) + 6 B s h V split over TP x CP x DP, x 4/3 "
+      "for recomputed layers, / (peak x efficiency)");
+  const double tokens = double(l.micro_batch) * c.seq_length / l.cp;
+  const double act_bytes = tokens * c.hidden_size * eb;
+  std::string tp_link, cp_link, dp_link, pp_link;
+  const double tp_bw = link_gbps(d, l.tp, &tp_link);
+  const int ar_per_layer = 4 + (slow_rc ? 2 : 0);
+  const double t_tp =
+      double(M) * slow_layers * ar_per_layer * all_reduce_seconds(act_bytes, l.tp, tp_bw);
+  tim("TP/SP comm", t_tp,
+      l.tp == 1
+          ? "none: TP 1"
+          : sfmt("%d micro-batches x %d layers x %d %s of %s at %s", M, slow_layers, ar_per_layer,
+                 l.sequence_parallel ? "all-gather+reduce-scatter pairs" : "all-reduces",
+                 gib(act_bytes).c_str(), tp_link.c_str()),
+      "per layer: 2 forward + 2 backward all-reduces (SP: all-gather + reduce-scatter, the same "
+      "bytes) of b s/CP h, + 2 under full recompute; ring: 2 (TP-1)/TP x bytes / bandwidth; not "
+      "overlapped");
+  const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
+  const double cp_bw = link_gbps(d, l.tp * l.cp, &cp_link);
+  const double t_cp = l.cp > 1 ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) * (l.cp - 1) *
+                                     kv_bytes / (cp_bw * 1e9)
+                               : 0.0;
+  tim("CP comm", t_cp,
+      l.cp == 1
+          ? "none: CP 1"
+          : sfmt("ring attention: %d x %d layers x %d passes x (CP-1) blocks of keys and "
+                 "values, %s each, at %s",
+                 M, slow_layers, 3 + (slow_rc ? 1 : 0), gib(kv_bytes).c_str(), cp_link.c_str()),
+      "forward passes K,V (CP-1) times, backward K,V and their gradients; counted as exposed");
+  const int dp_group = l.dp * l.cp;
+  const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, &dp_link);
+  const double grad_bytes = P * (d.host_memory ? 4.0 : sb.grad);
+  const double param_bytes = P * (d.host_memory ? 4.0 : sb.param);
+  const double t_dp_full = l.distributed_optimizer
+                               ? gather_seconds(grad_bytes, dp_group, dp_bw) +
+                                     gather_seconds(param_bytes, dp_group, dp_bw)
+                               : all_reduce_seconds(grad_bytes, dp_group, dp_bw);
+  const double backward_one = t_compute / M * 2.0 / 3.0;
+  const double t_dp = l.overlap_grad_reduce ? std::max(0.0, t_dp_full - backward_one) : t_dp_full;
+  tim("DP grad reduce", t_dp,
+      dp_group == 1
+          ? "none: DP x CP 1"
+          : sfmt("%s %s of %s over %d ranks at %s%s",
+                 l.distributed_optimizer ? "reduce-scatter + parameter all-gather" : "all-reduce",
+                 "of the gradients", gib(grad_bytes).c_str(), dp_group, dp_link.c_str(),
+                 l.overlap_grad_reduce ? ", less the last micro-batch's backward it overlaps"
+                                       : ", after the backward (no --overlap-grad-reduce)"),
+      "ring all-reduce 2 (n-1)/n x bytes / bandwidth, or (n-1)/n each for reduce-scatter and "
+      "all-gather; --overlap-grad-reduce hides up to the last backward");
+  const double p2p_bytes = act_bytes / (l.sequence_parallel ? l.tp : 1);
+  const double pp_bw = link_gbps(d, l.gpus, &pp_link);
+  const double t_pp = l.pp > 1 ? 2.0 * l.vp * (M + l.pp - 1) * p2p_bytes / (pp_bw * 1e9) : 0.0;
+  tim("PP p2p", t_pp,
+      l.pp == 1 ? "none: PP 1"
+                : sfmt("2 x %d chunk%s x (M + PP - 1 = %d) transfers of %s at %s", l.vp,
+                       l.vp > 1 ? "s" : "", M + l.pp - 1, gib(p2p_bytes).c_str(), pp_link.c_str()),
+      "each forward and backward step of the schedule waits for one activation or gradient "
+      "of b s/CP h (/TP under SP)");
+  const double t_bubble = double(l.pp - 1) / (l.vp * M) * t_compute;
+  tim("bubble", t_bubble,
+      l.pp == 1 ? "none: PP 1"
+                : sfmt("(PP-1)/(VPP x M) = %d/(%d x %d) of the compute", l.pp - 1, l.vp, M),
+      "Narayanan et al. 2021: the 1F1B pipeline idles (p-1)/(v m) of the ideal time");
+  const double opt_elems = l.distributed_optimizer ? P / dp_group : P;
+  const double t_opt = opt_elems * 32.0 / (d.hbm_gbps * 1e9);
+  tim("optimizer", t_opt,
+      sfmt("AdamW over %s parameters, about 32 B read and written each at %.0f GB/s",
+           millions(opt_elems).c_str(), d.hbm_gbps),
+      "memory-bound: elements x 32 B / memory bandwidth");
+  double step = 0;
+  for (const PlanFigure& f : p.time) step += f.value;
+  tim("step", step,
+      sfmt("%.0f tokens/s, %s/s per rank (Megatron's count), MFU %.1f%%",
+           double(l.global_batch) * c.seq_length / step, flop(flops / step / l.gpus).c_str(),
+           100.0 * flops / step / l.gpus / peak),
+      "sum of the above");
+  return p;
+}
+
+}  // namespace omni

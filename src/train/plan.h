@@ -1,0 +1,129 @@
+// `omnitron plan`: what a training run will need and how long its steps will take, before it
+// runs. Given a model (TransformerConfig), a parallel layout (Options, as `omnitron train`
+// takes them) and a machine (a PlanDevice), it predicts each rank's memory and the step time
+// with its parts. Every figure carries the one line that says where it comes from, and the
+// formula behind it for --explain.
+//
+// The memory model is omnitron's own trainer: the same tensors GPTModel allocates (its
+// activations per micro-batch in flight, as the pipeline schedule keeps them), ParameterSet's
+// flat buffers and the optimizer's states, so tests/train/test_plan.cpp compares it with
+// what a small model really allocates. The time model is analytic: Megatron's FLOP formula
+// (train/flops.h) at a sustained fraction of the device's peak, ring collectives at the link
+// bandwidth, and the 1F1B bubble of Narayanan et al. 2021.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/options.h"
+#include "parallel/schedules.h"
+
+namespace omni {
+
+// A machine's accelerator and its links, from the vendor's published figures (the table's
+// rows cite them), or this machine's CPU as measured.
+struct PlanDevice {
+  std::string name;         // "H100", "cpu"
+  std::string description;  // "NVIDIA H100 SXM5 80GB"
+  double bf16_tflops = 0;   // dense (not 2:4 sparse) bf16/fp16 matrix peak per rank
+  double fp32_tflops = 0;   // fp32 peak per rank (no TF32)
+  double memory_gib = 0;    // per rank
+  double hbm_gbps = 0;      // device memory bandwidth per rank, GB/s
+  double intra_gbps = 0;    // per rank, one direction, to ranks of the same node, GB/s
+  double inter_gbps = 0;    // per rank, one direction, to other nodes, GB/s
+  int ranks_per_node = 8;
+  // The fraction of peak that training's matrix products sustain, and of the link bandwidth
+  // that ring collectives reach (each row says why).
+  double compute_efficiency = 0.55;
+  double link_efficiency = 0.8;
+  bool host_memory = false;  // cpu: ranks share the host; bf16 is stored and computed as fp32
+  std::string source;        // where the figures come from
+};
+
+// The names plan_device() knows, for messages and --help.
+std::vector<std::string> plan_device_names();
+// The row for `name` (case-insensitive: "h100", "MI300X"); "cpu" measures this machine's CPU
+// (sgemm rate as `omnitron info`, memory, copy bandwidth) split among `ranks_on_host` ranks.
+// Throws UsageError naming the known devices for an unknown name.
+PlanDevice plan_device(const std::string& name, int ranks_on_host);
+
+// One figure with its explanation: `why` says in one line what was counted, `formula` the
+// general rule (--explain).
+struct PlanFigure {
+  std::string name;
+  double value = 0;  // bytes for memory, seconds for time
+  std::string why;
+  std::string formula;
+};
+
+// The layout of one plan (Options' names; `gpus` is the whole world).
+struct PlanLayout {
+  int gpus = 1, tp = 1, cp = 1, pp = 1, vp = 1, dp = 1;
+  int micro_batch = 1, global_batch = 1;
+  bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
+  std::string recompute;  // "", "full" or "selective"
+  std::string recompute_method;
+  int recompute_num_layers = 0;
+  int first_stage_layers = 0, last_stage_layers = 0;  // uneven pipeline split; 0: even
+  std::string precision = "fp32";                     // "bf16", "fp16" or "fp32"
+  int micro_batches() const { return global_batch / (micro_batch * dp); }
+  std::string describe() const;  // "TP 2 x CP 1 x PP 2 x DP 2, micro-batch 1, ..."
+};
+
+// Everything a plan says.
+struct Plan {
+  TransformerConfig model;
+  PlanDevice device;
+  PlanLayout layout;
+  int stage = 0;                   // the pipeline rank whose memory is reported (the largest)
+  std::vector<PlanFigure> memory;  // per rank, bytes; the last is the total
+  std::vector<PlanFigure> time;    // per step, seconds; the last is the total
+  double memory_bytes() const { return memory.back().value; }
+  double step_seconds() const { return time.back().value; }
+  bool fits() const;  // total memory within the device's
+  double tokens_per_second() const;
+  double model_tflops_per_rank() const;  // Megatron's FLOPs / step time / ranks
+};
+
+// The layout that `opts` names (finalized Options: data_parallel_size set from `gpus`).
+PlanLayout plan_layout(const Options& opts, int gpus);
+
+// Per-rank parameter count of pipeline rank `stage` (each rank of a tensor-parallel group holds
+// as many), as GPTModel's parameter_layout lays them out.
+int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage);
+// Activation bytes that GPTModel::activation_bytes() reports on pipeline rank `stage` after a
+// step: residual streams and the tensors each layer keeps, for every micro-batch the schedule
+// holds at once, and recompute's scratch layer. `element_bytes`: the storage type's size.
+int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
+                              int element_bytes);
+// The model chunks of pipeline rank `stage` (pipeline_rank_layers), and per chunk the most
+// micro-batches that hold activations at once in its schedule (pipeline_schedule), which is
+// how many activation slots the pipeline executor allocates.
+std::vector<LayerRange> plan_stage_layers(const TransformerConfig& c, const PlanLayout& l,
+                                          int stage);
+std::vector<int> plan_slots_in_flight(const PlanLayout& l, int stage);
+// GPTModel's scratch (allocated once), the last stage's final-norm tensors per micro-batch
+// in flight and each micro-batch's staged token ids: what activation_bytes() leaves out.
+int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
+                             int element_bytes);
+// Megatron's activation memory per layer in bytes (Korthikanti et al. 2022, Table 2: 16-bit
+// activations, dropout masks, attention scores kept unless recomputed), for comparison.
+double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l);
+
+// The plan of one layout. Throws UsageError for a layout the model cannot take (naming the
+// flag), as `omnitron train` would.
+Plan make_plan(const TransformerConfig& model, const PlanLayout& layout, const PlanDevice& device);
+
+// --search: every layout of `gpus` ranks (TP within a node, PP, CP, micro-batch, recompute,
+// interleaving; SP and the distributed optimizer where they apply) for `global_batch`, the
+// fitting ones fastest first (at most `top`), and how many were tried and did not fit.
+struct PlanSearch {
+  std::vector<Plan> fitting;
+  int tried = 0, too_big = 0;
+  Plan smallest;  // the layout that needs the least memory (for the message when none fits)
+};
+PlanSearch search_plans(const TransformerConfig& model, const PlanLayout& base,
+                        const PlanDevice& device, int top);
+
+}  // namespace omni

@@ -1,0 +1,148 @@
+// The machines `omnitron plan` knows: accelerators by their vendors' published figures, and
+// this machine's CPU as measured.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "base/error.h"
+#include "train/plan.h"
+
+namespace omni {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// One rank per GPU (per GCD on MI250X, which its runtime shows as two devices). Link figures
+// are per direction: NVLink's and Infinity Fabric's "total bandwidth" is both directions
+// summed, so half of it; the network is the node's NICs shared by its ranks.
+// compute_efficiency 0.55: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 reaches 44-52 % of
+// A100 peak overall, with communication and the bubble included; link_efficiency 0.8: the bus
+// bandwidth nccl-tests and rccl-tests typically report against the link rate.
+std::vector<PlanDevice> gpu_table() {
+  auto gpu = [](std::string name, std::string description, double bf16, double fp32,
+                double memory_gib, double hbm, double intra, double inter, int per_node,
+                std::string source) {
+    PlanDevice d;
+    d.name = std::move(name), d.description = std::move(description);
+    d.bf16_tflops = bf16, d.fp32_tflops = fp32, d.memory_gib = memory_gib, d.hbm_gbps = hbm;
+    d.intra_gbps = intra, d.inter_gbps = inter, d.ranks_per_node = per_node;
+    d.source = std::move(source);
+    return d;
+  };
+  constexpr double kGB = 1e9 / 1073741824.0;  // vendors' GB in GiB
+  return {
+      // NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, FP32
+      // 67 TFLOPS, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; DGX H100: 8x ConnectX-7 400 Gb/s.
+      gpu("H100", "NVIDIA H100 SXM5 80GB", 989.5, 67, 80 * kGB, 3350, 450, 50, 8,
+          "NVIDIA H100 datasheet (SXM5); DGX H100 400 Gb/s per GPU"),
+      // NVIDIA H200 Tensor Core GPU datasheet (SXM): the H100's compute, 141 GB HBM3e at
+      // 4.8 TB/s, NVLink 900 GB/s; 400 Gb/s per GPU in HGX H200 systems.
+      gpu("H200", "NVIDIA H200 SXM 141GB", 989.5, 67, 141 * kGB, 4800, 450, 50, 8,
+          "NVIDIA H200 datasheet (SXM); 400 Gb/s per GPU"),
+      // NVIDIA HGX B200 / DGX B200 datasheets: FP16/BF16 4.5 PFLOPS per GPU with sparsity,
+      // 1,440 GB of HBM3e and 62 TB/s across 8 GPUs, NVLink 5 1.8 TB/s per GPU, 400 Gb/s
+      // ConnectX-7 per GPU; FP32 75 TFLOPS (Blackwell technical brief, HGX power level).
+      gpu("B200", "NVIDIA B200 (HGX) 180GB", 2250, 75, 180 * kGB, 7700, 900, 50, 8,
+          "NVIDIA HGX/DGX B200 datasheets"),
+      // NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS dense, FP32 19.5,
+      // 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s; DGX A100: 8x HDR 200 Gb/s.
+      gpu("A100", "NVIDIA A100 SXM4 80GB", 312, 19.5, 80 * kGB, 2039, 300, 25, 8,
+          "NVIDIA A100 datasheet (SXM4 80GB); DGX A100 200 Gb/s per GPU"),
+      // AMD Instinct MI250X data sheet: 383 TFLOPS BF16, 95.7 TFLOPS FP32 matrix, 128 GB HBM2e
+      // at 3.2 TB/s per module of two GCDs (one rank each, so half of each); GCDs joined by
+      // 50 GB/s Infinity Fabric links; Frontier's node: 4x Slingshot 200 Gb/s for 8 GCDs.
+      gpu("MI250X", "AMD Instinct MI250X, one GCD (64GB)", 191.5, 47.85, 64 * kGB, 1600, 50, 12.5,
+          8, "AMD Instinct MI250X data sheet (per GCD: half a module); Frontier node network"),
+      // AMD Instinct MI300X data sheet: 1,307.4 TFLOPS BF16 dense, 163.4 TFLOPS FP32, 192 GB
+      // HBM3 at 5.3 TB/s, 7 Infinity Fabric links of 128 GB/s (both directions); 400 Gb/s NIC
+      // per GPU in 8-GPU platforms.
+      gpu("MI300X", "AMD Instinct MI300X 192GB", 1307.4, 163.4, 192 * kGB, 5300, 448, 50, 8,
+          "AMD Instinct MI300X data sheet; 400 Gb/s per GPU"),
+      // AMD Instinct MI325X data sheet: the MI300X's compute and links, 256 GB HBM3E at 6 TB/s.
+      gpu("MI325X", "AMD Instinct MI325X 256GB", 1307.4, 163.4, 256 * kGB, 6000, 448, 50, 8,
+          "AMD Instinct MI325X data sheet; 400 Gb/s per GPU"),
+  };
+}
+
+// GB/s of one large memcpy (the best of a few): what a shared-memory MPI transfer moves, twice.
+double measure_copy_gbps() {
+  const size_t n = size_t(64) << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 1e30;
+  for (int r = 0; r < 4; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * double(n) / best / 1e9;  // read and write
+}
+
+double host_memory_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  long long kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return double(kb) / (1024.0 * 1024.0);
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+PlanDevice measured_cpu(int ranks_on_host) {
+  PlanDevice d;
+  const int ranks = std::max(1, ranks_on_host);
+  const double gflops = measure_sgemm_gflops();
+  const double copy = measure_copy_gbps();
+  d.name = "cpu";
+  d.description = cpu_model_name() + ", " + std::to_string(cpu_threads()) + " threads";
+  // The CPU backend stores and multiplies bf16 as fp32: one rate for both, shared by the
+  // ranks on this host as their threads share its cores.
+  d.bf16_tflops = d.fp32_tflops = gflops / 1000.0 / ranks;
+  d.memory_gib = host_memory_gib() / ranks;
+  d.hbm_gbps = copy / ranks;
+  d.intra_gbps = copy / 4;  // MPI's shared memory copies into a segment and out of it
+  d.inter_gbps = 12.5;      // an assumed 100 Gb/s Ethernet to another host
+  d.ranks_per_node = ranks;
+  // `omnitron train` reports 85-100 % MFU against this same sgemm rate for a 6-layer model
+  // of hidden size 512 (docs/plan.md has the runs): the layers' matrix products dominate.
+  d.compute_efficiency = 0.85;
+  d.link_efficiency = 1.0;  // measured, not a nominal rate
+  d.host_memory = true;
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "measured now: sgemm %.0f GFLOP/s (as omnitron info), copy %.1f GB/s, %.1f GiB "
+                "of memory, shared by %d rank%s; network assumed 100 Gb/s",
+                gflops, copy, host_memory_gib(), ranks, ranks == 1 ? "" : "s");
+  d.source = text;
+  return d;
+}
+
+}  // namespace
+
+std::vector<std::string> plan_device_names() {
+  std::vector<std::string> names;
+  for (const PlanDevice& d : gpu_table()) names.push_back(d.name);
+  names.push_back("cpu");
+  return names;
+}
+
+PlanDevice plan_device(const std::string& name, int ranks_on_host) {
+  const std::string want = lower(name);
+  if (want == "cpu") return measured_cpu(ranks_on_host);
+  for (const PlanDevice& d : gpu_table())
+    if (lower(d.name) == want) return d;
+  std::string known;
+  for (const std::string& n : plan_device_names()) known += (known.empty() ? "" : ", ") + n;
+  throw UsageError("--machine '" + name + "': not a device plan knows (" + known + ")");
+}
+
+}  // namespace omni

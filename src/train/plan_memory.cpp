@@ -1,0 +1,159 @@
+// The memory half of `omnitron plan`: parameter counts as GPTModel lays them out, the
+// activations it keeps per micro-batch, and how many micro-batches the pipeline schedule holds
+// at once (parallel/schedules.h, the schedule the trainer runs).
+#include <algorithm>
+#include <map>
+
+#include "base/error.h"
+#include "parallel/schedules.h"
+#include "train/plan.h"
+
+namespace omni {
+
+namespace {
+
+PipelineSplit split_of(const TransformerConfig& c, const PlanLayout& l) {
+  PipelineSplit s;
+  s.num_layers = c.num_layers;
+  s.pipeline_model_parallel_size = l.pp;
+  s.num_layers_per_virtual_pipeline_stage = l.vp > 1 ? c.num_layers / (l.pp * l.vp) : 0;
+  if (l.first_stage_layers > 0) s.decoder_first_pipeline_num_layers = l.first_stage_layers;
+  if (l.last_stage_layers > 0) s.decoder_last_pipeline_num_layers = l.last_stage_layers;
+  return s;
+}
+
+// One micro-batch's sizes on a rank: N tokens (after CP), R rows of the residual stream
+// (N/TP under SP), and this rank's heads, groups and MLP columns.
+struct RankShape {
+  int64_t N, R, C, hd, H, G, F, fc1_out;
+  bool sp;
+};
+
+RankShape rank_shape(const TransformerConfig& c, const PlanLayout& l) {
+  RankShape r;
+  r.sp = l.sequence_parallel && l.tp > 1;
+  r.N = int64_t(l.micro_batch) * c.seq_length / l.cp, r.R = r.sp ? r.N / l.tp : r.N;
+  r.C = c.hidden_size, r.hd = c.head_dim();
+  r.H = c.num_attention_heads / l.tp, r.G = c.query_groups() / l.tp, r.F = c.ffn_size() / l.tp;
+  r.fc1_out = c.swiglu ? 2 * r.F : r.F;
+  return r;
+}
+
+// Elements one layer keeps for its backward (GPTModel::allocate_layer), per micro-batch.
+int64_t layer_elements(const TransformerConfig& c, const PlanLayout& l) {
+  const auto [N, R, C, hd, H, G, F, fc1_out, sp] = rank_shape(c, l);
+  int64_t e = 2 * (R * C + 2 * R);   // ln1, ln2 with their means and reciprocal stds
+  if (sp) e += 2 * N * C;            // ln1_full, ln2_full: the gathered rows
+  e += N * H * hd + 2 * N * G * hd;  // q, k, v
+  if (c.qk_layernorm) e += N * H * hd + N * G * hd + 2 * N * H + 2 * N * G;
+  if (l.cp > 1) e += 2 * N * l.cp * G * hd;  // every rank's keys and values (ring attention)
+  e += N * H;                                // log-sum-exp
+  e += N * H * hd;                           // attention output
+  e += R * C;                                // residual stream after attention
+  e += N * fc1_out + N * F;                  // fc1 and the activation
+  return e;
+}
+
+bool recomputed(const PlanLayout& l, int index_in_chunk) {
+  if (l.recompute != "full") return false;
+  return l.recompute_method != "block" || index_in_chunk < l.recompute_num_layers;
+}
+
+}  // namespace
+
+std::vector<LayerRange> plan_stage_layers(const TransformerConfig& c, const PlanLayout& l,
+                                          int stage) {
+  return pipeline_rank_layers(split_of(c, l), stage);
+}
+
+std::vector<int> plan_slots_in_flight(const PlanLayout& l, int stage) {
+  std::vector<int> held(l.vp, 0), most(l.vp, 0);
+  const int m = l.micro_batches();
+  for (const PipelineOp& op : pipeline_schedule(l.pp, stage, m, l.vp)) {
+    int& h = held[op.chunk];
+    h += op.pass == PipelinePass::Forward ? 1 : -1;
+    most[op.chunk] = std::max(most[op.chunk], h);
+  }
+  return most;
+}
+
+int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage) {
+  const int64_t tp = l.tp, C = c.hidden_size, hd = c.head_dim();
+  const int64_t H = c.num_attention_heads, G = c.query_groups(), F = c.ffn_size();
+  const int64_t qkv_rows = G / tp * (H / G + 2) * hd, Hl = H / tp, Fl = F / tp;
+  const int64_t multiple = int64_t(c.make_vocab_size_divisible_by) * tp;
+  const int64_t vocab_rows = (c.vocab_size + multiple - 1) / multiple * multiple / tp;
+  const bool pre = stage == 0, post = stage == l.pp - 1;
+  const bool tied = !c.untie_embeddings_and_output_weights;
+  // ParameterSet starts every tensor at a multiple of 16 elements.
+  auto tensor = [](int64_t n) { return (n + 15) / 16 * 16; };
+  auto norm = [&](int64_t width) { return tensor(width) * (c.norm_has_bias() ? 2 : 1); };
+  int64_t n = 0;
+  if (pre || (post && tied)) n += tensor(vocab_rows * C);
+  if (pre && c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
+    n += tensor(int64_t(c.max_positions()) * C);
+  const int64_t fc1_rows = c.swiglu ? 2 * Fl : Fl;
+  int64_t layer = 2 * norm(C) + tensor(qkv_rows * C) + tensor(C * Hl * hd) + tensor(fc1_rows * C) +
+                  tensor(C * Fl);
+  if (c.qkv_bias()) layer += tensor(qkv_rows);
+  if (c.qk_layernorm) layer += 2 * norm(hd);
+  if (c.add_bias_linear) layer += 2 * tensor(C) + tensor(fc1_rows);
+  for (const LayerRange& r : plan_stage_layers(c, l, stage)) n += r.size() * layer;
+  if (post) n += norm(C) + (tied ? 0 : tensor(vocab_rows * C));
+  return n;
+}
+
+int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
+                              int element_bytes) {
+  const int64_t R = rank_shape(c, l).R;
+  const int64_t per_layer = layer_elements(c, l);
+  const std::vector<LayerRange> chunks = plan_stage_layers(c, l, stage);
+  const std::vector<int> slots = plan_slots_in_flight(l, stage);
+  int64_t e = 0;
+  bool any_recomputed = false;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    int64_t per_slot = int64_t(chunks[k].size() + 1) * R * c.hidden_size;  // residual streams
+    for (int i = 0; i < chunks[k].size(); ++i) {
+      if (recomputed(l, i))
+        any_recomputed = true;
+      else
+        per_slot += per_layer;
+    }
+    e += slots[k] * per_slot;
+  }
+  if (any_recomputed) e += per_layer;  // the scratch layer a recomputed forward refills
+  return e * element_bytes;
+}
+
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+// Table 2, bytes per layer: sbh(34 + 5as/h) with no parallelism; sbh(10 + 24/t + 5as/(ht))
+// with tensor parallelism; sbh/t (34 + 5as/h) with sequence parallelism too; selective
+// recompute drops the 5as/h term; full recompute keeps 2sbh. Their s, b, h, a, t; context
+// parallelism divides s.
+double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l) {
+  const double s = double(c.seq_length) / l.cp, b = l.micro_batch, h = c.hidden_size;
+  const double a = c.num_attention_heads, t = l.tp;
+  if (l.recompute == "full") return 2 * s * b * h / (l.sequence_parallel ? t : 1);
+  const double scores = l.recompute == "selective" ? 0 : 5 * a * s / h;
+  if (l.sequence_parallel && t > 1) return s * b * h / t * (34 + scores);
+  return s * b * h * (10 + 24 / t + scores / t);
+}
+
+// Scratch that GPTModel allocates once per model (its constructor's buffers) plus the
+// final norm's tensors per micro-batch in flight on the last stage, and the micro-batch's
+// staged token ids: what activation_bytes() leaves out.
+int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
+                             int element_bytes) {
+  const auto [N, R, C, hd, H, G, F, fc1_out, sp] = rank_shape(c, l);
+  int64_t e = N + N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out +
+              2 * N * H * hd + 2 * N * G * hd;
+  if (c.qk_layernorm) e += N * H * hd + N * G * hd;
+  if (l.cp > 1) e += 2 * N * H * hd + N * H + 6 * N * G * hd;
+  const std::vector<int> slots = plan_slots_in_flight(l, stage);
+  int in_flight = 0;
+  for (int s : slots) in_flight += s;
+  if (stage == l.pp - 1) e += slots.back() * (2 * R * C + 2 * R + (sp ? N * C : 0));
+  return e * element_bytes + int64_t(in_flight) * 5 * N * 4;
+}
+
+}  // namespace omni

@@ -1,0 +1,72 @@
+// `omnitron plan --search`: every layout of the GPUs that the model can take, fastest first.
+#include <algorithm>
+
+#include "base/error.h"
+#include "train/plan.h"
+
+namespace omni {
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
+                        const PlanDevice& device, int top) {
+  PlanSearch out;
+  const int gpus = base.gpus;
+  double least = -1;
+  for (int tp : divisors(gpus)) {
+    // Tensor parallelism stays within a node, and must split the heads and the MLP.
+    if (tp > device.ranks_per_node || c.query_groups() % tp || c.ffn_size() % tp) continue;
+    for (int cp : divisors(gpus / tp)) {
+      if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp))) continue;
+      for (int pp : divisors(gpus / (tp * cp))) {
+        if (pp > c.num_layers || c.num_layers % pp) continue;
+        const int dp = gpus / (tp * cp * pp);
+        for (int mb : {1, 2, 4, 8}) {
+          if (base.global_batch % (mb * dp)) continue;
+          const int m = base.global_batch / (mb * dp);
+          for (int vp : {1, 2, 4}) {
+            if (vp > 1 && (pp == 1 || c.num_layers % (pp * vp) || m % pp)) continue;
+            for (const char* recompute : {"", "full"}) {
+              PlanLayout l = base;
+              l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.micro_batch = mb;
+              l.sequence_parallel = tp > 1;
+              l.distributed_optimizer = dp * cp > 1;
+              l.recompute = recompute, l.recompute_method = "uniform";
+              l.recompute_num_layers = *recompute ? 1 : 0;
+              l.first_stage_layers = l.last_stage_layers = 0;
+              Plan p;
+              try {
+                p = make_plan(c, l, device);
+              } catch (const UsageError&) {
+                continue;  // a layout the model cannot take
+              }
+              ++out.tried;
+              if (least < 0 || p.memory_bytes() < least) least = p.memory_bytes(), out.smallest = p;
+              if (!p.fits()) {
+                ++out.too_big;
+                continue;
+              }
+              out.fitting.push_back(std::move(p));
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const Plan& a, const Plan& b) {
+    return a.step_seconds() < b.step_seconds();
+  });
+  if (int(out.fitting.size()) > top) out.fitting.resize(top);
+  return out;
+}
+
+}  // namespace omni

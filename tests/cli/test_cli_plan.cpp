@@ -1,0 +1,145 @@
+// `omnitron plan` through the binary: a model from the zoo, a Primus file or flags, a layout
+// and a machine give per-rank memory and step time with an explanation per figure; --search
+// lists fitting layouts; mistakes are one-line errors that name the value.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cli/process.h"
+
+namespace {
+
+const std::string kLlama8b = "plan llama3_8b --vocab-size 128256 ";
+
+int count_lines(const std::string& s) {
+  return int(std::count(s.begin(), s.end(), '\n'));
+}
+
+bool has(const std::string& out, const std::string& text) {
+  return out.find(text) != std::string::npos;
+}
+
+// The one line of an error: "omnitron plan: error: ..." and nothing else.
+void expect_one_line_error(const ProcessResult& r, const std::string& text) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count_lines(r.output), 1) << r.output;
+  EXPECT_EQ(r.output.rfind("omnitron plan: error: ", 0), 0u) << r.output;
+  EXPECT_TRUE(has(r.output, text)) << r.output;
+}
+
+TEST(CliPlan, ZooModelOnAGpuLayoutExplainsEachFigure) {
+  const ProcessResult r = run_omnitron(
+      kLlama8b +
+      "--machine H100 --gpus 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+      "--bf16 --sequence-parallel --use-distributed-optimizer --global-batch-size 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "8.03 B parameters")) << r.output;
+  EXPECT_TRUE(has(r.output, "16 x H100")) << r.output;
+  EXPECT_TRUE(has(r.output, "TP 2 x CP 1 x PP 2 x DP 4")) << r.output;
+  for (const char* figure :
+       {"parameters", "gradients", "optimizer", "activations", "workspace", "comm buffers", "total",
+        "compute", "TP/SP comm", "DP grad reduce", "PP p2p", "bubble", "step"})
+    EXPECT_TRUE(has(r.output, std::string("  ") + figure + " ")) << figure << "\n" << r.output;
+  EXPECT_TRUE(has(r.output, "12 B / 4 (distributed optimizer")) << r.output;
+  EXPECT_TRUE(has(r.output, "1F1B on stage 0")) << r.output;
+  EXPECT_TRUE(has(r.output, "Korthikanti")) << r.output;
+  EXPECT_FALSE(has(r.output, "= P_rank")) << "formulas only with --explain\n" << r.output;
+
+  const ProcessResult e =
+      run_omnitron(kLlama8b +
+                   "--machine h100 --gpus 8 --explain --bf16 "
+                   "--use-distributed-optimizer --tensor-model-parallel-size 2");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_TRUE(has(e.output, "= P_rank x bytes(param)")) << e.output;
+  EXPECT_TRUE(has(e.output, "(p-1)/(v m)")) << e.output;
+}
+
+TEST(CliPlan, RecomputeShrinksActivations) {
+  auto activations = [](const std::string& extra) {
+    const ProcessResult r = run_omnitron(kLlama8b +
+                                         "--machine H200 --gpus 8 --bf16 "
+                                         "--use-distributed-optimizer "
+                                         "--tensor-model-parallel-size 2 --sequence-parallel " +
+                                         extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const size_t at = r.output.find("  activations ");
+    return at == std::string::npos ? 0.0 : std::stod(r.output.substr(at + 14));
+  };
+  const double none = activations(""), full = activations("--recompute-granularity full");
+  EXPECT_GT(none, 0);
+  EXPECT_LT(full, none / 10);
+}
+
+TEST(CliPlan, PrimusExperimentFile) {
+  const std::string file =
+      std::string(OMNITRON_PRIMUS_SPECS_DIR) + "/examples/megatron/configs/llama3_8B-pretrain.yaml";
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "no Primus files at " << file;
+  const ProcessResult r =
+      run_omnitron("plan --config " + file + " --vocab-size 128256 --machine MI300X --gpus 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The file's micro-batch 2 and global batch 16, and its --overlap-grad-reduce.
+  EXPECT_TRUE(has(r.output, "micro-batch 2, global batch 16")) << r.output;
+  EXPECT_TRUE(has(r.output, "less the last micro-batch's backward it overlaps")) << r.output;
+}
+
+TEST(CliPlan, CpuIsMeasured) {
+  const ProcessResult r = run_omnitron(
+      "plan tiny_gpt2 --vocab-size 256 --machine cpu --gpus 2 "
+      "--tensor-model-parallel-size 2 --micro-batch-size 4 --global-batch-size 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "measured now: sgemm")) << r.output;
+  EXPECT_TRUE(has(r.output, "memory per rank (stage 0)   MiB")) << r.output;
+}
+
+TEST(CliPlan, SearchListsTheFastestFittingLayouts) {
+  const ProcessResult r = run_omnitron(kLlama8b +
+                                       "--machine H100 --gpus 16 --search --top=3 --bf16 "
+                                       "--global-batch-size 128");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "the fastest 3:")) << r.output;
+  EXPECT_EQ(count_lines(r.output), 6) << r.output;  // header, columns, 3 layouts, hint
+}
+
+TEST(CliPlan, UnknownMachineNamesTheKnownOnes) {
+  expect_one_line_error(run_omnitron(kLlama8b + "--machine V100"),
+                        "--machine 'V100': not a device plan knows (H100, H200, B200, A100, "
+                        "MI250X, MI300X, MI325X, cpu)");
+}
+
+TEST(CliPlan, LayoutMustDivideTheGpus) {
+  expect_one_line_error(
+      run_omnitron(kLlama8b + "--machine H100 --gpus 6 "
+                              "--tensor-model-parallel-size 4"),
+      "--gpus 6 is not divisible by the layout's --tensor-model-parallel-size "
+      "(4) x --context-parallel-size (1) x --pipeline-model-parallel-size (1) = 4");
+}
+
+TEST(CliPlan, ModelThatDoesNotFitSaysSoAfterThePlan) {
+  const ProcessResult r =
+      run_omnitron("plan llama3_70b --vocab-size 128256 --machine H100 --gpus 1 --bf16");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "does not fit")) << r.output;
+  EXPECT_TRUE(
+      has(r.output, "omnitron plan: error: does not fit: a rank of pipeline stage 0 needs "))
+      << r.output;
+  expect_one_line_error(
+      run_omnitron("plan llama3_70b --vocab-size 128256 --machine H100 --gpus 8 --bf16 --search "
+                   "--global-batch-size 64"),
+      "no layout of 8 x H100 fits: the smallest");
+}
+
+TEST(CliPlan, MistakesAreOneLineErrors) {
+  expect_one_line_error(run_omnitron("plan llama3_8b --machine H100"), "--vocab-size N");
+  expect_one_line_error(run_omnitron(kLlama8b + "--search --machine H100"),
+                        "--search needs --gpus");
+  expect_one_line_error(run_omnitron(kLlama8b + "--machine H100 --gpus 0"), "--gpus '0'");
+  expect_one_line_error(run_omnitron(kLlama8b + "--machine H100 --gpus 8 --num-layerz 3"),
+                        "--num-layerz");
+  expect_one_line_error(run_omnitron(kLlama8b + "--machine H100 --gpus 8 "
+                                                "--tensor-model-parallel-size 8 "
+                                                "--num-query-groups 4"),
+                        "--num-query-groups (4) must be divisible by --tensor-model-parallel-size");
+}
+
+}  // namespace

@@ -1,0 +1,249 @@
+// `omnitron plan`'s memory model against what the trainer really allocates: for small models
+// at many layouts, every rank's parameter count equals its ParameterSet's size, the activation
+// bytes equal GPTModel::activation_bytes() after a training step (within 1 %, the tolerance this
+// test states; today they agree exactly), and the distributed optimizer's shard is 1/(DP x CP)
+// of the parameters. Also: Korthikanti et al. 2022's Table 2 formulas, the plan's figures
+// adding up, and the search's order.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "comm/local_communicator.h"
+#include "comm/process_grid.h"
+#include "model/gpt_model.h"
+#include "parallel/context_parallel.h"
+#include "parallel/data_parallel.h"
+#include "parallel/layout_run.h"
+#include "parallel/pipeline.h"
+#include "parallel/schedules.h"
+#include "train/plan.h"
+
+namespace omni {
+namespace {
+
+// layout_run.h's tiny models: Llama-shaped (RMSNorm, SwiGLU, grouped queries, rope, untied,
+// qk-layernorm) and GPT-2-shaped (LayerNorm, biases, learned positions, tied), here with
+// qk-layernorm too so that its LayerNorm's biases are counted.
+TransformerConfig tiny_llama() {
+  return layout_test::tiny(true);
+}
+TransformerConfig tiny_gpt2() {
+  TransformerConfig c = layout_test::tiny(false);
+  c.qk_layernorm = true;
+  return c;
+}
+
+struct Case {
+  const char* name;
+  TransformerConfig model;
+  PlanLayout layout;  // gpus, tp, cp, pp, vp, dp, micro_batch, global_batch, sp, ... filled
+};
+
+PlanLayout layout(int tp, int cp, int pp, int vp, int dp, int micro_batches, bool sp,
+                  const char* recompute = "", const char* method = "uniform", int layers = 1) {
+  PlanLayout l;
+  l.tp = tp, l.cp = cp, l.pp = pp, l.vp = vp, l.dp = dp, l.gpus = tp * cp * pp * dp;
+  l.micro_batch = 2, l.global_batch = 2 * micro_batches * dp;
+  l.sequence_parallel = sp && tp > 1;
+  l.distributed_optimizer = dp * cp > 1;
+  l.recompute = recompute, l.recompute_method = method, l.recompute_num_layers = layers;
+  return l;
+}
+
+struct Measured {
+  int pp_rank = 0;
+  int64_t params = 0, activation_bytes = 0, shard = 0;
+};
+
+// One training step of the case's layout on local ranks; each rank's ParameterSet size,
+// activation bytes and distributed-optimizer shard.
+std::vector<Measured> measure(const Case& k) {
+  const TransformerConfig& cfg = k.model;
+  const PlanLayout& l = k.layout;
+  const int n = l.micro_batch * cfg.seq_length, M = l.micro_batches();
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> id(0, cfg.vocab_size - 1);
+  std::vector<std::vector<int32_t>> tokens(M, std::vector<int32_t>(n)), labels = tokens;
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < n; ++i) tokens[m][i] = id(rng), labels[m][i] = id(rng);
+  std::vector<Measured> out(l.gpus);
+  run_ranks(l.gpus, [&](Communicator& world) {
+    ProcessGrid grid(world, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
+    PipelineSplit split;
+    split.num_layers = cfg.num_layers;
+    split.pipeline_model_parallel_size = l.pp;
+    split.num_layers_per_virtual_pipeline_stage = l.vp > 1 ? cfg.num_layers / (l.pp * l.vp) : 0;
+    ModelParallel mp;
+    mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = l.sequence_parallel;
+    for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
+      mp.chunks.push_back({r.begin, r.end});
+    mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
+    GPTModel<float> model(cfg, l.micro_batch, 5, mp);
+    Recompute rc;
+    if (l.recompute == "full")
+      rc = {Recompute::Full, l.recompute_method == "block" ? l.recompute_num_layers : 0};
+    model.set_recompute(rc);
+    std::vector<MicroBatch> full(M);
+    std::vector<ContextParallelBatch> local(M);
+    for (int m = 0; m < M; ++m) {
+      full[m] =
+          MicroBatch{tokens[m].data(), labels[m].data(), nullptr, l.micro_batch, cfg.seq_length};
+      local[m].slice(full[m], l.cp, grid.cp_rank());
+    }
+    PipelineExecutor<float> pipe(model, grid.pp());
+    pipe.run(
+        M, [&](int m) -> const MicroBatch& { return l.cp > 1 ? local[m].batch() : full[m]; }, true,
+        1.0 / M);
+    Measured r{grid.pp_rank(), model.params().size(), model.activation_bytes(), 0};
+    if (l.distributed_optimizer) {
+      DataParallelBuckets<float> ddp(grid.dp_cp(), model.params(), 0, GradReduce::ReduceScatter);
+      for (const ShardRange& s : ddp.shard()) r.shard += s.end - s.begin;
+    }
+    out[world.rank()] = r;
+  });
+  return out;
+}
+
+std::vector<Case> cases() {
+  return {
+      {"one rank", tiny_llama(), layout(1, 1, 1, 1, 1, 2, false)},
+      {"one rank, full recompute", tiny_llama(), layout(1, 1, 1, 1, 1, 2, false, "full")},
+      {"one rank, block recompute of 3", tiny_gpt2(),
+       layout(1, 1, 1, 1, 1, 2, false, "full", "block", 3)},
+      {"one rank, selective recompute", tiny_gpt2(), layout(1, 1, 1, 1, 1, 2, false, "selective")},
+      {"TP 2", tiny_llama(), layout(2, 1, 1, 1, 1, 2, false)},
+      {"TP 2 + SP", tiny_gpt2(), layout(2, 1, 1, 1, 1, 2, true)},
+      {"TP 2 + SP, full recompute", tiny_llama(), layout(2, 1, 1, 1, 1, 2, true, "full")},
+      {"PP 2, 4 micro-batches (1F1B)", tiny_gpt2(), layout(1, 1, 2, 1, 1, 4, false)},
+      {"PP 2 x VPP 2 (interleaved)", tiny_llama(), layout(1, 1, 2, 2, 1, 4, false)},
+      {"PP 2 x TP 2 + SP, block recompute", tiny_gpt2(),
+       layout(2, 1, 2, 1, 1, 4, true, "full", "block", 1)},
+      {"CP 2", tiny_llama(), layout(1, 2, 1, 1, 1, 2, false)},
+      {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
+  };
+}
+
+TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
+  for (const Case& k : cases()) {
+    SCOPED_TRACE(k.name);
+    for (const Measured& m : measure(k)) {
+      const int64_t params = plan_rank_parameters(k.model, k.layout, m.pp_rank);
+      const int64_t act = plan_activation_bytes(k.model, k.layout, m.pp_rank, 4);
+      std::printf("%-36s stage %d: parameters %lld (plan %lld), activations %lld B (plan %lld)\n",
+                  k.name, m.pp_rank, (long long)m.params, (long long)params,
+                  (long long)m.activation_bytes, (long long)act);
+      EXPECT_EQ(params, m.params) << "stage " << m.pp_rank;
+      EXPECT_NEAR(double(act), double(m.activation_bytes), 0.01 * double(m.activation_bytes))
+          << "stage " << m.pp_rank;
+      if (k.layout.distributed_optimizer) {  // buckets split with remainders: within an element
+        EXPECT_NEAR(double(m.shard), double(m.params) / (k.layout.dp * k.layout.cp), 1.0);
+      }
+    }
+  }
+}
+
+// The pipeline holds min(PP - stage, M) micro-batches on each rank under 1F1B, and more on the
+// first ranks under interleaving (Megatron's warm-up).
+TEST(Plan, MicroBatchesInFlightFollowTheSchedule) {
+  PlanLayout l;
+  l.pp = 4, l.micro_batch = 1, l.global_batch = 8;
+  EXPECT_EQ(plan_slots_in_flight(l, 0), std::vector<int>{4});
+  EXPECT_EQ(plan_slots_in_flight(l, 3), std::vector<int>{1});
+  l.global_batch = 2;
+  EXPECT_EQ(plan_slots_in_flight(l, 0), std::vector<int>{2});
+  l.vp = 2, l.global_batch = 8;
+  const std::vector<int> first = plan_slots_in_flight(l, 0);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_GT(first[0] + first[1], 4);
+}
+
+// Korthikanti et al. 2022, Table 2, for their GPT-3 175B setting (s 2048, h 12288, a 96,
+// t 8, b 1): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh/t (34 + 5as/h) with
+// sequence parallelism, 34 sbh/t with selective recompute too, 2sbh/t when full.
+TEST(Plan, KorthikantiTable2) {
+  TransformerConfig c;
+  c.num_layers = 96, c.hidden_size = 12288, c.num_attention_heads = 96, c.seq_length = 2048;
+  PlanLayout l;
+  l.tp = 8, l.micro_batch = 1;
+  const double sbh = 2048.0 * 12288.0, as_h = 96.0 * 2048.0 / 12288.0;
+  EXPECT_DOUBLE_EQ(korthikanti_layer_bytes(c, l), sbh * (10 + 24.0 / 8 + 5 * as_h / 8));
+  l.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(korthikanti_layer_bytes(c, l), sbh / 8 * (34 + 5 * as_h));
+  l.recompute = "selective";
+  EXPECT_DOUBLE_EQ(korthikanti_layer_bytes(c, l), sbh / 8 * 34);
+  l.recompute = "full";
+  EXPECT_DOUBLE_EQ(korthikanti_layer_bytes(c, l), 2 * sbh / 8);
+}
+
+PlanDevice h100() {
+  return plan_device("h100", 8);
+}
+
+TransformerConfig llama3_8b() {
+  TransformerConfig c = tiny_llama();
+  c.qk_layernorm = false, c.init_method_std = 0.02;
+  c.num_layers = 32, c.hidden_size = 4096, c.ffn_hidden_size = 14336;
+  c.num_attention_heads = 32, c.num_query_groups = 8, c.seq_length = 8192;
+  c.vocab_size = 128256, c.make_vocab_size_divisible_by = 128;
+  return c;
+}
+
+TEST(Plan, FiguresAddUpAndFollowTheLayout) {
+  PlanLayout l = layout(2, 1, 2, 1, 2, 32, true);
+  l.micro_batch = 1, l.global_batch = 64, l.precision = "bf16";
+  const Plan p = make_plan(llama3_8b(), l, h100());
+  double mem = 0, time = 0;
+  for (size_t i = 0; i + 1 < p.memory.size(); ++i) mem += p.memory[i].value;
+  for (size_t i = 0; i + 1 < p.time.size(); ++i) time += p.time[i].value;
+  EXPECT_DOUBLE_EQ(mem, p.memory_bytes());
+  EXPECT_DOUBLE_EQ(time, p.step_seconds());
+  for (const PlanFigure& f : p.memory) EXPECT_FALSE(f.why.empty()) << f.name;
+  for (const PlanFigure& f : p.time) EXPECT_FALSE(f.why.empty()) << f.name;
+  EXPECT_TRUE(p.fits());
+  // Megatron's table: bf16 with the distributed optimizer is 6 + 12/d bytes per parameter.
+  const double P = double(plan_rank_parameters(llama3_8b(), l, p.stage));
+  EXPECT_DOUBLE_EQ(p.memory[0].value + p.memory[1].value + p.memory[2].value, P * (6 + 12.0 / 2));
+  // Full recompute keeps less and computes more.
+  PlanLayout rc = l;
+  rc.recompute = "full", rc.recompute_method = "uniform", rc.recompute_num_layers = 1;
+  const Plan q = make_plan(llama3_8b(), rc, h100());
+  EXPECT_LT(q.memory_bytes(), p.memory_bytes());
+  EXPECT_GT(q.time[0].value, p.time[0].value);
+  // A bigger pipeline bubble with fewer micro-batches.
+  PlanLayout few = l;
+  few.global_batch = 8;
+  const Plan r = make_plan(llama3_8b(), few, h100());
+  EXPECT_GT(r.time[6].value / r.time[0].value, p.time[6].value / p.time[0].value);
+}
+
+TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
+  PlanLayout base;
+  base.gpus = 8, base.global_batch = 64, base.precision = "bf16";
+  const PlanSearch s = search_plans(llama3_8b(), base, h100(), 5);
+  ASSERT_FALSE(s.fitting.empty());
+  EXPECT_LE(s.fitting.size(), 5u);
+  EXPECT_GT(s.too_big, 0);  // TP 1 without recompute at 8192 tokens does not fit
+  for (size_t i = 0; i < s.fitting.size(); ++i) {
+    EXPECT_TRUE(s.fitting[i].fits());
+    EXPECT_EQ(s.fitting[i].layout.gpus, 8);
+    if (i) {
+      EXPECT_LE(s.fitting[i - 1].step_seconds(), s.fitting[i].step_seconds());
+    }
+  }
+}
+
+TEST(Plan, UnknownDeviceNamesTheKnownOnes) {
+  try {
+    plan_device("V100", 1);
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'V100'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MI325X"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace omni
