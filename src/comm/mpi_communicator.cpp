@@ -7,6 +7,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,10 +33,13 @@ void check(int rc, const char* call) {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
     case DType::BF16:
-    case DType::F16: return MPI_UINT16_T;  // moved, never reduced
+    case DType::F16:
+      return MPI_UINT16_T;  // moved, never reduced
   }
   throw InternalError("[comm] unknown dtype");
 }
@@ -45,9 +50,13 @@ MPI_Datatype reducible_type(DType t) {
   return mpi_type(t);
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+}
 
-int count(size_t n) { return static_cast<int>(n); }
+int count(size_t n) {
+  return static_cast<int>(n);
+}
 
 // [offset, length) pieces of at most max bytes; one empty piece for a message of no bytes.
 std::vector<std::pair<size_t, size_t>> pieces(size_t bytes, size_t max) {
@@ -57,7 +66,9 @@ std::vector<std::pair<size_t, size_t>> pieces(size_t bytes, size_t max) {
   return out;
 }
 
-std::byte* at(void* p, size_t offset) { return static_cast<std::byte*>(p) + offset; }
+std::byte* at(void* p, size_t offset) {
+  return static_cast<std::byte*>(p) + offset;
+}
 const std::byte* at(const void* p, size_t offset) {
   return static_cast<const std::byte*>(p) + offset;
 }
@@ -301,6 +312,8 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
+constexpr int kHostChars = HOST_NAME_MAX + 1;  // a host name and its terminating zero
+
 int env_int(const char* var) {
   const char* v = std::getenv(var);
   return v ? std::atoi(v) : 0;
@@ -331,6 +344,15 @@ std::unique_ptr<Communicator> make_mpi_world(size_t max_count) {
   if (rank == 0) std::snprintf(dir, sizeof dir, "%s", make_hang_dir().c_str());
   check(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
   set_hang_dir(dir);
+  // Every rank's host, for the watchdog's lines about ranks on other hosts.
+  std::vector<char> hosts(size_t(size) * kHostChars);
+  gethostname(hosts.data() + size_t(rank) * kHostChars, kHostChars - 1);
+  check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, hosts.data(), kHostChars, MPI_CHAR,
+                      MPI_COMM_WORLD),
+        "MPI_Allgather");
+  std::vector<std::string> names(size);
+  for (int k = 0; k < size; ++k) names[k] = hosts.data() + size_t(k) * kHostChars;
+  set_collective_hosts(std::move(names));
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", max_count, false);
   // A launcher that announced several ranks while MPI sees one: an MPI other than the
   // launcher's, or srun without an MPI plugin. Each rank would train alone.

@@ -1,6 +1,7 @@
 #include "comm/watchdog.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -123,6 +124,7 @@ struct Watchdog {
   int world_size_mpi = 0;
   void (*abort_job)(int) = nullptr;
   std::vector<Slot*> slots;
+  std::vector<std::string> hosts;  // of each world rank, when known
   bool thread_started = false;
   // Per round (1: the first report, 2: the timeout).
   bool started[3] = {}, answered[3] = {}, summarized[3] = {};
@@ -339,6 +341,7 @@ struct Watchdog {
         const RankState& x = st[m];
         if (!x.present) {
           missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(m);
+          if (m < int(hosts.size())) missing += " on " + hosts[m];
           continue;
         }
         const auto it = x.counts.find(w.group);
@@ -441,6 +444,56 @@ Watchdog& watchdog() {
   return *w;
 }
 
+// The SIGTERM line (set_collective_hosts). A signal handler may not allocate or lock: it
+// reads the slots' atomics and the hosts (both set before it is installed) and formats into
+// a fixed buffer.
+struct SignalText {
+  char text[1024] = {};  // stays terminated: add() writes below the last byte
+  size_t n = 0;
+  void add(const char* s) {
+    while (*s && n + 1 < sizeof text) text[n++] = *s++;
+  }
+  void add(int64_t v) {
+    char digits[24];
+    int k = 0;
+    if (v < 0) add("-"), v = -v;
+    do digits[k++] = char('0' + v % 10), v /= 10;
+    while (v && k < 24);
+    while (k && n + 1 < sizeof text) text[n++] = digits[--k];
+  }
+};
+
+struct sigaction g_previous_term;
+
+extern "C" void report_termination(int signal) {
+  const Watchdog& w = watchdog();
+  for (const Slot* s : w.slots) {
+    WatchGroup* g = s->busy.load() ? s->group.load() : nullptr;
+    if (!g || size_t(s->rank) >= w.hosts.size()) continue;
+    const std::string& mine = w.hosts[s->rank];
+    SignalText t;
+    bool elsewhere = false;
+    for (int m : g->world_ranks) {
+      if (m < 0 || size_t(m) >= w.hosts.size() || w.hosts[m] == mine) continue;
+      t.add(elsewhere ? ", " : ", whose ranks on other hosts are ");
+      t.add(int64_t(m)), t.add(" on "), t.add(w.hosts[m].c_str());
+      elsewhere = true;
+    }
+    if (!elsewhere) continue;  // the launcher names a lost rank of this host itself
+    SignalText line;
+    line.add("omnitron [rank "), line.add(int64_t(s->rank)), line.add(" of ");
+    line.add(int64_t(s->size)), line.add(", host "), line.add(mine.c_str());
+    line.add("]: ended by the launcher (SIGTERM) after waiting ");
+    const int64_t tenths = (now_ns() - s->since_ns.load()) / 100000000;
+    line.add(tenths / 10), line.add("."), line.add(tenths % 10), line.add(" s in ");
+    line.add(s->op.load()), line.add(" #"), line.add(int64_t(s->seq.load()));
+    line.add(" on "), line.add(g->name.c_str()), line.add(t.text), line.add("\n");
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, line.text, line.n);
+  }
+  sigaction(signal, &g_previous_term, nullptr);
+  raise(signal);
+}
+
 }  // namespace
 
 void set_collective_timeout(double seconds, const std::string& flag_value) {
@@ -471,6 +524,24 @@ void set_collective_world(int rank, int size, void (*abort_job)(int)) {
     w.world_size_mpi = size, w.abort_job = abort_job;
   }
   watch_this_thread(rank, size);
+}
+
+void set_collective_hosts(std::vector<std::string> hosts) {
+  Watchdog& w = watchdog();
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    w.hosts = std::move(hosts);
+  }
+  // On one host the launcher names a lost rank itself; a handler already there stays.
+  const bool one_host = std::all_of(w.hosts.begin(), w.hosts.end(),
+                                    [&](const std::string& h) { return h == w.hosts.front(); });
+  struct sigaction current = {};
+  sigaction(SIGTERM, nullptr, &current);
+  if (one_host || current.sa_handler != SIG_DFL) return;
+  struct sigaction sa = {};
+  sa.sa_handler = report_termination;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &g_previous_term);
 }
 
 void set_hang_dir(const std::string& dir) {
