@@ -33,13 +33,10 @@ void check(int rc, const char* call) {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::F32:
-      return MPI_FLOAT;
-    case DType::F64:
-      return MPI_DOUBLE;
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
     case DType::BF16:
-    case DType::F16:
-      return MPI_UINT16_T;  // moved, never reduced
+    case DType::F16: return MPI_UINT16_T;  // moved, never reduced
   }
   throw InternalError("[comm] unknown dtype");
 }
@@ -50,13 +47,9 @@ MPI_Datatype reducible_type(DType t) {
   return mpi_type(t);
 }
 
-MPI_Op mpi_op(ReduceOp op) {
-  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
-}
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
 
-int count(size_t n) {
-  return static_cast<int>(n);
-}
+int count(size_t n) { return static_cast<int>(n); }
 
 // [offset, length) pieces of at most max bytes; one empty piece for a message of no bytes.
 std::vector<std::pair<size_t, size_t>> pieces(size_t bytes, size_t max) {
@@ -66,9 +59,7 @@ std::vector<std::pair<size_t, size_t>> pieces(size_t bytes, size_t max) {
   return out;
 }
 
-std::byte* at(void* p, size_t offset) {
-  return static_cast<std::byte*>(p) + offset;
-}
+std::byte* at(void* p, size_t offset) { return static_cast<std::byte*>(p) + offset; }
 const std::byte* at(const void* p, size_t offset) {
   return static_cast<const std::byte*>(p) + offset;
 }
