@@ -343,6 +343,10 @@ std::unique_ptr<Communicator> make_mpi_world(size_t max_count) {
         "MPI_Allgather");
   std::vector<std::string> names(size);
   for (int k = 0; k < size; ++k) names[k] = hosts.data() + size_t(k) * kHostChars;
+  if (const std::string summary = hosts_summary(names); rank == 0 && !summary.empty()) {
+    std::printf("omnitron: %s\n", summary.c_str());
+    std::fflush(stdout);
+  }
   set_collective_hosts(std::move(names));
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", max_count, false);
   // A launcher that announced several ranks while MPI sees one: an MPI other than the

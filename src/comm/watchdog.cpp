@@ -467,6 +467,7 @@ struct sigaction g_previous_term;
 
 extern "C" void report_termination(int signal) {
   const Watchdog& w = watchdog();
+  bool wrote = false;
   for (const Slot* s : w.slots) {
     WatchGroup* g = s->busy.load() ? s->group.load() : nullptr;
     if (!g || size_t(s->rank) >= w.hosts.size()) continue;
@@ -489,7 +490,13 @@ extern "C" void report_termination(int signal) {
     line.add(s->op.load()), line.add(" #"), line.add(int64_t(s->seq.load()));
     line.add(" on "), line.add(g->name.c_str()), line.add(t.text), line.add("\n");
     [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, line.text, line.n);
+    wrote = true;
   }
+  // A moment for the launcher to read the line before it sees the process end: Open MPI's
+  // mpirun, ending a job that lost a host, otherwise drops it about half the time (it sends
+  // SIGKILL 1 s after SIGTERM; Slurm after KillWait, 30 s by default).
+  const timespec pause{0, 300000000};
+  if (wrote) nanosleep(&pause, nullptr);
   sigaction(signal, &g_previous_term, nullptr);
   raise(signal);
 }
@@ -542,6 +549,33 @@ void set_collective_hosts(std::vector<std::string> hosts) {
   sa.sa_handler = report_termination;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, &g_previous_term);
+}
+
+std::string hosts_summary(const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  for (int r = 0; r < int(hosts.size()); ++r) {
+    auto it = std::find_if(by_host.begin(), by_host.end(),
+                           [&](const auto& h) { return h.first == hosts[r]; });
+    if (it == by_host.end()) it = by_host.insert(by_host.end(), {hosts[r], {}});
+    it->second.push_back(r);
+  }
+  if (by_host.size() < 2) return "";
+  std::string text =
+      std::to_string(hosts.size()) + " ranks on " + std::to_string(by_host.size()) + " hosts:";
+  for (size_t h = 0; h < by_host.size(); ++h) {
+    const std::vector<int>& ranks = by_host[h].second;
+    text.append(h ? ", " : " ").append(by_host[h].first);
+    text.append(ranks.size() > 1 ? " (ranks " : " (rank ");
+    for (size_t i = 0; i < ranks.size();) {  // runs of consecutive ranks as first-last
+      size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      text.append(i ? "," : "").append(std::to_string(ranks[i]));
+      if (j > i) text.append("-").append(std::to_string(ranks[j]));
+      i = j + 1;
+    }
+    text += ")";
+  }
+  return text;
 }
 
 void set_hang_dir(const std::string& dir) {
