@@ -29,6 +29,15 @@ done
 $mpirun --version 2>/dev/null | grep -qE "Open MPI|OpenRTE|open-mpi" || skip "mpirun is not Open MPI's (its rsh agent option is used)"
 
 tag=omh$$
+# What a run killed without its trap (SIGKILL, e.g. ctest's timeout) left behind.
+for ns in $(ip netns list 2>/dev/null | grep -oE '^omh[0-9]+-[a-z0-9]+'); do
+  owner=${ns#omh}
+  if ! kill -0 "${owner%%-*}" 2>/dev/null; then
+    pids=$(ip netns pids "$ns" 2>/dev/null)
+    [[ -n $pids ]] && kill -9 $pids 2>/dev/null
+    ip netns delete "$ns" 2>/dev/null
+  fi
+done
 work=$(mktemp -d)
 namespaces=()
 # Ends what runs in the namespaces (they are ours), then removes them: on every exit.
@@ -97,7 +106,7 @@ mpirun_job() {
   shift
   while [[ $1 != -- ]]; do opts+=("$1"); shift; done
   shift
-  on_node0 timeout -k 5 120 "$mpirun" -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
+  on_node0 timeout -k 5 90 "$mpirun" -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
     -x OMP_WAIT_POLICY=passive "${keepalive[@]}" "${opts[@]}" "$omnitron" train --mock-data \
     --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 \
     --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --log-interval 1 --eval-interval 0 \
