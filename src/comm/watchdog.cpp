@@ -15,6 +15,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "base/trace.h"
 
@@ -473,12 +474,15 @@ extern "C" void report_termination(int signal) {
     if (!g || size_t(s->rank) >= w.hosts.size()) continue;
     const std::string& mine = w.hosts[s->rank];
     SignalText t;
-    bool elsewhere = false;
+    int elsewhere = 0;
     for (int m : g->world_ranks) {
       if (m < 0 || size_t(m) >= w.hosts.size() || w.hosts[m] == mine) continue;
-      t.add(elsewhere ? ", " : ", whose ranks on other hosts are ");
+      if (elsewhere++ == 8) {  // a large data-parallel group: the first few
+        t.add(", ...");
+        break;
+      }
+      t.add(elsewhere > 1 ? ", " : ", whose ranks on other hosts are ");
       t.add(int64_t(m)), t.add(" on "), t.add(w.hosts[m].c_str());
-      elsewhere = true;
     }
     if (!elsewhere) continue;  // the launcher names a lost rank of this host itself
     SignalText line;
@@ -493,8 +497,8 @@ extern "C" void report_termination(int signal) {
     wrote = true;
   }
   // A moment for the launcher to read the line before it sees the process end: Open MPI's
-  // mpirun, ending a job that lost a host, otherwise drops it about half the time (it sends
-  // SIGKILL 1 s after SIGTERM; Slurm after KillWait, 30 s by default).
+  // mpirun, ending a job that lost a host, otherwise often drops it (it sends SIGKILL 1 s
+  // after SIGTERM; Slurm after KillWait, 30 s by default).
   const timespec pause{0, 300000000};
   if (wrote) nanosleep(&pause, nullptr);
   sigaction(signal, &g_previous_term, nullptr);
@@ -553,11 +557,11 @@ void set_collective_hosts(std::vector<std::string> hosts) {
 
 std::string hosts_summary(const std::vector<std::string>& hosts) {
   std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  std::unordered_map<std::string, size_t> index;
   for (int r = 0; r < int(hosts.size()); ++r) {
-    auto it = std::find_if(by_host.begin(), by_host.end(),
-                           [&](const auto& h) { return h.first == hosts[r]; });
-    if (it == by_host.end()) it = by_host.insert(by_host.end(), {hosts[r], {}});
-    it->second.push_back(r);
+    const auto [it, added] = index.emplace(hosts[r], by_host.size());
+    if (added) by_host.push_back({hosts[r], {}});
+    by_host[it->second].second.push_back(r);
   }
   if (by_host.size() < 2) return "";
   std::string text =
