@@ -149,8 +149,8 @@ done
 # lose NAME MAP COMMAND...: a long run across the hosts; once it trains, COMMAND takes node1
 # away. The job must end within 60 s, and its output must name node1 as the host lost: the
 # line of a rank that waited on a rank there (ours, printed as mpirun ends the job; Open MPI
-# 4.1's mpirun drops it about once in six) or mpirun's own ("Remote daemon ... on node
-# node1"), with rank 0's start-up line saying which ranks ran there.
+# 4.1's mpirun drops it in about a third of the runs) or mpirun's own ("Remote daemon ... on
+# node node1"), with rank 0's start-up line saying which ranks ran there.
 lose() {
   local name=$1 map=$2 out=$work/lose.out metrics=$work/lose.jsonl
   shift 2
