@@ -7,6 +7,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -301,6 +303,8 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
+constexpr int kHostChars = HOST_NAME_MAX + 1;  // a host name and its terminating zero
+
 int env_int(const char* var) {
   const char* v = std::getenv(var);
   return v ? std::atoi(v) : 0;
@@ -331,6 +335,19 @@ std::unique_ptr<Communicator> make_mpi_world(size_t max_count) {
   if (rank == 0) std::snprintf(dir, sizeof dir, "%s", make_hang_dir().c_str());
   check(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
   set_hang_dir(dir);
+  // Every rank's host, for the watchdog's lines about ranks on other hosts.
+  std::vector<char> hosts(size_t(size) * kHostChars);
+  gethostname(hosts.data() + size_t(rank) * kHostChars, kHostChars - 1);
+  check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, hosts.data(), kHostChars, MPI_CHAR,
+                      MPI_COMM_WORLD),
+        "MPI_Allgather");
+  std::vector<std::string> names(size);
+  for (int k = 0; k < size; ++k) names[k] = hosts.data() + size_t(k) * kHostChars;
+  if (const std::string summary = hosts_summary(names); rank == 0 && !summary.empty()) {
+    std::printf("omnitron: %s\n", summary.c_str());
+    std::fflush(stdout);
+  }
+  set_collective_hosts(std::move(names));
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", max_count, false);
   // A launcher that announced several ranks while MPI sees one: an MPI other than the
   // launcher's, or srun without an MPI plugin. Each rank would train alone.

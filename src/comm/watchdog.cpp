@@ -1,6 +1,7 @@
 #include "comm/watchdog.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "base/trace.h"
 
@@ -123,6 +125,7 @@ struct Watchdog {
   int world_size_mpi = 0;
   void (*abort_job)(int) = nullptr;
   std::vector<Slot*> slots;
+  std::vector<std::string> hosts;  // of each world rank, when known
   bool thread_started = false;
   // Per round (1: the first report, 2: the timeout).
   bool started[3] = {}, answered[3] = {}, summarized[3] = {};
@@ -339,6 +342,7 @@ struct Watchdog {
         const RankState& x = st[m];
         if (!x.present) {
           missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(m);
+          if (m < int(hosts.size())) missing += " on " + hosts[m];
           continue;
         }
         const auto it = x.counts.find(w.group);
@@ -441,6 +445,66 @@ Watchdog& watchdog() {
   return *w;
 }
 
+// The SIGTERM line (set_collective_hosts). A signal handler may not allocate or lock: it
+// reads the slots' atomics and the hosts (both set before it is installed) and formats into
+// a fixed buffer.
+struct SignalText {
+  char text[1024] = {};  // stays terminated: add() writes below the last byte
+  size_t n = 0;
+  void add(const char* s) {
+    while (*s && n + 1 < sizeof text) text[n++] = *s++;
+  }
+  void add(int64_t v) {
+    char digits[24];
+    int k = 0;
+    if (v < 0) add("-"), v = -v;
+    do digits[k++] = char('0' + v % 10), v /= 10;
+    while (v && k < 24);
+    while (k && n + 1 < sizeof text) text[n++] = digits[--k];
+  }
+};
+
+struct sigaction g_previous_term;
+
+extern "C" void report_termination(int signal) {
+  const Watchdog& w = watchdog();
+  bool wrote = false;
+  for (const Slot* s : w.slots) {
+    WatchGroup* g = s->busy.load() ? s->group.load() : nullptr;
+    if (!g || size_t(s->rank) >= w.hosts.size()) continue;
+    const std::string& mine = w.hosts[s->rank];
+    SignalText t;
+    int elsewhere = 0;
+    for (int m : g->world_ranks) {
+      if (m < 0 || size_t(m) >= w.hosts.size() || w.hosts[m] == mine) continue;
+      if (elsewhere++ == 8) {  // a large data-parallel group: the first few
+        t.add(", ...");
+        break;
+      }
+      t.add(elsewhere > 1 ? ", " : ", whose ranks on other hosts are ");
+      t.add(int64_t(m)), t.add(" on "), t.add(w.hosts[m].c_str());
+    }
+    if (!elsewhere) continue;  // the launcher names a lost rank of this host itself
+    SignalText line;
+    line.add("omnitron [rank "), line.add(int64_t(s->rank)), line.add(" of ");
+    line.add(int64_t(s->size)), line.add(", host "), line.add(mine.c_str());
+    line.add("]: ended by the launcher (SIGTERM) after waiting ");
+    const int64_t tenths = (now_ns() - s->since_ns.load()) / 100000000;
+    line.add(tenths / 10), line.add("."), line.add(tenths % 10), line.add(" s in ");
+    line.add(s->op.load()), line.add(" #"), line.add(int64_t(s->seq.load()));
+    line.add(" on "), line.add(g->name.c_str()), line.add(t.text), line.add("\n");
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, line.text, line.n);
+    wrote = true;
+  }
+  // A moment for the launcher to read the line before it sees the process end: Open MPI's
+  // mpirun, ending a job that lost a host, otherwise often drops it (it sends SIGKILL 1 s
+  // after SIGTERM; Slurm after KillWait, 30 s by default).
+  const timespec pause{0, 300000000};
+  if (wrote) nanosleep(&pause, nullptr);
+  sigaction(signal, &g_previous_term, nullptr);
+  raise(signal);
+}
+
 }  // namespace
 
 void set_collective_timeout(double seconds, const std::string& flag_value) {
@@ -471,6 +535,51 @@ void set_collective_world(int rank, int size, void (*abort_job)(int)) {
     w.world_size_mpi = size, w.abort_job = abort_job;
   }
   watch_this_thread(rank, size);
+}
+
+void set_collective_hosts(std::vector<std::string> hosts) {
+  Watchdog& w = watchdog();
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    w.hosts = std::move(hosts);
+  }
+  // On one host the launcher names a lost rank itself; a handler already there stays.
+  const bool one_host = std::all_of(w.hosts.begin(), w.hosts.end(),
+                                    [&](const std::string& h) { return h == w.hosts.front(); });
+  struct sigaction current = {};
+  sigaction(SIGTERM, nullptr, &current);
+  if (one_host || current.sa_handler != SIG_DFL) return;
+  struct sigaction sa = {};
+  sa.sa_handler = report_termination;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &g_previous_term);
+}
+
+std::string hosts_summary(const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  std::unordered_map<std::string, size_t> index;
+  for (int r = 0; r < int(hosts.size()); ++r) {
+    const auto [it, added] = index.emplace(hosts[r], by_host.size());
+    if (added) by_host.push_back({hosts[r], {}});
+    by_host[it->second].second.push_back(r);
+  }
+  if (by_host.size() < 2) return "";
+  std::string text =
+      std::to_string(hosts.size()) + " ranks on " + std::to_string(by_host.size()) + " hosts:";
+  for (size_t h = 0; h < by_host.size(); ++h) {
+    const std::vector<int>& ranks = by_host[h].second;
+    text.append(h ? ", " : " ").append(by_host[h].first);
+    text.append(ranks.size() > 1 ? " (ranks " : " (rank ");
+    for (size_t i = 0; i < ranks.size();) {  // runs of consecutive ranks as first-last
+      size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      text.append(i ? "," : "").append(std::to_string(ranks[i]));
+      if (j > i) text.append("-").append(std::to_string(ranks[j]));
+      i = j + 1;
+    }
+    text += ")";
+  }
+  return text;
 }
 
 void set_hang_dir(const std::string& dir) {

@@ -47,6 +47,17 @@ void set_hang_report_seconds(double seconds);
 // the exchange (the same on every rank).
 void set_collective_world(int rank, int size, void (*abort_job)(int code));
 void set_hang_dir(const std::string& dir);
+// The host of each world rank (make_mpi_world gathers them): the hang report then names the
+// host of a rank that gives no answer, and a rank that the launcher ends with SIGTERM while it
+// waits in a call with ranks on other hosts prints one line naming them and their hosts (a
+// host that died or dropped off the network: Open MPI names only the host). Call once, on
+// the main thread, before the ranks' calls start.
+void set_collective_hosts(std::vector<std::string> hosts);
+// "4 ranks on 2 hosts: node0 (ranks 0-1), node1 (ranks 2-3)", in the order the hosts first
+// appear; empty when every rank is on one host. Rank 0 prints it at start-up, so that a log
+// whose launcher names only a lost host (Open MPI: "Remote daemon ... on node node1") also
+// tells which ranks were there.
+std::string hosts_summary(const std::vector<std::string>& hosts);
 // A fresh directory for the exchange: under OMNITRON_HANG_DIR, TMPDIR or /tmp.
 std::string make_hang_dir();
 
