@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -220,6 +221,9 @@ struct Case {
   std::string fixture;
   bool float64;
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.fixture << (c.float64 ? " float64" : " float32");
+}
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.fixture + (info.param.float64 ? "_float64" : "_float32");
 }
