@@ -169,6 +169,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   const int E = E_, C = C_, K = K_;
   x_ = x;
   tokens_ = tokens;
+  trained_ = train;
   stats_ = MoEStats{};
 
   // Router.
@@ -260,7 +261,7 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
 template <typename T>
 void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
                            double aux_loss_grad_scale) {
-  OMNI_CHECK(x_ != nullptr, "MoELayer::backward without a training forward");
+  OMNI_CHECK(trained_, "MoELayer::backward needs a training forward just before it");
   const int N = tokens_, E = E_, C = C_, K = K_, R = plan_.rows();
   const int32_t* offsets = plan_.expert_offsets.data();
 

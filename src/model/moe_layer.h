@@ -17,6 +17,11 @@
 // to the loss scale over the number of micro-batches), and their values are reported for
 // logging.
 //
+// The experts' weights are one [E, ...] tensor each, run as one grouped GEMM (on the CPU a
+// gemm per expert's rows) with or without --moe-grouped-gemm, which changes no number;
+// Megatron's per-expert tensors (TEGroupedMLP's linear_fc1.weight<i>, SequentialMLP's
+// local_experts.<i>) are their slices.
+//
 // One rank, CPU, float or double (the float64 finite-difference checks). Not yet part of
 // GPTModel.
 #pragma once
@@ -119,6 +124,7 @@ class MoELayer {
   // Kept from the training forward.
   const T* x_ = nullptr;
   int tokens_ = 0;
+  bool trained_ = false;  // the last forward kept its activations
   std::vector<T> logits_, probs_, aux_dlogits_;
   std::vector<int32_t> indices_;
   ops::MoEDispatchPlan plan_;
