@@ -165,7 +165,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config) : cfg_(config) {
 
 template <typename T>
 const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_length,
-                                     const MoEParams<T>& p, bool train) {
+                                     const MoEParams<T>& p, bool train, bool recomputing) {
   const int E = E_, C = C_, K = K_;
   x_ = x;
   tokens_ = tokens;
@@ -230,7 +230,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   stats_.tokens_per_expert.resize(E);
   for (int e = 0; e < E; ++e) stats_.tokens_per_expert[e] = plan_.expert_rows(e);
   stats_.dropped = plan_.dropped;
-  if (train && cfg_.moe_router_enable_expert_bias)
+  if (train && !recomputing && cfg_.moe_router_enable_expert_bias)
     for (int e = 0; e < E; ++e) local_tokens_[e] += double(plan_.expert_rows(e));
   return stats_;
 }

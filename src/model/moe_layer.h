@@ -87,9 +87,11 @@ class MoELayer {
   // y [tokens, C] from x [tokens, C] (batch-major rows; seq_length: the tokens of one
   // sequence, for seq_aux_loss). With `train`, keeps what backward needs (x is read again
   // there and must not change in between), computes the aux and z losses and counts the
-  // tokens per expert for the expert bias.
+  // tokens per expert for the expert bias; `recomputing` (activation recompute running the
+  // forward again before its backward) keeps and computes the same but does not count the
+  // tokens twice.
   const MoEStats& forward(T* y, const T* x, int tokens, int seq_length, const MoEParams<T>& p,
-                          bool train);
+                          bool train, bool recomputing = false);
   // dx (overwritten) and the parameters' gradients (added into g) of the last training
   // forward, from dy = d loss / d y.
   void backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,

@@ -180,6 +180,7 @@ TEST(MoELayer, CountsRoutedTokensForTheExpertBiasAndUpdatesFromThem) {
     for (int e = 0; e < 4; ++e) expected[e] += double(s.tokens_per_expert[e]);
   }
   layer.forward(y.data(), x.data(), 8, 8, P, /*train=*/false);  // evaluation does not count
+  layer.forward(y.data(), x.data(), 8, 8, P, true, /*recomputing=*/true);  // nor recompute
   EXPECT_EQ(layer.local_tokens_per_expert(), expected);
   std::vector<double> bias(4, 0.0);
   ops::moe_expert_bias_update(bias.data(), expected.data(), 4, 0.01);
