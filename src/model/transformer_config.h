@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/moe_types.h"
+
 namespace omni {
 
 enum class Normalization { LayerNorm, RMSNorm };
@@ -53,6 +55,28 @@ struct TransformerConfig {
   bool untie_embeddings_and_output_weights = false;
   double init_method_std = 0.02;
 
+  // Mixture of experts, with Megatron's fields (num_moe_experts 0: dense MLPs). 0 stands for
+  // Megatron's None. model/moe_layer.h checks them (validate_moe_config).
+  int num_moe_experts = 0;
+  int moe_ffn_hidden_size = 0;  // 0: ffn_size()
+  int moe_router_topk = 2;
+  MoEScoreFunction moe_router_score_function = MoEScoreFunction::Softmax;
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0;
+  int moe_router_num_groups = 0;
+  int moe_router_group_topk = 0;
+  MoELoadBalancing moe_router_load_balancing_type = MoELoadBalancing::AuxLoss;
+  double moe_aux_loss_coeff = 0;
+  double moe_z_loss_coeff = 0;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  double moe_expert_capacity_factor = 0;  // 0: dropless
+  MoETokenDropPolicy moe_token_drop_policy = MoETokenDropPolicy::Probs;
+  bool moe_pad_expert_input_to_capacity = false;
+  bool moe_grouped_gemm = false;
+  int moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  bool moe_shared_expert_gate = false;
+
   // Derived values; valid after validate().
   int head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
   int query_groups() const {
@@ -65,6 +89,7 @@ struct TransformerConfig {
            : swiglu        ? 8 * hidden_size / 192 * 64
                            : 4 * hidden_size;
   }
+  int moe_ffn_size() const { return moe_ffn_hidden_size ? moe_ffn_hidden_size : ffn_size(); }
   int max_positions() const {
     return max_position_embeddings ? max_position_embeddings : seq_length;
   }

@@ -1,0 +1,331 @@
+#include "model/moe_layer.h"
+
+#include <algorithm>
+
+#include "backend/ops.h"
+#include "base/error.h"
+
+namespace omni {
+
+void validate_moe_config(const TransformerConfig& c) {
+  const int E = c.num_moe_experts, k = c.moe_router_topk;
+  OMNI_REQUIRE(E > 0, "an MoE layer needs --num-experts (got ", E, ")");
+  OMNI_REQUIRE(k >= 1 && k <= E, "--moe-router-topk (", k,
+               ") must be between 1 and --num-experts (", E, ")");
+  OMNI_REQUIRE(c.moe_ffn_size() > 0, "--moe-ffn-hidden-size must be positive (got ",
+               c.moe_ffn_hidden_size, ")");
+  const bool softmax = c.moe_router_score_function == MoEScoreFunction::Softmax;
+  // Megatron's rule: a softmax over one selected logit is 1 and has no gradient.
+  OMNI_REQUIRE(!(k == 1 && softmax && !c.moe_router_pre_softmax),
+               "--moe-router-topk 1 with --moe-router-score-function softmax needs "
+               "--moe-router-pre-softmax (a softmax over one expert is constant)");
+  OMNI_REQUIRE(c.moe_router_topk_scaling_factor >= 0,
+               "--moe-router-topk-scaling-factor must be positive (got ",
+               c.moe_router_topk_scaling_factor, ")");
+  if (c.moe_router_group_topk > 0) {
+    const int G = c.moe_router_num_groups, g = c.moe_router_group_topk;
+    OMNI_REQUIRE(G > 0, "--moe-router-group-topk (", g, ") needs --moe-router-num-groups");
+    OMNI_REQUIRE(E % G == 0, "--moe-router-num-groups (", G, ") must divide --num-experts (", E,
+                 ")");
+    OMNI_REQUIRE(g <= G, "--moe-router-group-topk (", g,
+                 ") must be at most --moe-router-num-groups (", G, ")");
+    OMNI_REQUIRE(k >= g, "--moe-router-topk (", k, ") must be at least --moe-router-group-topk (",
+                 g, "): each selected group is scored by its top topk/group-topk experts");
+    OMNI_REQUIRE(k / g <= E / G && k <= g * (E / G), "--moe-router-topk (", k, ") needs more than ",
+                 "the ", E / G, " experts in each of the --moe-router-group-topk (", g, ") groups");
+  }
+  OMNI_REQUIRE(!c.moe_router_enable_expert_bias || !softmax,
+               "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid "
+               "(Megatron's aux-loss-free balancing biases sigmoid scores only)");
+  OMNI_REQUIRE(c.moe_router_bias_update_rate >= 0,
+               "--moe-router-bias-update-rate must not be negative (got ",
+               c.moe_router_bias_update_rate, ")");
+  OMNI_REQUIRE(c.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff must not be negative (got ",
+               c.moe_aux_loss_coeff, ")");
+  OMNI_REQUIRE(c.moe_z_loss_coeff >= 0, "--moe-z-loss-coeff must not be negative (got ",
+               c.moe_z_loss_coeff, ")");
+  OMNI_REQUIRE(!c.moe_pad_expert_input_to_capacity || c.moe_expert_capacity_factor > 0,
+               "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  if (c.moe_shared_expert_intermediate_size != 0) {
+    OMNI_REQUIRE(c.moe_shared_expert_intermediate_size > 0,
+                 "--moe-shared-expert-intermediate-size must be positive (got ",
+                 c.moe_shared_expert_intermediate_size, ")");
+    OMNI_REQUIRE(!c.add_bias_linear,
+                 "--moe-shared-expert-intermediate-size needs --disable-bias-linear (Megatron's "
+                 "shared experts have no biases)");
+  }
+}
+
+int64_t MoEParamInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+// Shapes in the flat order; `present` false leaves a parameter out.
+struct ParamSlot {
+  const char* name;
+  std::vector<int64_t> shape;
+  bool present;
+};
+
+template <typename T>
+std::vector<std::pair<ParamSlot, T * MoEParams<T>::*>> param_slots(const TransformerConfig& c) {
+  const int64_t E = c.num_moe_experts, C = c.hidden_size, F = c.moe_ffn_size();
+  const int64_t F1 = c.swiglu ? 2 * F : F, Fs = c.moe_shared_expert_intermediate_size;
+  const int64_t Fs1 = c.swiglu ? 2 * Fs : Fs;
+  const bool bias = c.add_bias_linear, shared = Fs > 0;
+  using P = MoEParams<T>;
+  return {
+      {{"router.weight", {E, C}, true}, &P::router_weight},
+      {{"router.bias", {E}, bias}, &P::router_bias},
+      {{"experts.linear_fc1.weight", {E, F1, C}, true}, &P::fc1_weight},
+      {{"experts.linear_fc1.bias", {E, F1}, bias}, &P::fc1_bias},
+      {{"experts.linear_fc2.weight", {E, C, F}, true}, &P::fc2_weight},
+      {{"experts.linear_fc2.bias", {E, C}, bias}, &P::fc2_bias},
+      {{"shared_experts.linear_fc1.weight", {Fs1, C}, shared}, &P::shared_fc1_weight},
+      {{"shared_experts.linear_fc2.weight", {C, Fs}, shared}, &P::shared_fc2_weight},
+      {{"shared_experts.gate_weight", {1, C}, shared && c.moe_shared_expert_gate},
+       &P::shared_gate_weight},
+  };
+}
+
+GeluForm gelu_form_of(const TransformerConfig& c) {
+  return c.openai_gelu ? GeluForm::Tanh : GeluForm::Erf;
+}
+
+// The MLP activation of `rows` rows: SwiGLU on [rows, 2F] or GELU on [rows, F].
+template <typename T>
+void activation_forward(T* out, const T* in, int rows, int F, const TransformerConfig& c) {
+  if (c.swiglu)
+    ops::swiglu_forward(out, in, rows, F);
+  else
+    ops::gelu_forward(out, in, static_cast<size_t>(rows) * F, gelu_form_of(c));
+}
+template <typename T>
+void activation_backward(T* din, const T* dout, const T* in, int rows, int F,
+                         const TransformerConfig& c) {
+  if (c.swiglu)
+    ops::swiglu_backward(din, dout, in, rows, F);
+  else
+    ops::gelu_backward(din, dout, in, static_cast<size_t>(rows) * F, gelu_form_of(c));
+}
+}  // namespace
+
+std::vector<MoEParamInfo> moe_parameter_layout(const TransformerConfig& c) {
+  std::vector<MoEParamInfo> out;
+  int64_t offset = 0;
+  for (const auto& [slot, member] : param_slots<float>(c)) {
+    (void)member;
+    if (!slot.present) continue;
+    out.push_back({slot.name, slot.shape, offset});
+    offset += out.back().numel();
+  }
+  return out;
+}
+
+int64_t moe_parameter_count(const TransformerConfig& c) {
+  const auto layout = moe_parameter_layout(c);
+  return layout.empty() ? 0 : layout.back().offset + layout.back().numel();
+}
+
+template <typename T>
+MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c) {
+  MoEParams<T> p;
+  int64_t offset = 0;
+  for (const auto& [slot, member] : param_slots<T>(c)) {
+    if (!slot.present) continue;
+    p.*member = flat + offset;
+    offset += MoEParamInfo{"", slot.shape, 0}.numel();
+  }
+  return p;
+}
+
+template <typename T>
+MoELayer<T>::MoELayer(const TransformerConfig& config) : cfg_(config) {
+  validate_moe_config(cfg_);
+  E_ = cfg_.num_moe_experts;
+  C_ = cfg_.hidden_size;
+  F_ = cfg_.moe_ffn_size();
+  F1_ = cfg_.swiglu ? 2 * F_ : F_;
+  Fs_ = cfg_.moe_shared_expert_intermediate_size;
+  Fs1_ = cfg_.swiglu ? 2 * Fs_ : Fs_;
+  K_ = cfg_.moe_router_topk;
+  routing_.experts = E_;
+  routing_.topk = K_;
+  routing_.score_function = cfg_.moe_router_score_function;
+  routing_.pre_softmax = cfg_.moe_router_pre_softmax;
+  routing_.num_groups = cfg_.moe_router_num_groups;
+  routing_.group_topk = cfg_.moe_router_group_topk;
+  routing_.scaling_factor = cfg_.moe_router_topk_scaling_factor;
+  expert_bias_.assign(E_, T(0));
+  local_tokens_.assign(E_, 0.0);
+}
+
+template <typename T>
+const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_length,
+                                     const MoEParams<T>& p, bool train, bool recomputing) {
+  const int E = E_, C = C_, K = K_;
+  x_ = x;
+  tokens_ = tokens;
+  trained_ = train;
+  stats_ = MoEStats{};
+
+  // Router.
+  logits_.resize(static_cast<size_t>(tokens) * E);
+  ops::linear_forward(logits_.data(), x, p.router_weight, p.router_bias, tokens, C, E);
+  probs_.resize(static_cast<size_t>(tokens) * K);
+  indices_.resize(static_cast<size_t>(tokens) * K);
+  routing_.tokens = tokens;
+  ops::moe_topk_routing_forward(probs_.data(), indices_.data(), logits_.data(),
+                                cfg_.moe_router_enable_expert_bias ? expert_bias_.data() : nullptr,
+                                routing_);
+  if (train) {
+    // The losses' gradients with respect to the logits, for a unit gradient of each loss.
+    aux_dlogits_.assign(logits_.size(), T(0));
+    if (cfg_.moe_router_load_balancing_type != MoELoadBalancing::None &&
+        cfg_.moe_aux_loss_coeff > 0) {
+      ops::MoEAuxLossArgs a;
+      a.tokens = tokens;
+      a.experts = E;
+      a.topk = K;
+      a.score_function = cfg_.moe_router_score_function;
+      a.type = cfg_.moe_router_load_balancing_type;
+      a.seq_length = seq_length;
+      a.coeff = cfg_.moe_aux_loss_coeff;
+      OMNI_REQUIRE(
+          a.type != MoELoadBalancing::SeqAuxLoss || (seq_length > 0 && tokens % seq_length == 0),
+          "seq_aux_loss: ", tokens, " tokens are not whole sequences of ", seq_length);
+      stats_.aux_loss = ops::moe_aux_loss(aux_dlogits_.data(), logits_.data(), a, 1.0);
+    }
+    if (cfg_.moe_z_loss_coeff > 0)
+      stats_.z_loss = ops::moe_z_loss(aux_dlogits_.data(), logits_.data(), tokens, E,
+                                      cfg_.moe_z_loss_coeff, 1.0);
+  }
+
+  // Dispatch, experts, combine.
+  ops::MoECapacityArgs cap;
+  cap.capacity_factor = cfg_.moe_expert_capacity_factor;
+  cap.drop_policy = cfg_.moe_token_drop_policy;
+  cap.pad_to_capacity = cfg_.moe_pad_expert_input_to_capacity;
+  plan_ = ops::moe_dispatch_plan(indices_.data(), probs_.data(), tokens, E, K, cap);
+  const int R = plan_.rows();
+  const int32_t* offsets = plan_.expert_offsets.data();
+  permuted_.resize(static_cast<size_t>(R) * C);
+  fc1_out_.resize(static_cast<size_t>(R) * F1_);
+  act_.resize(static_cast<size_t>(R) * F_);
+  expert_out_.resize(static_cast<size_t>(R) * C);
+  row_weight_.resize(R);
+  ops::moe_permute(permuted_.data(), x, plan_, C);
+  ops::moe_grouped_linear_forward(fc1_out_.data(), permuted_.data(), p.fc1_weight, p.fc1_bias,
+                                  offsets, E, C, F1_);
+  activation_forward(act_.data(), fc1_out_.data(), R, F_, cfg_);
+  ops::moe_grouped_linear_forward(expert_out_.data(), act_.data(), p.fc2_weight, p.fc2_bias,
+                                  offsets, E, F_, C);
+  ops::moe_row_weights(row_weight_.data(), probs_.data(), plan_);
+  ops::moe_unpermute(y, expert_out_.data(), row_weight_.data(), plan_, C);
+  if (Fs_ > 0) shared_expert_forward(y, x, p);
+
+  stats_.tokens_per_expert.resize(E);
+  for (int e = 0; e < E; ++e) stats_.tokens_per_expert[e] = plan_.expert_rows(e);
+  stats_.dropped = plan_.dropped;
+  if (train && !recomputing && cfg_.moe_router_enable_expert_bias)
+    for (int e = 0; e < E; ++e) local_tokens_[e] += double(plan_.expert_rows(e));
+  return stats_;
+}
+
+template <typename T>
+void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p) {
+  const int N = tokens_, C = C_;
+  shared_fc1_out_.resize(static_cast<size_t>(N) * Fs1_);
+  shared_act_.resize(static_cast<size_t>(N) * Fs_);
+  shared_out_.resize(static_cast<size_t>(N) * C);
+  ops::linear_forward(shared_fc1_out_.data(), x, p.shared_fc1_weight, static_cast<T*>(nullptr), N,
+                      C, Fs1_);
+  activation_forward(shared_act_.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
+  ops::linear_forward(shared_out_.data(), shared_act_.data(), p.shared_fc2_weight,
+                      static_cast<T*>(nullptr), N, Fs_, C);
+  const T* add = shared_out_.data();
+  std::vector<T> gated;
+  if (p.shared_gate_weight) {
+    shared_gate_.resize(N);
+    gated.resize(shared_out_.size());
+    ops::moe_shared_gate_forward(gated.data(), shared_gate_.data(), shared_out_.data(), x,
+                                 p.shared_gate_weight, N, C);
+    add = gated.data();
+  }
+  ops::add(y, y, add, static_cast<size_t>(N) * C);
+}
+
+template <typename T>
+void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
+                           double aux_loss_grad_scale) {
+  OMNI_CHECK(trained_, "MoELayer::backward needs a training forward just before it");
+  const int N = tokens_, E = E_, C = C_, K = K_, R = plan_.rows();
+  const int32_t* offsets = plan_.expert_offsets.data();
+
+  // Combine and experts.
+  std::vector<T> d_expert_out(static_cast<size_t>(R) * C), d_row_weight(R);
+  ops::moe_unpermute_backward(d_expert_out.data(), d_row_weight.data(), dy, expert_out_.data(),
+                              row_weight_.data(), plan_, C);
+  std::vector<T> d_act(static_cast<size_t>(R) * F_), d_fc1(static_cast<size_t>(R) * F1_);
+  ops::moe_grouped_linear_backward(d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
+                                   act_.data(), p.fc2_weight, offsets, E, F_, C);
+  activation_backward(d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
+  std::vector<T> d_permuted(static_cast<size_t>(R) * C);
+  ops::moe_grouped_linear_backward(d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
+                                   permuted_.data(), p.fc1_weight, offsets, E, C, F1_);
+
+  // Router: the routing probabilities' gradient, plus the aux and z losses'.
+  std::vector<T> dprobs(static_cast<size_t>(N) * K), dlogits(logits_.size());
+  ops::moe_row_weights_backward(dprobs.data(), d_row_weight.data(), plan_);
+  ops::moe_topk_routing_backward(dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
+                                 routing_);
+  if (!aux_dlogits_.empty()) {
+    const T s = T(aux_loss_grad_scale);
+    for (size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s * aux_dlogits_[i];
+  }
+  ops::linear_backward(dx, g.router_weight, g.router_bias, dlogits.data(), x_, p.router_weight, N,
+                       C, E);
+  ops::moe_permute_backward(dx, d_permuted.data(), plan_, C, /*accumulate=*/true);
+  if (Fs_ > 0) shared_expert_backward(dx, dy, p, g);
+}
+
+template <typename T>
+void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
+                                         const MoEParams<T>& g) {
+  const int N = tokens_, C = C_;
+  std::vector<T> d_out;
+  const T* d_shared = dy;
+  if (p.shared_gate_weight) {
+    d_out.resize(static_cast<size_t>(N) * C);
+    ops::moe_shared_gate_backward(d_out.data(), dx, g.shared_gate_weight, dy, shared_out_.data(),
+                                  shared_gate_.data(), x_, p.shared_gate_weight, N, C);
+    d_shared = d_out.data();
+  }
+  std::vector<T> d_act(static_cast<size_t>(N) * Fs_), d_fc1(static_cast<size_t>(N) * Fs1_);
+  ops::linear_backward(d_act.data(), g.shared_fc2_weight, static_cast<T*>(nullptr), d_shared,
+                       shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
+  activation_backward(d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
+  ops::linear_backward(dx, g.shared_fc1_weight, static_cast<T*>(nullptr), d_fc1.data(), x_,
+                       p.shared_fc1_weight, N, C, Fs1_, /*accumulate_dx=*/true);
+}
+
+template <typename T>
+void MoELayer<T>::update_expert_bias(const double* global_tokens_per_expert) {
+  ops::moe_expert_bias_update(
+      expert_bias_.data(),
+      global_tokens_per_expert ? global_tokens_per_expert : local_tokens_.data(), E_,
+      cfg_.moe_router_bias_update_rate);
+  std::fill(local_tokens_.begin(), local_tokens_.end(), 0.0);
+}
+
+template struct MoEParams<float>;
+template struct MoEParams<double>;
+template MoEParams<float> moe_param_views<float>(float*, const TransformerConfig&);
+template MoEParams<double> moe_param_views<double>(double*, const TransformerConfig&);
+template class MoELayer<float>;
+template class MoELayer<double>;
+
+}  // namespace omni

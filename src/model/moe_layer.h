@@ -1,0 +1,137 @@
+// MoELayer: Megatron-Core's MoE layer (megatron/core/transformer/moe/moe_layer.py) in place of
+// a transformer layer's MLP, with an explicit forward and backward over [tokens, hidden]:
+//   router: logits = x W_router^T (+ bias), top-k routing (softmax or sigmoid scores,
+//           pre-softmax, scaling, group limits, the aux-loss-free expert bias), the
+//           load-balancing loss (aux_loss or seq_aux_loss) and the z-loss;
+//   dispatch: the capacity (dropless by default) and the permutation into expert order;
+//   experts: fc1 -> GELU or SwiGLU -> fc2 per expert, as one grouped GEMM;
+//   combine: each token's expert outputs weighted by its routing probabilities and summed;
+//   shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token (times
+//           sigmoid(x . gate_weight) with --moe-shared-expert-gate), added to the output.
+// Megatron scales an expert's activation by the token's probability before fc2 and adds its
+// fc2 bias times the probability; weighting the expert's output in the combine, as here, is
+// the same function.
+//
+// The aux and z losses are not part of y: as Megatron's MoEAuxLossAutoScaler attaches them,
+// their gradients enter the backward with the weight `aux_loss_grad_scale` (Megatron sets it
+// to the loss scale over the number of micro-batches), and their values are reported for
+// logging.
+//
+// The experts' weights are one [E, ...] tensor each, run as one grouped GEMM (on the CPU a
+// gemm per expert's rows) with or without --moe-grouped-gemm, which changes no number;
+// Megatron's per-expert tensors (TEGroupedMLP's linear_fc1.weight<i>, SequentialMLP's
+// local_experts.<i>) are their slices.
+//
+// One rank, CPU, float or double (the float64 finite-difference checks). Not yet part of
+// GPTModel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/moe_ops.h"
+#include "model/transformer_config.h"
+
+namespace omni {
+
+// Throws UsageError naming the flags when the MoE fields of `c` cannot be built, e.g.
+// "--moe-router-topk (9) must be between 1 and --num-experts (8)".
+void validate_moe_config(const TransformerConfig& c);
+
+// One MoE layer's parameters (or their gradients): views into the caller's memory, with
+// Megatron-Core's names and shapes (E experts, C hidden, F = moe_ffn_size(), F1 = 2F with
+// SwiGLU ([gate | up], Megatron's chunk order) else F, Fs the shared expert's width).
+// Pointers of absent parameters are null.
+template <typename T>
+struct MoEParams {
+  T* router_weight = nullptr;       // router.weight [E, C]
+  T* router_bias = nullptr;         // router.bias [E] (add_bias_linear)
+  T* fc1_weight = nullptr;          // experts.linear_fc1.weight [E, F1, C]
+  T* fc1_bias = nullptr;            // experts.linear_fc1.bias [E, F1] (add_bias_linear)
+  T* fc2_weight = nullptr;          // experts.linear_fc2.weight [E, C, F]
+  T* fc2_bias = nullptr;            // experts.linear_fc2.bias [E, C] (add_bias_linear)
+  T* shared_fc1_weight = nullptr;   // shared_experts.linear_fc1.weight [Fs1, C]
+  T* shared_fc2_weight = nullptr;   // shared_experts.linear_fc2.weight [C, Fs]
+  T* shared_gate_weight = nullptr;  // shared_experts.gate_weight [1, C]
+};
+
+struct MoEParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // elements into the flat buffer
+  int64_t numel() const;
+};
+// The layer's parameters in one flat buffer, in the order above (absent ones left out).
+std::vector<MoEParamInfo> moe_parameter_layout(const TransformerConfig& c);
+int64_t moe_parameter_count(const TransformerConfig& c);
+// Views of a flat buffer laid out by moe_parameter_layout.
+template <typename T>
+MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c);
+
+// What a training forward reports.
+struct MoEStats {
+  double aux_loss = 0;  // the load-balancing loss, coefficient included (0 when off)
+  double z_loss = 0;    // the z-loss, coefficient included (0 when off)
+  std::vector<int64_t> tokens_per_expert;  // rows each expert processed
+  int64_t dropped = 0;                     // (token, expert) pairs dropped for capacity
+};
+
+template <typename T>
+class MoELayer {
+ public:
+  explicit MoELayer(const TransformerConfig& config);
+
+  const TransformerConfig& config() const { return cfg_; }
+
+  // y [tokens, C] from x [tokens, C] (batch-major rows; seq_length: the tokens of one
+  // sequence, for seq_aux_loss). With `train`, keeps what backward needs (x is read again
+  // there and must not change in between), computes the aux and z losses and counts the
+  // tokens per expert for the expert bias; `recomputing` (activation recompute running the
+  // forward again before its backward) keeps and computes the same but does not count the
+  // tokens twice.
+  const MoEStats& forward(T* y, const T* x, int tokens, int seq_length, const MoEParams<T>& p,
+                          bool train, bool recomputing = false);
+  // dx (overwritten) and the parameters' gradients (added into g) of the last training
+  // forward, from dy = d loss / d y.
+  void backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
+                double aux_loss_grad_scale);
+
+  // The aux-loss-free balancing state (--moe-router-enable-expert-bias): the bias added to
+  // the sigmoid scores when choosing experts (a buffer saved with checkpoints, not a
+  // parameter), and the routed rows per expert counted since the last update.
+  std::vector<T>& expert_bias() { return expert_bias_; }
+  const std::vector<double>& local_tokens_per_expert() const { return local_tokens_; }
+  // bias += rate * sign(mean - count) with the global batch's counts (null: this rank's own),
+  // then the local counts restart from 0 (Megatron's finalize_model_grads).
+  void update_expert_bias(const double* global_tokens_per_expert = nullptr);
+
+  // The last forward's routing: probs and expert indices [tokens, topk], logits [tokens, E].
+  const std::vector<T>& probs() const { return probs_; }
+  const std::vector<int32_t>& indices() const { return indices_; }
+  const std::vector<T>& logits() const { return logits_; }
+  const ops::MoEDispatchPlan& plan() const { return plan_; }
+
+ private:
+  void shared_expert_forward(T* y, const T* x, const MoEParams<T>& p);
+  void shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g);
+
+  TransformerConfig cfg_;
+  int E_, C_, F_, F1_, Fs_, Fs1_, K_;
+  ops::MoERoutingArgs routing_;
+  std::vector<T> expert_bias_;
+  std::vector<double> local_tokens_;
+  MoEStats stats_;
+
+  // Kept from the training forward.
+  const T* x_ = nullptr;
+  int tokens_ = 0;
+  bool trained_ = false;  // the last forward kept its activations
+  std::vector<T> logits_, probs_, aux_dlogits_;
+  std::vector<int32_t> indices_;
+  ops::MoEDispatchPlan plan_;
+  std::vector<T> permuted_, fc1_out_, act_, expert_out_, row_weight_;
+  std::vector<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
+};
+
+}  // namespace omni
