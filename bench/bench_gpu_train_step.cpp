@@ -63,7 +63,8 @@ void run(const Bench& b, int micro_batch, int steps, int warmup, double peak_tfl
   const omni::ops::Exec x{omni::gpu_backend()};
   omni::GPTModel<T> model(cfg, micro_batch, 1234, {}, x);
   std::unique_ptr<omni::MixedPrecision> mixed;
-  if constexpr (omni::is_16bit<T>) mixed = std::make_unique<omni::MixedPrecision>(model.params(), x);
+  if constexpr (omni::is_16bit<T>)
+    mixed = std::make_unique<omni::MixedPrecision>(model.params(), x);
   omni::ParameterSet<float>& master = [&]() -> omni::ParameterSet<float>& {
     if constexpr (omni::is_16bit<T>)
       return mixed->master();

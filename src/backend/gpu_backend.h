@@ -3,9 +3,9 @@
 // GPU emulator (tests); a build without a GPU backend has none, and gpu_backend() throws.
 //
 // The ops have ops.h's meaning and conventions (read the comments there), for float, bf16 and
-// f16 storage on the device. Every pointer is device memory; ops are enqueued on the backend's stream and
-// return without waiting, except those that return a value to the host. Plain C++17 with no
-// GPU headers, so the GPU sources include it too.
+// f16 storage on the device. Every pointer is device memory; ops are enqueued on the backend's
+// stream and return without waiting, except those that return a value to the host. Plain C++17 with
+// no GPU headers, so the GPU sources include it too.
 #pragma once
 
 #include <cstddef>
@@ -28,8 +28,8 @@ class GpuOps {
   virtual ~GpuOps() = default;
   virtual void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K,
                               int N) const = 0;
-  virtual void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x,
-                               const T* w, int M, int K, int N, bool accumulate_dx) const = 0;
+  virtual void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w,
+                               int M, int K, int N, bool accumulate_dx) const = 0;
   virtual void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N,
                                  int seq, int C, const int32_t* positions, int vocab_start,
                                  int vocab_end) const = 0;
@@ -59,9 +59,8 @@ class GpuOps {
   // cos/sin: float [seq, rotary_dim/2] device tables.
   virtual void rope_forward(T* x, const float* cos, const float* sin, int N, int seq, int nheads,
                             int head_dim, const int32_t* positions, int rotary_dim) const = 0;
-  virtual void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq,
-                             int nheads, int head_dim, const int32_t* positions,
-                             int rotary_dim) const = 0;
+  virtual void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq, int nheads,
+                             int head_dim, const int32_t* positions, int rotary_dim) const = 0;
   virtual void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                                  const ops::AttentionDims& d) const = 0;
   virtual void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out,
@@ -69,8 +68,8 @@ class GpuOps {
                                   const ops::AttentionDims& d) const = 0;
   virtual void attention_merge(T* out, float* lse, const T* block_out, const float* block_lse,
                                const ops::AttentionDims& d) const = 0;
-  virtual double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h,
-                                          const T* w, const int32_t* targets, const float* mask,
+  virtual double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, const T* w,
+                                          const int32_t* targets, const float* mask,
                                           const ops::ClassifierLossArgs& a) const = 0;
   virtual void scale(T* x, double s, size_t n) const = 0;
   // dst = src rounded to T (nearest, ties to even), and back to float (exact).

@@ -184,17 +184,17 @@ namespace detail {
 
 // Each dispatching op: the CPU implementation (float, double), or the GPU backend's for T
 // (float, bf16, f16); gpu_call is a call on the backend's GpuOps<T>.
-#define OMNI_DISPATCH(op, cpu_call, gpu_call)             \
-  if (!e.gpu) {                                           \
-    if constexpr (is_16bit<T>)                            \
-      detail::cpu_has_no_16bit(#op);                      \
-    else                                                  \
-      return cpu_call;                                    \
-  } else {                                                \
-    if constexpr (std::is_same_v<T, double>)              \
-      detail::gpu_has_no_double(#op);                     \
-    else                                                  \
-      return e.gpu->template ops<T>().gpu_call;           \
+#define OMNI_DISPATCH(op, cpu_call, gpu_call)   \
+  if (!e.gpu) {                                 \
+    if constexpr (is_16bit<T>)                  \
+      detail::cpu_has_no_16bit(#op);            \
+    else                                        \
+      return cpu_call;                          \
+  } else {                                      \
+    if constexpr (std::is_same_v<T, double>)    \
+      detail::gpu_has_no_double(#op);           \
+    else                                        \
+      return e.gpu->template ops<T>().gpu_call; \
   }
 
 // Memory of the Exec's device: n elements zeroed, copied within the device, or copied from or
@@ -235,8 +235,8 @@ void linear_forward(const Exec& e, T* y, const T* x, const T* w, const T* bias, 
                 linear_forward(y, x, w, bias, M, K, N));
 }
 template <typename T>
-void linear_backward(const Exec& e, T* dx, accum_t<T>* dw, accum_t<T>* dbias, const T* dy, const T* x, const T* w,
-                     int M, int K, int N, bool accumulate_dx = false) {
+void linear_backward(const Exec& e, T* dx, accum_t<T>* dw, accum_t<T>* dbias, const T* dy,
+                     const T* x, const T* w, int M, int K, int N, bool accumulate_dx = false) {
   OMNI_DISPATCH(linear_backward, linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx),
                 linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx));
 }
@@ -247,18 +247,16 @@ void embedding_forward(const Exec& e, T* out, const int32_t* tokens, const T* wt
   OMNI_DISPATCH(
       embedding_forward,
       embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end),
-      embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start,
-                               vocab_end));
+      embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end));
 }
 template <typename T>
-void embedding_backward(const Exec& e, accum_t<T>* dwte, accum_t<T>* dwpe, const int32_t* tokens, const T* dout,
-                        int N, int seq, int C, const int32_t* positions, int vocab_start,
-                        int vocab_end) {
+void embedding_backward(const Exec& e, accum_t<T>* dwte, accum_t<T>* dwpe, const int32_t* tokens,
+                        const T* dout, int N, int seq, int C, const int32_t* positions,
+                        int vocab_start, int vocab_end) {
   OMNI_DISPATCH(
       embedding_backward,
       embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end),
-      embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start,
-                                vocab_end));
+      embedding_backward(dwte, dwpe, tokens, dout, N, seq, C, positions, vocab_start, vocab_end));
 }
 template <typename T>
 void position_embedding_add(const Exec& e, T* out, const T* wpe, int N, int seq, int C,
@@ -267,14 +265,15 @@ void position_embedding_add(const Exec& e, T* out, const T* wpe, int N, int seq,
                 position_embedding_add(out, wpe, N, seq, C, positions));
 }
 template <typename T>
-void layernorm_forward(const Exec& e, T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* x, const T* w, const T* b,
-                       int N, int C, double eps) {
+void layernorm_forward(const Exec& e, T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* x,
+                       const T* w, const T* b, int N, int C, double eps) {
   OMNI_DISPATCH(layernorm_forward, layernorm_forward(out, mean, rstd, x, w, b, N, C, eps),
                 layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
 }
 template <typename T>
 void layernorm_backward(const Exec& e, T* dx, accum_t<T>* dw, accum_t<T>* db, const T* dout,
-                        const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd, int N, int C) {
+                        const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd,
+                        int N, int C) {
   OMNI_DISPATCH(layernorm_backward, layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C),
                 layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C));
 }
@@ -285,8 +284,8 @@ void rmsnorm_forward(const Exec& e, T* out, accum_t<T>* rstd, const T* x, const 
                 rmsnorm_forward(out, rstd, x, w, N, C, eps));
 }
 template <typename T>
-void rmsnorm_backward(const Exec& e, T* dx, accum_t<T>* dw, const T* dout, const T* x,
-                      const T* w, const accum_t<T>* rstd, int N, int C) {
+void rmsnorm_backward(const Exec& e, T* dx, accum_t<T>* dw, const T* dout, const T* x, const T* w,
+                      const accum_t<T>* rstd, int N, int C) {
   OMNI_DISPATCH(rmsnorm_backward, rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C),
                 rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C));
 }
@@ -334,18 +333,17 @@ struct RopeTables {
 template <typename T>
 void rope_forward(const Exec& e, T* x, const RopeTables& t, int N, int seq, int nheads,
                   int head_dim, const int32_t* positions, int rotary_dim) {
-  OMNI_DISPATCH(rope_forward,
-                rope_forward(x, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
-                rope_forward(x, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
-                                    positions, rotary_dim));
+  OMNI_DISPATCH(
+      rope_forward, rope_forward(x, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
+      rope_forward(x, t.device_cos, t.device_sin, N, seq, nheads, head_dim, positions, rotary_dim));
 }
 template <typename T>
 void rope_backward(const Exec& e, T* dx, const RopeTables& t, int N, int seq, int nheads,
                    int head_dim, const int32_t* positions, int rotary_dim) {
   OMNI_DISPATCH(rope_backward,
                 rope_backward(dx, t.cos, t.sin, N, seq, nheads, head_dim, positions, rotary_dim),
-                rope_backward(dx, t.device_cos, t.device_sin, N, seq, nheads, head_dim,
-                                     positions, rotary_dim));
+                rope_backward(dx, t.device_cos, t.device_sin, N, seq, nheads, head_dim, positions,
+                              rotary_dim));
 }
 template <typename T>
 void attention_forward(const Exec& e, T* out, accum_t<T>* lse, const T* q, const T* k, const T* v,
@@ -362,15 +360,13 @@ void attention_backward(const Exec& e, T* dq, T* dk, T* dv, const T* dout, const
 }
 template <typename T>
 void attention_merge(const Exec& e, T* out, accum_t<T>* lse, const T* block_out,
-                     const accum_t<T>* block_lse,
-                     const AttentionDims& d) {
+                     const accum_t<T>* block_lse, const AttentionDims& d) {
   OMNI_DISPATCH(attention_merge, attention_merge(out, lse, block_out, block_lse, d),
                 attention_merge(out, lse, block_out, block_lse, d));
 }
 template <typename T>
 double classifier_cross_entropy(const Exec& e, accum_t<T>* losses, T* dh, accum_t<T>* dw,
-                                const T* h, const T* w,
-                                const int32_t* targets, const float* mask,
+                                const T* h, const T* w, const int32_t* targets, const float* mask,
                                 const ClassifierLossArgs& a) {
   OMNI_DISPATCH(classifier_cross_entropy,
                 classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a),
@@ -390,11 +386,13 @@ double sum_squares(const Exec& e, const T* x, size_t n) {
 // dst = src rounded to T (a 16-bit model's weights from the fp32 master), or back to float.
 template <typename T>
 void from_float(const Exec& e, T* dst, const float* src, size_t n) {
-  OMNI_DISPATCH(from_float, [&] { std::copy(src, src + n, dst); }(), from_float(dst, src, n));
+  OMNI_DISPATCH(
+      from_float, [&] { std::copy(src, src + n, dst); }(), from_float(dst, src, n));
 }
 template <typename T>
 void to_float(const Exec& e, float* dst, const T* src, size_t n) {
-  OMNI_DISPATCH(to_float, [&] { std::copy(src, src + n, dst); }(), to_float(dst, src, n));
+  OMNI_DISPATCH(
+      to_float, [&] { std::copy(src, src + n, dst); }(), to_float(dst, src, n));
 }
 
 #undef OMNI_DISPATCH

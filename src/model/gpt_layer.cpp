@@ -52,8 +52,8 @@ const T* GPTModel<T>::norm_gamma(const T* w, int width) const {
 }
 
 template <typename T>
-void GPTModel<T>::norm_forward(T* out, Grad* mean, Grad* rstd, const T* x, const T* w,
-                               const T* b, int rows, int width) const {
+void GPTModel<T>::norm_forward(T* out, Grad* mean, Grad* rstd, const T* x, const T* w, const T* b,
+                               int rows, int width) const {
   w = norm_gamma(w, width);
   if (cfg_.normalization == Normalization::LayerNorm)
     ops::layernorm_forward(x_, out, mean, rstd, x, w, b, rows, width, cfg_.norm_epsilon);
@@ -62,9 +62,8 @@ void GPTModel<T>::norm_forward(T* out, Grad* mean, Grad* rstd, const T* x, const
 }
 
 template <typename T>
-void GPTModel<T>::norm_backward(T* dx, Grad* dw, Grad* db, const T* dout, const T* x,
-                                const T* w, const Grad* mean, const Grad* rstd, int rows,
-                                int width) const {
+void GPTModel<T>::norm_backward(T* dx, Grad* dw, Grad* db, const T* dout, const T* x, const T* w,
+                                const Grad* mean, const Grad* rstd, int rows, int width) const {
   w = norm_gamma(w, width);  // d(w + 1)/dw = 1: the gradient is the applied gamma's
   if (cfg_.normalization == Normalization::LayerNorm)
     ops::layernorm_backward(x_, dx, dw, db, dout, x, w, mean, rstd, rows, width);
@@ -137,7 +136,8 @@ void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& 
     ops::attention_forward(x_, out, lse, a.q.template data<T>(), k_all + src * kv, v_all + src * kv,
                            ad);
     if (!first)
-      ops::attention_merge(x_, a.attn.template data<T>(), a.lse.template data<Grad>(), out, lse, ad);
+      ops::attention_merge(x_, a.attn.template data<T>(), a.lse.template data<Grad>(), out, lse,
+                           ad);
     for (auto& q : recvs)
       if (q) q->wait();
     for (auto& q : sends)
@@ -207,10 +207,10 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   if (cfg_.qk_layernorm) {
     T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
     ops::qkv_split(x_, q_raw, k_raw, v, qkv, ad);
-    norm_forward(q, a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), q_raw, p.qln_w,
-                 p.qln_b, N * H, hd);
-    norm_forward(k, a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), k_raw, p.kln_w,
-                 p.kln_b, N * G, hd);
+    norm_forward(q, a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), q_raw,
+                 p.qln_w, p.qln_b, N * H, hd);
+    norm_forward(k, a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), k_raw,
+                 p.kln_w, p.kln_b, N * G, hd);
   } else {
     ops::qkv_split(x_, q, k, v, qkv, ad);
   }
@@ -234,8 +234,8 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   ops::add(x_, mid, mid, x, size_t(R) * C);
 
   T* ln2 = a.ln2.template data<T>();
-  norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid, p.ln2_w,
-               p.ln2_b, R, C);
+  norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid,
+               p.ln2_w, p.ln2_b, R, C);
   const T* ln2_full = gather_rows(a.ln2_full.template data<T>(), ln2, g);
   T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
   ops::linear_forward(x_, fc1, ln2_full, p.fc1_w, p.fc1_b, N, C, fc1_out);

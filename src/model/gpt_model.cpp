@@ -318,14 +318,16 @@ void GPTModel<T>::set_recompute(const Recompute& r) {
 
 template <typename T>
 T* GPTModel<T>::classifier_weight() const {
-  return params_.value(cfg_.untie_embeddings_and_output_weights ? "output_layer.weight"
-                                                                : "embedding.word_embeddings.weight");
+  return params_.value(cfg_.untie_embeddings_and_output_weights
+                           ? "output_layer.weight"
+                           : "embedding.word_embeddings.weight");
 }
 
 template <typename T>
 typename GPTModel<T>::Grad* GPTModel<T>::classifier_grad() const {
-  return params_.grad(cfg_.untie_embeddings_and_output_weights ? "output_layer.weight"
-                                                               : "embedding.word_embeddings.weight");
+  return params_.grad(cfg_.untie_embeddings_and_output_weights
+                          ? "output_layer.weight"
+                          : "embedding.word_embeddings.weight");
 }
 
 template <typename T>
@@ -456,9 +458,9 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
     };
   T* dh = train ? full_.template data<T>() : nullptr;
   Grad* losses = mb.token_losses ? token_losses_.template data<Grad>() : nullptr;
-  double loss = ops::classifier_cross_entropy<T>(x_, losses, dh, train ? classifier_grad() : nullptr,
-                                                 h, classifier_weight(), a.in.labels, a.in.mask,
-                                                 ca);
+  double loss =
+      ops::classifier_cross_entropy<T>(x_, losses, dh, train ? classifier_grad() : nullptr, h,
+                                       classifier_weight(), a.in.labels, a.in.mask, ca);
   cp_->all_reduce(&loss, 1);
   if (losses) {
     std::vector<Grad> host(size_t(g.tokens));
@@ -468,11 +470,11 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   if (train) {
     const T* d_norm = reduce_rows(d_rows_.template data<T>(), dh, g);
     ops::zero(x_, d_final, size_t(g.rows) * C);
-    norm_backward(d_final, params_.grad("decoder.final_layernorm.weight"),
-                  params_.grad_or_null("decoder.final_layernorm.bias"), d_norm,
-                  a.residual.back().template data<T>(),
-                  params_.value("decoder.final_layernorm.weight"), a.final_mean.template data<Grad>(),
-                  a.final_rstd.template data<Grad>(), g.rows, C);
+    norm_backward(
+        d_final, params_.grad("decoder.final_layernorm.weight"),
+        params_.grad_or_null("decoder.final_layernorm.bias"), d_norm,
+        a.residual.back().template data<T>(), params_.value("decoder.final_layernorm.weight"),
+        a.final_mean.template data<Grad>(), a.final_rstd.template data<Grad>(), g.rows, C);
   }
   return loss / denom;
 }

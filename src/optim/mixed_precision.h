@@ -53,8 +53,7 @@ class MixedPrecision {
   // A bf16 or f16 model on `exec`'s device (which must outlive this): float gradients, and a
   // master in the same device memory.
   template <typename T>
-    requires is_16bit<T>
-  MixedPrecision(ParameterSet<T>& model, const ops::Exec& exec)
+  requires is_16bit<T> MixedPrecision(ParameterSet<T>& model, const ops::Exec& exec)
       : MixedPrecision(Stored{model.values(), dtype_of<T>(), model.grads(), exec}, model.infos(),
                        model.values_tensor().device()) {}
 

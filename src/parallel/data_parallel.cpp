@@ -74,8 +74,8 @@ void DataParallelBuckets<T>::start(size_t index) {
 
 template <typename T>
 void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
-  OMNI_CHECK(0 <= begin && begin <= end && end <= grads_.numel(), "[ddp] mark_ready(", begin,
-             ", ", end, ") outside the buffer of ", grads_.numel());
+  OMNI_CHECK(0 <= begin && begin <= end && end <= grads_.numel(), "[ddp] mark_ready(", begin, ", ",
+             end, ") outside the buffer of ", grads_.numel());
   const std::vector<ParamInfo>& infos = infos_;
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];

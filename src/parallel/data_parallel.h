@@ -68,11 +68,12 @@ class DataParallelBuckets {
                       double bucket_size, GradReduce mode, const ops::Exec& exec = {});
   // Over the gradients of `params` (a model of any storage whose gradients are T).
   template <typename P>
-    requires std::is_same_v<accum_t<P>, T>
-  DataParallelBuckets(Communicator& group, ParameterSet<P>& params, double bucket_size,
-                      GradReduce mode, const ops::Exec& exec = {})
-      : DataParallelBuckets(group, params.infos(), params.grads_tensor(), bucket_size, mode,
-                            exec) {}
+  requires std::is_same_v<accum_t<P>, T> DataParallelBuckets(Communicator& group,
+                                                             ParameterSet<P>& params,
+                                                             double bucket_size, GradReduce mode,
+                                                             const ops::Exec& exec = {})
+      : DataParallelBuckets(group, params.infos(), params.grads_tensor(), bucket_size, mode, exec) {
+  }
 
   // Gradients of [begin, end) (whole parameters) are final for this step.
   void mark_ready(int64_t begin, int64_t end);

@@ -69,9 +69,7 @@ class ParameterSet {
   Grad* grad(const std::string& name) const { return grads() + info(name).offset; }
   // Same as value()/grad() but null when the model has no such parameter (e.g. biases off).
   T* value_or_null(const std::string& name) const { return has(name) ? value(name) : nullptr; }
-  Grad* grad_or_null(const std::string& name) const {
-    return has(name) ? grad(name) : nullptr;
-  }
+  Grad* grad_or_null(const std::string& name) const { return has(name) ? grad(name) : nullptr; }
 
   // Megatron's initialisation from the counter-based RNG: each element depends only on
   // (seed, name, index in the full tensor), whatever the layout. ScaledNormal uses scaled_std.

@@ -217,7 +217,8 @@ double Trainer::run_pipeline(int num_microbatches,
 }
 
 const std::vector<ParamInfo>& Trainer::model_infos() {
-  return with_model([](auto& m) -> const std::vector<ParamInfo>& { return m.model.params().infos(); });
+  return with_model(
+      [](auto& m) -> const std::vector<ParamInfo>& { return m.model.params().infos(); });
 }
 
 const Tensor& Trainer::model_grads() {

@@ -5,8 +5,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "comm/process_grid.h"
@@ -22,7 +22,6 @@
 #include "parallel/pipeline.h"
 #include "train/document_masks.h"
 #include "train/metrics.h"
-
 
 namespace omni {
 

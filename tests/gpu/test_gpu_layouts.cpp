@@ -84,9 +84,8 @@ void check_gpu_layout(bool llama, const Layout& layout, const Tolerance& tol = k
         for (int64_t i = 0; i < n; ++i) {
           if (g + i >= full.numel) continue;  // padded vocabulary rows beyond one rank's
           const double v = ref_values[g + i];
-          value_err =
-              std::max(value_err, std::abs(as_double(r.values[p.offset + l + i]) - v) /
-                                      (std::abs(v) + 1e-30));
+          value_err = std::max(value_err, std::abs(as_double(r.values[p.offset + l + i]) - v) /
+                                              (std::abs(v) + 1e-30));
           grad_err = std::max(grad_err, std::abs(r.grads[p.offset + l + i] - ref_grads[g + i]));
         }
       });
