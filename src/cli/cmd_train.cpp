@@ -54,8 +54,6 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   else if (o.model.position_embedding_type == PositionEmbedding::Rope &&
            o.model.rotary_dim() != o.model.head_dim())
     unsupported = "--rotary-percent below 1";
-  else if (o.use_distributed_optimizer)
-    unsupported = "--use-distributed-optimizer";
   if (unsupported.empty()) return {name, ""};
   OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
                ", but training on the GPU does not support ", unsupported,

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "backend/ops.h"
 #include "base/error.h"
@@ -13,8 +12,9 @@ namespace omni {
 template <typename T>
 DistributedOptimizer<T>::DistributedOptimizer(const OptimizerConfig& config,
                                               const DataParallelBuckets<T>& buckets,
-                                              const ParameterSet<T>& params)
-    : cfg_(config), buckets_(buckets) {
+                                              const ParameterSet<T>& params,
+                                              const ops::Exec& exec)
+    : cfg_(config), buckets_(buckets), x_(exec) {
   OMNI_CHECK(buckets.mode() == GradReduce::ReduceScatter,
              "[distributed optimizer] needs data-parallel buckets in reduce-scatter mode");
   int64_t state = 0;
@@ -26,8 +26,9 @@ DistributedOptimizer<T>::DistributedOptimizer(const OptimizerConfig& config,
     }
     state += r.end - r.begin;
   }
-  m_.assign(state, T(0));
-  if (cfg_.kind != OptimizerKind::SGD) v_.assign(state, T(0));
+  const Device device = params.values_tensor().device();
+  m_ = Tensor::zeros({state}, dtype_of<T>(), device, x_.memory());
+  if (cfg_.kind != OptimizerKind::SGD) v_ = Tensor::zeros({state}, dtype_of<T>(), device, x_.memory());
 }
 
 template <typename T>
@@ -35,7 +36,7 @@ double DistributedOptimizer<T>::gradient_norm(const ParameterSet<T>& params,
                                               Communicator* model_parallel) const {
   double sum = 0;
   for (const ShardRange& r : buckets_.shard())
-    sum += ops::sum_squares(params.grads() + r.begin, static_cast<size_t>(r.end - r.begin));
+    sum += ops::sum_squares(x_, params.grads() + r.begin, static_cast<size_t>(r.end - r.begin));
   buckets_.group().all_reduce(&sum, 1);
   if (model_parallel) model_parallel->all_reduce(&sum, 1);
   return std::sqrt(sum);
@@ -43,21 +44,18 @@ double DistributedOptimizer<T>::gradient_norm(const ParameterSet<T>& params,
 
 template <typename T>
 void DistributedOptimizer<T>::scale_gradients(ParameterSet<T>& params, double scale) const {
-  const T s = static_cast<T>(scale);
-  for (const ShardRange& r : buckets_.shard()) {
-    T* g = params.grads() + r.begin;
-    const int64_t n = r.end - r.begin;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= s;
-  }
+  for (const ShardRange& r : buckets_.shard())
+    ops::scale(x_, params.grads() + r.begin, scale, static_cast<size_t>(r.end - r.begin));
 }
 
 template <typename T>
 void DistributedOptimizer<T>::step(ParameterSet<T>& params, double lr) {
   ++step_;
+  T* m = m_.template data<T>();
+  T* v = v_.defined() ? v_.template data<T>() : nullptr;
   for (const Piece& p : pieces_)
-    update_elements(cfg_, step_, lr, p.decay, params.values() + p.begin, params.grads() + p.begin,
-                    m_.data() + p.state, v_.empty() ? nullptr : v_.data() + p.state,
+    update_elements(x_, cfg_, step_, lr, p.decay, params.values() + p.begin,
+                    params.grads() + p.begin, m + p.state, v ? v + p.state : nullptr,
                     p.end - p.begin);
   TraceSpan span("params-all-gather");
   buckets_.all_gather(params.values());
@@ -79,21 +77,21 @@ bool DistributedOptimizer<T>::is_second_moment(const std::string& name) const {
 
 template <typename T>
 void DistributedOptimizer<T>::gather_state(const std::string& name, T* full) const {
-  const T* s = (is_second_moment(name) ? v_ : m_).data();
+  const T* s = (is_second_moment(name) ? v_ : m_).template data<T>();
   const std::vector<ShardRange>& shard = buckets_.shard();
   for (size_t i = 0; i < shard.size(); ++i)
-    std::memcpy(full + shard[i].begin, s + range_state_[i],
-                (shard[i].end - shard[i].begin) * sizeof(T));
+    ops::copy(x_, full + shard[i].begin, s + range_state_[i],
+              size_t(shard[i].end - shard[i].begin));
   buckets_.all_gather(full);
 }
 
 template <typename T>
 void DistributedOptimizer<T>::load_state(const std::string& name, const T* full) {
-  T* s = (is_second_moment(name) ? v_ : m_).data();
+  T* s = (is_second_moment(name) ? v_ : m_).template data<T>();
   const std::vector<ShardRange>& shard = buckets_.shard();
   for (size_t i = 0; i < shard.size(); ++i)
-    std::memcpy(s + range_state_[i], full + shard[i].begin,
-                (shard[i].end - shard[i].begin) * sizeof(T));
+    ops::copy(x_, s + range_state_[i], full + shard[i].begin,
+              size_t(shard[i].end - shard[i].begin));
 }
 
 template class DistributedOptimizer<float>;

@@ -29,9 +29,10 @@ namespace omni {
 template <typename T>
 class DistributedOptimizer {
  public:
-  // `buckets` (in ReduceScatter mode) must outlive this object.
+  // `buckets` (in ReduceScatter mode) must outlive this object. `exec`: the device the
+  // parameters live on, where the states go too.
   DistributedOptimizer(const OptimizerConfig& config, const DataParallelBuckets<T>& buckets,
-                       const ParameterSet<T>& params);
+                       const ParameterSet<T>& params, const ops::Exec& exec = {});
 
   // L2 norm of all gradients: this rank's shard summed in a fixed order, then summed (in
   // f64) over the data-parallel group and, when given, over `model_parallel` too.
@@ -48,7 +49,8 @@ class DistributedOptimizer {
   // Optimizer<T>'s names: "exp_avg", "exp_avg_sq" (Adam, AdamW); "momentum_buffer" (SGD).
   std::vector<std::string> state_names() const;
   // The whole state `name`, laid out like the parameters, into `full` (params.size()
-  // elements) on every rank. Collective over the data-parallel group.
+  // elements, memory of the optimizer's device) on every rank. Collective over the
+  // data-parallel group.
   void gather_state(const std::string& name, T* full) const;
   // Takes this rank's shard of a whole state buffer (as gather_state writes it).
   void load_state(const std::string& name, const T* full);
@@ -68,7 +70,8 @@ class DistributedOptimizer {
   std::vector<Piece> pieces_;
   std::vector<int64_t> range_state_;  // per shard range, its start in m_ / v_
   int64_t step_ = 0;
-  std::vector<T> m_, v_;
+  ops::Exec x_;
+  Tensor m_, v_;  // this rank's shard of each state, on the parameters' device
 };
 
 }  // namespace omni

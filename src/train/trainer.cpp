@@ -95,8 +95,6 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     OMNI_REQUIRE(world->size() == 1 || gpu->memory_is_host_memory(),
                  "training on GPUs over several ranks (NCCL/RCCL) is not built yet (",
                  world->size(), " ranks launched); use --device cpu for multi-rank runs");
-    OMNI_REQUIRE(!opts.use_distributed_optimizer,
-                 "--use-distributed-optimizer is not built for the GPU yet");
     exec_ = ops::Exec{gpu};
   }
   // On a GPU, --bf16 and --fp16 store weights and activations in 16 bits (fp32 gradients
@@ -170,7 +168,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   }
   if (opts.use_distributed_optimizer)
     dist_optimizer_ =
-        std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params());
+        std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params(), exec_);
   else
     optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_);
 

@@ -127,6 +127,9 @@ TEST_F(GpuTraining, TensorParallel2SequenceParallelMatchesOneCpuRank) {
 TEST_F(GpuTraining, DataParallel2MatchesOneCpuRank) {
   expect_same_losses({}, {}, 2);
 }
+TEST_F(GpuTraining, DataParallel2DistributedOptimizerMatchesOneCpuRank) {
+  expect_same_losses({}, {"--use-distributed-optimizer"}, 2);
+}
 TEST_F(GpuTraining, Pipeline2MatchesOneCpuRank) {
   expect_same_losses({}, {"--pipeline-model-parallel-size", "2"}, 2);
 }
