@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "base/dtype.h"
 #include "base/error.h"
 #include "comm/local_communicator.h"
 
@@ -51,13 +52,23 @@ TEST(LocalCommunicator, AllReduceMaxInDouble) {
   });
 }
 
-TEST(LocalCommunicator, ReductionOfAnUnsupportedTypeIsAnError) {
-  EXPECT_THROW(run_ranks(2,
-                         [](Communicator& world) {
-                           uint16_t x = 1;
-                           world.all_reduce(&x, 1, omni::DType::BF16);
-                         }),
-               omni::InternalError);
+// bf16 and f16 (a 16-bit model's tensor-parallel activations on emulated GPU ranks): each
+// pairwise sum is computed in float and rounded to the type, as NCCL does; max takes the
+// larger.
+TEST(LocalCommunicator, ReducesBf16AndF16InFloatRoundingOnce) {
+  run_ranks(2, [](Communicator& world) {
+    const float mine = world.rank() == 0 ? 1.0f : 0.00390625f;  // 1 and 2^-8
+    omni::bf16 b = omni::from_float<omni::bf16>(mine);
+    world.all_reduce(&b, 1);
+    // 1 + 2^-8 is a tie between bf16 neighbours 1 and 1 + 2^-7: to even, 1.
+    EXPECT_EQ(omni::to_float(b), 1.0f);
+    omni::f16 h = omni::from_float<omni::f16>(mine);
+    world.all_reduce(&h, 1);
+    EXPECT_EQ(omni::to_float(h), 1.00390625f);  // exact in f16 (10 fraction bits)
+    omni::bf16 m = omni::from_float<omni::bf16>(world.rank() == 0 ? -3.0f : 2.5f);
+    world.all_reduce(&m, 1, omni::ReduceOp::Max);
+    EXPECT_EQ(omni::to_float(m), 2.5f);
+  });
 }
 
 TEST(LocalCommunicator, ReduceScatterGivesEachRankTheSumOfItsBlock) {
