@@ -33,7 +33,7 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU half of the seam supports (one rank per process, full rotary); auto falls back
+// GPU half of the seam supports (one rank per process); auto falls back
 // to the CPU and says why. `note` is printed with the run's set-up lines, so that
 // earlier errors stay one line.
 struct DeviceChoice {
@@ -48,13 +48,8 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
                            (d.gpus_visible == 1 ? "" : "s") + " visible";
-  std::string unsupported;
-  if (world_size > 1)
-    unsupported = "runs of several ranks";
-  else if (o.model.position_embedding_type == PositionEmbedding::Rope &&
-           o.model.rotary_dim() != o.model.head_dim())
-    unsupported = "--rotary-percent below 1";
-  if (unsupported.empty()) return {name, ""};
+  if (world_size == 1) return {name, ""};
+  const std::string unsupported = "runs of several ranks";
   OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
                ", but training on the GPU does not support ", unsupported,
                " yet in this version; use --device cpu");

@@ -75,11 +75,15 @@ TYPED_TEST(GpuRope, QkvMergeMatchesCpuExactlyAndInvertsSplit) {
 struct RopeCase {
   int N, seq, nheads, head_dim;
   bool with_positions;
+  int rotary_dim = 0;  // 0: every channel (--rotary-percent 1)
 };
 // Two sequences of 5 at n % seq, and packed documents at explicit positions (restarting at
-// 0); head_dim 16 takes the 16-byte path, 10 (half = 5) the per-element one.
-constexpr RopeCase kRopeCases[] = {
-    {10, 5, 3, 16, false}, {10, 5, 3, 16, true}, {10, 5, 3, 10, false}, {10, 5, 3, 10, true}};
+// 0); head_dim 16 takes the 16-byte path, 10 (half = 5) the per-element one; rotary
+// dimensions 8 and 6 rotate part of each head (--rotary-percent 0.5 and 0.6), the rest
+// passing through.
+constexpr RopeCase kRopeCases[] = {{10, 5, 3, 16, false},   {10, 5, 3, 16, true},
+                                   {10, 5, 3, 10, false},   {10, 5, 3, 10, true},
+                                   {10, 5, 3, 16, true, 8}, {10, 5, 3, 10, false, 6}};
 
 // Tables as the model makes them (ops::rope_tables, double), as float for the GPU.
 struct RopeTables {
@@ -99,9 +103,10 @@ TYPED_TEST(GpuRope, ForwardAndBackwardMatchCpu) {
   OMNI_REQUIRE_GPU();
   using T = TypeParam;
   for (const auto& rc : kRopeCases) {
-    SCOPED_TRACE("head_dim " + std::to_string(rc.head_dim) +
+    const int rd = rc.rotary_dim ? rc.rotary_dim : rc.head_dim;
+    SCOPED_TRACE("head_dim " + std::to_string(rc.head_dim) + ", rotary " + std::to_string(rd) +
                  (rc.with_positions ? ", positions" : ", n % seq"));
-    const RopeTables tables(rc.seq, rc.head_dim);
+    const RopeTables tables(rc.seq, rd);
     const int32_t* host_pos = rc.with_positions ? kPackedPositions.data() : nullptr;
     const gpu::DeviceArray<int32_t> dpos = to_device(kPackedPositions);
     const int32_t* dev_pos = rc.with_positions ? dpos.data() : nullptr;
@@ -114,14 +119,14 @@ TYPED_TEST(GpuRope, ForwardAndBackwardMatchCpu) {
       Device<T> got(x);
       if (backward) {
         ops::rope_backward(want.data(), tables.cos.data(), tables.sin.data(), rc.N, rc.seq,
-                           rc.nheads, rc.head_dim, host_pos);
+                           rc.nheads, rc.head_dim, host_pos, rd);
         gpu::rope_backward(got.get(), dcos.get(), dsin.get(), rc.N, rc.seq, rc.nheads, rc.head_dim,
-                           dev_pos);
+                           dev_pos, rd);
       } else {
         ops::rope_forward(want.data(), tables.cos.data(), tables.sin.data(), rc.N, rc.seq,
-                          rc.nheads, rc.head_dim, host_pos);
+                          rc.nheads, rc.head_dim, host_pos, rd);
         gpu::rope_forward(got.get(), dcos.get(), dsin.get(), rc.N, rc.seq, rc.nheads, rc.head_dim,
-                          dev_pos);
+                          dev_pos, rd);
       }
       EXPECT_TRUE(close(got.host(), want, default_rtol<T>(), 1e-6));
     }

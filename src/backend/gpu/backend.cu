@@ -13,14 +13,6 @@
 OMNI_GPU_NAMESPACE_BEGIN
 namespace {
 
-// The rotary kernels rotate every channel of a head; Megatron's --rotary-percent below 1
-// runs on the CPU.
-void require_full_rotary(int rotary_dim, int head_dim) {
-  OMNI_REQUIRE(rotary_dim == 0 || rotary_dim == head_dim,
-               "--rotary-percent below 1 is not built for the GPU yet (rotary dimension ",
-               rotary_dim, " of ", head_dim, ")");
-}
-
 // Each op of one storage type through this folder's kernels.
 template <typename T>
 class Ops final : public GpuOps<T> {
@@ -91,13 +83,11 @@ class Ops final : public GpuOps<T> {
   }
   void rope_forward(T* x, const float* cos, const float* sin, int N, int seq, int nheads,
                     int head_dim, const int32_t* positions, int rotary_dim) const override {
-    require_full_rotary(rotary_dim, head_dim);
-    gpu::rope_forward(x, cos, sin, N, seq, nheads, head_dim, positions);
+    gpu::rope_forward(x, cos, sin, N, seq, nheads, head_dim, positions, rotary_dim);
   }
   void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq, int nheads,
                      int head_dim, const int32_t* positions, int rotary_dim) const override {
-    require_full_rotary(rotary_dim, head_dim);
-    gpu::rope_backward(dx, cos, sin, N, seq, nheads, head_dim, positions);
+    gpu::rope_backward(dx, cos, sin, N, seq, nheads, head_dim, positions, rotary_dim);
   }
   void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                          const ops::AttentionDims& d) const override {

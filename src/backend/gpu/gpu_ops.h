@@ -128,14 +128,16 @@ void qkv_split(T* q, T* k, T* v, const T* qkv, const ops::AttentionDims& d,
 template <typename T>
 void qkv_merge(T* qkv, const T* q, const T* k, const T* v, const ops::AttentionDims& d,
                Stream stream = nullptr);
-// cos/sin: float [seq, head_dim/2] device tables (ops::rope_tables computed on the host, then
-// copied); positions as in ops.h.
+// cos/sin: float [seq, rotary_dim/2] device tables (ops::rope_tables computed on the host, then
+// copied); positions and rotary_dim (0: head_dim) as in ops.h.
 template <typename T>
 void rope_forward(T* x, const float* cos, const float* sin, int N, int seq, int nheads,
-                  int head_dim, const int32_t* positions = nullptr, Stream stream = nullptr);
+                  int head_dim, const int32_t* positions = nullptr, int rotary_dim = 0,
+                  Stream stream = nullptr);
 template <typename T>
 void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq, int nheads,
-                   int head_dim, const int32_t* positions = nullptr, Stream stream = nullptr);
+                   int head_dim, const int32_t* positions = nullptr, int rotary_dim = 0,
+                   Stream stream = nullptr);
 
 // ---- Flash attention
 // ----------------------------------------------------------------------------- Causal softmax

@@ -3,6 +3,7 @@
 // embedding (ops.h for the definitions; the CPU ops in backend/cpu/attention.cpp are the
 // reference). All are memory-bound copies or element-wise rotations: one thread per 16-byte
 // chunk when the head size and the pointers allow, per element otherwise.
+#include <string>
 #include <type_traits>
 
 #include "backend/gpu/gpu_ops.h"
@@ -47,14 +48,16 @@ __global__ void qkv_permute_kernel(std::conditional_t<kMerge, T*, const T*> qkv,
 }
 
 // In place on x [N, nheads, head_dim]: x1 = x[i], x2 = x[i + half] rotate by angle sign *
-// theta(pos, i), i < half (non-interleaved halves, as Megatron and Hugging Face Llama). One
-// thread per chunk of V pairs.
+// theta(pos, i), i < half = rotary_dim / 2 (non-interleaved halves, as Megatron and Hugging Face
+// Llama); channels from rotary_dim on pass through (--rotary-percent). One thread per chunk of V
+// pairs.
 template <typename T, int V>
 __global__ void rope_kernel(T* x, const float* cos, const float* sin, size_t total_chunks, int seq,
-                            int nheads, int head_dim, const int32_t* positions, float sign) {
+                            int nheads, int head_dim, int rotary_dim, const int32_t* positions,
+                            float sign) {
   const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= total_chunks) return;
-  const int half = head_dim / 2, half_chunks = half / V;
+  const int half = rotary_dim / 2, half_chunks = half / V;
   const size_t head = i / half_chunks;  // n * nheads + h
   const int c = static_cast<int>(i % half_chunks) * V;
   const size_t n = head / nheads;
@@ -100,21 +103,25 @@ void qkv_permute(Fused* qkv, Part* q, Part* k, Part* v, const ops::AttentionDims
 
 template <typename T>
 void rope(T* x, const float* cos, const float* sin, int N, int seq, int nheads, int head_dim,
-          const int32_t* positions, float sign, Stream stream) {
-  const int half = head_dim / 2;
+          int rotary_dim, const int32_t* positions, float sign, Stream stream) {
+  if (rotary_dim == 0) rotary_dim = head_dim;
+  if (rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    throw UsageError("[rope] rotary dimension " + std::to_string(rotary_dim) +
+                     " must be even and at most the head dimension " + std::to_string(head_dim));
+  const int half = rotary_dim / 2;
   if (N <= 0 || nheads <= 0 || half <= 0) return;
   constexpr int P = kPackWidth<T>;
-  // Chunks of P pairs: half a multiple of P keeps both halves, and the float tables' rows
-  // (half floats, P * 4 bytes a chunk), on 16-byte boundaries.
-  const bool packed = half % P == 0 && aligned_to(16, x, cos, sin);
+  // Chunks of P pairs: half and head_dim multiples of P keep both halves of every head, and the
+  // float tables' rows (half floats, P * 4 bytes a chunk), on 16-byte boundaries.
+  const bool packed = half % P == 0 && head_dim % P == 0 && aligned_to(16, x, cos, sin);
   const size_t pairs = static_cast<size_t>(N) * nheads * half;
   const auto s = static_cast<gpuStream_t>(stream);
   if (packed) {
     launch(rope_kernel<T, P>, ceil_div(pairs / P, kThreads), kThreads, 0, s, x, cos, sin, pairs / P,
-           seq, nheads, head_dim, positions, sign);
+           seq, nheads, head_dim, rotary_dim, positions, sign);
   } else {
     launch(rope_kernel<T, 1>, ceil_div(pairs, kThreads), kThreads, 0, s, x, cos, sin, pairs, seq,
-           nheads, head_dim, positions, sign);
+           nheads, head_dim, rotary_dim, positions, sign);
   }
 }
 
@@ -133,24 +140,24 @@ void qkv_merge(T* qkv, const T* q, const T* k, const T* v, const ops::AttentionD
 
 template <typename T>
 void rope_forward(T* x, const float* cos, const float* sin, int N, int seq, int nheads,
-                  int head_dim, const int32_t* positions, Stream stream) {
-  rope(x, cos, sin, N, seq, nheads, head_dim, positions, 1.0f, stream);
+                  int head_dim, const int32_t* positions, int rotary_dim, Stream stream) {
+  rope(x, cos, sin, N, seq, nheads, head_dim, rotary_dim, positions, 1.0f, stream);
 }
 
 // The Jacobian of a rotation is the rotation, so its transpose rotates by the negative angle.
 template <typename T>
 void rope_backward(T* dx, const float* cos, const float* sin, int N, int seq, int nheads,
-                   int head_dim, const int32_t* positions, Stream stream) {
-  rope(dx, cos, sin, N, seq, nheads, head_dim, positions, -1.0f, stream);
+                   int head_dim, const int32_t* positions, int rotary_dim, Stream stream) {
+  rope(dx, cos, sin, N, seq, nheads, head_dim, rotary_dim, positions, -1.0f, stream);
 }
 
 #define OMNI_INSTANTIATE(T)                                                                        \
   template void qkv_split<T>(T*, T*, T*, const T*, const ops::AttentionDims&, Stream);             \
   template void qkv_merge<T>(T*, const T*, const T*, const T*, const ops::AttentionDims&, Stream); \
   template void rope_forward<T>(T*, const float*, const float*, int, int, int, int,                \
-                                const int32_t*, Stream);                                           \
+                                const int32_t*, int, Stream);                                      \
   template void rope_backward<T>(T*, const float*, const float*, int, int, int, int,               \
-                                 const int32_t*, Stream);
+                                 const int32_t*, int, Stream);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(bf16)
 OMNI_INSTANTIATE(f16)
