@@ -30,23 +30,18 @@ namespace omni {
 
 // bitsandbytes' dynamic map (create_dynamic_map with 7 exponent bits, 8 bits in all): for
 // each decade 10^(i-6), i = 0..6, the midpoints of linspace(0.1, 1, n_i + 1), n_i = 2^i
-// (signed, with their negatives) or 2^(i+1) (unsigned); then 0 and 1; sorted. In float32
-// arithmetic as torch computes it (linspace from both ends, as ATen does).
+// (signed, with their negatives) or 2^(i+1) (unsigned); then 0 and 1; sorted. Computed in
+// double and rounded once: bitsandbytes' float32 arithmetic leaves the last bit to how
+// torch vectorises linspace on the machine at hand, and is within two ulps of these.
 std::array<float, 256> dynamic_quantization_map(bool is_signed) {
   std::vector<float> data;
   for (int i = 0; i < 7; ++i) {
     const int items = is_signed ? (1 << i) + 1 : (1 << (i + 1)) + 1;
-    const float start = 0.1f, end = 1.0f, step = (end - start) / float(items - 1);
-    std::vector<float> bound(size_t(items), 0.0f);
-    for (int k = 0; k < items; ++k) {
-      const float s = step * float(k < items / 2 ? k : items - k - 1);
-      bound[size_t(k)] = k < items / 2 ? start + s : end - s;
-    }
-    const float decade = float(std::pow(10.0, i - 6));
+    const double step = (1.0 - 0.1) / double(items - 1), decade = std::pow(10.0, i - 6);
     for (int k = 0; k + 1 < items; ++k) {
-      const float mean = (bound[size_t(k)] + bound[size_t(k) + 1]) / 2.0f;
-      data.push_back(decade * mean);
-      if (is_signed) data.push_back(-decade * mean);
+      const double mean = ((0.1 + step * k) + (0.1 + step * (k + 1))) / 2.0;
+      data.push_back(float(decade * mean));
+      if (is_signed) data.push_back(float(-decade * mean));
     }
   }
   data.push_back(0.0f);
