@@ -96,6 +96,10 @@ struct ZooRun {
   double lr_factor = 1.0;  // the fixture's Lion steps at lr / 10 and schedule-free SGD at 10 lr
 };
 
+void PrintTo(const ZooRun& run, std::ostream* os) {
+  *os << run.name;
+}
+
 OptimizerConfig base(OptimizerKind kind) {
   OptimizerConfig c;
   c.kind = kind;
@@ -224,6 +228,25 @@ TEST_P(ZooAgainstTorch, ResumeThroughTheStateBuffersIsBitExact) {
   }
   for (int64_t i = 0; i < straight.size(); ++i)
     ASSERT_EQ(straight.values()[i], resumed.values()[i]) << run.name << " element " << i;
+}
+
+// bitsandbytes keeps a first moment's sign through quantisation: a tiny negative moment whose
+// nearest code is 0 gets the smallest negative code instead.
+TEST(Adam8bit, QuantisedFirstMomentKeepsItsSign) {
+  ParameterSet<float> params({{"w", {256}}});
+  OptimizerConfig c = base(OptimizerKind::Adam8bit);
+  c.zoo.adam8bit_min_8bit_size = 256;
+  Optimizer<float> optimizer(c, params);
+  params.zero_grads();
+  params.grads()[0] = 1.0f, params.grads()[1] = -1e-9f, params.grads()[2] = 1e-9f;
+  optimizer.step(params, 1e-3);
+  const std::array<float, 256> code = dynamic_quantization_map(true);
+  const float* state1 = optimizer.state_buffer("state1");
+  EXPECT_EQ(code[size_t(state1[0])], 1.0f);
+  EXPECT_LT(code[size_t(state1[1])], 0.0f);  // -1e-10 / 0.1 is nearest to 0, a positive code
+  EXPECT_EQ(code[size_t(state1[2])], 0.0f);
+  EXPECT_EQ(code[size_t(state1[3])], 0.0f);
+  EXPECT_EQ(optimizer.state_buffer("absmax1")[0], 1.0f - 0.9f);  // (1 - beta1) * 1, in float
 }
 
 TEST(OptimizerZoo, NamesAndAliasesParse) {
