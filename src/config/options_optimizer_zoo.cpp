@@ -70,6 +70,12 @@ void add_optimizer_zoo_options(std::vector<OptionDef>& t) {
                      [zoo](Options& o) -> double& { return zoo(o).schedulefree_weight_lr_power; }));
   t.push_back(plumbing("--schedulefree-for-each", "",
                        "the foreach implementation computes the same update, faster"));
+  t.push_back(number<double>("--sophiag-beta1", "X", O, "SophiaG: decay of its momentum",
+                             [zoo](Options& o) -> double& { return zoo(o).sophiag_beta1; }));
+  t.push_back(number<double>("--sophiag-beta2", "X", O, "SophiaG: decay of its Hessian estimate",
+                             [zoo](Options& o) -> double& { return zoo(o).sophiag_beta2; }));
+  t.push_back(number<double>("--sophiag-rho", "X", O, "SophiaG: clipping threshold rho",
+                             [zoo](Options& o) -> double& { return zoo(o).sophiag_rho; }));
   t.push_back(number<int64_t>(
       "--adam8bit-min-8bit-size", "N", O,
       "adam8bit: tensors with fewer elements keep 32-bit moments (bitsandbytes' min_8bit_size)",
@@ -90,6 +96,9 @@ void finalize_optimizer_zoo(Options& o) {
   const ZooConfig& z = o.optim.zoo;
   OMNI_REQUIRE(z.lion_beta1 >= 0 && z.lion_beta1 <= 1 && z.lion_beta2 >= 0 && z.lion_beta2 < 1,
                "--lion-beta1 must be in [0, 1] and --lion-beta2 in [0, 1)");
+  OMNI_REQUIRE(z.sophiag_beta1 >= 0 && z.sophiag_beta1 < 1 && z.sophiag_beta2 >= 0 &&
+                   z.sophiag_beta2 < 1 && z.sophiag_rho >= 0,
+               "--sophiag-beta1 and --sophiag-beta2 must be in [0, 1) and --sophiag-rho 0 or more");
   OMNI_REQUIRE(z.muon_momentum >= 0 && z.muon_momentum < 1, "--muon-momentum must be in [0, 1)");
   OMNI_REQUIRE(z.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1 (got ",
                z.muon_num_ns_steps, ")");

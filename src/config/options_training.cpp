@@ -100,12 +100,12 @@ void add_training_options(std::vector<OptionDef>& t) {
       "adam: Adam with decoupled weight decay (AdamW, as Megatron's; adamw is the same); sgd: "
       "SGD with momentum and L2 weight decay; the zoo (on the CPU, one tensor-parallel rank): "
       "lamb (ds.fusedlamb, ipex.lamb, ipex.fusedlamb), lion, muon, adamwschedulefree, "
-      "sgdschedulefree, adam8bit; apex.adam and apex.sgd are adamw and sgd",
+      "sgdschedulefree, adam8bit, sophiag (with its Hessian estimate at 0, as Megatron-DeepSpeed "
+      "runs it); apex.adam and apex.sgd are adamw and sgd",
       [](Options& o, const std::string& v) {
-        for (const char* other :
-             {"dist_muon", "adaptive_muon", "soap", "muonclip", "ds.onebitlamb", "sophiag",
-              "galoreadamw", "galoreadamw8bit", "galoreadamw8bitperlayer", "shampoo",
-              "dshampooadamw", "adopt", "adafactor"})
+        for (const char* other : {"dist_muon", "adaptive_muon", "soap", "muonclip", "ds.onebitlamb",
+                                  "galoreadamw", "galoreadamw8bit", "galoreadamw8bitperlayer",
+                                  "shampoo", "dshampooadamw", "adopt", "adafactor"})
           if (v == other) throw NotBuiltError("--optimizer " + v, "the " + v + " optimizer");
         parse_optimizer(v);  // names the choices when `v` is none of them
         o.optimizer = v;

@@ -24,7 +24,8 @@ enum class OptimizerKind {
   Muon,
   AdamWScheduleFree,
   SGDScheduleFree,
-  Adam8bit
+  Adam8bit,
+  SophiaG
 };
 OptimizerKind parse_optimizer(const std::string& s);
 

@@ -20,6 +20,7 @@ const std::pair<const char*, OptimizerKind> kNames[] = {
     {"adamwschedulefree", OptimizerKind::AdamWScheduleFree},
     {"sgdschedulefree", OptimizerKind::SGDScheduleFree},
     {"adam8bit", OptimizerKind::Adam8bit},
+    {"sophiag", OptimizerKind::SophiaG},
     {"apex.adam", OptimizerKind::AdamW},
     {"apex.sgd", OptimizerKind::SGD},
 };
@@ -51,6 +52,11 @@ const char* zoo_optimizer_name(OptimizerKind kind) {
 template <typename T>
 double& ZooOptimizer<T>::scalar(const std::string& name) {
   throw InternalError("[optimizer] no scalar state '" + name + "'");
+}
+
+template <typename T>
+void ZooOptimizer<T>::update_hessian(const ParameterSet<T>&) {
+  throw InternalError("[optimizer] only sophiag keeps a Hessian estimate");
 }
 
 template <typename T>

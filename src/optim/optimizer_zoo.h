@@ -11,6 +11,8 @@
 //                       orthogonalised by Newton-Schulz for 2-D weights, AdamW for the rest
 //   adamwschedulefree   Schedule-free AdamW and SGD (Defazio et al. 2024, arXiv:2405.15682),
 //   sgdschedulefree     as facebookresearch/schedule_free's reference implementations
+//   sophiag             SophiaG (Liu et al. 2023, arXiv:2305.14342), as Megatron-DeepSpeed's
+//                       copy of the reference sophia.py
 //   adam8bit            8-bit Adam with block-wise dynamic quantisation of both moments
 //                       (Dettmers et al. 2022, arXiv:2110.02861), as bitsandbytes' Adam8bit
 //
@@ -47,6 +49,10 @@ class ZooOptimizer {
   // it is the state from the next step on.
   virtual T* state_buffer(const std::string& name) = 0;
   virtual std::vector<std::string> scalar_names() const { return {}; }
+  // SophiaG's Hessian estimate: an EMA of the squares of the current gradients, which for
+  // the Gauss-Newton-Bartlett estimator are those of a loss on labels sampled from the
+  // model. Only SophiaG has one.
+  virtual void update_hessian(const ParameterSet<T>& params);
   virtual double& scalar(const std::string& name);
 };
 

@@ -27,6 +27,8 @@ struct ZooConfig {
   // and the power of the largest learning rate so far in each iterate's weight.
   int64_t schedulefree_warmup_steps = 0;
   double schedulefree_r = 0.0, schedulefree_weight_lr_power = 2.0;
+  // SophiaG (Megatron-DeepSpeed's --sophiag-* flags and the batch size its step() assumes).
+  double sophiag_beta1 = 0.9, sophiag_beta2 = 0.95, sophiag_rho = 0.01, sophiag_bs = 5120;
   // bitsandbytes' 8-bit states: block size of the block-wise absmax; smaller tensors keep
   // 32-bit states (bitsandbytes' min_8bit_size).
   int64_t adam8bit_block_size = 256, adam8bit_min_8bit_size = 4096;

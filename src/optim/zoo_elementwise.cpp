@@ -1,4 +1,5 @@
-// The zoo's optimizers whose state is per element: LAMB, Lion, and schedule-free AdamW and SGD.
+// The zoo's optimizers whose state is per element: LAMB, Lion, SophiaG, and schedule-free
+// AdamW and SGD.
 // Each update is written from its reference, cited at its function; weight decay applies only
 // to parameters marked weight_decay (Megatron's and Megatron-DeepSpeed's groups).
 #include <algorithm>
@@ -32,6 +33,9 @@ class ElementwiseZoo : public ZooOptimizer<T> {
         case OptimizerKind::Lion:
           lion(w, g, p, wd, lr);
           break;
+        case OptimizerKind::SophiaG:
+          sophiag(w, g, p, wd, lr);
+          break;
         case OptimizerKind::AdamWScheduleFree:
         case OptimizerKind::SGDScheduleFree:
           schedule_free(w, g, p, wd, step);
@@ -62,6 +66,8 @@ class ElementwiseZoo : public ZooOptimizer<T> {
         return {"exp_avg", "exp_avg_sq"};
       case OptimizerKind::Lion:
         return {"exp_avg"};
+      case OptimizerKind::SophiaG:
+        return {"exp_avg", "hessian"};
       case OptimizerKind::AdamWScheduleFree:
         return {"z", "x", "exp_avg_sq"};
       default:
@@ -113,6 +119,36 @@ class ElementwiseZoo : public ZooOptimizer<T> {
     }
   }
 
+  // SophiaG (Liu et al., "Sophia: A Scalable Stochastic Second-order Optimizer", Algorithm
+  // 3), as the reference sophia.py that Megatron-DeepSpeed copies: w *= 1 - lr * wd;
+  // m = b1 * m + (1 - b1) * g; w -= lr * sign(m) * min(|m| / (rho * bs * h + 1e-15), 1).
+  // h is the Hessian estimate update_hessian() keeps. Megatron-DeepSpeed never calls its
+  // update_hessian, so h stays 0 there and the step is lr * sign(m); so it is here, as the
+  // trainer computes no sampled-label gradients (see --optimizer's help).
+  void sophiag(T* w, const T* g, const ParamInfo& p, double wd, double lr) {
+    T* m = states_.get("exp_avg") + p.offset;
+    const T* h = states_.get("hessian") + p.offset;
+    const T b1 = T(cfg_.zoo.sophiag_beta1), tlr = T(lr), decay = T(1.0 - lr * wd);
+    const T rho_bs = T(cfg_.zoo.sophiag_rho * cfg_.zoo.sophiag_bs);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      w[i] *= decay;
+      m[i] = m[i] * b1 + (T(1) - b1) * g[i];
+      const T ratio = std::min(std::fabs(m[i]) / (rho_bs * h[i] + T(1e-15)), T(1));
+      const T sign = T((m[i] > T(0)) - (m[i] < T(0)));
+      w[i] -= tlr * sign * ratio;
+    }
+  }
+
+ public:
+  void update_hessian(const ParameterSet<T>& params) override {
+    OMNI_REQUIRE(cfg_.kind == OptimizerKind::SophiaG, "[optimizer] only sophiag keeps a Hessian");
+    T* h = states_.get("hessian");
+    const T b2 = T(cfg_.zoo.sophiag_beta2);
+    for (int64_t i = 0; i < params.size(); ++i)
+      h[i] = h[i] * b2 + (T(1) - b2) * params.grads()[i] * params.grads()[i];
+  }
+
+ private:
   // Schedule-free (Defazio et al., "The Road Less Scheduled", arXiv:2405.15682), as
   // facebookresearch/schedule_free's reference implementations: the model's weights are
   // y = b * x + (1 - b) * z, where z takes plain (Adam- or SGD-) steps and x is the

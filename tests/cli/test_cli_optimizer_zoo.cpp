@@ -58,8 +58,8 @@ INSTANTIATE_TEST_SUITE_P(Cli, ZooTrains,
                          ::testing::Values(Case{"lamb", "1e-1"}, Case{"ds.fusedlamb", "1e-1"},
                                            Case{"lion", "1e-3"}, Case{"muon", "3e-3"},
                                            Case{"adamwschedulefree", "1e-2"},
-                                           Case{"sgdschedulefree", "1.0"},
-                                           Case{"adam8bit", "1e-2"}),
+                                           Case{"sgdschedulefree", "1.0"}, Case{"adam8bit", "1e-2"},
+                                           Case{"sophiag", "1e-3"}),
                          [](const auto& info) {
                            std::string name = info.param.optimizer;
                            for (char& ch : name)
@@ -103,8 +103,8 @@ TEST(CliOptimizerZoo, SettingsItCannotCombineWithAreRefusedInOneLine) {
   const std::string run = tiny("lamb", "1e-2") + "--train-iters 1 ";
   expect_one_line_error(run_omnitron(run + "--use-distributed-optimizer"),
                         "--optimizer lamb does not run with --use-distributed-optimizer yet");
-  expect_one_line_error(run_omnitron(tiny("sophiag", "1e-2") + "--train-iters 1"),
-                        "--optimizer sophiag: not built yet");
+  expect_one_line_error(run_omnitron(tiny("galoreadamw", "1e-2") + "--train-iters 1"),
+                        "--optimizer galoreadamw: not built yet");
   expect_one_line_error(run_omnitron(tiny("adagrad", "1e-2") + "--train-iters 1"),
                         "is not one of adam (adamw), sgd, lamb, ds.fusedlamb");
 }
@@ -114,7 +114,8 @@ TEST(CliOptimizerZoo, MegatronDeepSpeedOptNamesSelectTheZoo) {
       "train --num-layers 1 --hidden-size 16 --num-attention-heads 2 "
       "--seq-length 8 --micro-batch-size 2 --mock-data --vocab-size 40 "
       "--eval-iters 0 --max-new-tokens 0 --no-progress --train-iters 1";
-  for (const char* opt : {"ds.fusedlamb", "ipex.lamb", "lion", "adam8bit", "sgdschedulefree"}) {
+  for (const char* opt :
+       {"ds.fusedlamb", "ipex.lamb", "lion", "adam8bit", "sgdschedulefree", "sophiag"}) {
     auto [code, out] = run_omnitron_env("OMNITRON_ENV_OVERRIDES=1 OPT=" + std::string(opt), run);
     EXPECT_EQ(code, 0) << opt << ": " << out;
   }

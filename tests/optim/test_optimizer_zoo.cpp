@@ -81,6 +81,15 @@ ParameterSet<float> tiny_layer() {
   return params;
 }
 
+// SophiaG's second gradient (of a loss on sampled labels, in the Gauss-Newton-Bartlett estimator).
+void set_sampled_gradients(ParameterSet<float>& params, int step) {
+  for (size_t k = 0; k < params.infos().size(); ++k) {
+    const ParamInfo& p = params.infos()[k];
+    for (int64_t i = 0; i < p.numel; ++i)
+      params.grads()[p.offset + i] = float(hashed_value(3000 + 100 * step + k, i, 0.1));
+  }
+}
+
 void set_gradients(ParameterSet<float>& params, int step) {
   for (size_t k = 0; k < params.infos().size(); ++k) {
     const ParamInfo& p = params.infos()[k];
@@ -93,7 +102,10 @@ void set_gradients(ParameterSet<float>& params, int step) {
 struct ZooRun {
   std::string name;
   OptimizerConfig config;
-  double lr_factor = 1.0;  // the fixture's Lion steps at lr / 10 and schedule-free SGD at 10 lr
+  double lr_factor =
+      1.0;  // the fixture's Lion and SophiaG step at lr / 10, schedule-free SGD at 10 lr
+  int hessian_every =
+      0;  // SophiaG: its Hessian estimate takes a sampled gradient after every Nth step
 };
 
 void PrintTo(const ZooRun& run, std::ostream* os) {
@@ -127,6 +139,8 @@ std::vector<ZooRun> runs() {
   ZooRun adam8bit{"adam8bit", base(OptimizerKind::Adam8bit)};
   adam8bit.config.zoo.adam8bit_min_8bit_size = 256;  // so that three tensors are 8-bit
   r.push_back(adam8bit);
+  ZooRun sophiag{"sophiag", base(OptimizerKind::SophiaG), 0.1, 5};
+  r.push_back(sophiag);
   return r;
 }
 
@@ -163,10 +177,14 @@ class ZooAgainstTorch : public ::testing::TestWithParam<ZooRun> {};
 TEST_P(ZooAgainstTorch, ParametersAfterOneAndTwentyStepsMatch) {
   const ZooRun& run = GetParam();
   ParameterSet<float> params = tiny_layer();
-  Optimizer<float> optimizer(run.config, params);
+  auto optimizer = make_zoo_optimizer(run.config, params);
   for (int step = 1; step <= kSteps; ++step) {
     set_gradients(params, step);
-    optimizer.step(params, lr_at(run, step));
+    optimizer->step(params, lr_at(run, step), step);
+    if (run.hessian_every && step % run.hessian_every == 0) {
+      set_sampled_gradients(params, step);
+      optimizer->update_hessian(params);
+    }
     if (step != 1 && step != kSteps) continue;
     const std::string key = run.name + "/step" + std::to_string(step);
     ASSERT_TRUE(fixture().count(key)) << key;
