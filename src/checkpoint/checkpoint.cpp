@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "checkpoint/hf_interchange.h"
+#include "optim/optimizer_zoo.h"
 
 namespace omni {
 
@@ -165,6 +166,7 @@ struct Metadata {
   TrainingProgress progress;
   std::string optimizer;
   int64_t optimizer_steps = 0;
+  std::map<std::string, double> optimizer_scalars;  // "optimizer_scalar NAME VALUE" lines
   std::vector<std::string> args;
   // The GELU form ("erf" or "tanh"); empty in checkpoints from before erf GELU, which were tanh.
   std::string gelu;
@@ -208,6 +210,10 @@ Metadata read_metadata(const std::string& root) {
       md.progress.loss_scaler = st;
     } else if (key == "optimizer") {
       ls >> md.optimizer >> md.optimizer_steps;
+    } else if (key == "optimizer_scalar") {
+      std::string name, value;
+      ls >> name >> value;
+      md.optimizer_scalars[name] = std::strtod(value.c_str(), nullptr);  // hexadecimal: exact
     } else if (key == "args") {
       size_t n = 0;
       ls >> n;
@@ -308,8 +314,9 @@ const char* optimizer_name(OptimizerKind k) {
       return "adamw";
     case OptimizerKind::SGD:
       return "sgd";
+    default:
+      return zoo_optimizer_name(k);
   }
-  return "?";
 }
 
 }  // namespace
@@ -351,6 +358,12 @@ std::string write_checkpoint(const std::string& root, const Options& opts,
   md << "optimizer " << (optimizer ? optimizer_name(optimizer->kind()) : kNoOptimizer) << ' '
      << (optimizer ? optimizer->steps() : 0) << "\n"
      << "rng none\n";
+  for (const std::string& name :
+       optimizer ? optimizer->scalar_names() : std::vector<std::string>{}) {
+    char value[64];
+    std::snprintf(value, sizeof value, "%a", optimizer->scalar(name));
+    md << "optimizer_scalar " << name << ' ' << value << "\n";
+  }
   if (progress.loss_scaler) {
     const GradScalerState& st = *progress.loss_scaler;
     md << "loss_scaler " << std::setprecision(9) << st.scale << ' ' << st.growth_tracker << ' '
@@ -518,6 +531,12 @@ TrainingProgress load_checkpoint(const std::string& root, ParameterSet<float>& p
       float* buffer = optimizer->state_buffer(state);
       for (const ParamInfo& p : params.infos())
         read_tensor(md, dir, "optimizer." + state + "." + p.name, p.shape, buffer + p.offset);
+    }
+    for (const std::string& name : optimizer->scalar_names()) {
+      auto it = md.optimizer_scalars.find(name);
+      OMNI_REQUIRE(it != md.optimizer_scalars.end(), "--load: '", md.path,
+                   "' has no optimizer_scalar ", name, " for optimizer ", md.optimizer);
+      optimizer->scalar(name) = it->second;
     }
     optimizer->set_steps(md.optimizer_steps);
   }

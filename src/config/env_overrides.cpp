@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "config/options.h"
+#include "optim/optimizer_zoo.h"
 
 namespace omni {
 
@@ -201,9 +202,17 @@ void add_optimizer_and_schedule(Overrides& r) {
             "runs match only with WEIGHT_DECAY=0");
     else if (v == "sgd" || v == "apex.sgd")
       r.add(var, {"--optimizer", "sgd"});
+    else if (v == "ipex.lamb" || v == "ipex.fusedlamb")
+      r.add(var, {"--optimizer", "lamb"},
+            "omnitron's lamb is DeepSpeed FusedLamb's arithmetic (ds.fusedlamb: trust ratio "
+            "from the update before bias correction, clamped to [0.01, 10]); Intel's Lamb is "
+            "another implementation of the paper and may differ in those details");
+    else if (auto kind = parse_zoo_optimizer(v))
+      r.add(var, {"--optimizer", zoo_optimizer_name(*kind)});
     else
-      throw NotBuiltError(std::string(var) + "=" + v,
-                          "the " + v + " optimizer (built: adamw, adam, sgd, apex.adam, apex.sgd)");
+      throw NotBuiltError(
+          std::string(var) + "=" + v,
+          "the " + v + " optimizer (built: adamw, adam, sgd, " + zoo_optimizer_names() + ")");
   }
   if (const std::string* style = r.get("LR_DECAY_STYLE")) {
     if (*style == "infinite-cosine" || *style == "infinite-inv-square-root")

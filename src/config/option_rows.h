@@ -101,6 +101,9 @@ void add_refused(std::vector<OptionDef>& t, const std::string& feature,
 // finalize()'s checks and derived values for the length of training, the batch ramp and
 // the learning-rate schedule (finalize_schedules.cpp).
 void finalize_schedules(Options& o);
+// The optimizer zoo's rows and checks (options_optimizer_zoo.cpp).
+void add_optimizer_zoo_options(std::vector<OptionDef>& t);
+void finalize_optimizer_zoo(Options& o);
 
 // The groups, in the order --help lists them.
 void add_model_options(std::vector<OptionDef>& t);

@@ -275,6 +275,7 @@ void finalize_training(Options& o) {
   OMNI_REQUIRE(o.optim.adam_beta2 >= 0 && o.optim.adam_beta2 < 1, "--adam-beta2 must be in [0, 1)");
   OMNI_REQUIRE(o.optim.adam_eps > 0, "--adam-eps must be positive");
   o.optim.kind = parse_optimizer(o.optimizer);
+  option_rows::finalize_optimizer_zoo(o);
 }
 
 }  // namespace

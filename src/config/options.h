@@ -45,6 +45,7 @@ struct Options {
   std::string lr_wsd_decay_style = "exponential";
   double lr_warmup_init = 0.0;     // the warm-up starts from this learning rate
   std::string optimizer = "adam";  // Megatron's name for AdamW (optim/optimizer.h)
+  bool muon_split_qkv = true;      // finalize() turns it into optim.zoo.qkv_split_shapes
   OptimizerConfig optim;
   int64_t seed = 1234;
   // Logging and evaluation.

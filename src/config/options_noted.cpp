@@ -569,21 +569,8 @@ void add_tuning_of_precision_and_other_features(std::vector<OptionDef>& t) {
   add_tuning(
       t, "relative position buckets (T5)", "--position-embedding-type relative",
       {{"--relative-attention-num-buckets", "N"}, {"--relative-attention-max-distance", "N"}});
-  add_tuning(t, "the Muon, Lion and SOAP optimizers", "--optimizer muon|lion|soap",
-             {{"--muon-momentum", "X"},
-              {"--muon-no-split-qkv", ""},
-              {"--muon-nesterov", ""},
-              {"--muon-scale-mode", "spectral|unit_rms_norm|shape_scaling"},
-              {"--muon-fp32-matmul-prec", "low|medium|high"},
-              {"--muon-coefficient-type", "V"},
-              {"--muon-num-ns-steps", "N"},
-              {"--muon-tp-mode", "blockwise|duplicated|distributed"},
-              {"--muon-use-syrk", ""},
-              {"--muon-extra-scale-factor", "X"},
-              {"--muon-scalar-optimizer", "adam|lion"},
-              {"--lion-beta1", "X"},
-              {"--lion-beta2", "X"},
-              {"--no-use-layer-wise-param-layout", ""}});
+  add_tuning(t, "the layer-wise distributed optimizer of SOAP and Muon", "--optimizer dist_muon",
+             {{"--no-use-layer-wise-param-layout", ""}});
   add_tuning(t, "fully sharded data parallelism (FSDP)", "--use-megatron-fsdp",
              {{"--megatron-fsdp-version", "1|2"},
               {"--fsdp-manual-registration", ""},

@@ -96,11 +96,16 @@ void add_training_options(std::vector<OptionDef>& t) {
   t.push_back(number<int64_t>("--seed", "N", T, "seed of initialisation and data order",
                               [](Options& o) -> int64_t& { return o.seed; }));
   t.push_back(OptionDef{
-      "--optimizer", "adam|sgd", O,
+      "--optimizer", "NAME", O,
       "adam: Adam with decoupled weight decay (AdamW, as Megatron's; adamw is the same); sgd: "
-      "SGD with momentum and L2 weight decay",
+      "SGD with momentum and L2 weight decay; the zoo (on the CPU, one tensor-parallel rank): "
+      "lamb (ds.fusedlamb, ipex.lamb, ipex.fusedlamb), lion, muon, adamwschedulefree, "
+      "sgdschedulefree, adam8bit, sophiag (with its Hessian estimate at 0, as Megatron-DeepSpeed "
+      "runs it); apex.adam and apex.sgd are adamw and sgd",
       [](Options& o, const std::string& v) {
-        for (const char* other : {"muon", "dist_muon", "adaptive_muon", "lion", "soap"})
+        for (const char* other : {"dist_muon", "adaptive_muon", "soap", "muonclip", "ds.onebitlamb",
+                                  "galoreadamw", "galoreadamw8bit", "galoreadamw8bitperlayer",
+                                  "shampoo", "dshampooadamw", "adopt", "adafactor"})
           if (v == other) throw NotBuiltError("--optimizer " + v, "the " + v + " optimizer");
         parse_optimizer(v);  // names the choices when `v` is none of them
         o.optimizer = v;
@@ -172,6 +177,7 @@ void add_training_options(std::vector<OptionDef>& t) {
       },
       nullptr});
 
+  add_optimizer_zoo_options(t);
   add_recompute_options(t);
 }
 

@@ -4,13 +4,16 @@
 
 #include "backend/ops.h"
 #include "base/error.h"
+#include "optim/optimizer_zoo.h"
 
 namespace omni {
 
 OptimizerKind parse_optimizer(const std::string& s) {
   if (s == "adam" || s == "adamw") return OptimizerKind::AdamW;
   if (s == "sgd") return OptimizerKind::SGD;
-  throw UsageError("--optimizer: '" + s + "' is not one of adam (adamw), sgd");
+  if (auto zoo = parse_zoo_optimizer(s)) return *zoo;
+  throw UsageError("--optimizer: '" + s + "' is not one of adam (adamw), sgd, " +
+                   zoo_optimizer_names());
 }
 
 template <typename T>
@@ -27,6 +30,10 @@ template <typename T>
 Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
                         const ops::Exec& exec)
     : cfg_(config), x_(exec) {
+  if (is_zoo_optimizer(cfg_.kind)) {
+    zoo_ = make_zoo_optimizer(cfg_, params);
+    return;
+  }
   const Device device = params.values_tensor().device();
   m_ = Tensor::zeros({params.size()}, dtype_of<T>(), device, exec.memory());
   if (cfg_.kind != OptimizerKind::SGD)
@@ -35,16 +42,29 @@ Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& pa
 
 template <typename T>
 std::vector<std::string> Optimizer<T>::state_names() const {
+  if (zoo_) return zoo_->state_names();
   if (cfg_.kind == OptimizerKind::SGD) return {"momentum_buffer"};
   return {"exp_avg", "exp_avg_sq"};
 }
 
 template <typename T>
 T* Optimizer<T>::state_buffer(const std::string& name) const {
+  if (zoo_) return zoo_->state_buffer(name);
   if (name == "exp_avg" && cfg_.kind != OptimizerKind::SGD) return m_.template data<T>();
   if (name == "exp_avg_sq" && cfg_.kind != OptimizerKind::SGD) return v_.template data<T>();
   if (name == "momentum_buffer" && cfg_.kind == OptimizerKind::SGD) return m_.template data<T>();
   throw InternalError("[optimizer] no state buffer '" + name + "'");
+}
+
+template <typename T>
+std::vector<std::string> Optimizer<T>::scalar_names() const {
+  return zoo_ ? zoo_->scalar_names() : std::vector<std::string>{};
+}
+
+template <typename T>
+double& Optimizer<T>::scalar(const std::string& name) const {
+  if (zoo_) return zoo_->scalar(name);
+  throw InternalError("[optimizer] no scalar state '" + name + "'");
 }
 
 template <typename T>
@@ -79,12 +99,16 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
       }
       break;
     }
+    default:  // the zoo steps whole tensors (Optimizer::step), never element ranges
+      throw UsageError(std::string("--optimizer ") + zoo_optimizer_name(cfg.kind) +
+                       " does not run with --use-distributed-optimizer yet");
   }
 }
 
 template <typename T>
 void Optimizer<T>::step(ParameterSet<T>& params, double lr) {
   ++step_;
+  if (zoo_) return zoo_->step(params, lr, step_);
   T* m = m_.template data<T>();
   T* v = v_.defined() ? v_.template data<T>() : nullptr;
   for (const ParamInfo& p : params.infos())
@@ -97,6 +121,9 @@ void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t 
                      bool decay, T* w, const T* g, T* m, T* v, int64_t n) {
   if (!exec.on_gpu()) return update_elements(cfg, step, lr, decay, w, g, m, v, n);
   if constexpr (std::is_same_v<T, float>) {
+    if (is_zoo_optimizer(cfg.kind))
+      throw UsageError(std::string("--optimizer ") + zoo_optimizer_name(cfg.kind) +
+                       " runs on the CPU only in this version; use --device cpu");
     const double wd = decay ? cfg.weight_decay : 0.0;
     if (cfg.kind == OptimizerKind::SGD)
       exec.gpu->sgd_update(w, g, m, size_t(n), lr, cfg.sgd_momentum, wd);

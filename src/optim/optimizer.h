@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "optim/optimizer_zoo_config.h"
 #include "tensor/parameters.h"
 
 namespace omni {
@@ -14,7 +15,18 @@ namespace omni {
 // Megatron's --optimizer adam is Adam with decoupled weight decay (its OptimizerConfig's
 // decoupled_weight_decay defaults to true and no flag turns it off): AdamW. "adamw" names the
 // same. sgd is torch.optim.SGD: momentum, weight decay added to the gradient (L2).
-enum class OptimizerKind { AdamW, SGD };
+// The rest are the zoo (optim/optimizer_zoo.h): Megatron-DeepSpeed's OPT list, Lion and Muon.
+enum class OptimizerKind {
+  AdamW,
+  SGD,
+  Lamb,
+  Lion,
+  Muon,
+  AdamWScheduleFree,
+  SGDScheduleFree,
+  Adam8bit,
+  SophiaG
+};
 OptimizerKind parse_optimizer(const std::string& s);
 
 struct OptimizerConfig {
@@ -23,6 +35,7 @@ struct OptimizerConfig {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   double sgd_momentum = 0.9;
   double clip_grad = 1.0;  // global-norm clipping; 0 disables
+  ZooConfig zoo;           // the zoo's own hyper-parameters
 };
 
 // Global L2 norm of all gradients, summed in a fixed order; `exec`: their device.
@@ -44,6 +57,9 @@ void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t 
                      bool decay, T* w, const T* g, T* m, T* v, int64_t n);
 
 template <typename T>
+class ZooOptimizer;
+
+template <typename T>
 class Optimizer {
  public:
   // The states live where `exec` says, as the parameters do.
@@ -59,12 +75,16 @@ class Optimizer {
   T* state_buffer(const std::string& name) const;
   void set_steps(int64_t steps) { step_ = steps; }
   OptimizerKind kind() const { return cfg_.kind; }
+  // Scalar state beside the buffers (schedule-free's averaging weights), saved with them.
+  std::vector<std::string> scalar_names() const;
+  double& scalar(const std::string& name) const;
 
  private:
   OptimizerConfig cfg_;
   ops::Exec x_;
   int64_t step_ = 0;
   Tensor m_, v_;
+  std::shared_ptr<ZooOptimizer<T>> zoo_;  // set for the zoo's kinds
 };
 
 }  // namespace omni

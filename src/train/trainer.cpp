@@ -288,6 +288,8 @@ void Trainer::load(const std::string& dir) {
         dist_optimizer_->set_steps(full_optimizer.steps());
       else
         optimizer_->set_steps(full_optimizer.steps());
+      for (const std::string& name : full_optimizer.scalar_names())  // the zoo's (optimizer_zoo.h)
+        optimizer_->scalar(name) = full_optimizer.scalar(name);
     }
   }
   if (mixed_) mixed_->copy_master_to_model();
@@ -348,6 +350,8 @@ std::string Trainer::save(MetricsSink& sink) {
       assemble(local.data(), full_optimizer.state_buffer(name));
     }
     full_optimizer.set_steps(optimizer_ ? optimizer_->steps() : dist_optimizer_->steps());
+    for (const std::string& name : full_optimizer.scalar_names())  // the zoo's (optimizer_zoo.h)
+      full_optimizer.scalar(name) = optimizer_->scalar(name);
     if (world.rank() == 0)
       dir = save_checkpoint(opts_.save, opts_, progress, full.params(), full_optimizer);
     world.barrier();  // the checkpoint is complete for every rank once any rank goes on

@@ -156,11 +156,12 @@ TEST(MegatronFlags, OptimizerAdamIsAdamWithDecoupledWeightDecay) {
   EXPECT_EQ(finalized({}).optimizer, "adam");  // Megatron's default
   Options o;
   try {
-    parse_options({"--optimizer", "muon"}, o);
-    ADD_FAILURE() << "muon accepted";
+    parse_options({"--optimizer", "soap"}, o);
+    ADD_FAILURE() << "soap accepted";
   } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "--optimizer muon: not built yet: the muon optimizer");
+    EXPECT_STREQ(e.what(), "--optimizer soap: not built yet: the soap optimizer");
   }
+  EXPECT_EQ(finalized({"--optimizer", "muon"}).optim.kind, OptimizerKind::Muon);  // the zoo
   EXPECT_THROW(parse_options({"--optimizer", "adagrad"}, o), UsageError);
 }
 

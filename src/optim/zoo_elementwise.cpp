@@ -1,0 +1,218 @@
+// The zoo's optimizers whose state is per element: LAMB, Lion, SophiaG, and schedule-free
+// AdamW and SGD.
+// Each update is written from its reference, cited at its function; weight decay applies only
+// to parameters marked weight_decay (Megatron's and Megatron-DeepSpeed's groups).
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+#include "optim/optimizer_zoo.h"
+
+namespace omni {
+
+namespace {
+
+template <typename T>
+class ElementwiseZoo : public ZooOptimizer<T> {
+ public:
+  ElementwiseZoo(const OptimizerConfig& config, const ParameterSet<T>& params)
+      : cfg_(config), states_(names(config.kind), params.size()) {}
+
+  void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    if (cfg_.kind == OptimizerKind::AdamWScheduleFree ||
+        cfg_.kind == OptimizerKind::SGDScheduleFree)
+      begin_schedule_free_step(params, lr, step);
+    for (const ParamInfo& p : params.infos()) {
+      const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
+      T* w = params.values() + p.offset;
+      const T* g = params.grads() + p.offset;
+      switch (cfg_.kind) {
+        case OptimizerKind::Lamb:
+          lamb(w, g, p, wd, lr, step);
+          break;
+        case OptimizerKind::Lion:
+          lion(w, g, p, wd, lr);
+          break;
+        case OptimizerKind::SophiaG:
+          sophiag(w, g, p, wd, lr);
+          break;
+        case OptimizerKind::AdamWScheduleFree:
+        case OptimizerKind::SGDScheduleFree:
+          schedule_free(w, g, p, wd, step);
+          break;
+        default:
+          throw InternalError("[optimizer] not an element-wise zoo optimizer");
+      }
+    }
+  }
+  std::vector<std::string> state_names() const override { return states_.names(); }
+  T* state_buffer(const std::string& name) override { return states_.get(name); }
+  std::vector<std::string> scalar_names() const override {
+    if (cfg_.kind == OptimizerKind::AdamWScheduleFree ||
+        cfg_.kind == OptimizerKind::SGDScheduleFree)
+      return {"weight_sum", "lr_max"};
+    return {};
+  }
+  double& scalar(const std::string& name) override {
+    if (name == "weight_sum") return weight_sum_;
+    if (name == "lr_max") return lr_max_;
+    return ZooOptimizer<T>::scalar(name);
+  }
+
+ private:
+  static std::vector<std::string> names(OptimizerKind kind) {
+    switch (kind) {
+      case OptimizerKind::Lamb:
+        return {"exp_avg", "exp_avg_sq"};
+      case OptimizerKind::Lion:
+        return {"exp_avg"};
+      case OptimizerKind::SophiaG:
+        return {"exp_avg", "hessian"};
+      case OptimizerKind::AdamWScheduleFree:
+        return {"z", "x", "exp_avg_sq"};
+      default:
+        return {"z", "x"};
+    }
+  }
+
+  // LAMB as DeepSpeed's FusedLamb computes it (csrc/lamb/fused_lamb_cuda_kernel.cu, the
+  // kernel behind Megatron-DeepSpeed's ds.fusedlamb): Adam's moments, the update
+  // u = m / (sqrt(v) + eps) + wd * w from the moments without bias correction, the trust
+  // ratio ||w|| / ||u|| per tensor (1 where either is 0) clamped to [min_coeff, max_coeff],
+  // and w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * ratio * u.
+  void lamb(T* w, const T* g, const ParamInfo& p, double wd, double lr, int64_t step) {
+    T* m = states_.get("exp_avg") + p.offset;
+    T* v = states_.get("exp_avg_sq") + p.offset;
+    const T b1 = T(cfg_.adam_beta1), b2 = T(cfg_.adam_beta2), eps = T(cfg_.adam_eps), twd = T(wd);
+    double w2 = 0, u2 = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+      const T u = m[i] / (std::sqrt(v[i]) + eps) + twd * w[i];
+      w2 += double(w[i]) * double(w[i]);
+      u2 += double(u) * double(u);
+    }
+    double ratio = 1.0;
+    if (w2 > 0 && u2 > 0)
+      ratio = std::clamp(std::sqrt(w2) / std::sqrt(u2), cfg_.zoo.lamb_min_coeff,
+                         cfg_.zoo.lamb_max_coeff);
+    const double t = double(step);
+    const double step_size =
+        lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
+    const T scale = T(step_size * ratio);
+    for (int64_t i = 0; i < p.numel; ++i)
+      w[i] -= scale * (m[i] / (std::sqrt(v[i]) + eps) + twd * w[i]);
+  }
+
+  // Lion (Chen et al., "Symbolic Discovery of Optimization Algorithms", Algorithm 2):
+  // w *= 1 - lr * wd; w -= lr * sign(b1 * m + (1 - b1) * g); m = b2 * m + (1 - b2) * g.
+  void lion(T* w, const T* g, const ParamInfo& p, double wd, double lr) {
+    T* m = states_.get("exp_avg") + p.offset;
+    const T b1 = T(cfg_.zoo.lion_beta1), b2 = T(cfg_.zoo.lion_beta2), tlr = T(lr);
+    const T decay = T(1.0 - lr * wd);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const T c = b1 * m[i] + (T(1) - b1) * g[i];
+      const T sign = T((c > T(0)) - (c < T(0)));
+      w[i] = w[i] * decay - tlr * sign;
+      m[i] = b2 * m[i] + (T(1) - b2) * g[i];
+    }
+  }
+
+  // SophiaG (Liu et al., "Sophia: A Scalable Stochastic Second-order Optimizer", Algorithm
+  // 3), as the reference sophia.py that Megatron-DeepSpeed copies: w *= 1 - lr * wd;
+  // m = b1 * m + (1 - b1) * g; w -= lr * sign(m) * min(|m| / (rho * bs * h + 1e-15), 1).
+  // h is the Hessian estimate update_hessian() keeps. Megatron-DeepSpeed never calls its
+  // update_hessian, so h stays 0 there and the step is lr * sign(m); so it is here, as the
+  // trainer computes no sampled-label gradients (see --optimizer's help).
+  void sophiag(T* w, const T* g, const ParamInfo& p, double wd, double lr) {
+    T* m = states_.get("exp_avg") + p.offset;
+    const T* h = states_.get("hessian") + p.offset;
+    const T b1 = T(cfg_.zoo.sophiag_beta1), tlr = T(lr), decay = T(1.0 - lr * wd);
+    const T rho_bs = T(cfg_.zoo.sophiag_rho * cfg_.zoo.sophiag_bs);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      w[i] *= decay;
+      m[i] = m[i] * b1 + (T(1) - b1) * g[i];
+      const T ratio = std::min(std::fabs(m[i]) / (rho_bs * h[i] + T(1e-15)), T(1));
+      const T sign = T((m[i] > T(0)) - (m[i] < T(0)));
+      w[i] -= tlr * sign * ratio;
+    }
+  }
+
+ public:
+  void update_hessian(const ParameterSet<T>& params) override {
+    OMNI_REQUIRE(cfg_.kind == OptimizerKind::SophiaG, "[optimizer] only sophiag keeps a Hessian");
+    T* h = states_.get("hessian");
+    const T b2 = T(cfg_.zoo.sophiag_beta2);
+    for (int64_t i = 0; i < params.size(); ++i)
+      h[i] = h[i] * b2 + (T(1) - b2) * params.grads()[i] * params.grads()[i];
+  }
+
+ private:
+  // Schedule-free (Defazio et al., "The Road Less Scheduled", arXiv:2405.15682), as
+  // facebookresearch/schedule_free's reference implementations: the model's weights are
+  // y = b * x + (1 - b) * z, where z takes plain (Adam- or SGD-) steps and x is the
+  // weighted average of the z's with weights (k+1)^r * lr_max^weight_lr_power. The
+  // learning rate of step k is lr times the optimizer's own linear warmup.
+  void begin_schedule_free_step(ParameterSet<T>& params, double lr, int64_t step) {
+    const int64_t k = step - 1, warmup = cfg_.zoo.schedulefree_warmup_steps;
+    sf_lr_ = lr * (k < warmup ? double(k + 1) / double(warmup) : 1.0);
+    lr_max_ = std::max(sf_lr_, lr_max_);
+    const double weight = std::pow(double(k + 1), cfg_.zoo.schedulefree_r) *
+                          std::pow(lr_max_, cfg_.zoo.schedulefree_weight_lr_power);
+    weight_sum_ += weight;
+    ckp1_ = weight_sum_ != 0 ? weight / weight_sum_ : 0.0;
+    if (step == 1) {  // x and z start at the initial weights
+      std::copy_n(params.values(), params.size(), states_.get("z"));
+      std::copy_n(params.values(), params.size(), states_.get("x"));
+    }
+  }
+
+  void schedule_free(T* y, const T* g, const ParamInfo& p, double wd, int64_t step) {
+    T* z = states_.get("z") + p.offset;
+    T* x = states_.get("x") + p.offset;
+    const T tlr = T(sf_lr_), twd = T(wd), c = T(ckp1_);
+    if (cfg_.kind == OptimizerKind::SGDScheduleFree) {
+      // SGDScheduleFreeReference: L2 weight decay at y, z -= lr * g.
+      const T b = T(cfg_.sgd_momentum);
+      for (int64_t i = 0; i < p.numel; ++i) {
+        z[i] -= tlr * (g[i] + twd * y[i]);
+        x[i] = x[i] * (T(1) - c) + z[i] * c;
+        y[i] = x[i] * b + z[i] * (T(1) - b);
+      }
+      return;
+    }
+    // AdamWScheduleFreeReference: decoupled decay of z at y, then an Adam step (second
+    // moment only, bias-corrected) on z.
+    T* v = states_.get("exp_avg_sq") + p.offset;
+    const T b1 = T(cfg_.adam_beta1), b2 = T(cfg_.adam_beta2), eps = T(cfg_.adam_eps);
+    const T bc2 = T(1.0 - std::pow(cfg_.adam_beta2, double(step)));
+    for (int64_t i = 0; i < p.numel; ++i) {
+      z[i] -= tlr * twd * y[i];
+      v[i] = v[i] * b2 + (T(1) - b2) * g[i] * g[i];
+      z[i] -= tlr * (g[i] / (std::sqrt(v[i] / bc2) + eps));
+      x[i] = x[i] * (T(1) - c) + z[i] * c;
+      y[i] = x[i] * b1 + z[i] * (T(1) - b1);
+    }
+  }
+
+  OptimizerConfig cfg_;
+  ZooStates<T> states_;
+  double weight_sum_ = 0.0, lr_max_ = -1.0;  // the reference's initial values
+  double sf_lr_ = 0.0, ckp1_ = 0.0;          // of the current step
+};
+
+}  // namespace
+
+template <typename T>
+std::shared_ptr<ZooOptimizer<T>> make_elementwise_zoo_optimizer(const OptimizerConfig& config,
+                                                                const ParameterSet<T>& params) {
+  return std::make_shared<ElementwiseZoo<T>>(config, params);
+}
+
+template std::shared_ptr<ZooOptimizer<float>> make_elementwise_zoo_optimizer(
+    const OptimizerConfig&, const ParameterSet<float>&);
+template std::shared_ptr<ZooOptimizer<double>> make_elementwise_zoo_optimizer(
+    const OptimizerConfig&, const ParameterSet<double>&);
+
+}  // namespace omni

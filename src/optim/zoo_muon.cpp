@@ -1,0 +1,189 @@
+// Muon: momentum orthogonalised by a Newton-Schulz iteration for the 2-D weights, AdamW for
+// the rest (K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks",
+// 2024; Liu et al., "Muon is Scalable for LLM Training", arXiv:2502.16982). As Megatron's
+// TensorParallelMuon (megatron/core/optimizer/emerging_optimizers.py over NVIDIA's
+// emerging_optimizers OrthogonalizedOptimizer), for one matrix W with gradient G:
+//   W -= lr * wd * W                      (decoupled weight decay)
+//   M = lerp(M, G, 1 - momentum)          (the momentum buffer, an EMA of gradients)
+//   U = nesterov ? lerp(G, M, momentum) : M
+//   W -= lr * scale * extra_scale * NS(U)
+// where NS normalises U by its Frobenius norm and runs num_ns_steps quintic iterations
+// X = a X + (b A + c A A) X, A = X X^T, on the shorter side; scale is sqrt(max(rows, cols))
+// (spectral), sqrt(rows / cols) (unit_rms_norm) or sqrt(max(1, rows / cols)) (shape_scaling).
+// Megatron's split: the fused QKV weight's query, key and value rows are orthogonalised as
+// three matrices. The word embeddings, the output layer and every tensor that is not 2-D
+// take AdamW steps (Megatron's scalar optimizer, adam).
+//
+// States: exp_avg (Muon's momentum buffer for its matrices, Adam's first moment for the
+// rest) and exp_avg_sq (Adam's second moment; zero for the matrices).
+#include <cmath>
+#include <vector>
+
+#include "base/error.h"
+#include "optim/optimizer_zoo.h"
+
+namespace omni {
+
+namespace {
+
+struct NSCoefficients {
+  double a, b, c;
+};
+
+// emerging_optimizers' coefficient sets, cycled through the iterations.
+std::vector<NSCoefficients> ns_coefficients(const std::string& type) {
+  if (type == "simple") return {{3.4445, -4.7750, 2.0315}};
+  if (type == "quintic")
+    return {{4.0848, -6.8946, 2.9270},
+            {3.9505, -6.3029, 2.6377},
+            {3.7418, -5.5913, 2.3037},
+            {2.8769, -3.1427, 1.2046},
+            {2.8366, -3.0525, 1.2012}};
+  throw UsageError("--muon-coefficient-type: '" + type + "' is not one of quintic, simple");
+}
+
+bool takes_muon(const ParamInfo& p) {
+  return p.shape.size() == 2 && p.name != "embedding.word_embeddings.weight" &&
+         p.name != "output_layer.weight";
+}
+
+bool is_qkv(const ParamInfo& p) {
+  const std::string suffix = "linear_qkv.weight";
+  return p.name.size() >= suffix.size() &&
+         p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+template <typename T>
+class Muon : public ZooOptimizer<T> {
+ public:
+  Muon(const OptimizerConfig& config, const ParameterSet<T>& params)
+      : cfg_(config),
+        coefficients_(ns_coefficients(config.zoo.muon_coefficient_type)),
+        states_({"exp_avg", "exp_avg_sq"}, params.size()) {
+    adam_ = config;
+    adam_.kind = OptimizerKind::AdamW;
+    scale_factor(1, 1);  // names a bad --muon-scale-mode before the first step
+  }
+
+  void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    T* m = states_.get("exp_avg");
+    T* v = states_.get("exp_avg_sq");
+    for (const ParamInfo& p : params.infos()) {
+      T* w = params.values() + p.offset;
+      const T* g = params.grads() + p.offset;
+      if (!takes_muon(p)) {
+        update_elements(adam_, step, lr, p.weight_decay, w, g, m + p.offset, v + p.offset, p.numel);
+        continue;
+      }
+      matrix_step(p, w, g, m + p.offset, lr);
+    }
+  }
+  std::vector<std::string> state_names() const override { return states_.names(); }
+  T* state_buffer(const std::string& name) override { return states_.get(name); }
+
+ private:
+  void matrix_step(const ParamInfo& p, T* w, const T* g, T* m, double lr) {
+    const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
+    const T mu = T(cfg_.zoo.muon_momentum), one_minus_mu = T(1.0 - cfg_.zoo.muon_momentum);
+    update_.resize(size_t(p.numel));
+    for (int64_t i = 0; i < p.numel; ++i) {
+      if (wd != 0) w[i] += T(-wd * lr) * w[i];
+      m[i] += one_minus_mu * (g[i] - m[i]);
+      update_[i] = cfg_.zoo.muon_nesterov ? g[i] + mu * (m[i] - g[i]) : m[i];
+    }
+    const int64_t rows = p.shape[0], cols = p.shape[1];
+    const std::vector<int64_t>& split = cfg_.zoo.qkv_split_shapes;
+    if (is_qkv(p) && !split.empty()) {
+      int64_t per_group = 0;
+      for (int64_t s : split) per_group += s;
+      OMNI_REQUIRE(rows % per_group == 0, "[muon] ", p.name, " has ", rows,
+                   " rows, not a multiple of the query group's ", per_group);
+      const int64_t groups = rows / per_group;
+      int64_t start = 0;
+      for (int64_t s : split) {  // gather this part's rows of every group, orthogonalise, put back
+        std::vector<T> part(size_t(groups * s * cols));
+        for (int64_t gi = 0; gi < groups; ++gi)
+          std::copy_n(update_.data() + (gi * per_group + start) * cols, s * cols,
+                      part.data() + gi * s * cols);
+        orthogonalize(part.data(), groups * s, cols);
+        for (int64_t gi = 0; gi < groups; ++gi)
+          std::copy_n(part.data() + gi * s * cols, s * cols,
+                      update_.data() + (gi * per_group + start) * cols);
+        start += s;
+      }
+    } else {
+      orthogonalize(update_.data(), rows, cols);
+    }
+    const T tlr = T(lr);
+    for (int64_t i = 0; i < p.numel; ++i) w[i] -= tlr * update_[i];
+  }
+
+  double scale_factor(int64_t rows, int64_t cols) const {
+    const std::string& mode = cfg_.zoo.muon_scale_mode;
+    const double r = double(rows), c = double(cols);
+    if (mode == "spectral") return std::sqrt(std::max(r, c));
+    if (mode == "unit_rms_norm") return std::sqrt(r / c);
+    if (mode == "shape_scaling") return std::sqrt(std::max(1.0, r / c));
+    throw UsageError("--muon-scale-mode: '" + mode +
+                     "' is not one of spectral, unit_rms_norm, shape_scaling");
+  }
+
+  // x [rows, cols] := scale * extra_scale * NS(x), in place.
+  void orthogonalize(T* x, int64_t rows, int64_t cols) {
+    const bool transpose = rows > cols;
+    const int r = int(transpose ? cols : rows), c = int(transpose ? rows : cols);
+    X_.resize(size_t(r) * c);
+    if (transpose) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) X_[size_t(j * rows + i)] = x[i * cols + j];
+    } else {
+      std::copy_n(x, rows * cols, X_.data());
+    }
+    double norm2 = 0;
+    for (T e : X_) norm2 += double(e) * double(e);
+    const T inv = T(1.0 / std::max(std::sqrt(norm2), 1e-15));  // torch's normalize, eps 1e-15
+    for (T& e : X_) e *= inv;
+    A_.resize(size_t(r) * r);
+    B_.resize(size_t(r) * r);
+    Y_.resize(X_.size());
+    for (int k = 0; k < cfg_.zoo.muon_num_ns_steps; ++k) {
+      const NSCoefficients& k_c = coefficients_[size_t(k) % coefficients_.size()];
+      ops::gemm<T>(false, true, r, r, c, T(1), X_.data(), c, X_.data(), c, T(0), A_.data(), r);
+      B_ = A_;
+      ops::gemm<T>(false, false, r, r, r, T(k_c.c), A_.data(), r, A_.data(), r, T(k_c.b), B_.data(),
+                   r);
+      Y_ = X_;
+      ops::gemm<T>(false, false, r, c, r, T(1), B_.data(), r, X_.data(), c, T(k_c.a), Y_.data(), c);
+      std::swap(X_, Y_);
+    }
+    const T scale = T(scale_factor(rows, cols) * cfg_.zoo.muon_extra_scale_factor);
+    if (transpose) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) x[i * cols + j] = X_[size_t(j * rows + i)] * scale;
+    } else {
+      for (int64_t i = 0; i < rows * cols; ++i) x[i] = X_[size_t(i)] * scale;
+    }
+  }
+
+  OptimizerConfig cfg_, adam_;
+  std::vector<NSCoefficients> coefficients_;
+  ZooStates<T> states_;
+  std::vector<T> update_, X_, A_, B_, Y_;  // scratch
+};
+
+}  // namespace
+
+template <typename T>
+std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config,
+                                           const ParameterSet<T>& params) {
+  OMNI_REQUIRE(config.zoo.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1 (got ",
+               config.zoo.muon_num_ns_steps, ")");
+  return std::make_shared<Muon<T>>(config, params);
+}
+
+template std::shared_ptr<ZooOptimizer<float>> make_muon(const OptimizerConfig&,
+                                                        const ParameterSet<float>&);
+template std::shared_ptr<ZooOptimizer<double>> make_muon(const OptimizerConfig&,
+                                                         const ParameterSet<double>&);
+
+}  // namespace omni
