@@ -24,6 +24,7 @@
 #include "data/datasets/indexed_dataset.h"
 #include "data/datasets/prefetch.h"
 #include "generate/sampler.h"
+#include "optim/optimizer_zoo.h"
 #include "train/downstream_eval.h"
 #include "train/run_options.h"
 #include "train/trainer.h"
@@ -33,7 +34,7 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU half of the seam supports (one rank per process); auto falls back
+// GPU half of the seam supports (one rank per process, not the optimizer zoo); auto falls back
 // to the CPU and says why. `note` is printed with the run's set-up lines, so that
 // earlier errors stay one line.
 struct DeviceChoice {
@@ -48,8 +49,12 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
                            (d.gpus_visible == 1 ? "" : "s") + " visible";
-  if (world_size == 1) return {name, ""};
-  const std::string unsupported = "runs of several ranks";
+  std::string unsupported;
+  if (world_size > 1)
+    unsupported = "runs of several ranks";
+  else if (is_zoo_optimizer(o.optim.kind))
+    unsupported = std::string("--optimizer ") + zoo_optimizer_name(o.optim.kind);
+  if (unsupported.empty()) return {name, ""};
   OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
                ", but training on the GPU does not support ", unsupported,
                " yet in this version; use --device cpu");
