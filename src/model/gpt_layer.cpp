@@ -13,7 +13,7 @@ namespace omni {
 template <typename T>
 template <typename P, typename Get>
 typename GPTModel<T>::template LayerTensors<P> GPTModel<T>::layer_tensors(int i, Get get) const {
-  const std::string l = "decoder.layers." + std::to_string(i) + ".";
+  const std::string l = layer_prefix(i);
   return LayerTensors<P>{get(l + "input_layernorm.weight"),
                          get(l + "input_layernorm.bias"),
                          get(l + "self_attention.linear_qkv.weight"),

@@ -20,10 +20,12 @@ T storage_value(double v) {
     return T(v);
 }
 
-std::string layer_prefix(int i) {
-  return "decoder.layers." + std::to_string(i) + ".";
-}
 }  // namespace
+
+template <typename T>
+std::string GPTModel<T>::layer_prefix(int layer) {
+  return "decoder.layers." + std::to_string(layer) + ".";
+}
 
 template <typename T>
 std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {

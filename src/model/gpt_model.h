@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -178,6 +179,8 @@ class GPTModel final : public PipelineChunks<T> {
     int batch, seq, tokens, rows;  // rows: of the residual stream (tokens / tp under SP)
   };
 
+  // "decoder.layers.<layer>.": the names of a layer's parameters begin with it.
+  static std::string layer_prefix(int layer);
   LayerTensors<T> layer_params(int layer) const;
   LayerTensors<Grad> layer_grads(int layer) const;
   // The layer's tensors by name through get (a value or gradient lookup).
