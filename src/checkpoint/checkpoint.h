@@ -2,26 +2,31 @@
 // save, ROOT/latest_checkpointed_iteration.txt names the newest complete one.
 //
 // An iteration directory holds:
-//   metadata.txt   "omnitron-checkpoint 1", then `key value` lines: iteration,
+//   metadata.txt   "omnitron-checkpoint 2", then `key value` lines: iteration,
 //                  consumed_samples, lr_schedule_iteration and lr_schedule_samples (the
 //                  schedule's position in updates and in samples),
 //                  optimizer (name and step count), rng (none: see below), loss_scaler
 //                  (fp16's scale and trackers, when there is one), the resolved
-//                  options one argument per line after `args N`, and one line per tensor:
-//                    tensor NAME FILE BYTE_OFFSET float32 global D,D offset O,O shape S,S
-//                  (the global shape, and where this shard sits in it; every layout writes
-//                  the one-rank model's whole tensors, which the trainer assembles, so any
-//                  layout loads any checkpoint), one line per data file:
-//                    file NAME bytes N crc32 HEX
+//                  options one argument per line after `args N`, one line per stored piece
+//                  of a tensor, by the one-rank model's names and shapes:
+//                    shard NAME FILE BYTE_OFFSET float32 global D,D offset O,O shape S,S
+//                          elements FIRST END crc32 HEX
+//                  (a box of the global tensor, row-major elements FIRST..END of it stored
+//                  contiguously at BYTE_OFFSET; checkpoint_format.h), one line per data file:
+//                    file NAME bytes N
 //                  and closed by `end`.
-//   model.bin      the parameters, each tensor's values contiguous (no padding).
-//   optimizer.bin  the optimizer state by PyTorch's names, "optimizer.exp_avg.<param>";
-//                  absent from a model-only checkpoint (`optimizer none 0`, as
-//                  `omnitron convert` writes one), whose loader starts the optimizer afresh.
+//   model.bin, optimizer.bin     a one-rank save's parameters and optimizer state (by
+//                  PyTorch's names, "optimizer.exp_avg.<param>"); a save at several ranks
+//                  writes model_rankNNNNN.bin and optimizer_rankNNNNN.bin, each rank what it
+//                  owns (sharded_checkpoint.h), so any layout loads any checkpoint reading
+//                  only the bytes it needs. No optimizer file in a model-only checkpoint
+//                  (`optimizer none 0`, as `omnitron convert` writes one), whose loader starts
+//                  the optimizer afresh.
 // A save is written to ROOT/iter_NNNNNNN.tmp, each file fsync'd, the directory renamed
 // into place and only then latest_checkpointed_iteration.txt replaced (temporary + rename):
 // a crash at any moment leaves the previous checkpoint the latest and intact
-// (DESIGN.md invariant 6).
+// (DESIGN.md invariant 6). Checkpoints of version 1 (whole tensors, `tensor` lines, a CRC-32
+// per file) still load.
 //
 // Every loading function also accepts a Hugging Face model directory (config.json +
 // safetensors, see hf_interchange.h) as `root`: it reads as a model-only checkpoint at
@@ -34,6 +39,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "config/options.h"
 #include "tensor/parameters.h"
@@ -53,6 +60,16 @@ struct TrainingProgress {
   int64_t lr_schedule_samples = -1;
   std::optional<GradScalerState> loss_scaler;  // --fp16's scaler, when there is one
 };
+
+// What a checkpoint records of the optimizer beside its state buffers.
+struct CheckpointOptimizer {
+  std::string name = "none";  // "adamw", "sgd", a zoo name; "none": a model-only checkpoint
+  int64_t steps = 0;
+  std::vector<std::pair<std::string, double>> scalars;  // Optimizer::scalar_names()'
+};
+
+// The name a checkpoint stores for optimizer kind `k`.
+std::string checkpoint_optimizer_name(OptimizerKind k);
 
 // ROOT/iter_0000100 for iteration 100 (Megatron's 7-digit name).
 std::string checkpoint_iteration_dir(const std::string& root, int64_t iteration);

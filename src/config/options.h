@@ -108,6 +108,7 @@ struct Options {
   int64_t save_interval = 0;  // 0: only at the end (and on an early exit)
   bool finetune = false;      // --load the model only: iteration 0, fresh optimizer
   bool no_load_optim = false, no_save_optim = false;
+  bool async_save = false;  // --async-save: the step after a save does not wait for the disk
   // --load DIR's model options win over the command line's (Megatron's --use-checkpoint-args).
   bool use_checkpoint_args = false;
   bool exit_on_missing_checkpoint = false;

@@ -21,6 +21,10 @@ void add_checkpointing_options(std::vector<OptionDef>& t) {
                      [](Options& o) -> bool& { return o.no_load_optim; }));
   t.push_back(toggle("--no-save-optim", C, "--save the model without the optimizer state",
                      [](Options& o) -> bool& { return o.no_save_optim; }));
+  t.push_back(toggle("--async-save", C,
+                     "write checkpoints in the background: training goes on, and a save "
+                     "becomes the latest once every rank's files are on disk",
+                     [](Options& o) -> bool& { return o.async_save; }));
   t.push_back(toggle("--use-checkpoint-args", C,
                      "--load DIR's model options win over the command line's",
                      [](Options& o) -> bool& { return o.use_checkpoint_args; }));

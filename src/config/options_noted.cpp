@@ -256,7 +256,6 @@ void add_noted_checkpointing_precision_and_data(std::vector<OptionDef>& t) {
             {{"--ckpt-format", "torch|torch_dist|torch_dcp|fsdp_dtensor"},
              {"--auto-detect-ckpt-format", ""},
              {"--no-ckpt-fully-parallel-save", ""},
-             {"--async-save", ""},
              {"--async-strategy", "nvrx|mcore"},
              {"--use-persistent-ckpt-worker", ""},
              {"--async-ckpt-cpu-priority", "N"},

@@ -86,6 +86,11 @@ void DistributedOptimizer<T>::gather_state(const std::string& name, T* full) con
 }
 
 template <typename T>
+T* DistributedOptimizer<T>::shard_state(const std::string& name) const {
+  return (is_second_moment(name) ? v_ : m_).template data<T>();
+}
+
+template <typename T>
 void DistributedOptimizer<T>::load_state(const std::string& name, const T* full) {
   T* s = (is_second_moment(name) ? v_ : m_).template data<T>();
   const std::vector<ShardRange>& shard = buckets_.shard();

@@ -54,6 +54,9 @@ class DistributedOptimizer {
   void gather_state(const std::string& name, T* full) const;
   // Takes this rank's shard of a whole state buffer (as gather_state writes it).
   void load_state(const std::string& name, const T* full);
+  // This rank's shard of state `name` in place: buckets.shard()'s ranges one after another,
+  // in the optimizer's device memory (sharded checkpoints write and read it there).
+  T* shard_state(const std::string& name) const;
 
  private:
   // A run of one parameter's elements inside this rank's shard.

@@ -7,6 +7,8 @@
 #include "backend/attention_backend.h"
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_interchange.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "optim/lr_schedule.h"
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
@@ -228,31 +230,42 @@ ParameterSet<float>& Trainer::optimizer_params() {
   return std::get<std::unique_ptr<Staged<float>>>(model_)->model.params();
 }
 
-struct Trainer::HostCopy {
-  HostCopy(const ParameterSet<float>& device, const OptimizerConfig& config)
-      : params(device.infos()), optimizer(config, params) {}
-  ParameterSet<float> params;
-  Optimizer<float> optimizer;
-};
-
-std::unique_ptr<Trainer::HostCopy> Trainer::host_copy() {
-  const ParameterSet<float>& params = optimizer_params();
-  auto host = std::make_unique<HostCopy>(params, opts_.optim);
-  const size_t n = size_t(params.size());
-  ops::download(exec_, host->params.values(), params.values(), n);
-  for (const std::string& name : optimizer_->state_names())
-    ops::download(exec_, host->optimizer.state_buffer(name), optimizer_->state_buffer(name), n);
-  host->optimizer.set_steps(optimizer_->steps());
-  return host;
-}
-
-void Trainer::upload(const HostCopy& host) {
+RankState Trainer::rank_state(bool with_optimizer) {
+  // One replica (the first data- and context-parallel rank) writes each model slice, the
+  // first tensor-parallel rank the tensors all hold whole, the first stage tied embeddings;
+  // the distributed optimizer's ranks each write their shard of its states.
   ParameterSet<float>& params = optimizer_params();
-  const size_t n = size_t(params.size());
-  ops::upload(exec_, params.values(), host.params.values(), n);
-  for (const std::string& name : optimizer_->state_names())
-    ops::upload(exec_, optimizer_->state_buffer(name), host.optimizer.state_buffer(name), n);
-  optimizer_->set_steps(host.optimizer.steps());
+  const int64_t n = params.size();
+  const bool replica = grid_->dp_rank() == 0 && grid_->cp_rank() == 0;
+  RankState state;
+  state.infos = params.infos();
+  state.padded_vocab = opts_.model.padded_vocab_size();
+  state.exec = exec_;
+  state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  const std::vector<std::string> names =
+      !with_optimizer ? std::vector<std::string>{}
+      : optimizer_    ? optimizer_->state_names()
+                      : dist_optimizer_->state_names();
+  for (const std::string& name : names) {
+    StateBuffer b{"optimizer." + name + ".", {}, true};
+    if (optimizer_) {
+      b.spans = {{0, n, optimizer_->state_buffer(name)}}, b.written = replica;
+    } else {
+      float* s = dist_optimizer_->shard_state(name);
+      for (const ShardRange& r : ddp_->shard()) {
+        b.spans.push_back({r.begin, r.end, s});
+        s += r.end - r.begin;
+      }
+    }
+    state.buffers.push_back(std::move(b));
+  }
+  const bool tp_lead = grid_->tp_rank() == 0;
+  const bool second_copy = shared_embedding_.second > 0 && !grid_->is_first_stage();
+  state.writes = [tp_lead, second_copy](const ParamInfo& p) {
+    return (tp_lead || !p.tp_replicated) &&
+           !(second_copy && p.name == "embedding.word_embeddings.weight");
+  };
+  return state;
 }
 
 void Trainer::load(const std::string& dir) {
@@ -261,36 +274,28 @@ void Trainer::load(const std::string& dir) {
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
   ParameterSet<float>& params = optimizer_params();
   TrainingProgress p;
-  if (exec_.on_gpu()) {
-    OMNI_REQUIRE(grid_->world().size() == 1,
-                 "--load: checkpoints of a GPU run over several ranks are not built yet");
-    const std::unique_ptr<HostCopy> host = host_copy();
-    p = load_checkpoint(dir, host->params, with_optimizer ? &host->optimizer : nullptr);
-    upload(*host);
-  } else if (grid_->world().size() == 1 && optimizer_) {
-    p = load_checkpoint(dir, params, with_optimizer ? optimizer_.get() : nullptr);
-  } else {
-    // Every rank reads the one-rank model's checkpoint and keeps its slices of it.
+  if (is_hf_model_dir(dir)) {  // a conversion's input, read whole; this rank keeps its slices
     GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
-    Optimizer<float> full_optimizer(opts_.optim, full.params());
-    p = load_checkpoint(dir, full.params(), with_optimizer ? &full_optimizer : nullptr);
-    take_slices(full.params(), full.params().values(), params, params.values());
-    if (with_optimizer) {
-      std::vector<float> local(params.size());
-      for (const std::string& name : full_optimizer.state_names()) {
-        take_slices(full.params(), full_optimizer.state_buffer(name), params, local.data());
-        if (dist_optimizer_)
-          dist_optimizer_->load_state(name, local.data());
-        else
-          std::copy(local.begin(), local.end(), optimizer_->state_buffer(name));
+    load_hf_weights(dir, full.params());
+    std::vector<float> local(size_t(params.size()));
+    take_slices(full.params(), full.params().values(), params, local.data());
+    ops::upload(exec_, params.values(), local.data(), local.size());
+  } else {  // each rank reads the byte ranges of its part (sharded_checkpoint.h)
+    const CheckpointReader reader(dir);
+    const bool states = with_optimizer && reader.optimizer().name != "none";
+    const OptimizerKind kind = optimizer_ ? optimizer_->kind() : dist_optimizer_->kind();
+    if (states) reader.check_optimizer(checkpoint_optimizer_name(kind));
+    reader.read(rank_state(states));
+    if (states) {
+      if (optimizer_) {
+        optimizer_->set_steps(reader.optimizer().steps);
+        for (const std::string& name : optimizer_->scalar_names())  // the zoo's
+          optimizer_->scalar(name) = reader.optimizer_scalar(name);
+      } else {
+        dist_optimizer_->set_steps(reader.optimizer().steps);
       }
-      if (dist_optimizer_)
-        dist_optimizer_->set_steps(full_optimizer.steps());
-      else
-        optimizer_->set_steps(full_optimizer.steps());
-      for (const std::string& name : full_optimizer.scalar_names())  // the zoo's (optimizer_zoo.h)
-        optimizer_->scalar(name) = full_optimizer.scalar(name);
     }
+    p = reader.progress();
   }
   if (mixed_) mixed_->copy_master_to_model();
   if (resume) {
@@ -308,58 +313,35 @@ void Trainer::load(const std::string& dir) {
 std::string Trainer::save(MetricsSink& sink) {
   OMNI_REQUIRE(!opts_.save.empty(), "saving a checkpoint needs --save DIR");
   TraceSpan span("save-checkpoint");  // Megatron's timer name
-  // The checkpoint is the one-rank model's, whatever the layout: each tensor is assembled
-  // from its owners' slices on world rank 0, which writes it.
-  ParameterSet<float>& params = optimizer_params();
-  Communicator& world = grid_->world();
   TrainingProgress progress;
   progress.iteration = iteration_, progress.consumed_samples = consumed_samples_;
   progress.lr_schedule_iteration = lr_steps_;
   progress.lr_schedule_samples = lr_samples_;
   if (scaler_) progress.loss_scaler = scaler_->state();
-  std::string dir;
-  if (exec_.on_gpu()) {
-    OMNI_REQUIRE(world.size() == 1,
-                 "--save: checkpoints of a GPU run over several ranks are not built yet");
-    const std::unique_ptr<HostCopy> host = host_copy();
-    dir = save_checkpoint(opts_.save, opts_, progress, host->params, host->optimizer);
-  } else if (world.size() == 1 && optimizer_) {
-    dir = save_checkpoint(opts_.save, opts_, progress, params, *optimizer_);
-  } else {
-    GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
-    Optimizer<float> full_optimizer(opts_.optim, full.params());
-    // One owner per slice: the first data- and context-parallel rank, and for the word
-    // embeddings held by two stages, the first stage.
-    const bool owner = grid_->dp_rank() == 0 && grid_->cp_rank() == 0;
-    const bool skip_shared = shared_embedding_.second > 0 && !grid_->is_first_stage();
-    auto assemble = [&](const float* local, float* whole) {
-      std::fill(whole, whole + full.params().size(), 0.0f);
-      if (owner)
-        put_slices(params, local, full.params(), whole, skip_shared, grid_->tp_rank() != 0);
-      world.all_reduce(whole, size_t(full.params().size()));
-    };
-    assemble(params.values(), full.params().values());
-    std::vector<float> local(params.size());
-    const std::vector<std::string> names =
-        optimizer_ ? optimizer_->state_names() : dist_optimizer_->state_names();
-    for (const std::string& name : names) {
-      if (optimizer_)
-        std::copy_n(optimizer_->state_buffer(name), params.size(), local.data());
-      else
-        dist_optimizer_->gather_state(name, local.data());
-      assemble(local.data(), full_optimizer.state_buffer(name));
-    }
-    full_optimizer.set_steps(optimizer_ ? optimizer_->steps() : dist_optimizer_->steps());
-    for (const std::string& name : full_optimizer.scalar_names())  // the zoo's (optimizer_zoo.h)
-      full_optimizer.scalar(name) = optimizer_->scalar(name);
-    if (world.rank() == 0)
-      dir = save_checkpoint(opts_.save, opts_, progress, full.params(), full_optimizer);
-    world.barrier();  // the checkpoint is complete for every rank once any rank goes on
-    dir = checkpoint_iteration_dir(opts_.save, iteration_);
+  CheckpointOptimizer optimizer;
+  if (!opts_.no_save_optim) {
+    optimizer.name =
+        checkpoint_optimizer_name(optimizer_ ? optimizer_->kind() : dist_optimizer_->kind());
+    optimizer.steps = optimizer_ ? optimizer_->steps() : dist_optimizer_->steps();
+    if (optimizer_)  // the zoo's scalars (optimizer_zoo.h)
+      for (const std::string& name : optimizer_->scalar_names())
+        optimizer.scalars.emplace_back(name, optimizer_->scalar(name));
   }
+  // Every rank writes its part at once (--async-save: from a copy, in the background).
+  if (!checkpoint_writer_) checkpoint_writer_ = std::make_unique<CheckpointWriter>(grid_->world());
+  const std::string dir = checkpoint_writer_->save(opts_.save, opts_, progress, optimizer,
+                                                   rank_state(!opts_.no_save_optim),
+                                                   opts_.async_save);
   last_saved_ = iteration_;
-  sink.message("saved checkpoint at iteration " + std::to_string(iteration_) + " to " + dir);
+  sink.message((opts_.async_save ? "saving checkpoint at iteration " : "saved checkpoint at iteration ") +
+               std::to_string(iteration_) + " to " + dir);
   return dir;
+}
+
+void Trainer::finish_save(MetricsSink& sink, bool wait) {
+  if (!checkpoint_writer_ || !checkpoint_writer_->pending()) return;
+  const std::string dir = checkpoint_writer_->finish(wait);
+  if (!dir.empty()) sink.message("checkpoint " + dir + " is complete and the latest");
 }
 
 void Trainer::read_batch(int m, int64_t first, bool train) {
@@ -616,6 +598,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
       sink.log_validation(m);
     }
     if (downstream_ && downstream_->due(it)) downstream_->run(*this, sink);
+    finish_save(sink, false);  // --async-save: publishes a save once every rank's files are durable
     if (!opts_.save.empty() && opts_.save_interval > 0 && it % opts_.save_interval == 0)
       result.saved.push_back(save(sink));
     // Every rank must stop at the same step: the duration and a caught signal are decided
@@ -645,6 +628,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
   const bool last_save = !opts_.disable_last_saving || !result.exit_reason.empty();
   if (!opts_.save.empty() && steps_run > 0 && last_saved_ != iteration_ && last_save)
     result.saved.push_back(save(sink));
+  finish_save(sink, true);
   result.last_iteration = iteration_;
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
   result.tokens_per_sec = steps_run > 0 ? tokens_trained / train_seconds : 0.0;

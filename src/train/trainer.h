@@ -25,7 +25,9 @@
 
 namespace omni {
 
+class CheckpointWriter;
 class DownstreamEvaluation;
+struct RankState;
 struct ScoredSequence;
 
 struct TrainResult {
@@ -142,11 +144,12 @@ class Trainer {
                          const std::function<double(const float*, size_t)>& op);
   // ops::sum_squares on the model's device.
   std::function<double(const float*, size_t)> sum_squares_op() const;
-  // A host copy of the parameters and optimizer states when they live on a GPU (checkpoints
-  // are written from and read into it); with `upload`, copies it back to the device.
-  struct HostCopy;
-  std::unique_ptr<HostCopy> host_copy();
-  void upload(const HostCopy& host);
+  // What this rank holds and writes of the model and (with_optimizer) its optimizer's
+  // states, for sharded checkpoints (checkpoint/sharded_checkpoint.h).
+  RankState rank_state(bool with_optimizer);
+  // --async-save: publishes the pending save once every rank's files are durable (`wait`:
+  // waits for them). Collective.
+  void finish_save(MetricsSink& sink, bool wait);
   // --log-params-norm and --log-num-zeros-in-grad (collective over the model-parallel ranks).
   void add_step_statistics(StepMetrics& m, bool skipped);
   // Sum of the last stage's per-micro-batch losses, averaged over data-parallel ranks and
@@ -179,6 +182,7 @@ class Trainer {
   BatchSchedule batch_schedule_;  // the global batch of each step (--rampup-batch-size)
   int64_t consumed_samples_ = 0;
   int64_t last_saved_ = -1;
+  std::unique_ptr<CheckpointWriter> checkpoint_writer_;
   bool signal_handler_installed_ = false;
   DocumentMaskOptions doc_masks_;
   std::vector<Batch> batches_;
