@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -290,6 +292,10 @@ std::string CheckpointWriter::save(const std::string& root, const Options& opts,
       }
     p.thread = std::thread([&p, tmp] {
       try {
+        // Fault injection for tests: a slow disk, so a test can kill -9 between a save's
+        // start and its files being durable.
+        if (const char* ms = std::getenv("OMNITRON_TEST_SAVE_DELAY_MS"))
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
         const float* at = p.staging.data();
         for (FilePlan& f : p.files)
           write_file(tmp, f, [&](size_t i) {
@@ -573,7 +579,8 @@ std::vector<std::pair<std::string, std::vector<float>>> CheckpointReader::read_w
     const std::string& prefix) const {
   std::vector<std::pair<std::string, std::vector<float>>> tensors;
   for (const auto& [name, shards] : impl_->by_name) {
-    if (name.rfind(prefix, 0) != 0) continue;
+    if (name.rfind(prefix, 0) != 0 || (prefix.empty() && name.rfind("optimizer.", 0) == 0))
+      continue;
     ParamInfo p(name, impl_->md.shards[shards.front()].global);
     p.numel = numel_of(p.shape);
     std::vector<float> values(size_t(p.numel));

@@ -113,8 +113,8 @@ class CheckpointReader {
   // a truncated file and a shard whose CRC-32 differs are UsageErrors naming the file and
   // the tensor.
   void read(const RankState& state) const;
-  // Every tensor whose name starts with `prefix`, whole, in name order (for tests and tools:
-  // this holds the whole model).
+  // Every tensor whose name starts with `prefix` (""; the model's, not "optimizer."'s),
+  // whole, in name order (for tests and tools: this holds the whole model).
   std::vector<std::pair<std::string, std::vector<float>>> read_whole(
       const std::string& prefix = "") const;
 

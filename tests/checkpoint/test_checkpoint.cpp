@@ -125,18 +125,20 @@ TEST(CheckpointLayout, MegatronDirectoriesAndSelfDescribingTensors) {
   EXPECT_FALSE(fs::exists(dir + "/iter_0000004.tmp"));
   EXPECT_EQ(read_text(dir + "/latest_checkpointed_iteration.txt"), "4");
   const std::string md = read_text(dir + "/iter_0000004/metadata.txt");
-  EXPECT_EQ(md.rfind("omnitron-checkpoint 1\n", 0), 0u) << md;
+  EXPECT_EQ(md.rfind("omnitron-checkpoint 2\n", 0), 0u) << md;
   EXPECT_NE(md.find("\niteration 4\n"), std::string::npos) << md;
   EXPECT_NE(md.find("\nconsumed_samples 16\n"), std::string::npos) << md;
   EXPECT_NE(md.find("\noptimizer adamw 4\n"), std::string::npos) << md;
   EXPECT_NE(md.find("\n--hidden-size\n32\n"), std::string::npos) << md;
-  EXPECT_NE(md.find("\ntensor embedding.word_embeddings.weight model.bin 0 float32 global 128,32 "
-                    "offset 0,0 shape 128,32\n"),
+  // One rank: every tensor whole, in one shard of model.bin and of optimizer.bin.
+  EXPECT_NE(md.find("\nshard embedding.word_embeddings.weight model.bin 0 float32 global 128,32 "
+                    "offset 0,0 shape 128,32 elements 0 4096 crc32 "),
             std::string::npos)
       << md;
-  EXPECT_NE(md.find("\ntensor optimizer.exp_avg_sq.embedding.word_embeddings.weight "),
+  EXPECT_NE(md.find("\nshard optimizer.exp_avg_sq.embedding.word_embeddings.weight optimizer.bin "),
             std::string::npos)
       << md;
+  EXPECT_NE(md.find("\nfile model.bin bytes "), std::string::npos) << md;
   EXPECT_TRUE(md.size() > 4 && md.substr(md.size() - 4) == "end\n");
 }
 

@@ -18,6 +18,7 @@
 #include <map>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "cli/process.h"
 #include "mpirun.h"
 #include "tiny_models.h"
@@ -51,14 +52,13 @@ std::vector<Step> steps_of(const fs::path& metrics) {
   return steps;
 }
 
-// The parameters of the checkpoint at `iteration` under `root`: model.bin holds the
-// one-rank model's tensors in its order, whatever layout wrote it.
+// The parameters of the checkpoint at `iteration` under `root` (the latest): the one-rank
+// model's tensors in name order, whatever layout wrote them.
 std::vector<float> params_at(const fs::path& root, int64_t iteration) {
-  const fs::path file = fs::path(checkpoint_iteration_dir(root.string(), iteration)) / "model.bin";
-  std::ifstream in(file, std::ios::binary);
-  EXPECT_TRUE(in) << "no " << file;
-  std::vector<float> params(fs::exists(file) ? fs::file_size(file) / sizeof(float) : 0);
-  in.read(reinterpret_cast<char*>(params.data()), std::streamsize(params.size() * sizeof(float)));
+  EXPECT_EQ(latest_checkpoint_iteration(root.string()), iteration);
+  std::vector<float> params;
+  for (const auto& [name, values] : CheckpointReader(root.string()).read_whole())
+    params.insert(params.end(), values.begin(), values.end());
   return params;
 }
 
