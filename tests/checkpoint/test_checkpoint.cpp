@@ -246,6 +246,7 @@ TEST(CheckpointErrors, ACorruptedByteIsCaughtByTheChecksum) {
   const std::string msg = usage_error([&] { train(options({"--load", dir})); });
   EXPECT_NE(msg.find(bin), std::string::npos) << msg;
   EXPECT_NE(msg.find("corrupted"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor optimizer."), std::string::npos) << msg;  // the shard's tensor
 }
 
 TEST(CheckpointErrors, TruncatedMetadataIsReported) {

@@ -188,6 +188,8 @@ const Case kCases[] = {
     {kCp2, kTp4},
     {kPp4Virtual, kDp2DistOpt},
     {kTp4, kOneDistOpt},
+    {kTp2Pp2, kOne},  // sharded: four ranks' files read by one
+    {kOne, kTp2Pp2},  // and one rank's files read in parts by four
 };
 
 std::string case_name(const ::testing::TestParamInfo<Reshard::ParamType>& info) {
