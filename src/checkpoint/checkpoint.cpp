@@ -151,7 +151,8 @@ TrainingProgress load_checkpoint(const std::string& root, ParameterSet<float>& p
     return {};
   }
   const CheckpointReader reader(root);
-  const bool with_optimizer = optimizer && reader.optimizer().name != checkpoint_format::kNoOptimizer;
+  const bool with_optimizer =
+      optimizer && reader.optimizer().name != checkpoint_format::kNoOptimizer;
   if (with_optimizer) reader.check_optimizer(checkpoint_optimizer_name(optimizer->kind()));
   reader.read(whole_state(params, with_optimizer ? optimizer : nullptr));
   if (with_optimizer) {

@@ -197,9 +197,9 @@ std::string metadata_header(const Options& opts, const TrainingProgress& progres
 std::string shard_line(const StoredShard& s) {
   std::ostringstream out;
   out << "shard " << s.name << ' ' << s.file << ' ' << s.byte_offset << " float32 global "
-      << join_dims(s.global) << " offset " << join_dims(s.offset) << " shape "
-      << join_dims(s.shape) << " elements " << s.first << ' ' << s.end << " crc32 " << std::hex
-      << s.crc.value_or(0) << "\n";
+      << join_dims(s.global) << " offset " << join_dims(s.offset) << " shape " << join_dims(s.shape)
+      << " elements " << s.first << ' ' << s.end << " crc32 " << std::hex << s.crc.value_or(0)
+      << "\n";
   return out.str();
 }
 

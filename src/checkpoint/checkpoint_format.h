@@ -33,8 +33,7 @@ std::string join_dims(const Shape& s);
 int64_t numel_of(const Shape& s);
 
 // Writes `data` to `path` and fsyncs it, so a rename afterwards publishes complete bytes.
-void write_synced(const std::string& path,
-                  const std::vector<std::pair<const void*, size_t>>& data);
+void write_synced(const std::string& path, const std::vector<std::pair<const void*, size_t>>& data);
 // Makes a rename or file creation inside `dir` durable.
 void sync_directory(const std::string& dir);
 // Renames ROOT/iter_N.tmp to ROOT/iter_N (replacing an earlier save of N), then writes

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cstdlib>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -125,10 +125,15 @@ std::vector<FilePlan> plan_files(const RankState& state, int rank, int ranks) {
             end = pos + (hi - l);
           });
           if (first < 0) continue;
-          StoredShard s{buffer.prefix + p.name, file.name, file.elements * int64_t(sizeof(float)),
-                        global,                 box.global_offset,
-                        box.shape,              first,
-                        end,                    std::nullopt};
+          StoredShard s{buffer.prefix + p.name,
+                        file.name,
+                        file.elements * int64_t(sizeof(float)),
+                        global,
+                        box.global_offset,
+                        box.shape,
+                        first,
+                        end,
+                        std::nullopt};
           file.pieces.push_back({&p, box, first, end, &span});
           file.shards.push_back(std::move(s));
           file.elements += end - first;
@@ -147,9 +152,8 @@ std::vector<FilePlan> plan_files(const RankState& state, int rank, int ranks) {
 void fill_piece(const Piece& piece, const ops::Exec& exec, std::vector<float>& scratch,
                 float* out) {
   const ParamInfo& p = *piece.p;
-  const int64_t a = std::max(piece.span->begin, p.offset), b =
-                                                             std::min(piece.span->end,
-                                                                      p.offset + p.numel);
+  const int64_t a = std::max(piece.span->begin, p.offset),
+                b = std::min(piece.span->end, p.offset + p.numel);
   scratch.resize(size_t(b - a));
   note_buffer(b - a);
   ops::download(exec, scratch.data(), piece.span->data + (a - piece.span->begin), size_t(b - a));
@@ -414,8 +418,8 @@ struct CheckpointReader::Impl {
     return fd;
   }
 
-  static void pread_exact(int fd, void* dst, size_t bytes, int64_t offset,
-                          const std::string& path, const std::string& tensor) {
+  static void pread_exact(int fd, void* dst, size_t bytes, int64_t offset, const std::string& path,
+                          const std::string& tensor) {
     char* p = static_cast<char*>(dst);
     checkpoint_io_stats().bytes_read += int64_t(bytes);
     while (bytes > 0) {
@@ -514,9 +518,9 @@ void CheckpointReader::Impl::read_part(const std::string& name, const ParamInfo&
           if (cp.at + cp.n > at + n) break;  // continues in the next chunk
         }
       }
-      OMNI_REQUIRE(crc == *s.crc, "--load: '", path, "' is corrupted: tensor ", s.name,
-                   " at byte ", s.byte_offset, " has CRC-32 ", std::hex, crc,
-                   " but the checkpoint recorded ", *s.crc);
+      OMNI_REQUIRE(crc == *s.crc, "--load: '", path, "' is corrupted: tensor ", s.name, " at byte ",
+                   s.byte_offset, " has CRC-32 ", std::hex, crc, " but the checkpoint recorded ",
+                   *s.crc);
     } else {
       for (size_t k = c; k < e; ++k)
         pread_exact(fd, out + copies[k].dst, size_t(copies[k].n) * sizeof(float),
@@ -554,8 +558,8 @@ double CheckpointReader::optimizer_scalar(const std::string& name) const {
   const Metadata& md = impl_->md;
   for (const auto& [n, v] : md.optimizer.scalars)
     if (n == name) return v;
-  throw UsageError("--load: '" + md.path + "' has no optimizer_scalar " + name +
-                   " for optimizer " + md.optimizer.name);
+  throw UsageError("--load: '" + md.path + "' has no optimizer_scalar " + name + " for optimizer " +
+                   md.optimizer.name);
 }
 
 void CheckpointReader::read(const RankState& state) const {
@@ -564,7 +568,8 @@ void CheckpointReader::read(const RankState& state) const {
     for (const ParamInfo& p : state.infos) {
       const Shape global = one_rank_shape(p, state.padded_vocab);
       for (const FlatSpan& span : buffer.spans) {
-        const int64_t a = std::max(span.begin, p.offset), b = std::min(span.end, p.offset + p.numel);
+        const int64_t a = std::max(span.begin, p.offset),
+                      b = std::min(span.end, p.offset + p.numel);
         if (a >= b) continue;
         part.resize(size_t(b - a));
         note_buffer(b - a);

@@ -242,10 +242,9 @@ RankState Trainer::rank_state(bool with_optimizer) {
   state.padded_vocab = opts_.model.padded_vocab_size();
   state.exec = exec_;
   state.buffers.push_back({"", {{0, n, params.values()}}, replica});
-  const std::vector<std::string> names =
-      !with_optimizer ? std::vector<std::string>{}
-      : optimizer_    ? optimizer_->state_names()
-                      : dist_optimizer_->state_names();
+  const std::vector<std::string> names = !with_optimizer ? std::vector<std::string>{}
+                                         : optimizer_    ? optimizer_->state_names()
+                                                         : dist_optimizer_->state_names();
   for (const std::string& name : names) {
     StateBuffer b{"optimizer." + name + ".", {}, true};
     if (optimizer_) {
@@ -329,12 +328,12 @@ std::string Trainer::save(MetricsSink& sink) {
   }
   // Every rank writes its part at once (--async-save: from a copy, in the background).
   if (!checkpoint_writer_) checkpoint_writer_ = std::make_unique<CheckpointWriter>(grid_->world());
-  const std::string dir = checkpoint_writer_->save(opts_.save, opts_, progress, optimizer,
-                                                   rank_state(!opts_.no_save_optim),
-                                                   opts_.async_save);
+  const std::string dir = checkpoint_writer_->save(
+      opts_.save, opts_, progress, optimizer, rank_state(!opts_.no_save_optim), opts_.async_save);
   last_saved_ = iteration_;
-  sink.message((opts_.async_save ? "saving checkpoint at iteration " : "saved checkpoint at iteration ") +
-               std::to_string(iteration_) + " to " + dir);
+  sink.message(
+      (opts_.async_save ? "saving checkpoint at iteration " : "saved checkpoint at iteration ") +
+      std::to_string(iteration_) + " to " + dir);
   return dir;
 }
 

@@ -36,15 +36,16 @@ std::string fresh_dir(const std::string& name) {
 Options options(int ranks, const std::vector<std::string>& extra) {
   Options o;
   std::vector<std::string> args = {
-      "--mock-data",  "--vocab-size",     "97",         "--num-layers",    "4",
-      "--hidden-size", "32",              "--num-attention-heads", "4",    "--seq-length",
-      "16",           "--micro-batch-size", "2",        "--global-batch-size", "4",
-      "--train-iters", "3",               "--eval-iters", "0",             "--lr",
-      "1e-2",         "--log-interval",   "5",          "--no-progress"};
+      "--mock-data", "--vocab-size",        "97", "--num-layers",
+      "4",           "--hidden-size",       "32", "--num-attention-heads",
+      "4",           "--seq-length",        "16", "--micro-batch-size",
+      "2",           "--global-batch-size", "4",  "--train-iters",
+      "3",           "--eval-iters",        "0",  "--lr",
+      "1e-2",        "--log-interval",      "5",  "--no-progress"};
   args.insert(args.end(), extra.begin(), extra.end());
   parse_options(args, o);
-  o.data_parallel_size = ranks / (o.tensor_model_parallel_size *
-                                  o.pipeline_model_parallel_size * o.context_parallel_size);
+  o.data_parallel_size = ranks / (o.tensor_model_parallel_size * o.pipeline_model_parallel_size *
+                                  o.context_parallel_size);
   finalize(o);
   return o;
 }
@@ -125,12 +126,14 @@ TEST(ShardedCheckpoint, EveryRankWritesItsPartOnceAndALoadReadsExactlyItsPart) {
        {std::pair{4, kTp2Pp2},
         std::pair{4, std::vector<std::string>{"--tensor-model-parallel-size", "4"}},
         std::pair{2, std::vector<std::string>{"--pipeline-model-parallel-size", "2"}}}) {
-    const std::vector<RankIo> loaded = run_layout(layout.first, with(layout.second, {"--load", dir}), false);
+    const std::vector<RankIo> loaded =
+        run_layout(layout.first, with(layout.second, {"--load", dir}), false);
     for (size_t i = 0; i < loaded.size(); ++i) {
-      std::printf("load at %d ranks (%s ...), rank %zu: read %lld bytes of %lld, largest "
-                  "buffer %lld\n",
-                  layout.first, layout.second[0].c_str(), i, (long long)loaded[i].read,
-                  (long long)whole, (long long)loaded[i].largest_buffer);
+      std::printf(
+          "load at %d ranks (%s ...), rank %zu: read %lld bytes of %lld, largest "
+          "buffer %lld\n",
+          layout.first, layout.second[0].c_str(), i, (long long)loaded[i].read, (long long)whole,
+          (long long)loaded[i].largest_buffer);
       EXPECT_EQ(loaded[i].read, loaded[i].part_bytes) << "rank " << i;
       EXPECT_LE(loaded[i].largest_buffer, loaded[i].largest_tensor_bytes) << "rank " << i;
       EXPECT_LT(loaded[i].largest_buffer, whole / 3) << "rank " << i;
@@ -167,16 +170,16 @@ void expect_same_state(const std::string& a, const std::string& b) {
 // again: the state is the first save's, bit for bit (and the same through DP 2 x TP 2 with
 // the distributed optimizer, whose ranks each write their shard of the states).
 TEST(ShardedCheckpoint, StateSavedAtOneLayoutIsLoadedAtAnotherBitForBit) {
-  const std::string one = fresh_dir("one"), tp2pp2 = fresh_dir("tp2pp2"),
-                    back = fresh_dir("back"), distopt = fresh_dir("distopt");
+  const std::string one = fresh_dir("one"), tp2pp2 = fresh_dir("tp2pp2"), back = fresh_dir("back"),
+                    distopt = fresh_dir("distopt");
   run_layout(1, {"--save", one}, false);
   run_layout(4, with(kTp2Pp2, {"--load", one, "--save", tp2pp2}), true);
   run_layout(1, {"--load", tp2pp2, "--save", back}, true);
   expect_same_state(one, tp2pp2);
   expect_same_state(one, back);
   run_layout(4,
-             {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--load",
-              tp2pp2, "--save", distopt},
+             {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--load", tp2pp2,
+              "--save", distopt},
              true);
   expect_same_state(one, distopt);
   EXPECT_TRUE(fs::exists(distopt + "/iter_0000003/optimizer_rank00001.bin"));
@@ -189,8 +192,7 @@ TEST(ShardedCheckpoint, ResumeFromAShardedCheckpointIsBitExact) {
   run_layout(4, with(kTp2Pp2, {"--train-iters", "5", "--save", straight}), false);
   run_layout(4, with(kTp2Pp2, {"--train-iters", "5", "--exit-interval", "3", "--save", stopped}),
              false);
-  run_layout(4, with(kTp2Pp2, {"--train-iters", "5", "--load", stopped, "--save", stopped}),
-             false);
+  run_layout(4, with(kTp2Pp2, {"--train-iters", "5", "--load", stopped, "--save", stopped}), false);
   expect_same_state(straight, stopped);
 }
 
@@ -214,8 +216,8 @@ TEST(ShardedCheckpoint, AsyncSaveTrainsOnAndAKillBeforeDurableKeepsThePreviousLa
   EXPECT_NE(o2.find("checkpoint " + async + "/iter_0000008 is complete and the latest"),
             std::string::npos)
       << o2;
-  for (const char* file : {"/iter_0000008/model.bin", "/iter_0000008/optimizer.bin",
-                           "/iter_0000004/optimizer.bin"})
+  for (const char* file :
+       {"/iter_0000008/model.bin", "/iter_0000008/optimizer.bin", "/iter_0000004/optimizer.bin"})
     EXPECT_TRUE(read_text(sync + file) == read_text(async + file)) << file;
 
   // Saved at 4 (durable), then the save at 6 is slow: steps 7 and 8 run meanwhile.
@@ -224,8 +226,8 @@ TEST(ShardedCheckpoint, AsyncSaveTrainsOnAndAKillBeforeDurableKeepsThePreviousLa
   const std::string metrics = killed + "/metrics.jsonl";
   auto [c4, o4] = run_omnitron_env(
       "OMNITRON_TEST_SAVE_DELAY_MS=60000",
-      run8 + "--async-save --load " + killed + " --save " + killed + " --metrics-file " +
-          metrics + " & pid=$!; while [ \"$(grep -c lm_loss " + metrics +
+      run8 + "--async-save --load " + killed + " --save " + killed + " --metrics-file " + metrics +
+          " & pid=$!; while [ \"$(grep -c lm_loss " + metrics +
           " 2>/dev/null)\" != 4 ] && kill -0 $pid 2>/dev/null; do sleep 0.05; done; "
           "sleep 0.2; kill -9 $pid; wait $pid");
   EXPECT_EQ(c4, 128 + 9) << o4;
@@ -253,9 +255,9 @@ TEST(ShardedCheckpoint, AVersionOneCheckpointStillLoads) {
   fs::create_directories(load);
   fs::copy(fixture + "/iter_0000002", load + "/iter_0000002");
   fs::copy(fixture + "/latest_checkpointed_iteration.txt", load);
-  const std::vector<std::string> model = {"--vocab-size", "50", "--num-layers", "1",
+  const std::vector<std::string> model = {"--vocab-size",  "50", "--num-layers",  "1",
                                           "--hidden-size", "16", "--train-iters", "2",
-                                          "--load", load};
+                                          "--load",        load};
   run_layout(1, with(model, {"--save", one}), true);
   for (const char* file : {"/model.bin", "/optimizer.bin"})
     EXPECT_TRUE(read_text(one + "/iter_0000002" + file) ==
