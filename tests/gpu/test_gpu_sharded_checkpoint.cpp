@@ -1,10 +1,10 @@
-// Sharded checkpoints of a GPU run (issue 15; a GpuLayouts test: the CMake filters run it at
-// 32 lanes only, as the other trainings on emulated ranks): each rank's parameters and optimizer states
+// Sharded checkpoints of a GPU run (issue 15): each rank's parameters and optimizer states
 // live in device memory, and each rank writes its part from there and reads it back into it.
 // Emulated GPU ranks (in-process, one device each) at TP 2 x PP 2 with --bf16 (fp32 master
 // weights on the device): stopped at 3 and resumed at the same layout, the losses are the
 // uninterrupted run's exactly; the checkpoint loaded at one CPU rank and saved again holds the
-// same state, bit for bit.
+// same state, bit for bit. (Named GpuLayouts*: the CMake filters run it at 32 lanes only and
+// outside the race check, as the other trainings on emulated ranks.)
 #include <gtest/gtest.h>
 
 #include <cstring>
