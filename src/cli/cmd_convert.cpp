@@ -21,7 +21,9 @@ const char* kConvertUsage =
     "of GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM.\n"
     "  --to       hf: write DST/config.json and DST/model.safetensors; omnitron: write a\n"
     "             model-only checkpoint DST/iter_0000000 (training from it starts at\n"
-    "             iteration 0 with a fresh optimizer). Default: the other kind than SRC.\n"
+    "             iteration 0 with a fresh optimizer), from a Hugging Face model or as a\n"
+    "             one-rank copy (one model.bin) of a checkpoint any layout saved.\n"
+    "             Default: the other kind than SRC.\n"
     "  --dtype    how Hugging Face weights are stored (default f32); omnitron stores f32.\n"
     "Flags of the model group given here override what SRC says (e.g. --seq-length).\n";
 
@@ -61,9 +63,8 @@ int convert(const std::vector<std::string>& raw_args) {
   const bool from_hf = is_hf_model_dir(opts.load);
   if (to.empty()) to = from_hf ? "omnitron" : "hf";
   OMNI_REQUIRE(to == "hf" || to == "omnitron", "--to: '", to, "' is not one of hf, omnitron");
-  OMNI_REQUIRE(from_hf == (to == "omnitron"), "--to ", to, ": --load '", opts.load, "' is ",
-               from_hf ? "already a Hugging Face model directory"
-                       : "not a Hugging Face model directory (no config.json)");
+  OMNI_REQUIRE(!from_hf || to == "omnitron", "--to ", to, ": --load '", opts.load,
+               "' is already a Hugging Face model directory");
   const DType dtype = parse_dtype(dtype_name);
   OMNI_REQUIRE(!dtype_given || to == "hf",
                "--dtype applies to --to hf (omnitron checkpoints "
@@ -83,8 +84,9 @@ int convert(const std::vector<std::string>& raw_args) {
                 dtype_name.c_str(), opts.save.c_str());
   } else {
     const std::string dir = save_model_checkpoint(opts.save, opts, model.params());
-    std::printf("converted Hugging Face model %s (%lld parameters) to %s\n", opts.load.c_str(),
-                params, dir.c_str());
+    std::printf("converted %s %s (%lld parameters) to %s\n",
+                from_hf ? "Hugging Face model" : "checkpoint", opts.load.c_str(), params,
+                dir.c_str());
   }
   return 0;
 }

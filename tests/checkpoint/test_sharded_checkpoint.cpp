@@ -185,6 +185,22 @@ TEST(ShardedCheckpoint, StateSavedAtOneLayoutIsLoadedAtAnotherBitForBit) {
   EXPECT_TRUE(fs::exists(distopt + "/iter_0000003/optimizer_rank00001.bin"));
 }
 
+// omnitron convert reads a checkpoint four ranks wrote: a one-rank copy (one model.bin of
+// whole tensors, the same values) and a Hugging Face directory.
+TEST(ShardedCheckpoint, ConvertMakesAOneRankOrHuggingFaceCopy) {
+  const std::string dir = fresh_dir("convert"), one = fresh_dir("convert_one"),
+                    hf = fresh_dir("convert_hf");
+  run_layout(4, with(kTp2Pp2, {"--save", dir}), false);
+  auto [c1, o1] = run_omnitron("convert --load " + dir + " --save " + one + " --to omnitron");
+  ASSERT_EQ(c1, 0) << o1;
+  EXPECT_TRUE(fs::exists(one + "/iter_0000000/model.bin")) << o1;
+  EXPECT_FALSE(fs::exists(one + "/iter_0000000/optimizer.bin"));
+  EXPECT_TRUE(CheckpointReader(dir).read_whole() == CheckpointReader(one).read_whole());
+  auto [c2, o2] = run_omnitron("convert --load " + dir + " --save " + hf);
+  ASSERT_EQ(c2, 0) << o2;
+  EXPECT_TRUE(fs::exists(hf + "/model.safetensors")) << o2;
+}
+
 // Trained at TP 2 x PP 2 for 3 steps, saved, resumed at the same layout to 5: the run that
 // never stopped, bit for bit.
 TEST(ShardedCheckpoint, ResumeFromAShardedCheckpointIsBitExact) {
