@@ -147,21 +147,30 @@ std::vector<FilePlan> plan_files(const RankState& state, int rank, int ranks) {
   return files;
 }
 
-// Copies a piece's elements into `out` (end - first of them); `scratch` holds the tensor's
-// part of the span, downloaded from the device.
-void fill_piece(const Piece& piece, const ops::Exec& exec, std::vector<float>& scratch,
-                float* out) {
+// A tensor's part of a span, downloaded from the device once for its pieces.
+struct Scratch {
+  const ParamInfo* p = nullptr;
+  const FlatSpan* span = nullptr;
+  std::vector<float> values;
+};
+
+// Copies a piece's elements into `out` (end - first of them).
+void fill_piece(const Piece& piece, const ops::Exec& exec, Scratch& scratch, float* out) {
   const ParamInfo& p = *piece.p;
   const int64_t a = std::max(piece.span->begin, p.offset),
                 b = std::min(piece.span->end, p.offset + p.numel);
-  scratch.resize(size_t(b - a));
-  note_buffer(b - a);
-  ops::download(exec, scratch.data(), piece.span->data + (a - piece.span->begin), size_t(b - a));
+  if (scratch.p != &p || scratch.span != piece.span) {
+    scratch.values.resize(size_t(b - a));
+    note_buffer(b - a);
+    ops::download(exec, scratch.values.data(), piece.span->data + (a - piece.span->begin),
+                  size_t(b - a));
+    scratch.p = &p, scratch.span = piece.span;
+  }
   box_rows(p.shape, piece.box.local_offset, piece.box.shape,
            [&](int64_t pos, int64_t l, int64_t n) {
              const int64_t lo = std::max(pos, piece.first), hi = std::min(pos + n, piece.end);
              if (lo >= hi) return;
-             std::copy_n(scratch.data() + (p.offset + l + (lo - pos) - a), hi - lo,
+             std::copy_n(scratch.values.data() + (p.offset + l + (lo - pos) - a), hi - lo,
                          out + (lo - piece.first));
            });
 }
@@ -170,7 +179,6 @@ void fill_piece(const Piece& piece, const ops::Exec& exec, std::vector<float>& s
 // each shard's CRC-32.
 void write_file(const std::string& dir, FilePlan& file,
                 const std::function<const float*(size_t)>& data) {
-  std::vector<std::pair<const void*, size_t>> chunks;
   const std::string path = dir + "/" + file.name;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   OMNI_REQUIRE(fd >= 0, "--save: cannot create '", path, "': ", std::strerror(errno));
@@ -287,7 +295,7 @@ std::string CheckpointWriter::save(const std::string& root, const Options& opts,
     int64_t total = 0;
     for (const FilePlan& f : p.files) total += f.elements;
     p.staging.resize(size_t(total));
-    std::vector<float> scratch;
+    Scratch scratch;
     float* out = p.staging.data();
     for (const FilePlan& f : p.files)
       for (const Piece& piece : f.pieces) {
@@ -316,7 +324,8 @@ std::string CheckpointWriter::save(const std::string& root, const Options& opts,
     return p.dir;
   }
   try {
-    std::vector<float> scratch, piece_data;
+    Scratch scratch;
+    std::vector<float> piece_data;
     for (FilePlan& f : p.files)
       write_file(tmp, f, [&](size_t i) {
         const Piece& piece = f.pieces[i];
