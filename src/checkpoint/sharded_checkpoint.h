@@ -111,7 +111,8 @@ class CheckpointReader {
   // Reads this rank's part of every buffer of `state` (all of its spans; `written` is
   // ignored), element by element the one-rank model's. A tensor missing or of another shape,
   // a truncated file and a shard whose CRC-32 differs are UsageErrors naming the file and
-  // the tensor.
+  // the tensor. A shard's CRC-32 is checked where this rank reads all of it (a load at the
+  // layout that saved, or at one rank); reading part of a shard checks its file's size.
   void read(const RankState& state) const;
   // Every tensor whose name starts with `prefix` (""; the model's, not "optimizer."'s),
   // whole, in name order (for tests and tools: this holds the whole model).
