@@ -50,19 +50,16 @@ void expect_near(const Vec& got, const Vec& want, const char* what, int rank) {
 }
 
 TEST(VocabShard, PadsTheVocabularyToTheMultipleAndSlicesIt) {
+  auto shard = [](int vocab, int divisible_by, int tp, int rank) {
+    const VocabShard s = vocab_shard(vocab, divisible_by, tp, rank);
+    return std::vector<int>{s.rows, s.start, s.real};
+  };
   // 50 ids, divisible by 4 x 2 ranks: padded to 56, 28 rows each, the last 6 ids padding.
-  const VocabShard a = vocab_shard(50, 4, 2, 1);
-  EXPECT_EQ(a.rows, 28);
-  EXPECT_EQ(a.start, 28);
-  EXPECT_EQ(a.real, 22);
+  EXPECT_EQ(shard(50, 4, 2, 0), (std::vector<int>{28, 0, 28}));
+  EXPECT_EQ(shard(50, 4, 2, 1), (std::vector<int>{28, 28, 22}));
   // 10 ids, divisible by 8 x 4 ranks: padded to 32; rank 1 holds 2 real ids, rank 2 none.
-  const VocabShard b = vocab_shard(10, 8, 4, 1), c = vocab_shard(10, 8, 4, 2);
-  EXPECT_EQ(b.rows, 8);
-  EXPECT_EQ(b.start, 8);
-  EXPECT_EQ(b.real, 2);
-  EXPECT_EQ(c.rows, 8);
-  EXPECT_EQ(c.start, 16);
-  EXPECT_EQ(c.real, 0);
+  EXPECT_EQ(shard(10, 8, 4, 1), (std::vector<int>{8, 8, 2}));
+  EXPECT_EQ(shard(10, 8, 4, 2), (std::vector<int>{8, 16, 0}));
 }
 
 class TensorParallelPair : public ::testing::TestWithParam<bool> {};
