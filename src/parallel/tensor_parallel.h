@@ -8,7 +8,7 @@
 //    columns of the weight and the matching columns of the input, so its product is a partial
 //    sum that the group adds up. Megatron pairs them (QKV then the attention's projection, fc1
 //    then fc2) so that one collective per pair, forward and backward, is enough.
-//  - Sequence parallel: between those pairs (norms, dropout, residual stream) each rank holds
+//  - Sequence parallel: between those pairs (norms and the residual stream) each rank holds
 //    1/tp of the rows (rows [r*N/tp, (r+1)*N/tp) of the batch-major token order), so the
 //    row-parallel sum becomes a reduce-scatter and the column-parallel layer all-gathers its
 //    input first; without it every rank holds every row and the sum is an all-reduce.
@@ -20,7 +20,7 @@
 // (float or double on the CPU; float, bf16 or f16 on a GPU), parameter gradients accum_t<T>.
 #pragma once
 
-#include <functional>
+#include <cstdint>
 
 #include "backend/ops.h"
 #include "comm/communicator.h"
