@@ -3,22 +3,21 @@
 // -> final norm -> output layer fused with cross-entropy. Which norm, MLP, position
 // embedding, biases and attention grouping are used comes from TransformerConfig.
 //
-// Parallel layouts (ModelParallel) are written with the parallel primitives, and one rank
-// is not a special case (DESIGN.md invariant 3): with single-rank communicators every
-// collective is a no-op or a copy.
-//  - Tensor parallel (Megatron's): QKV and MLP fc1 are column-parallel (this rank holds
-//    query groups [r*G/tp, (r+1)*G/tp) and ffn columns [r*F/tp, (r+1)*F/tp), gate and up
-//    alike), attention output and fc2 row-parallel, word embedding and output layer
-//    vocabulary-parallel (cross-entropy over the vocabulary slices: full logits are never
-//    gathered). Norms and row-parallel biases are replicated.
-//  - Sequence parallel: the residual stream and norms hold 1/tp of the micro-batch's rows
-//    (rows [r*N/tp, (r+1)*N/tp) of the batch-major token order; with micro-batch 1 that is
-//    the sequence split Megatron makes); all-gather before column-parallel layers and
-//    reduce-scatter after row-parallel ones replace the all-reduces.
-//  - Context parallel: this rank holds two of the sequence's 2*cp chunks (see
-//    parallel/context_parallel.h, which slices micro-batches); causal ring attention:
-//    key/value blocks travel around the group, each merged into the output by its
-//    log-sum-exp, and their gradients travel back to their owners.
+// Parallel layouts (ModelParallel) are written with the parallel primitives of parallel/,
+// and one rank is not a special case (DESIGN.md invariant 3): with single-rank
+// communicators every collective is a no-op or a copy.
+//  - Tensor parallel (Megatron's; parallel/tensor_parallel.h): QKV and MLP fc1 are
+//    column-parallel (this rank holds query groups [r*G/tp, (r+1)*G/tp) and ffn columns
+//    [r*F/tp, (r+1)*F/tp), gate and up alike), attention output and fc2 row-parallel, word
+//    embedding and output layer vocabulary-parallel (cross-entropy over the vocabulary
+//    slices: full logits are never gathered). Norms and row-parallel biases are replicated.
+//  - Sequence parallel (the same file's row gathers and scatters): the residual stream and
+//    norms hold 1/tp of the micro-batch's rows (rows [r*N/tp, (r+1)*N/tp) of the batch-major
+//    token order; with micro-batch 1 that is the sequence split Megatron makes);
+//    all-gather before column-parallel layers and reduce-scatter after row-parallel ones
+//    replace the all-reduces.
+//  - Context parallel (parallel/context_parallel.h, which also slices micro-batches): this
+//    rank holds two of the sequence's 2*cp chunks; attention is the causal ring there.
 //  - Pipeline parallel: this rank holds only its chunks' layers (one chunk per virtual
 //    stage); chunk_forward/chunk_backward run one micro-batch through one chunk and hand
 //    activations to the caller, which sends them to the neighbouring stage.
@@ -44,8 +43,10 @@
 #include "comm/communicator.h"
 #include "tensor/parameters.h"
 #include "model/transformer_config.h"
+#include "parallel/context_parallel.h"
 #include "parallel/micro_batch.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
 
 namespace omni {
 
@@ -96,8 +97,8 @@ class GPTModel final : public PipelineChunks<T> {
   const ParameterSet<T>& params() const { return params_; }
   int num_chunks() const override { return int(chunks_.size()); }
   int hidden_size() const override { return cfg_.hidden_size; }
-  int tp_size() const { return tp_->size(); }
-  int tp_rank() const { return tp_->rank(); }
+  int tp_size() const { return tp_.size(); }
+  int tp_rank() const { return tp_.rank(); }
   // The parameter layout tensor-parallel rank `rank` holds (for gathering full tensors).
   std::vector<ParamInfo> parameter_layout(int rank) const;
 
@@ -227,24 +228,10 @@ class GPTModel final : public PipelineChunks<T> {
                     int width) const;
   void norm_backward(T* dx, Grad* dw, Grad* db, const T* dout, const T* x, const T* w,
                      const Grad* mean, const Grad* rstd, int rows, int width) const;
-  // Tensor-parallel regions: all-gather rows into `full` (sequence parallel), or nothing.
-  const T* gather_rows(T* full, const T* part, const Geometry& g) const;
-  // Sums the ranks' partial results `full` [tokens, C]: reduce-scatter into `out`'s rows
-  // (sequence parallel), or all-reduce in place. Returns where the summed rows are.
-  const T* reduce_rows(T* out, T* full, const Geometry& g) const;
   void mark_ready(std::pair<int64_t, int64_t> range) const {
     if (grads_ready_ && range.second > range.first) grads_ready_(range.first, range.second);
   }
   void final_norm_forward(Activations& a, const Geometry& g);
-  // Context parallel: causal ring attention. Keys and values travel around the group; each
-  // block's attention is merged into the output by its log-sum-exp. The backward passes
-  // each block's key/value gradient around the ring back to its owner.
-  void ring_attention_forward(LayerActivations& a, const MicroBatch& mb, const Geometry& g);
-  void ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
-                               const MicroBatch& mb, const Geometry& g);
-  // Rows' [first, last] keys within rank `src`'s block of keys (causal, and the document
-  // boundaries of --reset-attention-mask), computed on the host and copied to ring_bounds_.
-  ops::AttentionDims ring_block_dims(const MicroBatch& mb, const Geometry& g, int src);
 
   TransformerConfig cfg_;
   int max_batch_;
@@ -252,10 +239,11 @@ class GPTModel final : public PipelineChunks<T> {
   ops::Exec x_;
   Device device_;
   std::unique_ptr<Communicator> own_tp_, own_cp_;
-  Communicator *tp_, *cp_;
+  Communicator* cp_;
+  TensorParallel<T> tp_;  // the tensor-parallel group's primitives
   bool sp_;
-  int heads_, groups_, ffn_;             // this rank's query heads, groups, ffn columns
-  int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
+  int heads_, groups_, ffn_;  // this rank's query heads, groups, ffn columns
+  VocabShard vocab_;          // the word embedding's and output layer's rows held
   std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;
   std::vector<double> rope_cos_, rope_sin_;  // the CPU's tables
@@ -272,11 +260,8 @@ class GPTModel final : public PipelineChunks<T> {
   Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_,
       dk_raw_;
   Tensor token_losses_;  // [tokens]: the classifier's per-row losses (MicroBatch::token_losses)
-  // Ring attention scratch: one block's output and log-sum-exp, dq and dk/dv of one block,
-  // and two key/value gradient accumulators in flight.
-  Tensor ring_out_, ring_lse_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];
-  std::vector<int32_t> ring_first_, ring_last_;
-  std::unique_ptr<Storage> ring_bounds_;  // ring_first_ then ring_last_, where the ops read
+  // Context parallel: attention over the group's ring, with its scratch.
+  RingAttention<T> ring_;
   // Flat-buffer ranges, for set_grads_ready_hook: per global layer, the embedding's, the
   // final norm's and output layer's.
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;
