@@ -237,6 +237,11 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid,
                p.ln2_w, p.ln2_b, R, C);
   const T* ln2_full = gather_rows(a.ln2_full.template data<T>(), ln2, g);
+  if (cfg_.is_moe_layer(layer)) {  // routed experts in place of the MLP (gpt_moe.cpp)
+    moe_forward(layer, a, ln2_full, out, mb, g);
+    ops::add(x_, out, out, mid, size_t(R) * C);
+    return;
+  }
   T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
   ops::linear_forward(x_, fc1, ln2_full, p.fc1_w, p.fc1_b, N, C, fc1_out);
   if (cfg_.swiglu)
@@ -263,14 +268,18 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
   const T* dy = gather_rows(d_full_.template data<T>(), dres, g);
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
-  ops::linear_backward(x_, dffn, gp.fc2_w, gp.fc2_b, dy, a.act.template data<T>(), p.fc2_w, N, F,
-                       C);
-  if (cfg_.swiglu)
-    ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
-  else
-    ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
-  ops::linear_backward(x_, partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(),
-                       p.fc1_w, N, C, fc1_out);
+  if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp
+    moe_backward(layer, a, dy, partial);
+  } else {
+    ops::linear_backward(x_, dffn, gp.fc2_w, gp.fc2_b, dy, a.act.template data<T>(), p.fc2_w, N, F,
+                         C);
+    if (cfg_.swiglu)
+      ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
+    else
+      ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
+    ops::linear_backward(x_, partial, gp.fc1_w, gp.fc1_b, dfc1, a.ln2_full.template data<T>(),
+                         p.fc1_w, N, C, fc1_out);
+  }
   const T* dln2 = reduce_rows(d_rows, partial, g);
   norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
                 a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), R, C);
