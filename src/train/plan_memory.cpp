@@ -5,6 +5,7 @@
 #include <map>
 
 #include "base/error.h"
+#include "model/moe_layer.h"
 #include "parallel/schedules.h"
 #include "train/plan.h"
 
@@ -98,7 +99,17 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   if (c.qkv_bias()) layer += tensor(qkv_rows);
   if (c.qk_layernorm) layer += 2 * norm(hd);
   if (c.add_bias_linear) layer += 2 * tensor(C) + tensor(fc1_rows);
-  for (const LayerRange& r : plan_stage_layers(c, l, stage)) n += r.size() * layer;
+  // An MoE layer holds its router and experts (and the expert bias) in place of the MLP.
+  int64_t moe_instead = 0;
+  if (c.num_moe_experts > 0) {
+    for (const MoEParamInfo& p : moe_parameter_layout(c)) moe_instead += tensor(p.numel());
+    if (c.moe_router_enable_expert_bias) moe_instead += tensor(c.num_moe_experts);
+    moe_instead -= tensor(fc1_rows * C) + tensor(C * Fl);
+    if (c.add_bias_linear) moe_instead -= tensor(C) + tensor(fc1_rows);
+  }
+  const std::vector<int> moe = c.moe_layer_pattern();
+  for (const LayerRange& r : plan_stage_layers(c, l, stage))
+    for (int i = r.begin; i < r.end; ++i) n += layer + (moe[i] ? moe_instead : 0);
   if (post) n += norm(C) + (tied ? 0 : tensor(vocab_rows * C));
   return n;
 }

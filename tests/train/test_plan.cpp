@@ -107,6 +107,19 @@ std::vector<Measured> measure(const Case& k) {
   return out;
 }
 
+// Every other layer an MoE layer: router, experts, shared expert and expert bias in place of
+// the MLP.
+TransformerConfig tiny_moe() {
+  TransformerConfig c = tiny_llama();
+  c.num_moe_experts = 4;
+  c.moe_ffn_hidden_size = 12;
+  c.moe_layer_freq = "2";
+  c.moe_shared_expert_intermediate_size = 8;
+  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  return c;
+}
+
 std::vector<Case> cases() {
   return {
       {"one rank", tiny_llama(), layout(1, 1, 1, 1, 1, 2, false)},
@@ -123,6 +136,7 @@ std::vector<Case> cases() {
        layout(2, 1, 2, 1, 1, 4, true, "full", "block", 1)},
       {"CP 2", tiny_llama(), layout(1, 2, 1, 1, 1, 2, false)},
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
+      {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
   };
 }
 
