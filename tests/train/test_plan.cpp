@@ -233,6 +233,14 @@ TEST(Plan, FiguresAddUpAndFollowTheLayout) {
   EXPECT_GT(r.time[6].value / r.time[0].value, p.time[6].value / p.time[0].value);
 }
 
+TEST(Plan, SearchKeepsMoeModelsAtOneTensorAndContextParallelRank) {
+  PlanLayout base;
+  base.gpus = 8, base.global_batch = 64;
+  const PlanSearch s = search_plans(tiny_moe(), base, h100(), 100);
+  ASSERT_FALSE(s.fitting.empty());
+  for (const Plan& p : s.fitting) EXPECT_TRUE(p.layout.tp == 1 && p.layout.cp == 1);
+}
+
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
   PlanLayout base;
   base.gpus = 8, base.global_batch = 64, base.precision = "bf16";
