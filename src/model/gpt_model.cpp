@@ -311,7 +311,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
         &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
-  return b;
+  return b + moe_activation_bytes(l);
 }
 
 template <typename T>

@@ -204,6 +204,7 @@ class GPTModel final : public PipelineChunks<T> {
   void moe_forward(int layer, LayerActivations& a, const T* x, T* out, const MicroBatch& mb,
                    const Geometry& g);
   void moe_backward(int layer, LayerActivations& a, const T* dy, T* dx);
+  int64_t moe_activation_bytes(const LayerActivations& a) const;
   // "decoder.layers.<layer>.": the names of a layer's parameters begin with it.
   static std::string layer_prefix(int layer);
   LayerTensors<T> layer_params(int layer) const;

@@ -141,6 +141,11 @@ void GPTModel<T>::moe_backward(int layer, LayerActivations& a, const T* dy, T* d
 }
 
 template <typename T>
+int64_t GPTModel<T>::moe_activation_bytes(const LayerActivations& a) const {
+  return a.moe ? a.moe->layer.activation_bytes() : 0;
+}
+
+template <typename T>
 typename GPTModel<T>::MoEReport GPTModel<T>::take_moe_report() {
   MoEReport r = std::move(moe_report_);
   moe_report_ = MoEReport{};
@@ -175,6 +180,7 @@ void GPTModel<T>::update_expert_bias() {
   template void GPTModel<T>::moe_forward(int, LayerActivations&, const T*, T*, const MicroBatch&, \
                                          const Geometry&);                                        \
   template void GPTModel<T>::moe_backward(int, LayerActivations&, const T*, T*);                  \
+  template int64_t GPTModel<T>::moe_activation_bytes(const LayerActivations&) const;              \
   template GPTModel<T>::MoEReport GPTModel<T>::take_moe_report();                                 \
   template void GPTModel<T>::update_expert_bias();
 OMNI_INSTANTIATE(float)

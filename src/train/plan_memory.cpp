@@ -118,21 +118,28 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
                               int element_bytes) {
   const int64_t R = rank_shape(c, l).R;
   const int64_t per_layer = layer_elements(c, l);
+  // An MoE layer keeps its routing and experts' rows besides (model/moe_layer.h).
+  const std::vector<int> moe = c.moe_layer_pattern();
+  const int64_t per_moe = c.num_moe_experts ? moe_activation_elements(c, rank_shape(c, l).N) : 0;
   const std::vector<LayerRange> chunks = plan_stage_layers(c, l, stage);
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
   int64_t e = 0;
-  bool any_recomputed = false;
+  bool any_recomputed = false, moe_recomputed = false;
   for (size_t k = 0; k < chunks.size(); ++k) {
     int64_t per_slot = int64_t(chunks[k].size() + 1) * R * c.hidden_size;  // residual streams
     for (int i = 0; i < chunks[k].size(); ++i) {
-      if (recomputed(l, i))
+      const bool is_moe = moe[chunks[k].begin + i] != 0;
+      if (recomputed(l, i)) {
         any_recomputed = true;
-      else
-        per_slot += per_layer;
+        moe_recomputed = moe_recomputed || is_moe;
+      } else {
+        per_slot += per_layer + (is_moe ? per_moe : 0);
+      }
     }
     e += slots[k] * per_slot;
   }
-  if (any_recomputed) e += per_layer;  // the scratch layer a recomputed forward refills
+  // The scratch layer a recomputed forward refills.
+  if (any_recomputed) e += per_layer + (moe_recomputed ? per_moe : 0);
   return e * element_bytes;
 }
 

@@ -137,6 +137,7 @@ std::vector<Case> cases() {
       {"CP 2", tiny_llama(), layout(1, 2, 1, 1, 1, 2, false)},
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
       {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
+      {"MoE layers, full recompute", tiny_moe(), layout(1, 1, 1, 1, 1, 2, false, "full")},
   };
 }
 
