@@ -112,6 +112,11 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   T* ln2 = a.ln2.template data<T>();
   norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid,
                p.ln2_w, p.ln2_b, R, C);
+  if (cfg_.is_moe_layer(layer)) {  // routed experts in place of the MLP (gpt_moe.cpp)
+    moe_forward(layer, a, tp_.gather_rows(a.ln2_full.template data<T>(), ln2, N), out, mb, g);
+    ops::add(x_, out, out, mid, size_t(R) * C);
+    return;
+  }
   T *fc1 = a.fc1.template data<T>(), *act = a.act.template data<T>();
   tp_.column_forward(fc1, a.ln2_full.template data<T>(), ln2, p.fc1_w, p.fc1_b, fc1_out, N);
   if (cfg_.swiglu)
@@ -134,14 +139,21 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   T* d_rows = d_rows_.template data<T>();
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
-  tp_.row_backward(dffn, gp.fc2_w, gp.fc2_b, d_full_.template data<T>(), dres,
-                   a.act.template data<T>(), p.fc2_w, F, N);
-  if (cfg_.swiglu)
-    ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
-  else
-    ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
-  const T* dln2 = tp_.column_backward(d_rows, partial, gp.fc1_w, gp.fc1_b, dfc1,
-                                      a.ln2_full.template data<T>(), p.fc1_w, fc1_out, N);
+  const T* dln2 = nullptr;
+  if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp (one tensor-parallel rank)
+    moe_backward(layer, a, tp_.gather_rows(d_full_.template data<T>(), dres, N), partial);
+    dln2 = tp_.reduce_rows(d_rows, partial, N);
+  } else {
+    tp_.row_backward(dffn, gp.fc2_w, gp.fc2_b, d_full_.template data<T>(), dres,
+                     a.act.template data<T>(), p.fc2_w, F, N);
+    if (cfg_.swiglu)
+      ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
+    else
+      ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F,
+                         gelu_form(cfg_));
+    dln2 = tp_.column_backward(d_rows, partial, gp.fc1_w, gp.fc1_b, dfc1,
+                               a.ln2_full.template data<T>(), p.fc1_w, fc1_out, N);
+  }
   norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
                 a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), R, C);
   // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "base/error.h"
 #include "base/trace.h"
@@ -94,6 +95,10 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
       if (cfg_.add_bias_linear)
         replicated(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false, false);
       norm(l + "pre_mlp_layernorm", C, sp_);
+      if (cfg_.is_moe_layer(layer)) {
+        add_moe_parameters(p, l + "mlp.");  // gpt_moe.cpp
+        continue;
+      }
       split(l + "mlp.linear_fc1.weight", {fc1_rows, C}, 0, fc1_global, fc1_segments,
             ParamInit::Normal, true);
       if (cfg_.add_bias_linear)
@@ -134,6 +139,16 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must be divisible by --tensor-model-parallel-size (", tp, ")");
   OMNI_REQUIRE(cfg_.seq_length % (2 * cp) == 0 || cp == 1, "--seq-length (", cfg_.seq_length,
                ") must be divisible by twice --context-parallel-size (", cp, ")");
+  if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
+    OMNI_REQUIRE(!x_.on_gpu() && (std::is_same_v<T, float> || std::is_same_v<T, double>),
+                 "--num-experts: mixture-of-experts layers run on --device cpu in fp32 only "
+                 "(not built yet on the GPU or in bf16/fp16)");
+    OMNI_REQUIRE(tp == 1, "--num-experts with --tensor-model-parallel-size ", tp,
+                 ": mixture-of-experts layers under tensor parallelism are not built yet");
+    OMNI_REQUIRE(cp == 1, "--num-experts with --context-parallel-size ", cp,
+                 ": mixture-of-experts layers under context parallelism are not built yet");
+    expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
+  }
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;
@@ -286,7 +301,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
         &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
-  return b;
+  return b + moe_activation_bytes(l);
 }
 
 template <typename T>
@@ -483,6 +498,7 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   const Geometry g = geometry(mb);
   Activations& a = activations(chunk, slot);
   stage_inputs(a, mb, g);
+  moe_training_ = train, moe_recomputing_ = false, moe_grad_scale_ = grad_scale;
   if (has_embedding(chunk)) {
     embed(a, mb, g);
   } else {
@@ -515,9 +531,12 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
   for (int i = int(a.layers.size()) - 1; i >= 0; --i) {
     place.set(first + i);
     LayerActivations& la = layer_activations(a, i);
-    if (recomputed(i))  // the layer's forward again, from its saved input
+    if (recomputed(i)) {  // the layer's forward again, from its saved input
+      moe_training_ = moe_recomputing_ = true;
       layer_forward(first + i, la, a.residual[i].template data<T>(),
                     a.residual[i + 1].template data<T>(), mb, g, a.in);
+      moe_recomputing_ = false;
+    }
     layer_backward(first + i, la, a.residual[i].template data<T>(), dres, mb, g, a.in);
     mark_ready(layer_ranges_[first + i]);
   }
@@ -559,6 +578,7 @@ std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int
   const Geometry g = geometry(mb);
   Activations& a = activations(0, 0);
   stage_inputs(a, mb, g);
+  moe_training_ = moe_recomputing_ = false;
   embed(a, mb, g);
   layers_forward(0, a, mb, g);
   final_norm_forward(a, g);

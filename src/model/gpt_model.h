@@ -134,6 +134,23 @@ class GPTModel final : public PipelineChunks<T> {
     grads_ready_ = std::move(hook);
   }
 
+  // Mixture of experts (model/gpt_moe.cpp; CPU, float or double, one tensor-parallel and
+  // context-parallel rank): what the training forwards since the last take_moe_report()
+  // reported, per global layer (zero for dense layers and layers this rank does not hold).
+  struct MoEReport {
+    // Summed over the forwards, coefficients excluded (Megatron's tracker values).
+    std::vector<double> load_balancing_loss, z_loss;
+    // [num_layers * experts]: the rows each expert processed (capacity padding left out).
+    std::vector<double> tokens_per_expert;
+  };
+  MoEReport take_moe_report();
+  // --moe-router-enable-expert-bias: the routed rows per expert counted since the last update,
+  // [num_layers * experts] (zero for layers this rank does not hold); sum them over the ranks
+  // that saw other tokens of the global batch, then update_expert_bias applies Megatron's
+  // bias += rate * sign(mean - count) per layer and restarts the counts.
+  std::vector<double>& expert_token_counts() { return expert_tokens_; }
+  void update_expert_bias();
+
   // Logits [batch * seq, vocab_size] of every position, in host memory (for tests and tools;
   // training never materialises them). One rank only.
   std::vector<T> forward_logits(const int32_t* tokens, int batch, int seq);
@@ -141,6 +158,7 @@ class GPTModel final : public PipelineChunks<T> {
   std::vector<float> next_token_logits(const int32_t* tokens, int seq);
 
  private:
+  struct MoEState;  // gpt_moe.cpp
   struct LayerActivations {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full;  // ln1_full: all rows (sequence parallel)
     Tensor q, k, v;                            // after qk-layernorm and rope
@@ -152,6 +170,7 @@ class GPTModel final : public PipelineChunks<T> {
     Tensor mid;  // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
+    std::shared_ptr<MoEState> moe;  // an MoE layer's routing and experts (gpt_moe.cpp)
   };
   // The micro-batch's arrays where the ops read them: copies in the model's device memory
   // (mask and key_start null when the micro-batch has none).
@@ -180,6 +199,13 @@ class GPTModel final : public PipelineChunks<T> {
     int batch, seq, tokens, rows;  // rows: of the residual stream (tokens / tp under SP)
   };
 
+  // An MoE layer's parameters (named after "<layer prefix>mlp."); its forward from the
+  // pre-MLP norm's rows x into out (overwritten), and backward from dy into dx (overwritten).
+  void add_moe_parameters(std::vector<ParamInfo>& p, const std::string& mlp) const;
+  void moe_forward(int layer, LayerActivations& a, const T* x, T* out, const MicroBatch& mb,
+                   const Geometry& g);
+  void moe_backward(int layer, LayerActivations& a, const T* dy, T* dx);
+  int64_t moe_activation_bytes(const LayerActivations& a) const;
   // "decoder.layers.<layer>.": the names of a layer's parameters begin with it.
   static std::string layer_prefix(int layer);
   LayerTensors<T> layer_params(int layer) const;
@@ -266,6 +292,12 @@ class GPTModel final : public PipelineChunks<T> {
   // final norm's and output layer's.
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;
   std::pair<int64_t, int64_t> embedding_range_{0, 0}, head_range_{0, 0};
+  // Mixture of experts: whether the running forward trains (and is a recompute's), its
+  // gradient scale, and what training forwards reported (see MoEReport).
+  bool moe_training_ = false, moe_recomputing_ = false;
+  double moe_grad_scale_ = 0;
+  MoEReport moe_report_;
+  std::vector<double> expert_tokens_;
 };
 
 }  // namespace omni

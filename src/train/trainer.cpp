@@ -14,6 +14,7 @@
 #include "parallel/schedules.h"
 #include "train/downstream_eval.h"
 #include "train/flops.h"
+#include "train/moe_step.h"
 #include "train/profiler.h"
 
 namespace omni {
@@ -462,6 +463,9 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   grads_sync.end();
   TraceSpan optimizer_span("optimizer");
   Step step;
+  step.moe = with_model([&](auto& m) {  // the expert bias's update, the MoE figures
+    return finish_moe_step(m.model, *grid_, accum, mixed_ ? &mixed_->master() : nullptr);
+  });
   step.loss =
       per_token ? reduce_loss(loss_sum * grid_->dp_size(), 1) : reduce_loss(loss_sum, accum);
   step.lr = learning_rate(opts_.lr_schedule, lr_samples_);
@@ -578,6 +582,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
     m.grad_norm = step.grad_norm;
     m.loss_scale = scaler_ ? scaler_->scale() : 1.0;
     m.skipped_iterations = step.skipped ? 1 : 0;
+    m.moe = step.moe;
     result.skipped_iterations += m.skipped_iterations;
     m.nan_iterations = step.skipped && !std::isfinite(loss) ? 1 : 0;
     m.ms_per_iter = 1000.0 * step_seconds;
