@@ -86,6 +86,23 @@ run_layout "gpt2 pp2" 2 $fp32_tolerance "$base" "${common[@]}" --pipeline-model-
 run_layout "gpt2 pp2 interleaved" 2 $fp32_tolerance "$base" "${common[@]}" \
   --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1
 
+# A sharded checkpoint written by two GPUs at iteration 10 and resumed there: the resumed
+# iterations print the losses of the run that saved it, digit for digit.
+ckpt="$logs/checkpoint"
+rm -rf "$ckpt"
+run_layout "gpt2 dp2 save at 10" 2 $fp32_tolerance "$base" "${common[@]}" \
+  --use-distributed-optimizer --save "$ckpt" --save-interval 10
+resumed="$logs/gpt2_resumed_at_10.log"
+echo 10 >"$ckpt/latest_checkpointed_iteration.txt"  # it also saved at 20, the end
+if launch 2 "${common[@]}" --use-distributed-optimizer --load "$ckpt" >"$resumed" 2>&1 &&
+   diff <(losses "$logs/gpt2_dp2_save_at_10.log" | tail -n 10) <(losses "$resumed") >/dev/null
+then
+  printf '%-34s iterations 11-20 equal the straight run\n' "gpt2 dp2 resumed at 10"
+else
+  printf '%-34s DIFFERS or FAILED: see %s\n' "gpt2 dp2 resumed at 10" "$resumed"
+  status=1
+fi
+
 one_gpu llama "${common[@]}" "${llama[@]}"
 base="$logs/llama.log"
 run_layout "llama tp2 sp" 2 $fp32_tolerance "$base" "${common[@]}" "${llama[@]}" \

@@ -100,12 +100,6 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     OMNI_CHECK(world->size() == 1 || gpu->memory_is_host_memory() || world->device_memory(),
                "[trainer] ", world->size(), " GPU ranks over the '", world->name(),
                "' communicator, which moves host memory only");
-    // Said before training, not at the first save. Sharded checkpoints work from device
-    // memory (emulated ranks test them); over NCCL they wait for a check on real GPUs.
-    OMNI_REQUIRE(world->size() == 1 || gpu->memory_is_host_memory() ||
-                     (opts.save.empty() && opts.load.empty()),
-                 "--save/--load: checkpoints of a GPU run over several ranks (", world->size(),
-                 " here) are not built yet; train on one GPU to save, or without --save/--load");
     exec_ = ops::Exec{gpu};
   }
   // On a GPU, --bf16 and --fp16 store weights and activations in 16 bits (fp32 gradients
