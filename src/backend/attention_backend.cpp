@@ -48,6 +48,9 @@ AttentionSupport attention_support(bool gpu, const ops::AttentionDims& d, DType 
     s.fused_unsupported = "attention runs on the CPU";
   else if (!s.cudnn)
     s.fused_unsupported = "this build has no cuDNN";
+  else if (s.fused_unsupported.empty() && d.dropout.active())
+    s.fused_unsupported =
+        "attention dropout draws omnitron's Philox masks (cuDNN's dropout has its own RNG)";
   return s;
 }
 

@@ -130,7 +130,6 @@ struct Options {
   // recompute_num_layers layers of each stage).
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0;
-  double hidden_dropout = 0.0, attention_dropout = 0.0;
   bool no_position_embedding = false;  // Megatron's deprecated switch (finalize() checks it)
   // Megatron's --calculate-per-token-loss: the loss is the sum over every token of the
   // global batch divided by their count, not the mean of the micro-batches' means.

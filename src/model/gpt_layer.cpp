@@ -109,7 +109,7 @@ ops::AttentionDims GPTModel<T>::ring_block_dims(const MicroBatch& mb, const Geom
 
 template <typename T>
 void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& mb,
-                                         const Geometry& g) {
+                                         const Geometry& g, const ops::DropoutKey& drop) {
   const int cp = cp_->size(), r = cp_->rank(), hd = cfg_.head_dim();
   const size_t kv = size_t(g.tokens) * groups_ * hd;
   T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
@@ -127,7 +127,8 @@ void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& 
       recvs[0] = cp_->irecv(k_all + incoming * kv, kv * sizeof(T), prev, 10);
       recvs[1] = cp_->irecv(v_all + incoming * kv, kv * sizeof(T), prev, 11);
     }
-    const ops::AttentionDims ad = ring_block_dims(mb, g, src);
+    ops::AttentionDims ad = ring_block_dims(mb, g, src);
+    ad.dropout = drop, ad.dropout.key_rank = src;
     // The first block (this rank's own keys) starts the output; each later one is merged in
     // by its log-sum-exp.
     const bool first = t == 0;
@@ -147,7 +148,8 @@ void GPTModel<T>::ring_attention_forward(LayerActivations& a, const MicroBatch& 
 
 template <typename T>
 void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
-                                          const MicroBatch& mb, const Geometry& g) {
+                                          const MicroBatch& mb, const Geometry& g,
+                                          const ops::DropoutKey& drop) {
   const int cp = cp_->size(), r = cp_->rank(), H = heads_, hd = cfg_.head_dim();
   const size_t kv = size_t(g.tokens) * groups_ * hd;
   const T *k_all = a.k_all.template data<T>(), *v_all = a.v_all.template data<T>();
@@ -170,7 +172,8 @@ void GPTModel<T>::ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* 
       cp_->recv(acc_v, kv * sizeof(T), prev, 13);
     }
     // With the merged output and log-sum-exp, the backward gives this block's part.
-    const ops::AttentionDims ad = ring_block_dims(mb, g, src);
+    ops::AttentionDims ad = ring_block_dims(mb, g, src);
+    ad.dropout = drop, ad.dropout.key_rank = src;
     T *dq_b = ring_dq_.template data<T>(), *dk_b = ring_dk_.template data<T>(),
       *dv_b = ring_dv_.template data<T>();
     ops::attention_backward(x_, dq_b, dk_b, dv_b, dattn, a.attn.template data<T>(),
@@ -195,7 +198,8 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
                                 const MicroBatch& mb, const Geometry& g, const Inputs& in) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb, in);
+  ops::AttentionDims ad = attention_dims(mb, in);
+  ad.dropout = dropout_key(mb, in, g, layer, ops::DropoutSite::Attention);
   const auto p = layer_params(layer);
   T* ln1 = a.ln1.template data<T>();
   norm_forward(ln1, a.ln1_mean.template data<Grad>(), a.ln1_rstd.template data<Grad>(), x, p.ln1_w,
@@ -221,7 +225,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   }
   T* attn = a.attn.template data<T>();
   if (cp_->size() > 1)
-    ring_attention_forward(a, mb, g);
+    ring_attention_forward(a, mb, g, ad.dropout);
   else
     ops::attention_forward(x_, attn, a.lse.template data<Grad>(), q, k, v, ad);
   // Row-parallel projection: the ranks' partial products are summed, then the bias and the
@@ -231,6 +235,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   ops::linear_forward(x_, part, attn, p.proj_w, static_cast<const T*>(nullptr), N, H * hd, C);
   reduce_rows(mid, part, g);
   if (p.proj_b) ops::add_bias(x_, mid, p.proj_b, R, C);
+  hidden_dropout(mid, mb, in, g, layer, ops::DropoutSite::AttentionOutput);
   ops::add(x_, mid, mid, x, size_t(R) * C);
 
   T* ln2 = a.ln2.template data<T>();
@@ -247,6 +252,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   ops::linear_forward(x_, part, act, p.fc2_w, static_cast<const T*>(nullptr), N, F, C);
   reduce_rows(out, part, g);
   if (p.fc2_b) ops::add_bias(x_, out, p.fc2_b, R, C);
+  hidden_dropout(out, mb, in, g, layer, ops::DropoutSite::MlpOutput);
   ops::add(x_, out, out, mid, size_t(R) * C);
 }
 
@@ -255,13 +261,23 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
                                  const MicroBatch& mb, const Geometry& g, const Inputs& in) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb, in);
+  ops::AttentionDims ad = attention_dims(mb, in);
+  ad.dropout = dropout_key(mb, in, g, layer, ops::DropoutSite::Attention);
   const auto p = layer_params(layer);
   const auto gp = layer_grads(layer);
   T* partial = full_.template data<T>();
   T* d_rows = d_rows_.template data<T>();
+  // d(block output before its dropout): the mask (its own transpose) on a copy of dres, which
+  // the residual path keeps unmasked.
+  auto through_dropout = [&](ops::DropoutSite site) -> const T* {
+    if (!dropout_key(mb, in, g, layer, site).active()) return dres;
+    ops::copy(x_, d_rows, dres, size_t(R) * C);
+    hidden_dropout(d_rows, mb, in, g, layer, site);
+    return d_rows;
+  };
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
-  const T* dy = gather_rows(d_full_.template data<T>(), dres, g);
+  const T* dy =
+      gather_rows(d_full_.template data<T>(), through_dropout(ops::DropoutSite::MlpOutput), g);
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
   ops::linear_backward(x_, dffn, gp.fc2_w, gp.fc2_b, dy, a.act.template data<T>(), p.fc2_w, N, F,
                        C);
@@ -275,13 +291,14 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   norm_backward(dres, gp.ln2_w, gp.ln2_b, dln2, a.mid.template data<T>(), p.ln2_w,
                 a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), R, C);
   // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
-  dy = gather_rows(d_full_.template data<T>(), dres, g);
+  dy = gather_rows(d_full_.template data<T>(), through_dropout(ops::DropoutSite::AttentionOutput),
+                   g);
   T* dattn = d_attn_.template data<T>();
   ops::linear_backward(x_, dattn, gp.proj_w, gp.proj_b, dy, a.attn.template data<T>(), p.proj_w, N,
                        H * hd, C);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
   if (cp_->size() > 1)
-    ring_attention_backward(a, dq, dk, dv, dattn, mb, g);
+    ring_attention_backward(a, dq, dk, dv, dattn, mb, g, ad.dropout);
   else
     ops::attention_backward(x_, dq, dk, dv, dattn, a.attn.template data<T>(),
                             a.lse.template data<Grad>(), a.q.template data<T>(),

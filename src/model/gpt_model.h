@@ -42,10 +42,10 @@
 
 #include "backend/ops.h"
 #include "comm/communicator.h"
-#include "tensor/parameters.h"
 #include "model/transformer_config.h"
 #include "parallel/micro_batch.h"
 #include "parallel/pipeline.h"
+#include "tensor/parameters.h"
 
 namespace omni {
 
@@ -55,8 +55,8 @@ inline GeluForm gelu_form(const TransformerConfig& c) {
 }
 
 struct ModelParallel {
-  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
-  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
+  Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.
@@ -121,8 +121,7 @@ class GPTModel final : public PipelineChunks<T> {
   // Backward of the same micro-batch: `grad_output` is d/d(output) from the next stage
   // (unused when the chunk ends with the loss). Adds the parameters' gradients; returns
   // d/d(input), or null for the chunk that starts with the embedding.
-  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb,
-                          const T* grad_output) override;
+  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb, const T* grad_output) override;
   // Before the first forward.
   void set_recompute(const Recompute& r);
   // Bytes of activation memory allocated so far (every slot, and recompute's scratch).
@@ -148,23 +147,23 @@ class GPTModel final : public PipelineChunks<T> {
     // keeps the blocks it was passed).
     Tensor k_all, v_all;
     Tensor lse, attn;  // attention's [batch, heads, seq] log-sum-exp and output
-    Tensor mid;  // residual stream after attention
+    Tensor mid;        // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
   };
   // The micro-batch's arrays where the ops read them: copies in the model's device memory
   // (mask and key_start null when the micro-batch has none).
   struct Inputs {
-    const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr,
-                  *key_start = nullptr;
+    const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr, *key_start = nullptr;
     const float* mask = nullptr;
+    bool dropout = false;  // a training forward with dropout on: masks are drawn
   };
   // Everything one micro-batch leaves for its backward in one chunk.
   struct Activations {
     std::vector<Tensor> residual;  // layers + 1 residual streams [rows, C]
     std::vector<LayerActivations> layers;
     Tensor final_norm, final_mean, final_rstd, final_full, d_final;
-    std::vector<int32_t> positions;  // [tokens]: each row's position (host)
+    std::vector<int32_t> positions;          // [tokens]: each row's position (host)
     std::unique_ptr<Storage> input_storage;  // what `in` points into
     Inputs in;
   };
@@ -190,11 +189,16 @@ class GPTModel final : public PipelineChunks<T> {
   T* classifier_weight() const;
   Grad* classifier_grad() const;
   bool has_embedding(int chunk) const { return chunk == 0 && parallel_.pre_process; }
-  bool has_loss(int chunk) const {
-    return chunk == num_chunks() - 1 && parallel_.post_process;
-  }
+  bool has_loss(int chunk) const { return chunk == num_chunks() - 1 && parallel_.post_process; }
   Geometry geometry(const MicroBatch& mb) const;
   ops::AttentionDims attention_dims(const MicroBatch& mb, const Inputs& in) const;
+  // The key of one dropout site's masks for this micro-batch (inactive without in.dropout):
+  // hidden states (this rank's rows), or with Attention the probabilities of this rank's heads.
+  ops::DropoutKey dropout_key(const MicroBatch& mb, const Inputs& in, const Geometry& g, int layer,
+                              ops::DropoutSite site) const;
+  // Hidden dropout's mask applied to `rows` (this rank's rows of the residual stream) in place.
+  void hidden_dropout(T* rows, const MicroBatch& mb, const Inputs& in, const Geometry& g, int layer,
+                      ops::DropoutSite site) const;
   // Copies the micro-batch's arrays (and the rows' positions) to the device, into a.in.
   void stage_inputs(Activations& a, const MicroBatch& mb, const Geometry& g);
   Tensor buffer(Shape shape) const;       // T
@@ -239,22 +243,26 @@ class GPTModel final : public PipelineChunks<T> {
   // Context parallel: causal ring attention. Keys and values travel around the group; each
   // block's attention is merged into the output by its log-sum-exp. The backward passes
   // each block's key/value gradient around the ring back to its owner.
-  void ring_attention_forward(LayerActivations& a, const MicroBatch& mb, const Geometry& g);
+  // `drop`: the attention dropout's key (its key_rank is set per block).
+  void ring_attention_forward(LayerActivations& a, const MicroBatch& mb, const Geometry& g,
+                              const ops::DropoutKey& drop);
   void ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
-                               const MicroBatch& mb, const Geometry& g);
+                               const MicroBatch& mb, const Geometry& g,
+                               const ops::DropoutKey& drop);
   // Rows' [first, last] keys within rank `src`'s block of keys (causal, and the document
   // boundaries of --reset-attention-mask), computed on the host and copied to ring_bounds_.
   ops::AttentionDims ring_block_dims(const MicroBatch& mb, const Geometry& g, int src);
 
   TransformerConfig cfg_;
   int max_batch_;
+  uint64_t seed_;  // also dropout's
   ModelParallel parallel_;
   ops::Exec x_;
   Device device_;
   std::unique_ptr<Communicator> own_tp_, own_cp_;
   Communicator *tp_, *cp_;
   bool sp_;
-  int heads_, groups_, ffn_;             // this rank's query heads, groups, ffn columns
+  int heads_, groups_, ffn_;                   // this rank's query heads, groups, ffn columns
   int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
   std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;

@@ -35,6 +35,7 @@ void ContextParallelBatch::slice(const MicroBatch& full, int cp, int rank) {
                    full.key_start ? key_start_.data() : nullptr,
                    seq_index_.data()};
   mb_.loss_divisor = full.loss_divisor;
+  mb_.first_sample = full.first_sample, mb_.iteration = full.iteration;
 }
 
 }  // namespace omni
