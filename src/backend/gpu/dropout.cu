@@ -11,8 +11,7 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T>
-__global__ void dropout_kernel(T* x, int rows, int width, int seq, ops::DropoutKey k,
-                               float scale) {
+__global__ void dropout_kernel(T* x, int rows, int width, int seq, ops::DropoutKey k, float scale) {
   const int quads = (width + 3) / 4;
   const size_t t = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (t >= static_cast<size_t>(rows) * quads) return;
@@ -26,8 +25,8 @@ __global__ void dropout_kernel(T* x, int rows, int width, int seq, ops::DropoutK
   for (int c = c0; c < c0 + 4 && c < width; ++c) {
     const uint64_t e = static_cast<uint64_t>(pos) * static_cast<uint64_t>(width) + c;
     if ((e >> 2) != loaded) loaded = e >> 2, blk = dropout::block(k, sample, loaded);
-    row[c] = blk.w[e & 3] >= k.threshold ? from_float<T>(to_float(row[c]) * scale)
-                                         : from_float<T>(0.0f);
+    row[c] =
+        blk.w[e & 3] >= k.threshold ? from_float<T>(to_float(row[c]) * scale) : from_float<T>(0.0f);
   }
 }
 
