@@ -278,8 +278,7 @@ void finalize_training(Options& o) {
 
 }  // namespace
 
-// Each group's checks in turn; the order is the order of the errors a bad run meets first
-// (Primus's base language_model.yaml stops at dropout before --no-position-embedding).
+// Each group's checks in turn; the order is the order of the errors a bad run meets first.
 void finalize(Options& o) {
   finalize_data(o);
   finalize_model(o);

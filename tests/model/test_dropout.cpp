@@ -201,11 +201,12 @@ Batch random_batch(const TransformerConfig& c, uint64_t seed) {
   return b;
 }
 
-// A training forward (dropout on) without the backward.
+// A training forward (dropout on) without the backward. (It prepares the output layer's and
+// final norm's gradients, of grad_scale 0: adds zeros.)
 template <typename T>
 double training_loss(GPTModel<T>& m, const MicroBatch& mb) {
   double loss = 0;
-  m.chunk_forward(0, 0, mb, nullptr, true, 1.0, &loss);
+  m.chunk_forward(0, 0, mb, nullptr, true, 0.0, &loss);
   return loss;
 }
 
