@@ -46,11 +46,11 @@ AttentionSupport attention_support(bool gpu, const ops::AttentionDims& d, DType 
 #endif
   if (!gpu)
     s.fused_unsupported = "attention runs on the CPU";
-  else if (!s.cudnn)
-    s.fused_unsupported = "this build has no cuDNN";
-  else if (s.fused_unsupported.empty() && d.dropout.active())
+  else if (d.dropout.active())
     s.fused_unsupported =
         "attention dropout draws omnitron's Philox masks (cuDNN's dropout has its own RNG)";
+  else if (!s.cudnn)
+    s.fused_unsupported = "this build has no cuDNN";
   return s;
 }
 

@@ -9,9 +9,12 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/attention_backend.h"
 #include "backend/dropout_mask.h"
 #include "backend/ops.h"
+#include "base/error.h"
 #include "base/philox.h"
+#include "config/options.h"
 #include "gradient_check.h"
 #include "model/gpt_model.h"
 
@@ -271,6 +274,45 @@ TEST(Dropout, FullRecomputeGivesBitIdenticalGradients) {
   const std::vector<float> kept = grads(Recompute::None), again = grads(Recompute::Full);
   ASSERT_EQ(kept.size(), again.size());
   EXPECT_EQ(std::memcmp(kept.data(), again.data(), kept.size() * sizeof(float)), 0);
+}
+
+// cuDNN's fused attention draws its own dropout masks: with attention dropout the GPU runs
+// our flash kernel, and the start-up line says why; asking for fused is an error naming it.
+TEST(AttentionDropout, RunsOurFlashKernelNotCudnnsAndSaysWhy) {
+  ops::AttentionDims d{2, 128, 8, 8, 64};
+  d.dropout.p = 0.1;
+  std::string why;
+  EXPECT_EQ(choose_attention_backend("auto", true, d, DType::BF16, &why), AttentionBackend::Flash);
+  EXPECT_NE(why.find("attention dropout draws omnitron's Philox masks"), std::string::npos) << why;
+  try {
+    choose_attention_backend("fused", true, d, DType::BF16, nullptr);
+    ADD_FAILURE() << "fused attention with dropout was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention dropout"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DropoutOptions, AProbabilityOutsideZeroToOneIsAnErrorNamingTheFlag) {
+  for (const char* flag : {"--hidden-dropout", "--attention-dropout"}) {
+    for (const char* value : {"1", "-0.1"}) {
+      Options o;
+      parse_options({"--mock-data", "--vocab-size", "64", flag, value}, o);
+      try {
+        finalize(o);
+        ADD_FAILURE() << flag << " " << value << " was accepted";
+      } catch (const UsageError& e) {
+        EXPECT_EQ(std::string(e.what()).find(std::string(flag) + " must be in [0, 1)"), 0u)
+            << e.what();
+      }
+    }
+  }
+  Options o;
+  parse_options({"--mock-data", "--vocab-size", "64", "--hidden-dropout", "0.1",
+                 "--attention-dropout", "0.2"},
+                o);
+  finalize(o);
+  EXPECT_EQ(o.model.hidden_dropout, 0.1);
+  EXPECT_EQ(o.model.attention_dropout, 0.2);
 }
 
 }  // namespace
