@@ -16,6 +16,13 @@ const char* to_string(GeluForm form);
 
 }  // namespace omni
 
+// Members the GPU kernels call too (nvcc and hipcc compile them for the device).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define OMNI_OP_TYPES_HD __host__ __device__
+#else
+#define OMNI_OP_TYPES_HD
+#endif
+
 namespace omni::ops {
 
 // Dropout (Megatron's --hidden-dropout and --attention-dropout): what makes one call's mask,
@@ -31,8 +38,8 @@ struct DropoutKey {
   int cp = 1, cp_rank = 0, key_rank = 0;
   int head_offset = 0;    // attention: global index of the call's head 0 (tensor parallel)
   int64_t first_row = 0;  // hidden states: the call's row 0 among the micro-batch's tokens
-  bool active() const { return p > 0; }
-  double scale() const { return 1.0 / (1.0 - p); }  // of the kept values
+  OMNI_OP_TYPES_HD bool active() const { return p > 0; }
+  OMNI_OP_TYPES_HD double scale() const { return 1.0 / (1.0 - p); }  // of the kept values
 };
 
 // Shapes of one attention call. Grouped-query attention: `heads` query heads share
