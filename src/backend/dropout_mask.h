@@ -18,7 +18,7 @@
 #include "backend/op_types.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
-#define OMNI_DROPOUT_HD __host__ __device__ __forceinline__
+#define OMNI_DROPOUT_HD __host__ __device__ inline
 #else
 #define OMNI_DROPOUT_HD inline
 #endif
