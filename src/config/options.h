@@ -19,7 +19,13 @@
 namespace omni {
 
 struct Options {
-  TransformerConfig model;
+  // Megatron's defaults where a config made in code differs: dropout 0.1 on the hidden states
+  // and the attention probabilities.
+  TransformerConfig model = [] {
+    TransformerConfig c;
+    c.hidden_dropout = c.attention_dropout = 0.1;
+    return c;
+  }();
   // The accepted options that have no effect here (Megatron's Python/NVIDIA plumbing), one
   // line per reason naming its flags; the command prints them.
   std::vector<std::string> notes;
