@@ -142,8 +142,7 @@ TEST(MpiDropout, DataParallel2DistributedOptimizerMatchesTheSingleProcessRun) {
   double worst = 0;
   for (size_t i = 0; i < ref.losses.size(); ++i)
     worst = std::max(worst, std::abs(got.losses[i] - ref.losses[i]) / ref.losses[i]);
-  std::printf("gpt2 dp2 distributed optimizer, dropout 0.1: largest loss difference %.3g\n",
-              worst);
+  std::printf("gpt2 dp2 distributed optimizer, dropout 0.1: largest loss difference %.3g\n", worst);
   EXPECT_LE(worst, 1e-5);
   EXPECT_NE(ref.losses, plain.losses);  // dropout was on
 }
