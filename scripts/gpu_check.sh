@@ -165,6 +165,20 @@ else
   note "nccl check" "not built (OMNITRON_NCCL not wired or NCCL not found)"
 fi
 
+# ---- Training layouts over NCCL against one GPU (two GPUs or more) ----
+if ((gpus > 1)) && [[ -x "$build/omnitron" && -x "$check" ]]; then
+  say "training layouts on $gpus GPUs against one (scripts/gpu_layouts.sh)"
+  bash scripts/gpu_layouts.sh "$build" "$gpus" "$logs/layouts" 2>&1 | tee "$logs/layouts.log"
+  if ((PIPESTATUS[0] == 0)); then
+    note "gpu layouts" "$(grep -c 'worst relative' "$logs/layouts.log") layouts match one GPU"
+  else
+    note "gpu layouts" "FAILED: $(grep -cE 'FAILED|DIFFERS' "$logs/layouts.log") layouts"
+    status=1
+  fi
+else
+  note "gpu layouts" "skipped: $gpus GPU(s) visible, the layouts need 2 or more"
+fi
+
 # ---- Benchmarks that exist ----
 bench_lines=()
 run_bench() {  # name, then its command line

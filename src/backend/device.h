@@ -44,6 +44,9 @@ struct GpuDeviceInfo {
   std::string architecture;  // "compute capability 9.0" or "gfx942:sramecc+:xnack-"
 };
 GpuDeviceInfo gpu_device_info(int index);
+// Makes GPU `index` this process's device: every later allocation, kernel and NCCL
+// communicator of this thread lives there. Called once, before the model is built.
+void use_gpu(int index);
 
 // ---- Peaks and placement (backend/device.cpp; --device is backend/device_selection.h) ----
 

@@ -114,6 +114,7 @@ class GpuBackend : public DeviceMemory {
   virtual void sgd_update(float* w, const float* g, float* m, size_t n, double lr, double momentum,
                           double weight_decay) const = 0;
   virtual double sum_squares(const float* x, size_t n) const = 0;
+  virtual double count_zeros(const float* x, size_t n) const = 0;
 };
 
 // The GPU backend --device cuda / hip trains on: the build's own (CUDA or HIP), or one a test

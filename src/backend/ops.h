@@ -180,6 +180,10 @@ void dropout(T* x, int rows, int width, int seq, const DropoutKey& k);
 template <typename T>
 double sum_squares(const T* x, size_t n);
 
+// How many elements of x are exactly zero (--log-num-zeros-in-grad).
+template <typename T>
+double count_zeros(const T* x, size_t n);
+
 // ---- On a device ------------------------------------------------------------------------------
 // Where an op runs: the CPU, or a GPU through its backend. The GPU runs float, bf16 and f16
 // storage; the CPU float and double (the float64 checks). Parameter gradients and statistics
@@ -400,6 +404,12 @@ double sum_squares(const Exec& e, const T* x, size_t n) {
   if (!e.gpu) return sum_squares(x, n);
   if constexpr (std::is_same_v<T, float>) return e.gpu->sum_squares(x, n);
   detail::gpu_has_no_double("sum_squares");
+}
+template <typename T>
+double count_zeros(const Exec& e, const T* x, size_t n) {
+  if (!e.gpu) return count_zeros(x, n);
+  if constexpr (std::is_same_v<T, float>) return e.gpu->count_zeros(x, n);
+  detail::gpu_has_no_double("count_zeros");
 }
 // dst = src rounded to T (a 16-bit model's weights from the fp32 master), or back to float.
 template <typename T>

@@ -458,6 +458,9 @@ HfFamily family_of(const TransformerConfig& c) {
                : c.use_rope_scaling            ? "--use-rope-scaling"
                                                : "--rotary-percent below 1",
                ", which the Hugging Face export does not write yet");
+  OMNI_REQUIRE(c.num_moe_experts == 0, "--num-experts ", c.num_moe_experts,
+               ": not built yet: Hugging Face interchange of mixture-of-experts models "
+               "(MixtralForCausalLM, Qwen3MoeForCausalLM)");
   const bool gpt2 = c.position_embedding_type == PositionEmbedding::LearnedAbsolute &&
                     c.normalization == Normalization::LayerNorm && !c.swiglu && c.add_bias_linear &&
                     !c.qk_layernorm && c.query_groups() == c.num_attention_heads &&

@@ -13,6 +13,9 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "cli/commands.h"
+#if defined(OMNITRON_NCCL)
+#include "comm/nccl_communicator.h"
+#endif
 #include "comm/process_grid.h"
 #include "comm/rendezvous.h"
 #include "comm/watchdog.h"
@@ -40,6 +43,7 @@ namespace {
 struct DeviceChoice {
   std::string device;  // "cpu", "cuda" or "hip"
   std::string note;
+  int gpu = 0;  // the GPU's index: the launcher's local rank modulo the visible GPUs
 };
 
 DeviceChoice choose_device(const Options& o, int world_size) {
@@ -49,17 +53,22 @@ DeviceChoice choose_device(const Options& o, int world_size) {
   const std::string gpus = std::to_string(d.gpus_visible) + " " +
                            (d.device.kind == DeviceKind::CUDA ? "CUDA" : "HIP") + " GPU" +
                            (d.gpus_visible == 1 ? "" : "s") + " visible";
-  std::string unsupported;
+  std::string why_not;  // "but ..."
+#if !defined(OMNITRON_NCCL)
   if (world_size > 1)
-    unsupported = "runs of several ranks";
-  else if (is_zoo_optimizer(o.optim.kind))
-    unsupported = std::string("--optimizer ") + zoo_optimizer_name(o.optim.kind);
-  if (unsupported.empty()) return {name, ""};
-  OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus,
-               ", but training on the GPU does not support ", unsupported,
-               " yet in this version; use --device cpu");
-  return {"cpu", "--device auto: " + gpus + ", but training on the GPU does not support " +
-                     unsupported + " yet in this version, so the CPU trains"};
+    why_not =
+        "but GPU ranks talk through NCCL/RCCL, which this build lacks (rebuild with it "
+        "installed)";
+#else
+  (void)world_size;
+#endif
+  if (why_not.empty() && is_zoo_optimizer(o.optim.kind))
+    why_not = std::string("but training on the GPU does not support --optimizer ") +
+              zoo_optimizer_name(o.optim.kind) + " yet in this version";
+  if (why_not.empty()) return {name, "", d.device.index};
+  OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus, ", ", why_not,
+               "; use --device cpu");
+  return {"cpu", "--device auto: " + gpus + ", " + why_not + ", so the CPU trains"};
 }
 
 // This process's command line as the user typed it (/proc/self/cmdline), quoted for a shell.
@@ -332,6 +341,7 @@ int train(const std::vector<std::string>& raw_args) {
   const DeviceChoice device = choose_device(opts, world.size());
   require_gpu_ranks_under_torchrun(opts.device, device, world);
   opts.device = device.device;
+  if (opts.device != "cpu") use_gpu(device.gpu);  // before anything is allocated on it
 
   // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the
   // others open it after.
@@ -353,9 +363,10 @@ int train(const std::vector<std::string>& raw_args) {
                   cpu_threads(), openmp_wait_policy().c_str(), blas_config().c_str(), peak);
     device_line = text;
   } else {
-    const GpuDeviceInfo gpu = gpu_device_info(0);
+    const GpuDeviceInfo gpu = gpu_device_info(device.gpu);
     peak = gpu_peak_bf16_tflops(gpu.name) * 1000.0;
-    device_line = opts.device + ":0 " + gpu.name + ", " + gpu_backend_name() +
+    device_line = opts.device + ":" + std::to_string(device.gpu) + " " + gpu.name + ", " +
+                  gpu_backend_name() +
                   (peak > 0 ? "; bf16 peak " + std::to_string(int(peak / 1000)) +
                                   " TFLOP/s (MFU is against this)"
                             : "; bf16 peak unknown (no MFU)");
@@ -391,7 +402,17 @@ int train(const std::vector<std::string>& raw_args) {
   std::fflush(stdout);
 
   if (tokenizer && info) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());
-  Trainer trainer(opts, std::move(data), peak, eod, &world);
+  // GPU ranks train over NCCL/RCCL, its unique id sent over the launcher's world (MPI or
+  // torchrun's rendezvous), which keeps the host-side work: the barrier above, the watchdog
+  // and ending the job.
+  std::unique_ptr<Communicator> gpu_world;
+#if defined(OMNITRON_NCCL)
+  if (opts.device != "cpu" && world.size() > 1) {
+    gpu_world = make_nccl_communicator(world);
+    if (info) std::printf("  collectives: %s over the GPUs\n", nccl_version().c_str());
+  }
+#endif
+  Trainer trainer(opts, std::move(data), peak, eod, gpu_world ? gpu_world.get() : &world);
   trainer.set_downstream_evaluation(make_downstream_evaluation(opts, tokenizer.get()));
   if (info || device.device != "cpu") std::printf("  %s\n", trainer.attention_line().c_str());
   if (!opts.load.empty())

@@ -36,6 +36,10 @@ class Communicator {
   virtual int size() const = 0;
   // "tp", "dp", ... for messages; "world" for the world.
   virtual std::string name() const = 0;
+  // True when buffers may live in a real GPU's memory (NCCL/RCCL). Such a communicator takes
+  // host buffers too: the blocking calls stage them through device memory, so a model on the
+  // GPU can still sum its host-side scalars (losses, norms, counts) over its groups.
+  virtual bool device_memory() const { return false; }
 
   // In place over n elements of every rank.
   virtual void all_reduce(void* data, size_t n, DType t, ReduceOp op = ReduceOp::Sum) = 0;

@@ -28,12 +28,23 @@
 #define cudaMalloc hipMalloc
 #define cudaMemset hipMemset
 #define cudaFree hipFree
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaGetLastError hipGetLastError
+#define cudaPointerAttributes hipPointerAttribute_t
+#define cudaPointerGetAttributes hipPointerGetAttributes
+#define cudaMemoryTypeDevice hipMemoryTypeDevice
+#define cudaMemoryTypeManaged hipMemoryTypeManaged
 #else
 #include <cuda_runtime.h>
 #include <nccl.h>
 #define OMNI_NCCL_LIBRARY "NCCL"
 #endif
 
+#include <algorithm>
+#include <cstddef>
 #include <exception>
 #include <thread>
 #include <utility>
@@ -86,6 +97,26 @@ ncclDataType_t nccl_type(DType t) {
 ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::Sum ? ncclSum : ncclMax;
 }
+
+// Whether NCCL can read `p`: device or managed memory. Host memory (the runtime does not know
+// it, or it is pinned) is staged through device memory by the blocking calls.
+bool on_device(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // older runtimes fail on unregistered host memory: host
+    return false;
+  }
+#if defined(OMNITRON_HIP) && HIP_VERSION_MAJOR < 6
+  const auto type = a.memoryType;
+#else
+  const auto type = a.type;
+#endif
+  return type == cudaMemoryTypeDevice || type == cudaMemoryTypeManaged;
+}
+
+// Host buffers cross in pieces of at most this many bytes where the call allows it (sums and
+// broadcasts), so staging a checkpoint's full-model sum costs no full-model device buffer.
+constexpr size_t kStagePiece = size_t(64) << 20;
 
 std::byte* at(void* p, size_t offset) {
   return static_cast<std::byte*>(p) + offset;
@@ -162,20 +193,25 @@ class NcclCommunicator : public Communicator {
     }
     if (stream_) (void)cudaStreamDestroy(stream_);
     if (barrier_word_) (void)cudaFree(barrier_word_);
+    if (scratch_) (void)cudaFree(scratch_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return name_; }
 
+  bool device_memory() const override { return true; }
+
   void all_reduce(void* data, size_t n, DType t, ReduceOp op) override {
     if (n == 0) return;
     CollectiveWatch watch(*watch_, "ncclAllReduce", n * dtype_size(t));
     flush();
-    OMNI_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), nccl_op(op), live(), stream_));
-    finish();
+    in_pieces(data, n, dtype_size(t), [&](void* d, size_t m) {
+      OMNI_NCCL_CHECK(ncclAllReduce(d, d, m, nccl_type(t), nccl_op(op), live(), stream_));
+    });
   }
   std::unique_ptr<CommRequest> iall_reduce(void* data, size_t n, DType t) override {
     if (n == 0) return std::make_unique<DoneRequest>();
+    require_device(data, "iall_reduce");
     watch_->count("ncclAllReduce", n * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), ncclSum, live(), stream_));
@@ -185,12 +221,16 @@ class NcclCommunicator : public Communicator {
     if (n == 0) return;
     CollectiveWatch watch(*watch_, "ncclReduceScatter", n * size_ * dtype_size(t));
     flush();
-    OMNI_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, live(), stream_));
-    finish();
+    const size_t bytes = n * dtype_size(t);
+    staged(out, bytes, in, bytes * size_, [&](void* d_out, const void* d_in) {
+      OMNI_NCCL_CHECK(ncclReduceScatter(d_in, d_out, n, nccl_type(t), ncclSum, live(), stream_));
+    });
   }
   std::unique_ptr<CommRequest> ireduce_scatter(void* out, const void* in, size_t n,
                                                DType t) override {
     if (n == 0) return std::make_unique<DoneRequest>();
+    require_device(out, "ireduce_scatter");
+    require_device(in, "ireduce_scatter");
     watch_->count("ncclReduceScatter", n * size_ * dtype_size(t));
     flush();
     OMNI_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, live(), stream_));
@@ -201,8 +241,19 @@ class NcclCommunicator : public Communicator {
     if (n == 0) return;
     CollectiveWatch watch(*watch_, "ncclAllGather", n * size_ * dtype_size(t));
     flush();
-    OMNI_NCCL_CHECK(ncclAllGather(in, out, n, nccl_type(t), live(), stream_));
+    const size_t bytes = n * dtype_size(t);
+    if (on_device(out)) {
+      require_device(in, "all_gather");
+      OMNI_NCCL_CHECK(ncclAllGather(in, out, n, nccl_type(t), live(), stream_));
+      finish();
+      return;
+    }
+    // Host buffers: this rank's block goes to its place in the staged output, then in place.
+    std::byte* d = scratch(bytes * size_);
+    to_device(d + rank_ * bytes, in, bytes);
+    OMNI_NCCL_CHECK(ncclAllGather(d + rank_ * bytes, d, n, nccl_type(t), live(), stream_));
     finish();
+    to_host(out, d, bytes * size_);
   }
   // One group of a send and a receive per rank (itself included): NCCL progresses them
   // together, so no ordering of the pairs can deadlock.
@@ -211,13 +262,14 @@ class NcclCommunicator : public Communicator {
     CollectiveWatch watch(*watch_, "ncclAllToAll", n * size_ * dtype_size(t));
     flush();
     const size_t block = n * dtype_size(t);
-    OMNI_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < size_; ++r) {
-      OMNI_NCCL_CHECK(ncclSend(at(in, r * block), n, nccl_type(t), r, live(), stream_));
-      OMNI_NCCL_CHECK(ncclRecv(at(out, r * block), n, nccl_type(t), r, live(), stream_));
-    }
-    OMNI_NCCL_CHECK(ncclGroupEnd());
-    finish();
+    staged(out, block * size_, in, block * size_, [&](void* d_out, const void* d_in) {
+      OMNI_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < size_; ++r) {
+        OMNI_NCCL_CHECK(ncclSend(at(d_in, r * block), n, nccl_type(t), r, live(), stream_));
+        OMNI_NCCL_CHECK(ncclRecv(at(d_out, r * block), n, nccl_type(t), r, live(), stream_));
+      }
+      OMNI_NCCL_CHECK(ncclGroupEnd());
+    });
   }
   void broadcast(void* data, size_t bytes, int root) override {
     OMNI_CHECK(root >= 0 && root < size_, "[comm ", name_, "] broadcast from rank ", root, " of ",
@@ -225,21 +277,30 @@ class NcclCommunicator : public Communicator {
     if (bytes == 0) return;
     CollectiveWatch watch(*watch_, "ncclBroadcast", bytes);
     flush();
-    OMNI_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), stream_));
-    finish();
+    in_pieces(data, bytes, 1, [&](void* d, size_t m) {
+      OMNI_NCCL_CHECK(ncclBroadcast(d, d, m, ncclUint8, root, live(), stream_));
+    });
   }
   void send(const void* data, size_t bytes, int peer, int tag) override {
     CollectiveWatch watch(*watch_, "ncclSend", bytes, peer);
-    isend(data, bytes, peer, tag)->wait();
+    if (bytes == 0 || on_device(data)) return isend(data, bytes, peer, tag)->wait();
+    std::byte* d = scratch(bytes);
+    to_device(d, data, bytes);
+    hold({true, d, bytes, peer})->wait();
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
     CollectiveWatch watch(*watch_, "ncclRecv", bytes, peer);
-    irecv(data, bytes, peer, tag)->wait();
+    if (bytes == 0 || on_device(data)) return irecv(data, bytes, peer, tag)->wait();
+    std::byte* d = scratch(bytes);
+    hold({false, d, bytes, peer})->wait();
+    to_host(data, d, bytes);
   }
   std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int) override {
+    if (bytes > 0) require_device(data, "isend");
     return hold({true, const_cast<void*>(data), bytes, peer});
   }
   std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int) override {
+    if (bytes > 0) require_device(data, "irecv");
     return hold({false, data, bytes, peer});
   }
   // NCCL has no barrier: a one-word all-reduce that every rank must reach does the same.
@@ -315,6 +376,69 @@ class NcclCommunicator : public Communicator {
     int peer;
   };
 
+  // ---- host buffers (the blocking calls stage them through scratch_) ----
+
+  // The non-blocking calls run while the caller computes, so they cannot copy back after;
+  // the model only starts them on its own device buffers.
+  void require_device(const void* p, const char* call) const {
+    OMNI_CHECK(on_device(p), "[comm ", name_, "] ", call, " of ", OMNI_NCCL_LIBRARY,
+               " needs a buffer in GPU memory; this one is host memory");
+  }
+  std::byte* scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_) OMNI_COMM_GPU_CHECK(cudaFree(scratch_));  // cudaFree waits for its users
+      scratch_ = nullptr, scratch_bytes_ = 0;
+      OMNI_COMM_GPU_CHECK(cudaMalloc(&scratch_, bytes));
+      scratch_bytes_ = bytes;
+    }
+    return static_cast<std::byte*>(scratch_);
+  }
+  void to_device(void* d, const void* h, size_t bytes) {
+    OMNI_COMM_GPU_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  // After finish(): the operation has completed, so this copy cannot wait on a dead peer.
+  void to_host(void* h, const void* d, size_t bytes) {
+    OMNI_COMM_GPU_CHECK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, stream_));
+    OMNI_COMM_GPU_CHECK(cudaStreamSynchronize(stream_));
+  }
+  // An elementwise call (`run(device_pointer, elements)`) over n elements of `elem` bytes, on
+  // the buffer itself when it is device memory, else piece by piece through scratch_.
+  template <typename Run>
+  void in_pieces(void* data, size_t n, size_t elem, Run run) {
+    if (on_device(data)) {
+      run(data, n);
+      finish();
+      return;
+    }
+    const size_t piece = std::max<size_t>(1, kStagePiece / elem);
+    for (size_t i = 0; i < n; i += piece) {
+      const size_t m = std::min(piece, n - i);
+      std::byte* d = scratch(m * elem);
+      to_device(d, at(data, i * elem), m * elem);
+      run(d, m);
+      finish();
+      to_host(at(data, i * elem), d, m * elem);
+    }
+  }
+  // A call from `in` (in_bytes) to `out` (out_bytes, not overlapping in) as
+  // `run(device_out, device_in)`, staging both when they are host memory.
+  template <typename Run>
+  void staged(void* out, size_t out_bytes, const void* in, size_t in_bytes, Run run) {
+    const bool device = on_device(out);
+    OMNI_CHECK(device == on_device(in), "[comm ", name_,
+               "] one buffer of a collective in GPU memory and the other in host memory");
+    if (device) {
+      run(out, in);
+      finish();
+      return;
+    }
+    std::byte* d = scratch(out_bytes + in_bytes);
+    to_device(d + out_bytes, in, in_bytes);
+    run(d, d + out_bytes);
+    finish();
+    to_host(out, d, out_bytes);
+  }
+
   std::unique_ptr<CommRequest> hold(PointToPoint p) {
     OMNI_CHECK(p.peer >= 0 && p.peer < size_, "[comm ", name_, "] point-to-point with rank ",
                p.peer, " of ", size_);
@@ -370,6 +494,8 @@ class NcclCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   void* barrier_word_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
   Completion blocking_;
   std::vector<PointToPoint> held_;
   std::shared_ptr<Completion> held_done_;

@@ -107,6 +107,9 @@ void finalize_optimizer_zoo(Options& o);
 
 // The groups, in the order --help lists them.
 void add_model_options(std::vector<OptionDef>& t);
+void add_moe_options(std::vector<OptionDef>& t);  // options_moe.cpp
+// With --num-experts: refuses what the MoE layers do not build (options_moe.cpp).
+void finalize_moe(Options& o);
 void add_training_options(std::vector<OptionDef>& t);
 void add_learning_rate_options(std::vector<OptionDef>& t);
 void add_data_options(std::vector<OptionDef>& t);

@@ -17,7 +17,7 @@ const std::vector<OptionDef>& option_table() {
     using namespace option_rows;
     std::vector<OptionDef> t;
     for (auto add :
-         {add_model_options, add_training_options, add_learning_rate_options, add_data_options,
+         {add_model_options, add_moe_options, add_training_options, add_learning_rate_options, add_data_options,
           add_logging_options, add_evaluation_options, add_command_options,
           add_checkpointing_options, add_distributed_options, add_mixed_precision_options,
           add_noted_options, add_refused_options, add_primus_options})
@@ -188,6 +188,7 @@ void finalize_data(Options& o) {
 // Model, mixed precision and activation recompute.
 void finalize_model(Options& o) {
   o.model.validate();
+  option_rows::finalize_moe(o);
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   const std::string& rg = o.recompute_granularity;
   OMNI_REQUIRE(rg.empty() || rg == "full" || rg == "selective",

@@ -257,7 +257,6 @@ void add_refused_other_models(std::vector<OptionDef>& t) {
                {"--dino-warmup-teacher-temp", "X"},
                {"--dino-teacher-temp", "X"},
                {"--dino-warmup-teacher-temp-epochs", "N"}});
-  add_refused(t, "mixture of experts", {{"--num-experts", "N"}});
   add_refused(t, "heterogeneous layer configurations",
               {{"--heterogeneous-layers-config-path", "V"},
                {"--heterogeneous-layers-config-encoded-json", "V"}});
@@ -279,7 +278,7 @@ void add_refused_other_models(std::vector<OptionDef>& t) {
               {{"--spec", "V..."}, {"--yaml-cfg", "V"}});
   add_refused(t, "supervised fine-tuning (SFT)",
               {{"--sft", ""}, {"--sft-tokenizer-prompt-format", "V"}});
-  t.push_back(not_built("--expert-model-parallel-size", "N", "1", "mixture of experts"));
+  t.push_back(not_built("--expert-model-parallel-size", "N", "1", "expert parallelism"));
   t.push_back(not_built("--mtp-num-layers", "N", "0", "multi-token prediction (MTP)"));
   t.push_back(not_built("--softmax-type", "vanilla|off-by-one|learnable", "vanilla",
                         "attention variants beyond qk-layernorm (qk L2 norm, qk-clip, output "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "base/error.h"
 #include "base/trace.h"
@@ -29,10 +30,10 @@ std::string GPTModel<T>::layer_prefix(int layer) {
 
 template <typename T>
 std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
-  const int tp = tp_->size();
+  const int tp = tp_.size();
   const int64_t C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
   const int64_t G = cfg_.query_groups(), F = cfg_.ffn_size(), hpg = H / G;
-  const int64_t Gl = G / tp, Hl = H / tp, Fl = F / tp, Vl = vocab_rows_;
+  const int64_t Gl = G / tp, Hl = H / tp, Fl = F / tp, Vl = vocab_.rows;
   const int64_t qkv_rows = Gl * (hpg + 2) * hd;
   std::vector<ParamInfo> p;
   // A tensor every tensor-parallel rank holds whole.
@@ -94,6 +95,10 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
       if (cfg_.add_bias_linear)
         replicated(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false, false);
       norm(l + "pre_mlp_layernorm", C, sp_);
+      if (cfg_.is_moe_layer(layer)) {
+        add_moe_parameters(p, l + "mlp.");  // gpt_moe.cpp
+        continue;
+      }
       split(l + "mlp.linear_fc1.weight", {fc1_rows, C}, 0, fc1_global, fc1_segments,
             ParamInit::Normal, true);
       if (cfg_.add_bias_linear)
@@ -121,10 +126,11 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   OMNI_REQUIRE(max_batch > 0, "--micro-batch-size must be positive (got ", max_batch, ")");
   if (!parallel_.tp) own_tp_ = make_self_communicator("tp");
   if (!parallel_.cp) own_cp_ = make_self_communicator("cp");
-  tp_ = parallel_.tp ? parallel_.tp : own_tp_.get();
+  Communicator* tp_group = parallel_.tp ? parallel_.tp : own_tp_.get();
   cp_ = parallel_.cp ? parallel_.cp : own_cp_.get();
-  const int tp = tp_->size(), cp = cp_->size();
+  const int tp = tp_group->size(), cp = cp_->size();
   sp_ = parallel_.sequence_parallel && tp > 1;
+  tp_ = TensorParallel<T>(tp_group, sp_, cfg_.hidden_size, x_);
   const int H = cfg_.num_attention_heads, G = cfg_.query_groups(), F = cfg_.ffn_size();
   OMNI_REQUIRE(G % tp == 0,
                cfg_.group_query_attention ? "--num-query-groups (" : "--num-attention-heads (", G,
@@ -133,19 +139,25 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must be divisible by --tensor-model-parallel-size (", tp, ")");
   OMNI_REQUIRE(cfg_.seq_length % (2 * cp) == 0 || cp == 1, "--seq-length (", cfg_.seq_length,
                ") must be divisible by twice --context-parallel-size (", cp, ")");
+  if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
+    OMNI_REQUIRE(!x_.on_gpu() && (std::is_same_v<T, float> || std::is_same_v<T, double>),
+                 "--num-experts: mixture-of-experts layers run on --device cpu in fp32 only "
+                 "(not built yet on the GPU or in bf16/fp16)");
+    OMNI_REQUIRE(tp == 1, "--num-experts with --tensor-model-parallel-size ", tp,
+                 ": mixture-of-experts layers under tensor parallelism are not built yet");
+    OMNI_REQUIRE(cp == 1, "--num-experts with --context-parallel-size ", cp,
+                 ": mixture-of-experts layers under context parallelism are not built yet");
+    expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
+  }
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
-  // Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP.
-  const int multiple = cfg_.make_vocab_size_divisible_by * tp;
-  vocab_rows_ = (cfg_.vocab_size + multiple - 1) / multiple * multiple / tp;
-  vocab_start_ = tp_->rank() * vocab_rows_;
-  vocab_real_ = std::clamp(cfg_.vocab_size - vocab_start_, 0, vocab_rows_);
+  vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;
   if (chunks_.empty()) chunks_.push_back({0, cfg_.num_layers});
   for (const auto& [first, end] : chunks_)
     OMNI_CHECK(first >= 0 && first < end && end <= cfg_.num_layers, "[gpt] bad layer range ", first,
                "..", end);
 
-  params_ = ParameterSet<T>(parameter_layout(tp_->rank()), device_, x_.memory());
+  params_ = ParameterSet<T>(parameter_layout(tp_.rank()), device_, x_.memory());
   params_.initialize(seed, cfg_.init_method_std,
                      cfg_.init_method_std / std::sqrt(2.0 * cfg_.num_layers));
   // Flat ranges of each layer, of the embedding and of the head, for the grads-ready hook.
@@ -200,15 +212,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   d_attn_ = buf({N, heads_ * hd}), dq_ = buf({N, heads_ * hd});
   dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * hd});
   if (cfg_.qk_layernorm) dq_raw_ = buf({N, heads_ * hd}), dk_raw_ = buf({N, groups_ * hd});
-  if (cp > 1) {
-    const int64_t Sl = S / cp;
-    ring_out_ = buf({N, heads_ * hd}), ring_dq_ = buf({N, heads_ * hd});
-    ring_lse_ = stat_buffer({int64_t(max_batch) * heads_ * Sl});
-    ring_dk_ = buf({N, groups_ * hd}), ring_dv_ = buf({N, groups_ * hd});
-    for (auto& pair : ring_acc_) pair[0] = buf({N, groups_ * hd}), pair[1] = buf({N, groups_ * hd});
-    ring_first_.resize(N), ring_last_.resize(N);
-    ring_bounds_ = std::make_unique<Storage>(2 * N * sizeof(int32_t), device_, x_.memory());
-  }
+  if (cp > 1)
+    ring_ = RingAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_, int(hd));
 }
 
 template <typename T>
@@ -223,7 +228,7 @@ Tensor GPTModel<T>::stat_buffer(Shape shape) const {
 
 template <typename T>
 void GPTModel<T>::allocate_layer(LayerActivations& l) {
-  const int cp = cp_->size(), tp = tp_->size();
+  const int cp = cp_->size(), tp = tp_.size();
   const int64_t S = cfg_.seq_length, Sl = S / cp, hd = cfg_.head_dim(), C = cfg_.hidden_size;
   const int64_t N = int64_t(max_batch_) * Sl, R = sp_ ? N / tp : N;
   const int64_t H = heads_, G = groups_, fc1_out = cfg_.swiglu ? 2 * ffn_ : ffn_;
@@ -264,7 +269,7 @@ typename GPTModel<T>::Activations& GPTModel<T>::activations(int chunk, int slot)
   auto& slots = acts_[chunk];
   if (slot >= int(slots.size())) slots.resize(slot + 1);
   if (slots[slot]) return *slots[slot];
-  const int cp = cp_->size(), tp = tp_->size();
+  const int cp = cp_->size(), tp = tp_.size();
   const int64_t N = int64_t(max_batch_) * cfg_.seq_length / cp, R = sp_ ? N / tp : N;
   const int64_t C = cfg_.hidden_size;
   auto buf = [&](Shape s) { return buffer(std::move(s)); };
@@ -296,7 +301,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
         &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
-  return b;
+  return b + moe_activation_bytes(l);
 }
 
 template <typename T>
@@ -335,7 +340,7 @@ typename GPTModel<T>::Grad* GPTModel<T>::classifier_grad() const {
 template <typename T>
 typename GPTModel<T>::Geometry GPTModel<T>::geometry(const MicroBatch& mb) const {
   const int tokens = mb.batch * mb.seq;
-  return {mb.batch, mb.seq, tokens, sp_ ? tokens / tp_->size() : tokens};
+  return {mb.batch, mb.seq, tokens, tp_.rows(tokens)};
 }
 
 template <typename T>
@@ -352,8 +357,8 @@ ops::DropoutKey GPTModel<T>::dropout_key(const MicroBatch& mb, const Inputs& in,
   ops::DropoutKey k = ops::dropout_key(p, seed_, mb.iteration, layer, site);
   k.first_sample = mb.first_sample;
   k.cp = cp_->size(), k.cp_rank = k.key_rank = cp_->rank();
-  k.head_offset = tp_->rank() * heads_;
-  k.first_row = sp_ ? int64_t(tp_->rank()) * g.rows : 0;
+  k.head_offset = tp_.rank() * heads_;
+  k.first_row = tp_.first_row(g.tokens);
   return k;
 }
 
@@ -391,7 +396,7 @@ void GPTModel<T>::stage_inputs(Activations& a, const MicroBatch& mb, const Geome
 
 template <typename T>
 void GPTModel<T>::check_batch(const MicroBatch& mb) const {
-  const int cp = cp_->size(), tp = tp_->size();
+  const int cp = cp_->size(), tp = tp_.size();
   OMNI_CHECK(mb.batch > 0 && mb.batch <= max_batch_, "[gpt] batch ", mb.batch, " outside 1..",
              max_batch_);
   OMNI_CHECK(mb.seq > 0 && mb.seq * cp <= cfg_.seq_length, "[gpt] sequence ", mb.seq,
@@ -414,14 +419,11 @@ template <typename T>
 void GPTModel<T>::embed(Activations& a, const MicroBatch& mb, const Geometry& g) {
   const int C = cfg_.hidden_size;
   T* out = a.residual[0].template data<T>();
-  T* words = sp_ ? full_.template data<T>() : out;
-  ops::embedding_forward(x_, words, a.in.tokens, params_.value("embedding.word_embeddings.weight"),
-                         static_cast<const T*>(nullptr), g.tokens, g.seq, C, nullptr, vocab_start_,
-                         vocab_start_ + vocab_rows_);
-  reduce_rows(out, words, g);
+  tp_.embedding_forward(out, full_.template data<T>(), a.in.tokens,
+                        params_.value("embedding.word_embeddings.weight"), vocab_, g.tokens, g.seq);
   if (const T* wpe = params_.value_or_null("embedding.position_embeddings.weight"))
     ops::position_embedding_add(x_, out, wpe, g.rows, g.seq, C,
-                                a.in.positions + (sp_ ? tp_->rank() * g.rows : 0));
+                                a.in.positions + tp_.first_row(g.tokens));
   hidden_dropout(out, mb, a.in, g, -1, ops::DropoutSite::Embedding);
 }
 
@@ -433,12 +435,10 @@ void GPTModel<T>::embed_backward(const T* d_rows, const Activations& a, const Mi
   // under context parallelism range over the whole sequence's table, not the local share.
   if (Grad* dwpe = params_.grad_or_null("embedding.position_embeddings.weight"))
     ops::embedding_backward(x_, static_cast<Grad*>(nullptr), dwpe, a.in.tokens, d_rows, g.rows,
-                            cfg_.max_positions(), C,
-                            a.in.positions + (sp_ ? tp_->rank() * g.rows : 0), 0, 1 << 30);
-  const T* d_words = gather_rows(d_full_.template data<T>(), d_rows, g);
-  ops::embedding_backward(x_, params_.grad("embedding.word_embeddings.weight"),
-                          static_cast<Grad*>(nullptr), a.in.tokens, d_words, g.tokens, g.seq, C,
-                          nullptr, vocab_start_, vocab_start_ + vocab_rows_);
+                            cfg_.max_positions(), C, a.in.positions + tp_.first_row(g.tokens), 0,
+                            1 << 30);
+  tp_.embedding_backward(params_.grad("embedding.word_embeddings.weight"),
+                         d_full_.template data<T>(), d_rows, a.in.tokens, vocab_, g.tokens, g.seq);
 }
 
 template <typename T>
@@ -448,8 +448,7 @@ double GPTModel<T>::masked_tokens(const MicroBatch& mb, const Geometry& g) const
     s = 0;
     for (int n = 0; n < g.tokens; ++n) s += mb.loss_mask[n];
   }
-  cp_->all_reduce(&s, 1);
-  return s;
+  return sum_over_sequence(*cp_, s);
 }
 
 template <typename T>
@@ -466,7 +465,8 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   OMNI_CHECK(mb.labels, "[gpt] the loss needs labels");
   const int C = cfg_.hidden_size;
   final_norm_forward(a, g);
-  const T* h = gather_rows(a.final_full.template data<T>(), a.final_norm.template data<T>(), g);
+  const T* h =
+      tp_.gather_rows(a.final_full.template data<T>(), a.final_norm.template data<T>(), g.tokens);
   const double denom = mb.loss_divisor > 0 ? mb.loss_divisor : masked_tokens(mb, g);
   T* d_final = a.d_final.template data<T>();
   if (denom == 0) {  // every token masked: no loss, no gradient
@@ -474,26 +474,19 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
     if (mb.token_losses) std::fill(mb.token_losses, mb.token_losses + g.tokens, 0.0f);
     return 0.0;
   }
-  ops::ClassifierLossArgs ca;
-  ca.rows = g.tokens, ca.hidden = C, ca.vocab = vocab_real_;
-  ca.grad_scale = grad_scale / denom, ca.vocab_start = vocab_start_;
-  if (tp_->size() > 1)
-    ca.reduce = [this](double* values, int n, bool max) {
-      tp_->all_reduce(values, size_t(n), max ? ReduceOp::Max : ReduceOp::Sum);
-    };
   T* dh = train ? full_.template data<T>() : nullptr;
   Grad* losses = mb.token_losses ? token_losses_.template data<Grad>() : nullptr;
-  double loss =
-      ops::classifier_cross_entropy<T>(x_, losses, dh, train ? classifier_grad() : nullptr, h,
-                                       classifier_weight(), a.in.labels, a.in.mask, ca);
-  cp_->all_reduce(&loss, 1);
+  const double part = tp_.vocab_cross_entropy(losses, dh, train ? classifier_grad() : nullptr, h,
+                                              classifier_weight(), a.in.labels, a.in.mask, vocab_,
+                                              g.tokens, grad_scale / denom);
+  const double loss = sum_over_sequence(*cp_, part);
   if (losses) {
     std::vector<Grad> host(size_t(g.tokens));
     ops::download(x_, host.data(), losses, host.size());
     std::copy(host.begin(), host.end(), mb.token_losses);
   }
   if (train) {
-    const T* d_norm = reduce_rows(d_rows_.template data<T>(), dh, g);
+    const T* d_norm = tp_.reduce_rows(d_rows_.template data<T>(), dh, g.tokens);
     ops::zero(x_, d_final, size_t(g.rows) * C);
     norm_backward(
         d_final, params_.grad("decoder.final_layernorm.weight"),
@@ -529,6 +522,7 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   Activations& a = activations(chunk, slot);
   stage_inputs(a, mb, g);
   a.in.dropout = train;
+  moe_training_ = train, moe_recomputing_ = false, moe_grad_scale_ = grad_scale;
   if (has_embedding(chunk)) {
     embed(a, mb, g);
   } else {
@@ -561,9 +555,12 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
   for (int i = int(a.layers.size()) - 1; i >= 0; --i) {
     place.set(first + i);
     LayerActivations& la = layer_activations(a, i);
-    if (recomputed(i))  // the layer's forward again, from its saved input
+    if (recomputed(i)) {  // the layer's forward again, from its saved input
+      moe_training_ = moe_recomputing_ = true;
       layer_forward(first + i, la, a.residual[i].template data<T>(),
                     a.residual[i + 1].template data<T>(), mb, g, a.in);
+      moe_recomputing_ = false;
+    }
     layer_backward(first + i, la, a.residual[i].template data<T>(), dres, mb, g, a.in);
     mark_ready(layer_ranges_[first + i]);
   }
@@ -598,7 +595,7 @@ double GPTModel<T>::forward_loss(const MicroBatch& mb) {
 
 template <typename T>
 std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int seq) {
-  OMNI_CHECK(tp_->size() == 1 && cp_->size() == 1 && num_chunks() == 1 && parallel_.pre_process &&
+  OMNI_CHECK(tp_.size() == 1 && cp_->size() == 1 && num_chunks() == 1 && parallel_.pre_process &&
                  parallel_.post_process,
              "[gpt] logits are computed by a one-rank model");
   const MicroBatch mb{tokens, nullptr, nullptr, batch, seq};
@@ -606,6 +603,7 @@ std::vector<T> GPTModel<T>::forward_logits(const int32_t* tokens, int batch, int
   const Geometry g = geometry(mb);
   Activations& a = activations(0, 0);
   stage_inputs(a, mb, g);
+  moe_training_ = moe_recomputing_ = false;
   embed(a, mb, g);
   layers_forward(0, a, mb, g);
   final_norm_forward(a, g);

@@ -3,22 +3,21 @@
 // -> final norm -> output layer fused with cross-entropy. Which norm, MLP, position
 // embedding, biases and attention grouping are used comes from TransformerConfig.
 //
-// Parallel layouts (ModelParallel) are written with the parallel primitives, and one rank
-// is not a special case (DESIGN.md invariant 3): with single-rank communicators every
-// collective is a no-op or a copy.
-//  - Tensor parallel (Megatron's): QKV and MLP fc1 are column-parallel (this rank holds
-//    query groups [r*G/tp, (r+1)*G/tp) and ffn columns [r*F/tp, (r+1)*F/tp), gate and up
-//    alike), attention output and fc2 row-parallel, word embedding and output layer
-//    vocabulary-parallel (cross-entropy over the vocabulary slices: full logits are never
-//    gathered). Norms and row-parallel biases are replicated.
-//  - Sequence parallel: the residual stream and norms hold 1/tp of the micro-batch's rows
-//    (rows [r*N/tp, (r+1)*N/tp) of the batch-major token order; with micro-batch 1 that is
-//    the sequence split Megatron makes); all-gather before column-parallel layers and
-//    reduce-scatter after row-parallel ones replace the all-reduces.
-//  - Context parallel: this rank holds two of the sequence's 2*cp chunks (see
-//    parallel/context_parallel.h, which slices micro-batches); causal ring attention:
-//    key/value blocks travel around the group, each merged into the output by its
-//    log-sum-exp, and their gradients travel back to their owners.
+// Parallel layouts (ModelParallel) are written with the parallel primitives of parallel/,
+// and one rank is not a special case (DESIGN.md invariant 3): with single-rank
+// communicators every collective is a no-op or a copy.
+//  - Tensor parallel (Megatron's; parallel/tensor_parallel.h): QKV and MLP fc1 are
+//    column-parallel (this rank holds query groups [r*G/tp, (r+1)*G/tp) and ffn columns
+//    [r*F/tp, (r+1)*F/tp), gate and up alike), attention output and fc2 row-parallel, word
+//    embedding and output layer vocabulary-parallel (cross-entropy over the vocabulary
+//    slices: full logits are never gathered). Norms and row-parallel biases are replicated.
+//  - Sequence parallel (the same file's row gathers and scatters): the residual stream and
+//    norms hold 1/tp of the micro-batch's rows (rows [r*N/tp, (r+1)*N/tp) of the batch-major
+//    token order; with micro-batch 1 that is the sequence split Megatron makes);
+//    all-gather before column-parallel layers and reduce-scatter after row-parallel ones
+//    replace the all-reduces.
+//  - Context parallel (parallel/context_parallel.h, which also slices micro-batches): this
+//    rank holds two of the sequence's 2*cp chunks; attention is the causal ring there.
 //  - Pipeline parallel: this rank holds only its chunks' layers (one chunk per virtual
 //    stage); chunk_forward/chunk_backward run one micro-batch through one chunk and hand
 //    activations to the caller, which sends them to the neighbouring stage.
@@ -43,9 +42,11 @@
 #include "backend/ops.h"
 #include "comm/communicator.h"
 #include "model/transformer_config.h"
+#include "parallel/context_parallel.h"
 #include "parallel/micro_batch.h"
 #include "parallel/pipeline.h"
 #include "tensor/parameters.h"
+#include "parallel/tensor_parallel.h"
 
 namespace omni {
 
@@ -96,8 +97,8 @@ class GPTModel final : public PipelineChunks<T> {
   const ParameterSet<T>& params() const { return params_; }
   int num_chunks() const override { return int(chunks_.size()); }
   int hidden_size() const override { return cfg_.hidden_size; }
-  int tp_size() const { return tp_->size(); }
-  int tp_rank() const { return tp_->rank(); }
+  int tp_size() const { return tp_.size(); }
+  int tp_rank() const { return tp_.rank(); }
   // The parameter layout tensor-parallel rank `rank` holds (for gathering full tensors).
   std::vector<ParamInfo> parameter_layout(int rank) const;
 
@@ -132,6 +133,23 @@ class GPTModel final : public PipelineChunks<T> {
     grads_ready_ = std::move(hook);
   }
 
+  // Mixture of experts (model/gpt_moe.cpp; CPU, float or double, one tensor-parallel and
+  // context-parallel rank): what the training forwards since the last take_moe_report()
+  // reported, per global layer (zero for dense layers and layers this rank does not hold).
+  struct MoEReport {
+    // Summed over the forwards, coefficients excluded (Megatron's tracker values).
+    std::vector<double> load_balancing_loss, z_loss;
+    // [num_layers * experts]: the rows each expert processed (capacity padding left out).
+    std::vector<double> tokens_per_expert;
+  };
+  MoEReport take_moe_report();
+  // --moe-router-enable-expert-bias: the routed rows per expert counted since the last update,
+  // [num_layers * experts] (zero for layers this rank does not hold); sum them over the ranks
+  // that saw other tokens of the global batch, then update_expert_bias applies Megatron's
+  // bias += rate * sign(mean - count) per layer and restarts the counts.
+  std::vector<double>& expert_token_counts() { return expert_tokens_; }
+  void update_expert_bias();
+
   // Logits [batch * seq, vocab_size] of every position, in host memory (for tests and tools;
   // training never materialises them). One rank only.
   std::vector<T> forward_logits(const int32_t* tokens, int batch, int seq);
@@ -139,6 +157,7 @@ class GPTModel final : public PipelineChunks<T> {
   std::vector<float> next_token_logits(const int32_t* tokens, int seq);
 
  private:
+  struct MoEState;  // gpt_moe.cpp
   struct LayerActivations {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full;  // ln1_full: all rows (sequence parallel)
     Tensor q, k, v;                            // after qk-layernorm and rope
@@ -150,6 +169,7 @@ class GPTModel final : public PipelineChunks<T> {
     Tensor mid;        // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
+    std::shared_ptr<MoEState> moe;  // an MoE layer's routing and experts (gpt_moe.cpp)
   };
   // The micro-batch's arrays where the ops read them: copies in the model's device memory
   // (mask and key_start null when the micro-batch has none).
@@ -178,6 +198,13 @@ class GPTModel final : public PipelineChunks<T> {
     int batch, seq, tokens, rows;  // rows: of the residual stream (tokens / tp under SP)
   };
 
+  // An MoE layer's parameters (named after "<layer prefix>mlp."); its forward from the
+  // pre-MLP norm's rows x into out (overwritten), and backward from dy into dx (overwritten).
+  void add_moe_parameters(std::vector<ParamInfo>& p, const std::string& mlp) const;
+  void moe_forward(int layer, LayerActivations& a, const T* x, T* out, const MicroBatch& mb,
+                   const Geometry& g);
+  void moe_backward(int layer, LayerActivations& a, const T* dy, T* dx);
+  int64_t moe_activation_bytes(const LayerActivations& a) const;
   // "decoder.layers.<layer>.": the names of a layer's parameters begin with it.
   static std::string layer_prefix(int layer);
   LayerTensors<T> layer_params(int layer) const;
@@ -231,27 +258,10 @@ class GPTModel final : public PipelineChunks<T> {
                     int width) const;
   void norm_backward(T* dx, Grad* dw, Grad* db, const T* dout, const T* x, const T* w,
                      const Grad* mean, const Grad* rstd, int rows, int width) const;
-  // Tensor-parallel regions: all-gather rows into `full` (sequence parallel), or nothing.
-  const T* gather_rows(T* full, const T* part, const Geometry& g) const;
-  // Sums the ranks' partial results `full` [tokens, C]: reduce-scatter into `out`'s rows
-  // (sequence parallel), or all-reduce in place. Returns where the summed rows are.
-  const T* reduce_rows(T* out, T* full, const Geometry& g) const;
   void mark_ready(std::pair<int64_t, int64_t> range) const {
     if (grads_ready_ && range.second > range.first) grads_ready_(range.first, range.second);
   }
   void final_norm_forward(Activations& a, const Geometry& g);
-  // Context parallel: causal ring attention. Keys and values travel around the group; each
-  // block's attention is merged into the output by its log-sum-exp. The backward passes
-  // each block's key/value gradient around the ring back to its owner.
-  // `drop`: the attention dropout's key (its key_rank is set per block).
-  void ring_attention_forward(LayerActivations& a, const MicroBatch& mb, const Geometry& g,
-                              const ops::DropoutKey& drop);
-  void ring_attention_backward(LayerActivations& a, T* dq, T* dk, T* dv, const T* dattn,
-                               const MicroBatch& mb, const Geometry& g,
-                               const ops::DropoutKey& drop);
-  // Rows' [first, last] keys within rank `src`'s block of keys (causal, and the document
-  // boundaries of --reset-attention-mask), computed on the host and copied to ring_bounds_.
-  ops::AttentionDims ring_block_dims(const MicroBatch& mb, const Geometry& g, int src);
 
   TransformerConfig cfg_;
   int max_batch_;
@@ -260,10 +270,11 @@ class GPTModel final : public PipelineChunks<T> {
   ops::Exec x_;
   Device device_;
   std::unique_ptr<Communicator> own_tp_, own_cp_;
-  Communicator *tp_, *cp_;
+  Communicator* cp_;
+  TensorParallel<T> tp_;  // the tensor-parallel group's primitives
   bool sp_;
-  int heads_, groups_, ffn_;                   // this rank's query heads, groups, ffn columns
-  int vocab_rows_, vocab_start_, vocab_real_;  // embedding rows held; first id; real ids
+  int heads_, groups_, ffn_;  // this rank's query heads, groups, ffn columns
+  VocabShard vocab_;          // the word embedding's and output layer's rows held
   std::vector<std::pair<int, int>> chunks_;
   ParameterSet<T> params_;
   std::vector<double> rope_cos_, rope_sin_;  // the CPU's tables
@@ -280,15 +291,18 @@ class GPTModel final : public PipelineChunks<T> {
   Tensor qkv_, full_, d_resid_, d_rows_, d_full_, d_ffn_, d_fc1_, d_attn_, dq_, dk_, dv_, dq_raw_,
       dk_raw_;
   Tensor token_losses_;  // [tokens]: the classifier's per-row losses (MicroBatch::token_losses)
-  // Ring attention scratch: one block's output and log-sum-exp, dq and dk/dv of one block,
-  // and two key/value gradient accumulators in flight.
-  Tensor ring_out_, ring_lse_, ring_dq_, ring_dk_, ring_dv_, ring_acc_[2][2];
-  std::vector<int32_t> ring_first_, ring_last_;
-  std::unique_ptr<Storage> ring_bounds_;  // ring_first_ then ring_last_, where the ops read
+  // Context parallel: attention over the group's ring, with its scratch.
+  RingAttention<T> ring_;
   // Flat-buffer ranges, for set_grads_ready_hook: per global layer, the embedding's, the
   // final norm's and output layer's.
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;
   std::pair<int64_t, int64_t> embedding_range_{0, 0}, head_range_{0, 0};
+  // Mixture of experts: whether the running forward trains (and is a recompute's), its
+  // gradient scale, and what training forwards reported (see MoEReport).
+  bool moe_training_ = false, moe_recomputing_ = false;
+  double moe_grad_scale_ = 0;
+  MoEReport moe_report_;
+  std::vector<double> expert_tokens_;
 };
 
 }  // namespace omni

@@ -65,6 +65,10 @@ struct MoEParamInfo {
 // The layer's parameters in one flat buffer, in the order above (absent ones left out).
 std::vector<MoEParamInfo> moe_parameter_layout(const TransformerConfig& c);
 int64_t moe_parameter_count(const TransformerConfig& c);
+// Elements (of T or int32, 4 bytes each for float) an MoE layer keeps for its backward after
+// a training forward of `tokens` rows, dropless or at the capacity's padded rows (dropping
+// keeps at most the dropless count).
+int64_t moe_activation_elements(const TransformerConfig& c, int64_t tokens);
 // Views of a flat buffer laid out by moe_parameter_layout.
 template <typename T>
 MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c);
@@ -111,6 +115,9 @@ class MoELayer {
   const std::vector<int32_t>& indices() const { return indices_; }
   const std::vector<T>& logits() const { return logits_; }
   const ops::MoEDispatchPlan& plan() const { return plan_; }
+  // Bytes of what the last forward keeps for the backward (routing, the plan, the experts'
+  // and the shared expert's rows); moe_activation_elements estimates it before a forward.
+  int64_t activation_bytes() const;
 
  private:
   void shared_expert_forward(T* y, const T* x, const MoEParams<T>& p);

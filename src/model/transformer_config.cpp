@@ -1,9 +1,12 @@
 #include "model/transformer_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <numbers>
 
 #include "base/error.h"
+#include "model/moe_layer.h"
 
 namespace omni {
 
@@ -53,6 +56,106 @@ std::vector<double> TransformerConfig::rotary_inv_freq() const {
 int TransformerConfig::padded_vocab_size() const {
   const int m = make_vocab_size_divisible_by;
   return (vocab_size + m - 1) / m * m;
+}
+
+namespace {
+
+// Megatron's moe_freq_type: an integer, or a Python list expression of 0/1, e.g. "[1,0,1]" or
+// "([0]*3+[1]*58)": sums of bracketed lists, each optionally repeated by "*N".
+class MoEFreqParser {
+ public:
+  explicit MoEFreqParser(const std::string& s) : s_(s) {}
+  std::vector<int> parse() {
+    std::vector<int> v = sum();
+    skip_space();
+    if (i_ != s_.size()) fail();
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail() const {
+    throw UsageError("--moe-layer-freq: '" + s_ +
+                     "' is neither an integer nor a list of 0/1 such as [1,0,1] or "
+                     "([0]*3+[1]*29)");
+  }
+  void skip_space() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool take(char c) {
+    skip_space();
+    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
+    return false;
+  }
+  long integer() {
+    skip_space();
+    size_t start = i_;
+    while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    if (start == i_ || i_ - start > 6) fail();
+    return std::stol(s_.substr(start, i_ - start));
+  }
+  std::vector<int> sum() {
+    std::vector<int> v = term();
+    while (take('+')) {
+      std::vector<int> t = term();
+      v.insert(v.end(), t.begin(), t.end());
+    }
+    return v;
+  }
+  std::vector<int> term() {
+    std::vector<int> v;
+    if (take('(')) {
+      v = sum();
+      if (!take(')')) fail();
+    } else if (take('[')) {
+      if (!take(']')) {
+        do {
+          const long x = integer();
+          if (x > 1) fail();
+          v.push_back(int(x));
+        } while (take(','));
+        if (!take(']')) fail();
+      }
+    } else {
+      fail();
+    }
+    if (take('*')) {
+      const long n = integer();
+      std::vector<int> r;
+      for (long k = 0; k < n; ++k) r.insert(r.end(), v.begin(), v.end());
+      v = std::move(r);
+    }
+    return v;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+std::vector<int> TransformerConfig::moe_layer_pattern() const {
+  std::vector<int> pattern(size_t(std::max(num_layers, 0)), 0);
+  if (num_moe_experts == 0) return pattern;
+  const std::string& f = moe_layer_freq;
+  const bool integer = !f.empty() && std::all_of(f.begin(), f.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
+  if (integer) {
+    const long n = f.size() > 6 ? 0 : std::stol(f);
+    OMNI_REQUIRE(n > 0, "--moe-layer-freq must be positive (got ", f, ")");
+    for (int i = 0; i < num_layers; ++i) pattern[i] = i % n == 0;
+    return pattern;
+  }
+  pattern = MoEFreqParser(f).parse();
+  OMNI_REQUIRE(int(pattern.size()) == num_layers, "--moe-layer-freq: '", f, "' names ",
+               pattern.size(), " layers, but --num-layers is ", num_layers);
+  return pattern;
+}
+
+bool TransformerConfig::is_moe_layer(int layer) const {
+  if (num_moe_experts == 0) return false;
+  const std::vector<int> p = moe_layer_pattern();
+  return layer >= 0 && layer < int(p.size()) && p[layer] != 0;
 }
 
 void TransformerConfig::validate() const {
@@ -106,6 +209,11 @@ void TransformerConfig::validate() const {
     OMNI_REQUIRE(!use_rope_scaling || rope_scaling_factor > 0,
                  "--rope-scaling-factor must be positive (got ", rope_scaling_factor, ")");
   }
+  OMNI_REQUIRE(num_moe_experts >= 0, "--num-experts must be positive (got ", num_moe_experts, ")");
+  if (num_moe_experts > 0) {
+    validate_moe_config(*this);
+    (void)moe_layer_pattern();  // throws naming --moe-layer-freq
+  }
 }
 
 int64_t TransformerConfig::num_parameters() const {
@@ -119,7 +227,22 @@ int64_t TransformerConfig::num_parameters() const {
   int64_t total = num_layers * layer + norm + V * C;
   if (position_embedding_type == PositionEmbedding::LearnedAbsolute) total += max_positions() * C;
   if (untie_embeddings_and_output_weights) total += V * C;
+  // An MoE layer has the MoE layer's parameters in place of the dense MLP's.
+  const int64_t dense_mlp =
+      (swiglu ? 3 : 2) * C * F + (add_bias_linear ? (swiglu ? 2 * F : F) + C : 0);
+  for (int m : moe_layer_pattern())
+    if (m) total += moe_parameter_count(*this) - dense_mlp;
   return total;
+}
+
+int64_t TransformerConfig::num_active_parameters() const {
+  // One expert's fc1 and fc2 (weights and biases): the routed experts a token skips.
+  const int64_t C = hidden_size, F = moe_ffn_size(), F1 = swiglu ? 2 * F : F;
+  const int64_t expert = F1 * C + C * F + (add_bias_linear ? F1 + C : 0);
+  int64_t active = num_parameters();
+  for (int m : moe_layer_pattern())
+    if (m) active -= int64_t(num_moe_experts - moe_router_topk) * expert;
+  return active;
 }
 
 }  // namespace omni

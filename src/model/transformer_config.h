@@ -64,6 +64,10 @@ struct TransformerConfig {
   // Mixture of experts, with Megatron's fields (num_moe_experts 0: dense MLPs). 0 stands for
   // Megatron's None. model/moe_layer.h checks them (validate_moe_config).
   int num_moe_experts = 0;
+  // Megatron's --moe-layer-freq: which layers' MLPs are MoE layers. An integer N: every N-th
+  // layer (layer i when i % N == 0); or a per-layer list of 0/1, written "[1,0,1]" or in
+  // Primus's Python form "([0]*3+[1]*58)". Read with moe_layer_pattern().
+  std::string moe_layer_freq = "1";
   int moe_ffn_hidden_size = 0;  // 0: ffn_size()
   int moe_router_topk = 2;
   MoEScoreFunction moe_router_score_function = MoEScoreFunction::Softmax;
@@ -80,7 +84,8 @@ struct TransformerConfig {
   MoETokenDropPolicy moe_token_drop_policy = MoETokenDropPolicy::Probs;
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_grouped_gemm = false;
-  int moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  std::string moe_token_dispatcher_type = "allgather";  // allgather|alltoall: one rank, the same
+  int moe_shared_expert_intermediate_size = 0;          // 0: no shared expert
   bool moe_shared_expert_gate = false;
 
   // Derived values; valid after validate().
@@ -100,6 +105,10 @@ struct TransformerConfig {
     return max_position_embeddings ? max_position_embeddings : seq_length;
   }
   int padded_vocab_size() const;
+  // Per layer: 1 where the MLP is an MoE layer (all 0 without --num-experts). Throws
+  // UsageError naming --moe-layer-freq when it does not parse or has the wrong length.
+  std::vector<int> moe_layer_pattern() const;
+  bool is_moe_layer(int layer) const;
   // Rope: the channels of each head it rotates, and their inverse frequencies (one per
   // pair: rotary_dim() / 2), after Llama 3.1 scaling when on.
   int rotary_dim() const;
@@ -110,8 +119,11 @@ struct TransformerConfig {
   // Throws UsageError naming the offending flag, e.g. "--num-query-groups (3) must divide
   // --num-attention-heads (8)".
   void validate() const;
-  // Parameter count (unpadded vocabulary rows included once).
+  // Parameter count (unpadded vocabulary rows included once; MoE layers with every expert).
   int64_t num_parameters() const;
+  // The parameters one token meets: MoE layers count their router, shared expert and
+  // --moe-router-topk of their experts (the "active" figure published for MoE models).
+  int64_t num_active_parameters() const;
 };
 
 }  // namespace omni

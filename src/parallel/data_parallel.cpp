@@ -47,7 +47,7 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
     reduced_offset_.push_back(reduced);
     reduced += b.piece;
   }
-  if (mode_ == GradReduce::ReduceScatter)
+  if (mode_ == GradReduce::ReduceScatter && p > 1)
     reduced_ = Tensor::zeros({reduced}, dtype_of<T>(), grads_.device(), x_.memory());
 }
 
@@ -58,7 +58,10 @@ void DataParallelBuckets<T>::start(size_t index) {
   const int p = comm_.size();
   T* g = grads() + b.begin;
   const int64_t n = b.end - b.begin;
-  if (p > 1) ops::scale(x_, g, 1.0 / p, size_t(n));
+  // One rank holds the whole sum already. (The one-rank communicator's copies are of host
+  // memory, and the gradients may live on a GPU.)
+  if (p == 1) return;
+  ops::scale(x_, g, 1.0 / p, size_t(n));
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
   if (mode_ == GradReduce::AllReduce) {
     reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
@@ -99,7 +102,7 @@ void DataParallelBuckets<T>::finish() {
     for (auto& req : reqs) req->wait();
     reqs.clear();
   }
-  if (mode_ == GradReduce::ReduceScatter) {
+  if (mode_ == GradReduce::ReduceScatter && comm_.size() > 1) {
     const int64_t r = comm_.rank();
     for (size_t b = 0; b < buckets_.size(); ++b)
       ops::copy(x_, grads() + buckets_[b].begin + r * buckets_[b].piece,
@@ -113,6 +116,7 @@ void DataParallelBuckets<T>::finish() {
 template <typename T>
 void DataParallelBuckets<T>::all_gather(T* data) const {
   const int p = comm_.size(), r = comm_.rank();
+  if (p == 1) return;  // every shard is this rank's
   for (const GradBucket& b : buckets_) {
     if (b.piece > 0) comm_.all_gather(data + b.begin, data + b.begin + r * b.piece, b.piece);
     if (const int64_t rest = b.end - b.begin - p * b.piece; rest > 0)

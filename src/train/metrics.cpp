@@ -127,6 +127,7 @@ void MetricsSink::write_tensorboard(const StepMetrics& m, const ProcessMemory& m
   both("learning-rate", m.lr);
   both("batch-size", m.global_batch_size);
   if (m.iterations > m.skipped_iterations) both("lm loss", m.lm_loss);
+  for (const auto& [name, value] : m.moe.losses) tensorboard_->add_scalar(name, value, m.iteration);
   if (log_loss_scale_to_tensorboard_) both("loss-scale", m.loss_scale);
   both("grad-norm", m.grad_norm);
   if (m.num_zeros_in_grad) both("num-zeros", double(*m.num_zeros_in_grad));
@@ -145,6 +146,13 @@ void MetricsSink::log(const StepMetrics& m) {
   const double seconds = m.ms_per_iter / 1000.0 * double(m.iterations);
   const int64_t advanced = m.iterations - m.skipped_iterations;
   window_.loss_sum += m.lm_loss * double(advanced);
+  for (const auto& [name, value] : m.moe.losses) {
+    auto& sums = window_.moe_loss_sums;
+    auto it =
+        std::find_if(sums.begin(), sums.end(), [&](const auto& s) { return s.first == name; });
+    if (it == sums.end()) it = sums.insert(sums.end(), {name, 0.0});
+    it->second += value * double(advanced);
+  }
   window_.advanced += advanced;
   window_.iterations += m.iterations;
   window_.skipped += m.skipped_iterations;
@@ -187,6 +195,9 @@ void MetricsSink::log_window(const StepMetrics& last) {
   appendf(line, " elapsed time per iteration (ms): %.1f |", 1000.0 * seconds);
   appendf(line, " learning rate: %.6E | global batch size: %5d |", last.lr, last.global_batch_size);
   if (w.advanced > 0) appendf(line, " lm loss: %.6E |", loss);
+  if (w.advanced > 0)  // Megatron's total_loss_dict entries beside lm loss
+    for (const auto& [name, sum] : w.moe_loss_sums)
+      appendf(line, " %s: %.6E |", name.c_str(), sum / double(w.advanced));
   appendf(line, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, last.grad_norm);
   if (last.num_zeros_in_grad)
     appendf(line, " num zeros: %lld |", (long long)*last.num_zeros_in_grad);
@@ -200,6 +211,8 @@ void MetricsSink::log_window(const StepMetrics& last) {
   appendf(line, " | MFU: %.1f%% | max RSS (MB): %.0f |", 100.0 * mfu,
           double(mem.max_rss_bytes) / (1 << 20));
   message(line);
+  std::string moe_json;
+  log_moe_window(last, w, moe_json);
 
   if (tensorboard_) {
     tensorboard_->add_scalar("iteration-time", seconds, last.iteration);
@@ -222,9 +235,36 @@ void MetricsSink::log_window(const StepMetrics& last) {
   if (last.num_zeros_in_grad) json << ", \"num_zeros_in_grad\": " << *last.num_zeros_in_grad;
   if (avg_tokens) json << ", \"avg_tokens_per_sec\": " << json_number(*avg_tokens);
   if (avg_tflops) json << ", \"avg_tflops\": " << json_number(*avg_tflops);
+  json << moe_json;
   json << ", \"rss_bytes\": " << mem.rss_bytes << ", \"max_rss_bytes\": " << mem.max_rss_bytes
        << "}";
   write_json(json.str());
+}
+
+// The window's mean MoE losses (JSON) and the last step's expert token counts: a console
+// line, TensorBoard's moe/ scalars, and JSON, for every MoE layer.
+void MetricsSink::log_moe_window(const StepMetrics& last, const Window& w, std::string& json) {
+  if (w.advanced > 0)
+    for (const auto& [name, sum] : w.moe_loss_sums)
+      json += ", \"" + name + "\": " + json_number(sum / double(w.advanced));
+  if (last.moe.tokens.empty()) return;
+  std::string line = " MoE tokens per expert (min/max, max/mean) |";
+  json += ", \"moe_tokens_per_expert\": [";
+  for (size_t i = 0; i < last.moe.tokens.size(); ++i) {
+    const MoEStepMetrics::LayerTokens& t = last.moe.tokens[i];
+    const double imbalance = t.mean > 0 ? t.max / t.mean : 0.0;
+    appendf(line, " layer %d: %.0f/%.0f, %.2f |", t.layer, t.min, t.max, imbalance);
+    json += std::string(i ? ", " : "") + "{\"layer\": " + std::to_string(t.layer) +
+            ", \"min\": " + json_number(t.min) + ", \"max\": " + json_number(t.max) +
+            ", \"imbalance\": " + json_number(imbalance) + "}";
+    if (tensorboard_) {
+      const std::string layer = "_layer_" + std::to_string(t.layer);
+      tensorboard_->add_scalar("moe/tokens_per_expert_min" + layer, t.min, last.iteration);
+      tensorboard_->add_scalar("moe/tokens_per_expert_max" + layer, t.max, last.iteration);
+    }
+  }
+  json += "]";
+  message(line);
 }
 
 void MetricsSink::write_json(const std::string& object) {

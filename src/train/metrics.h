@@ -21,6 +21,20 @@ namespace omni {
 
 class TensorBoardWriter;
 
+// A step's mixture-of-experts figures: Megatron's aux-loss tracker values (its console and
+// TensorBoard names "load_balancing_loss", "z_loss": each MoE layer's loss without its
+// coefficient, averaged over the MoE layers, micro-batches and data-parallel ranks), and per
+// MoE layer the tokens each expert received over the global batch (routing collapse shows as
+// a minimum of 0 and a maximum near all of them).
+struct MoEStepMetrics {
+  std::vector<std::pair<std::string, double>> losses;
+  struct LayerTokens {
+    int layer = 0;  // global index, as in decoder.layers.<layer>
+    double min = 0, max = 0, mean = 0;
+  };
+  std::vector<LayerTokens> tokens;
+};
+
 // One report from the trainer. It covers `iterations` steps ending at `iteration` (one step
 // when the trainer reports every step, or a --log-interval window); its values are their
 // means (lm_loss over the steps whose update was not skipped) and lr, grad_norm and
@@ -42,6 +56,7 @@ struct StepMetrics {
   // --log-timers-to-tensorboard, on a logged line's report: each phase's seconds per
   // iteration over the window (train/profiler.h).
   std::vector<std::pair<std::string, double>> timers;
+  MoEStepMetrics moe;  // empty for a dense model
 };
 
 // A downstream task's scores (train/downstream_eval.h) at one iteration.
@@ -91,7 +106,9 @@ class MetricsSink {
   struct Window {
     double loss_sum = 0, seconds = 0, tokens = 0, flop = 0, mfu_seconds = 0;
     int64_t iterations = 0, advanced = 0, skipped = 0, nan = 0;
+    std::vector<std::pair<std::string, double>> moe_loss_sums;  // over advanced steps
   };
+  void log_moe_window(const StepMetrics& last, const Window& w, std::string& json);
   void clear_progress();
   void write_tensorboard(const StepMetrics& m, const ProcessMemory& mem);
   void log_window(const StepMetrics& last);

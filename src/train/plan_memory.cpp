@@ -5,6 +5,7 @@
 #include <map>
 
 #include "base/error.h"
+#include "model/moe_layer.h"
 #include "parallel/schedules.h"
 #include "train/plan.h"
 
@@ -98,7 +99,17 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   if (c.qkv_bias()) layer += tensor(qkv_rows);
   if (c.qk_layernorm) layer += 2 * norm(hd);
   if (c.add_bias_linear) layer += 2 * tensor(C) + tensor(fc1_rows);
-  for (const LayerRange& r : plan_stage_layers(c, l, stage)) n += r.size() * layer;
+  // An MoE layer holds its router and experts (and the expert bias) in place of the MLP.
+  int64_t moe_instead = 0;
+  if (c.num_moe_experts > 0) {
+    for (const MoEParamInfo& p : moe_parameter_layout(c)) moe_instead += tensor(p.numel());
+    if (c.moe_router_enable_expert_bias) moe_instead += tensor(c.num_moe_experts);
+    moe_instead -= tensor(fc1_rows * C) + tensor(C * Fl);
+    if (c.add_bias_linear) moe_instead -= tensor(C) + tensor(fc1_rows);
+  }
+  const std::vector<int> moe = c.moe_layer_pattern();
+  for (const LayerRange& r : plan_stage_layers(c, l, stage))
+    for (int i = r.begin; i < r.end; ++i) n += layer + (moe[i] ? moe_instead : 0);
   if (post) n += norm(C) + (tied ? 0 : tensor(vocab_rows * C));
   return n;
 }
@@ -107,21 +118,28 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
                               int element_bytes) {
   const int64_t R = rank_shape(c, l).R;
   const int64_t per_layer = layer_elements(c, l);
+  // An MoE layer keeps its routing and experts' rows besides (model/moe_layer.h).
+  const std::vector<int> moe = c.moe_layer_pattern();
+  const int64_t per_moe = c.num_moe_experts ? moe_activation_elements(c, rank_shape(c, l).N) : 0;
   const std::vector<LayerRange> chunks = plan_stage_layers(c, l, stage);
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
   int64_t e = 0;
-  bool any_recomputed = false;
+  bool any_recomputed = false, moe_recomputed = false;
   for (size_t k = 0; k < chunks.size(); ++k) {
     int64_t per_slot = int64_t(chunks[k].size() + 1) * R * c.hidden_size;  // residual streams
     for (int i = 0; i < chunks[k].size(); ++i) {
-      if (recomputed(l, i))
+      const bool is_moe = moe[chunks[k].begin + i] != 0;
+      if (recomputed(l, i)) {
         any_recomputed = true;
-      else
-        per_slot += per_layer;
+        moe_recomputed = moe_recomputed || is_moe;
+      } else {
+        per_slot += per_layer + (is_moe ? per_moe : 0);
+      }
     }
     e += slots[k] * per_slot;
   }
-  if (any_recomputed) e += per_layer;  // the scratch layer a recomputed forward refills
+  // The scratch layer a recomputed forward refills.
+  if (any_recomputed) e += per_layer + (moe_recomputed ? per_moe : 0);
   return e * element_bytes;
 }
 

@@ -25,8 +25,10 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
   for (int tp : divisors(gpus)) {
     // Tensor parallelism stays within a node, and must split the heads and the MLP.
     if (tp > device.ranks_per_node || c.query_groups() % tp || c.ffn_size() % tp) continue;
+    if (tp > 1 && c.num_moe_experts > 0) continue;  // MoE layers run at TP 1 (and CP 1)
     for (int cp : divisors(gpus / tp)) {
-      if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp))) continue;
+      if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp)) || (cp > 1 && c.num_moe_experts > 0))
+        continue;
       for (int pp : divisors(gpus / (tp * cp))) {
         if (pp > c.num_layers || c.num_layers % pp) continue;
         const int dp = gpus / (tp * cp * pp);

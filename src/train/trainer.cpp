@@ -12,6 +12,7 @@
 #include "parallel/schedules.h"
 #include "train/downstream_eval.h"
 #include "train/flops.h"
+#include "train/moe_step.h"
 #include "train/profiler.h"
 
 namespace omni {
@@ -92,9 +93,15 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     if (!gpu)
       throw UsageError("--device " + opts.device +
                        ": this omnitron was built without a GPU backend");
-    OMNI_REQUIRE(world->size() == 1 || gpu->memory_is_host_memory(),
-                 "training on GPUs over several ranks (NCCL/RCCL) is not built yet (",
-                 world->size(), " ranks launched); use --device cpu for multi-rank runs");
+    // Several ranks on real GPUs talk through NCCL/RCCL (cmd_train makes that world); the
+    // emulator's device memory is host memory, which the in-process communicator moves.
+    OMNI_CHECK(world->size() == 1 || gpu->memory_is_host_memory() || world->device_memory(),
+               "[trainer] ", world->size(), " GPU ranks over the '", world->name(),
+               "' communicator, which moves host memory only");
+    // Said before training, not at the first save.
+    OMNI_REQUIRE(world->size() == 1 || (opts.save.empty() && opts.load.empty()),
+                 "--save/--load: checkpoints of a GPU run over several ranks (", world->size(),
+                 " here) are not built yet; train on one GPU to save, or without --save/--load");
     exec_ = ops::Exec{gpu};
   }
   // On a GPU, --bf16 and --fp16 store weights and activations in 16 bits (fp32 gradients
@@ -236,14 +243,23 @@ struct Trainer::HostCopy {
   Optimizer<float> optimizer;
 };
 
+// One GPU rank's state in host memory. The distributed optimizer of one rank holds every
+// shard; its state crosses through a device buffer laid out as the parameters.
 std::unique_ptr<Trainer::HostCopy> Trainer::host_copy() {
   const ParameterSet<float>& params = optimizer_params();
   auto host = std::make_unique<HostCopy>(params, opts_.optim);
   const size_t n = size_t(params.size());
   ops::download(exec_, host->params.values(), params.values(), n);
-  for (const std::string& name : optimizer_->state_names())
-    ops::download(exec_, host->optimizer.state_buffer(name), optimizer_->state_buffer(name), n);
-  host->optimizer.set_steps(optimizer_->steps());
+  const Tensor& like = params.values_tensor();
+  Tensor full = dist_optimizer_
+                    ? Tensor::zeros(like.shape(), DType::F32, like.device(), exec_.memory())
+                    : Tensor();
+  for (const std::string& name : host->optimizer.state_names()) {
+    const float* state = optimizer_ ? optimizer_->state_buffer(name) : full.data<float>();
+    if (dist_optimizer_) dist_optimizer_->gather_state(name, full.data<float>());
+    ops::download(exec_, host->optimizer.state_buffer(name), state, n);
+  }
+  host->optimizer.set_steps(optimizer_ ? optimizer_->steps() : dist_optimizer_->steps());
   return host;
 }
 
@@ -251,9 +267,19 @@ void Trainer::upload(const HostCopy& host) {
   ParameterSet<float>& params = optimizer_params();
   const size_t n = size_t(params.size());
   ops::upload(exec_, params.values(), host.params.values(), n);
-  for (const std::string& name : optimizer_->state_names())
-    ops::upload(exec_, optimizer_->state_buffer(name), host.optimizer.state_buffer(name), n);
-  optimizer_->set_steps(host.optimizer.steps());
+  const Tensor& like = params.values_tensor();
+  Tensor full = dist_optimizer_
+                    ? Tensor::zeros(like.shape(), DType::F32, like.device(), exec_.memory())
+                    : Tensor();
+  for (const std::string& name : host.optimizer.state_names()) {
+    float* state = optimizer_ ? optimizer_->state_buffer(name) : full.data<float>();
+    ops::upload(exec_, state, host.optimizer.state_buffer(name), n);
+    if (dist_optimizer_) dist_optimizer_->load_state(name, full.data<float>());
+  }
+  if (optimizer_)
+    optimizer_->set_steps(host.optimizer.steps());
+  else
+    dist_optimizer_->set_steps(host.optimizer.steps());
 }
 
 void Trainer::load(const std::string& dir) {
@@ -476,6 +502,9 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   grads_sync.end();
   TraceSpan optimizer_span("optimizer");
   Step step;
+  step.moe = with_model([&](auto& m) {  // the expert bias's update, the MoE figures
+    return finish_moe_step(m.model, *grid_, accum, mixed_ ? &mixed_->master() : nullptr);
+  });
   step.loss =
       per_token ? reduce_loss(loss_sum * grid_->dp_size(), 1) : reduce_loss(loss_sum, accum);
   step.lr = learning_rate(opts_.lr_schedule, lr_samples_);
@@ -518,29 +547,21 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   return step;
 }
 
-namespace {
-
-double count_zeros(const float* x, size_t n) {
-  int64_t zeros = 0;
-#pragma omp parallel for simd reduction(+ : zeros) schedule(static)
-  for (size_t i = 0; i < n; ++i) zeros += x[i] == 0.0f;
-  return double(zeros);
-}
-
-}  // namespace
-
 void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
   // As Megatron: the norm of the (fp32 main) parameters and the zeros of their gradients after
   // clipping, each parameter counted once across the model-parallel ranks; the distributed
   // optimizer's ranks each count their shard.
   const bool norm = opts_.log_params_norm, zeros = opts_.log_num_zeros_in_grad && !skipped;
   if (!norm && !zeros) return;
-  OMNI_REQUIRE(!zeros || !exec_.on_gpu(), "--log-num-zeros-in-grad is not built for the GPU yet");
   ParameterSet<float>& master = optimizer_params();
   const std::vector<ShardRange> ranges =
       dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}};
   double sums[2] = {norm ? sum_over_params(master.values(), ranges, sum_squares_op()) : 0,
-                    zeros ? sum_over_params(master.grads(), ranges, count_zeros) : 0};
+                    zeros ? sum_over_params(master.grads(), ranges,
+                                            [x = exec_](const float* data, size_t n) {
+                                              return ops::count_zeros(x, data, n);
+                                            })
+                          : 0};
   grid_->model_parallel().all_reduce(sums, 2);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);
   if (norm) m.params_norm = std::sqrt(sums[0]);
@@ -600,6 +621,7 @@ TrainResult Trainer::run(MetricsSink& sink) {
     m.grad_norm = step.grad_norm;
     m.loss_scale = scaler_ ? scaler_->scale() : 1.0;
     m.skipped_iterations = step.skipped ? 1 : 0;
+    m.moe = step.moe;
     result.skipped_iterations += m.skipped_iterations;
     m.nan_iterations = step.skipped && !std::isfinite(loss) ? 1 : 0;
     m.ms_per_iter = 1000.0 * step_seconds;

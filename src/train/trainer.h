@@ -94,6 +94,7 @@ class Trainer {
   struct Step {
     double loss = 0, grad_norm = 0, lr = 0;
     bool skipped = false;  // fp16: the gradients overflowed, no update
+    MoEStepMetrics moe;
   };
   Step train_step(int64_t iteration);
   // Micro-batches per data-parallel rank in the step that starts now.

@@ -195,6 +195,66 @@ void check_split(Communicator& c) {
   expect((part->rank() == 0) == (dtop.host()[0] == float(r)), *part, "split ordered by key");
 }
 
+// Host buffers (a model's losses and norms, a checkpoint's full-model sum): the blocking calls
+// stage them through device memory, sums and broadcasts in pieces of 64 MiB; the non-blocking
+// ones refuse them.
+void check_host_buffers(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  double loss = r + 0.25;
+  c.all_reduce(&loss, 1, DType::F64);
+  expect(loss == p * (p - 1) / 2.0 + 0.25 * p, c, "all_reduce of a host double");
+
+  const size_t big = size_t(20) << 20;  // 80 MiB of floats: two pieces
+  std::vector<float> sum(big), sum_want(big);
+  for (size_t i = 0; i < big; ++i) {
+    sum[i] = float(r + int(i % 7));
+    sum_want[i] = float(p * (p - 1) / 2 + p * int(i % 7));
+  }
+  c.all_reduce(sum.data(), big, DType::F32);
+  expect(sum == sum_want, c, "all_reduce of 80 MiB of host floats");
+
+  const int root = p - 1;
+  std::vector<uint8_t> bytes(13, uint8_t(r == root ? 9 : 0));
+  c.broadcast(bytes.data(), bytes.size(), root);
+  expect_eq(bytes, std::vector<uint8_t>(13, 9), c, "broadcast of host bytes");
+
+  const int n = 3;
+  std::vector<float> mine(n), all(p * n), all_want(p * n), blocks(p * n), rs(n), rs_want(n);
+  for (int j = 0; j < n; ++j) mine[j] = 10 * r + j;
+  for (int k = 0; k < p; ++k)
+    for (int j = 0; j < n; ++j) {
+      all_want[k * n + j] = 10 * k + j;
+      blocks[k * n + j] = 100 * r + 10 * k + j;
+    }
+  for (int j = 0; j < n; ++j) rs_want[j] = 100 * p * (p - 1) / 2 + p * (10 * r + j);
+  c.all_gather(all.data(), mine.data(), n, DType::F32);
+  expect_eq(all, all_want, c, "all_gather of host floats");
+  c.reduce_scatter(rs.data(), blocks.data(), n, DType::F32);
+  expect_eq(rs, rs_want, c, "reduce_scatter of host floats");
+
+  if (p > 1) {
+    const int peer = r ^ 1;
+    if (peer < p) {
+      int32_t out = r, in = -1;
+      if (r % 2 == 0) {
+        c.send(&out, sizeof out, peer, 2);
+        c.recv(&in, sizeof in, peer, 2);
+      } else {
+        c.recv(&in, sizeof in, peer, 2);
+        c.send(&out, sizeof out, peer, 2);
+      }
+      expect(in == peer, c, "send/recv of a host word with rank " + std::to_string(peer));
+    }
+  }
+  bool refused = false;
+  try {
+    c.iall_reduce(&loss, 1, DType::F64);
+  } catch (const omni::InternalError&) {
+    refused = true;
+  }
+  expect(refused, c, "iall_reduce refuses a host buffer");
+}
+
 int run() {
   Communicator& world = omni::world_communicator();
   auto nccl = omni::make_nccl_communicator(world, "nccl");
@@ -203,6 +263,7 @@ int run() {
   check_movement(*nccl);
   check_point_to_point(*nccl);
   check_split(*nccl);
+  check_host_buffers(*nccl);
   nccl->barrier();
   if (world.rank() == 0)
     std::printf("nccl check: all passed on %d ranks (%s)\n", world.size(),

@@ -36,11 +36,25 @@ Arguments example(const std::string& name) {
   return args;
 }
 
-std::vector<std::string> flatten(const Arguments& args, bool keep_refused) {
+// Without keep_refused: less each flag refused alone (for every value, or for the value given),
+// and less `also`.
+std::vector<std::string> flatten(const Arguments& args, bool keep_refused,
+                                 const std::set<std::string>& also = {}) {
   std::vector<std::string> out;
   for (const std::vector<std::string>& a : args) {
     const OptionDef* def = find_option(a[0]);
     if (!keep_refused && def && def->support == Support::NotBuilt) continue;
+    if (!keep_refused && also.count(a[0])) continue;
+    if (!keep_refused) {
+      Options scratch;
+      try {
+        parse_options(a, scratch);
+      } catch (const NotBuiltError&) {
+        continue;
+      } catch (const UsageError& e) {  // parse_options collects NotBuiltErrors into one
+        if (std::string(e.what()).find(": not built yet: ") != std::string::npos) continue;
+      }
+    }
     out.insert(out.end(), a.begin(), a.end());
   }
   return out;
@@ -59,9 +73,10 @@ std::set<std::string> refusals_of(const std::string& name) {
 }
 
 // The example less its refused flags: every value parses and passes finalize()'s checks.
-Options parsed_without_refusals(const std::string& name, int vocab_size) {
+Options parsed_without_refusals(const std::string& name, int vocab_size,
+                                const std::set<std::string>& also = {}) {
   Options o;
-  parse_options(flatten(example(name), false), o);
+  parse_options(flatten(example(name), false, also), o);
   if (o.model.vocab_size == 0) o.model.vocab_size = vocab_size;  // the tokenizer's, unopened
   finalize(o);
   return o;
@@ -90,8 +105,8 @@ TEST(MegatronExamples, Llama3_8bStopsOnlyAtFp8AndLowerPrecisionAndDecoupledLr) {
   EXPECT_EQ(o.model.vocab_size, 128256);
 }
 
-TEST(MegatronExamples, Mixtral8x7bStopsOnlyAtMixtureOfExperts) {
-  EXPECT_EQ(refusals_of("mixtral_8x7b"), std::set<std::string>{"mixture of experts"});
+TEST(MegatronExamples, Mixtral8x7bStopsOnlyAtExpertParallelism) {
+  EXPECT_EQ(refusals_of("mixtral_8x7b"), std::set<std::string>{"expert parallelism"});
   const Options o = parsed_without_refusals("mixtral_8x7b", 32000);
   EXPECT_EQ(o.pipeline_model_parallel_size, 4);
   EXPECT_EQ(o.model.max_position_embeddings, 32768);
@@ -99,11 +114,30 @@ TEST(MegatronExamples, Mixtral8x7bStopsOnlyAtMixtureOfExperts) {
 
 // Its --use-megatron-fsdp trains with the distributed optimizer (a note says what is not
 // sharded), so it stops only at the features not built.
-TEST(MegatronExamples, DeepSeekV3StopsOnlyAtMoeMlaMtp) {
+TEST(MegatronExamples, DeepSeekV3StopsOnlyAtExpertParallelismMlaMtpAndDeepEP) {
   EXPECT_EQ(refusals_of("deepseek_v3"),
-            (std::set<std::string>{"mixture of experts", "multi-latent attention (MLA)",
-                                   "multi-token prediction (MTP)"}));
-  const Options o = parsed_without_refusals("deepseek_v3", 129280);
+            (std::set<std::string>{"expert parallelism", "multi-latent attention (MLA)",
+                                   "multi-token prediction (MTP)",
+                                   "the flex token dispatcher (DeepEP, HybridEP)"}));
+  // Less those, its forced load balancing (Megatron's benchmarking mode, random routing
+  // scores) stops it, and only with experts.
+  std::string error;
+  try {
+    parsed_without_refusals("deepseek_v3", 129280);
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error,
+            "--moe-router-force-load-balancing with --num-experts: not built yet: MoE router "
+            "variants (fp64 router, forced or biased balancing, quantile balancing, input jitter)");
+  const Options o =
+      parsed_without_refusals("deepseek_v3", 129280, {"--moe-router-force-load-balancing"});
+  EXPECT_EQ(o.model.num_moe_experts, 256);
+  EXPECT_EQ(o.model.moe_router_topk, 8);
+  EXPECT_EQ(o.model.moe_router_score_function, MoEScoreFunction::Sigmoid);
+  EXPECT_TRUE(o.model.moe_router_enable_expert_bias);
+  EXPECT_EQ(o.model.moe_layer_pattern()[2], 0);  // three dense layers first
+  EXPECT_EQ(o.model.moe_layer_pattern()[3], 1);
   EXPECT_FALSE(o.check_for_nan_in_loss_and_grad);
   EXPECT_DOUBLE_EQ(o.lr_schedule.warmup_init, 3.9e-7);
   EXPECT_TRUE(o.use_distributed_optimizer);

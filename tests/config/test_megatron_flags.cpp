@@ -100,32 +100,44 @@ TEST(MegatronFlags, EveryRefusedFlagSaysNotBuiltYetAndNamesItsFeature) {
   EXPECT_GT(checked, 200);
 }
 
-TEST(MegatronFlags, MixtureOfExpertsIsRefusedByNameAndItsDenseValuesAccepted) {
+TEST(MegatronFlags, MixtureOfExpertsIsBuiltAndExpertParallelismRefusedByName) {
   Options o;
-  EXPECT_EQ(parse_error({"--num-experts", "8"}, o),
-            "--num-experts 8: not built yet: mixture of experts");
+  EXPECT_EQ(parse_error({"--num-experts", "8", "--moe-router-topk", "2", "--moe-aux-loss-coeff",
+                         "0.01", "--moe-token-dispatcher-type", "alltoall"},
+                        o),
+            "");
+  EXPECT_EQ(o.model.num_moe_experts, 8);
+  EXPECT_EQ(o.model.moe_aux_loss_coeff, 0.01);
+  EXPECT_TRUE(o.notes.empty());
   EXPECT_EQ(parse_error({"--expert-model-parallel-size", "2"}, o),
-            "--expert-model-parallel-size 2: not built yet: mixture of experts");
+            "--expert-model-parallel-size 2: not built yet: expert parallelism");
   EXPECT_EQ(parse_error({"--expert-model-parallel-size", "1"}, o), "");
-  // Without --num-experts the model is dense: MoE's tuning flags change nothing, as in
-  // Megatron (Primus's dense models set them), and say so.
-  Options dense;
-  parse_options({"--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01"}, dense);
-  ASSERT_EQ(dense.notes.size(), 1u);
-  EXPECT_NE(dense.notes[0].find("--moe-router-topk, --moe-aux-loss-coeff have no effect here: "
-                                "it tunes mixture of experts, which --num-experts turns on"),
+  EXPECT_EQ(parse_error({"--expert-tensor-parallel-size", "2"}, o),
+            "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism");
+  EXPECT_EQ(parse_error({"--moe-token-dispatcher-type", "flex"}, o),
+            "--moe-token-dispatcher-type flex: not built yet: the flex token dispatcher (DeepEP, "
+            "HybridEP)");
+  EXPECT_EQ(parse_error({"--moe-router-load-balancing-type", "sinkhorn"}, o),
+            "--moe-router-load-balancing-type sinkhorn: not built yet: load-balancing types "
+            "other than aux_loss, seq_aux_loss and none");
+  // Megatron's kernel and communication knobs say they change nothing here.
+  Options knobs;
+  parse_options({"--moe-permute-fusion"}, knobs);
+  ASSERT_EQ(knobs.notes.size(), 1u);
+  EXPECT_NE(knobs.notes[0].find("--moe-permute-fusion has no effect here: it tunes Megatron's "
+                                "MoE kernels"),
             std::string::npos)
-      << dense.notes[0];
+      << knobs.notes[0];
 }
 
 TEST(MegatronFlags, AllRefusedFeaturesOfACommandLineAreNamedInOneError) {
   Options o;
-  EXPECT_EQ(parse_error({"--num-experts", "8", "--fp8-format", "hybrid", "--seed", "3",
-                         "--multi-latent-attention"},
+  EXPECT_EQ(parse_error({"--expert-model-parallel-size", "8", "--fp8-format", "hybrid", "--seed",
+                         "3", "--multi-latent-attention"},
                         o),
-            "--num-experts 8: not built yet: mixture of experts; --fp8-format hybrid: not built "
-            "yet: fp8 training; --multi-latent-attention: not built yet: multi-latent attention "
-            "(MLA)");
+            "--expert-model-parallel-size 8: not built yet: expert parallelism; --fp8-format "
+            "hybrid: not built yet: fp8 training; --multi-latent-attention: not built yet: "
+            "multi-latent attention (MLA)");
   // An unknown flag is still reported at once, by name.
   EXPECT_NE(parse_error({"--num-experts", "8", "--num-layer", "2"}, o)
                 .find("unknown option "
@@ -156,7 +168,7 @@ TEST(MegatronFlags, TheTableHasOneRowPerFlag) {
 TEST(MegatronFlags, HelpListsNotedAndRefusedFlagsByReason) {
   const std::string help = options_help();
   EXPECT_NE(help.find("Megatron flags accepted with a note"), std::string::npos);
-  EXPECT_NE(help.find("  mixture of experts:\n    --num-experts --expert-model-parallel-size 1"),
+  EXPECT_NE(help.find("  expert parallelism:\n    --expert-model-parallel-size 1"),
             std::string::npos);
   // Readable: no line wider than 100 columns but the built rows' own help.
   std::istringstream in(help.substr(help.find("Megatron flags accepted with a note")));

@@ -48,7 +48,7 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
 
 TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
   for (const std::vector<std::string>& flag : std::vector<std::vector<std::string>>{
-           {"--num-experts", "8"}, {"--expert-model-parallel-size", "2"}}) {
+           {"--multi-latent-attention"}, {"--expert-model-parallel-size", "2"}}) {
     Options o;
     try {
       parse_options(flag, o);

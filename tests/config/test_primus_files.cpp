@@ -138,7 +138,7 @@ const std::vector<std::string> kLlama3 = {"llama3_8B-pretrain",     "llama3_70B-
 const std::vector<std::string> kNoTokenizer = {"llama2_7B-pretrain", "llama2_70B-pretrain",
                                                "qwen2.5_7B-pretrain", "qwen2.5_72B-pretrain",
                                                "exp_pretrain"};
-const std::string kMoe = "mixture of experts";
+const std::string kEp = "expert parallelism";
 const std::string kMla = "multi-latent attention (MLA)";
 const std::string kMtp = "multi-token prediction (MTP)";
 
@@ -181,18 +181,18 @@ TEST_F(PrimusFiles, DenseExperimentsPassValidationGivenAVocabulary) {
   }
 }
 
-// As written, each experiment stops only at features not built yet, each named: MoE, MLA and
-// MTP. The cyclic data loader that Primus's pre_trainer.yaml sets for every experiment, and the
-// torch FSDP2 of the 70B and 72B experiments (trained with the sharded optimizer state), are
-// accepted with a note.
+// As written, each experiment stops only at features not built yet, each named: expert
+// parallelism, MLA and MTP. The cyclic data loader that Primus's pre_trainer.yaml sets for every
+// experiment, and the torch FSDP2 of the 70B and 72B experiments (trained with the sharded
+// optimizer state), are accepted with a note.
 TEST_F(PrimusFiles, AsWrittenEachStopsOnlyAtFeaturesNotBuilt) {
   std::map<std::string, std::set<std::string>> expected = {
-      {"mixtral_8x7B_v0.1-pretrain", {kMoe}}, {"mixtral_8x22B_v0.1-pretrain", {kMoe}},
-      {"llama4_17B16E-pretrain", {kMoe}},     {"llama4_17B128E-pretrain", {kMoe}},
-      {"deepseek_v2_lite-pretrain", {kMoe}},  // its experiment turns MLA off
-      {"deepseek_v2-pretrain", {kMoe, kMla}}, {"deepseek_v3-pretrain", {kMoe, kMla, kMtp}},
-      {"llama2_70B-pretrain", {}},            {"llama3_70B-pretrain", {}},
-      {"llama3.1_70B-pretrain", {}},          {"llama3.3_70B-pretrain", {}},
+      {"mixtral_8x7B_v0.1-pretrain", {kEp}}, {"mixtral_8x22B_v0.1-pretrain", {kEp}},
+      {"llama4_17B16E-pretrain", {kEp}},     {"llama4_17B128E-pretrain", {kEp}},
+      {"deepseek_v2_lite-pretrain", {kEp}},  // its experiment turns MLA off
+      {"deepseek_v2-pretrain", {kEp, kMla}}, {"deepseek_v3-pretrain", {kEp, kMla, kMtp}},
+      {"llama2_70B-pretrain", {}},           {"llama3_70B-pretrain", {}},
+      {"llama3.1_70B-pretrain", {}},         {"llama3.3_70B-pretrain", {}},
       {"qwen2.5_72B-pretrain", {}},
   };
   for (const std::string& name : kLlama3) expected.emplace(name, std::set<std::string>{});
@@ -327,6 +327,47 @@ TEST_F(PrimusFiles, EveryModelFileResolvesAndValidates) {
     ++count;
   }
   EXPECT_EQ(count, 31);
+}
+
+// A Primus model file as the model of a pre_trainer experiment, its refused flags left out,
+// with a vocabulary: the options it resolves to.
+Options model_file(const std::string& model, int vocab_size) {
+  const fs::path exp = fs::path(::testing::TempDir()) / ("primus_model_" + model);
+  std::ofstream(exp) << "work_group: g\nuser_name: u\nexp_name: e\nworkspace: ./w\nmodules:\n"
+                        "  pre_trainer:\n    framework: megatron\n    config: pre_trainer.yaml\n"
+                        "    model: "
+                     << model << "\n    overrides:\n      mock_data: true\n";
+  std::vector<std::string> args =
+      filtered(yaml_to_args(exp.string(), {{"PRIMUS_PATH", kPrimus.string()}}), true);
+  args.insert(args.end(),
+              {"--tokenizer-type", "NullTokenizer", "--vocab-size", std::to_string(vocab_size)});
+  return resolve(args).opts;
+}
+
+// Primus's MoE model files build the published models: total and active parameters of
+// Mixtral 8x7B (46.7B, 12.9B) and 8x22B (141B, 39B), and Llama 4 Scout's 17B active (its
+// 109B total counts the vision encoder); DeepSeek-V2-Lite's first dense layer.
+TEST_F(PrimusFiles, MoeModelFilesAreThePublishedModels) {
+  const TransformerConfig m7 = model_file("mixtral_8x7B_v0.1.yaml", 32000).model;
+  EXPECT_EQ(m7.num_moe_experts, 8);
+  EXPECT_EQ(m7.moe_router_topk, 2);
+  EXPECT_EQ(m7.moe_aux_loss_coeff, 0.01);
+  EXPECT_NEAR(double(m7.num_parameters()), 46.7e9, 0.05e9);
+  EXPECT_NEAR(double(m7.num_active_parameters()), 12.9e9, 0.05e9);
+  const TransformerConfig m22 = model_file("mixtral_8x22B_v0.1.yaml", 32000).model;
+  EXPECT_NEAR(double(m22.num_parameters()), 141e9, 0.5e9);
+  EXPECT_NEAR(double(m22.num_active_parameters()), 39e9, 0.5e9);
+  const TransformerConfig scout = model_file("llama4_17B16E.yaml", 202048).model;
+  EXPECT_EQ(scout.num_moe_experts, 16);
+  EXPECT_EQ(scout.moe_router_topk, 1);
+  EXPECT_TRUE(scout.moe_router_pre_softmax);
+  EXPECT_NEAR(double(scout.num_active_parameters()), 17e9, 0.5e9);
+  const TransformerConfig lite = model_file("deepseek_v2_lite.yaml", 102400).model;
+  std::vector<int> pattern(27, 1);
+  pattern[0] = 0;
+  EXPECT_EQ(lite.moe_layer_pattern(), pattern);
+  EXPECT_EQ(lite.num_moe_experts, 64);
+  EXPECT_EQ(lite.moe_shared_expert_intermediate_size, 2816);
 }
 
 }  // namespace

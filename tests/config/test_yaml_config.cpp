@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -219,7 +220,7 @@ TEST(ModelZoo, ExamplesResolveAndParse) {
 }
 
 TEST(ModelZoo, TinyModelsBuildAndRun) {
-  for (const std::string name : {"tiny_gpt2", "tiny_llama"}) {
+  for (const std::string name : {"tiny_gpt2", "tiny_llama", "tiny_mixtral"}) {
     SCOPED_TRACE(name);
     const TransformerConfig cfg = zoo_model(name, 256);
     GPTModel<float> model(cfg, 1, 1234);
@@ -295,6 +296,32 @@ TEST(ModelZoo, QwenHasQkvBiasAndItsOwnNormAndRope) {
   EXPECT_EQ(q.query_groups(), 4);
   EXPECT_NEAR(double(q.num_parameters()), 7.616e9, 0.005e9);
   EXPECT_NEAR(double(zoo_model("qwen2.5_72b", 152064).num_parameters()), 72.71e9, 0.05e9);
+}
+
+// Mixture-of-experts models: total and active (per token) parameters against the published
+// figures (Mixtral paper: 46.7B total, 12.9B active; Qwen3 technical report table 2 and the
+// Qwen3-30B-A3B model card: 30.5B total, 3.3B activated).
+TEST(ModelZoo, MoeSizesMatchThePublishedModels) {
+  const TransformerConfig mixtral = zoo_model("mixtral_8x7b", 32000);
+  EXPECT_EQ(mixtral.num_moe_experts, 8);
+  EXPECT_EQ(mixtral.moe_router_topk, 2);
+  EXPECT_EQ(mixtral.moe_ffn_size(), 14336);
+  EXPECT_NEAR(double(mixtral.num_parameters()), 46.7e9, 0.05e9);
+  EXPECT_NEAR(double(mixtral.num_active_parameters()), 12.9e9, 0.05e9);
+  const TransformerConfig qwen3 = zoo_model("qwen3_30b_a3b", 151936);
+  EXPECT_EQ(qwen3.num_moe_experts, 128);
+  EXPECT_EQ(qwen3.moe_router_topk, 8);
+  EXPECT_TRUE(qwen3.qk_layernorm);
+  EXPECT_NEAR(double(qwen3.num_parameters()), 30.5e9, 0.05e9);
+  // 3.35B, which Qwen writes 3.3B (the first decimal kept, not rounded).
+  EXPECT_GE(double(qwen3.num_active_parameters()), 3.3e9);
+  EXPECT_LT(double(qwen3.num_active_parameters()), 3.4e9);
+  std::printf("Mixtral 8x7B: %.4gB total, %.4gB active; Qwen3-30B-A3B: %.4gB total, %.4gB active\n",
+              double(mixtral.num_parameters()) / 1e9, double(mixtral.num_active_parameters()) / 1e9,
+              double(qwen3.num_parameters()) / 1e9, double(qwen3.num_active_parameters()) / 1e9);
+  // A dense model's active parameters are all of them.
+  const TransformerConfig dense = zoo_model("mistral_7b", 32000);
+  EXPECT_EQ(dense.num_active_parameters(), dense.num_parameters());
 }
 
 }  // namespace

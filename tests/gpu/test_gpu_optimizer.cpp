@@ -1,5 +1,6 @@
 // Optimizer GPU ops: the gradient norm's sum of squares against ops::sum_squares, the loss
-// scaler's overflow check, and the AdamW update against the CPU optimizer's update_elements.
+// scaler's overflow check, the count of zeros (--log-num-zeros-in-grad), and the AdamW update
+// against the CPU optimizer's update_elements.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -42,6 +43,24 @@ TEST(GpuOptimizer, SumSquaresOfNothingIsZero) {
   const float* none = nullptr;
   EXPECT_EQ(gpu::sum_squares(&none, &size, 1), 0.0);
   EXPECT_EQ(gpu::sum_squares(nullptr, nullptr, 0), 0.0);
+}
+
+TEST(GpuOptimizer, CountZerosMatchesCpu) {
+  OMNI_REQUIRE_GPU();
+  // Zeros at the first and last element and every 7th; n past a block's reach; offset 1 takes
+  // the unpacked path. -0.0 is a zero too.
+  const size_t n = 70001;
+  for (size_t offset : {0, 1}) {
+    std::vector<float> x = random_vector(n + offset, 50, 0.5f, 2.0f);
+    for (size_t i = offset; i < x.size(); i += 7) x[i] = (i % 2) ? 0.0f : -0.0f;
+    x.back() = 0.0f;
+    gpu::DeviceArray<float> d(x.size());
+    gpu::copy_to_device(d.data(), x.data(), x.size() * sizeof(float));
+    const double want = ops::count_zeros(x.data() + offset, n);
+    EXPECT_EQ(gpu::count_zeros(d.data() + offset, n), want) << "offset " << offset;
+    EXPECT_GT(want, n / 7.0);
+  }
+  EXPECT_EQ(gpu::count_zeros(nullptr, 0), 0.0);
 }
 
 TEST(GpuOptimizer, HasNonfiniteFindsInfAndNanAtTheLastElement) {

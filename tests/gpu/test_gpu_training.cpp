@@ -18,8 +18,12 @@
 
 #include "backend/gpu/gpu_ops.h"
 #include "comm/local_communicator.h"
+#if defined(OMNITRON_NCCL)
+#include "comm/nccl_communicator.h"
+#endif
 #include "config/options.h"
 #include "data/datasets/dataset.h"
+#include "gpu/gpu_test.h"
 #include "train/trainer.h"
 
 namespace omni {
@@ -154,6 +158,12 @@ TEST_F(GpuTraining, Bf16TensorParallel2Pipeline2SequenceParallelTracksOneCpuRank
                       "--sequence-parallel"},
                      4, 1e-2);
 }
+// The parameters' norm and the gradients' zeros are counted on the device (the counts
+// themselves: GpuOptimizer.CountZerosMatchesCpu).
+TEST_F(GpuTraining, LoggingParamsNormAndZerosInGradKeepsTheLosses) {
+  expect_same_losses({"--log-params-norm", "--log-num-zeros-in-grad", "--log-interval", "1"},
+                     {"--use-distributed-optimizer"}, 2);
+}
 TEST_F(GpuTraining, SgdWithMomentumMatchesTheCpu) {
   expect_same_losses({"--optimizer", "sgd", "--sgd-momentum", "0.9"}, {}, 1);
 }
@@ -187,6 +197,49 @@ TEST_F(GpuTraining, Bf16AndFp16ResumeFromACheckpointIsExact) {
   expect_exact_resume({"--device", "cuda", "--bf16"});
   expect_exact_resume({"--device", "cuda", "--fp16", "--initial-loss-scale", "128"});
 }
+
+#if defined(OMNITRON_NCCL) && !defined(OMNITRON_GPU_EMULATE)
+// On a real GPU, the Trainer over a one-rank NCCL world (what `omnitron train` builds for GPU
+// ranks) is the Trainer alone, bit for bit: its host-side sums (losses, token counts, norms,
+// found-inf) and the checkpoint's full-model sum cross NCCL through device memory. Several
+// ranks need several GPUs: scripts/gpu_check.sh runs the layouts under mpirun.
+std::vector<double> losses_over(const Options& o, Communicator* world) {
+  Trainer t(o, make_mock_data(o.model.vocab_size, static_cast<uint64_t>(o.seed)), 0, std::nullopt,
+            world);
+  MetricsSink sink(o, nullptr);
+  return t.run(sink).train_losses;
+}
+
+TEST(GpuTrainingOverNccl, AOneRankNcclWorldTrainsSavesAndResumesAsNoWorld) {
+  OMNI_REQUIRE_GPU();
+  set_gpu_backend(&gpu::backend());
+  std::unique_ptr<Communicator> self = make_self_communicator();
+  std::unique_ptr<Communicator> nccl = make_nccl_communicator(*self);
+  ASSERT_TRUE(nccl->device_memory());
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "omnitron_nccl_resume").string();
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--device", "cuda", "--use-distributed-optimizer"},
+        std::vector<std::string>{"--device", "cuda", "--bf16", "--clip-grad", "0.5"}}) {
+    std::filesystem::remove_all(dir);
+    auto with = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), flags.begin(), flags.end());
+      return tiny_options(more);
+    };
+    const std::vector<double> whole = losses_over(with({}), nullptr);
+    const std::vector<double> first =
+        losses_over(with({"--save", dir, "--exit-interval", "3"}), nccl.get());
+    const std::vector<double> rest = losses_over(with({"--load", dir}), nullptr);
+    ASSERT_EQ(first.size(), 3u);
+    ASSERT_EQ(rest.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(first[i], whole[i]) << flags[2] << ": step " << i + 1 << " over NCCL";
+      EXPECT_EQ(rest[i], whole[i + 3]) << flags[2] << ": step " << i + 4 << " resumed";
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+#endif
 
 }  // namespace
 }  // namespace omni

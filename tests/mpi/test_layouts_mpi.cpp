@@ -129,6 +129,22 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
     });
 
+// The tiny MoE model (tiny_models.h) in the layouts its MoE layers build: data parallel
+// (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines.
+const Case kMoeCases[] = {
+    {"dp2", 2, ""},
+    {"dp2_distributed_optimizer", 2, "--use-distributed-optimizer"},
+    {"pp2", 2, "--pipeline-model-parallel-size 2"},
+    {"pp2_dp2", 4, "--pipeline-model-parallel-size 2"},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    MpiMoE, Layouts,
+    ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+    });
+
 // Dropout 0.1 (Megatron's default, so the layouts above run with it too, given explicitly here)
 // under data parallelism with the distributed optimizer: each rank draws the masks of its
 // samples' global indices, so the losses are the one-process run's.

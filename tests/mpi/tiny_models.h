@@ -21,6 +21,19 @@ inline std::string tiny_model_flags(const std::string& model, int train_iters) {
            "--normalization RMSNorm --swiglu --ffn-hidden-size 48 "
            "--position-embedding-type rope --disable-bias-linear "
            "--untie-embeddings-and-output-weights";
+  // Llama layers, every other one (from layer 1) an MoE layer: four sigmoid-scored experts,
+  // top-2, the aux-loss-free expert bias (its counts summed over data-parallel ranks), both
+  // balancing losses and a shared expert.
+  if (model == "moe")
+    return common +
+           "--num-attention-heads 8 --group-query-attention --num-query-groups 4 "
+           "--normalization RMSNorm --swiglu --ffn-hidden-size 48 "
+           "--position-embedding-type rope --disable-bias-linear "
+           "--untie-embeddings-and-output-weights --num-experts 4 --moe-ffn-hidden-size 24 "
+           "--moe-layer-freq [0,1,0,1,0,1,0,1] --moe-router-score-function sigmoid "
+           "--moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 "
+           "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 "
+           "--moe-shared-expert-intermediate-size 16";
   // A vocabulary each layout pads differently (to 72 rows on one rank, 80 at TP2, 96 at
   // TP4): the checkpoint holds the 72 rows whatever the layout.
   if (model == "gpt2_vocab70") return common + "--num-attention-heads 4 --vocab-size 70";

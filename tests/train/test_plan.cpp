@@ -107,6 +107,19 @@ std::vector<Measured> measure(const Case& k) {
   return out;
 }
 
+// Every other layer an MoE layer: router, experts, shared expert and expert bias in place of
+// the MLP.
+TransformerConfig tiny_moe() {
+  TransformerConfig c = tiny_llama();
+  c.num_moe_experts = 4;
+  c.moe_ffn_hidden_size = 12;
+  c.moe_layer_freq = "2";
+  c.moe_shared_expert_intermediate_size = 8;
+  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  return c;
+}
+
 std::vector<Case> cases() {
   return {
       {"one rank", tiny_llama(), layout(1, 1, 1, 1, 1, 2, false)},
@@ -123,6 +136,8 @@ std::vector<Case> cases() {
        layout(2, 1, 2, 1, 1, 4, true, "full", "block", 1)},
       {"CP 2", tiny_llama(), layout(1, 2, 1, 1, 1, 2, false)},
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
+      {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
+      {"MoE layers, full recompute", tiny_moe(), layout(1, 1, 1, 1, 1, 2, false, "full")},
   };
 }
 
@@ -217,6 +232,14 @@ TEST(Plan, FiguresAddUpAndFollowTheLayout) {
   few.global_batch = 8;
   const Plan r = make_plan(llama3_8b(), few, h100());
   EXPECT_GT(r.time[6].value / r.time[0].value, p.time[6].value / p.time[0].value);
+}
+
+TEST(Plan, SearchKeepsMoeModelsAtOneTensorAndContextParallelRank) {
+  PlanLayout base;
+  base.gpus = 8, base.global_batch = 64;
+  const PlanSearch s = search_plans(tiny_moe(), base, h100(), 100);
+  ASSERT_FALSE(s.fitting.empty());
+  for (const Plan& p : s.fitting) EXPECT_TRUE(p.layout.tp == 1 && p.layout.cp == 1);
 }
 
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {

@@ -85,13 +85,22 @@ double sum_squares(const T* x, size_t n) {
   return s;
 }
 
+template <typename T>
+double count_zeros(const T* x, size_t n) {
+  int64_t zeros = 0;
+#pragma omp parallel for simd reduction(+ : zeros) schedule(static)
+  for (size_t i = 0; i < n; ++i) zeros += x[i] == T(0);
+  return double(zeros);
+}
+
 #define INSTANTIATE(T)                                                                             \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);                \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, bool); \
   template void add<T>(T*, const T*, const T*, size_t);                                            \
   template void add_bias<T>(T*, const T*, int, int);                                               \
   template void scale<T>(T*, double, size_t);                                                      \
-  template double sum_squares<T>(const T*, size_t);
+  template double sum_squares<T>(const T*, size_t);                                                \
+  template double count_zeros<T>(const T*, size_t);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 
 }  // namespace omni::ops

@@ -211,6 +211,7 @@ class Backend final : public GpuBackend {
     gpu::sgd_update(w, g, m, n, static_cast<float>(lr), static_cast<float>(momentum),
                     static_cast<float>(weight_decay));
   }
+  double count_zeros(const float* x, size_t n) const override { return gpu::count_zeros(x, n); }
   double sum_squares(const float* x, size_t n) const override {
     return gpu::sum_squares(&x, &n, 1);
   }

@@ -38,6 +38,10 @@ std::string gpu_device_name(int index) {
   return gpu_device_info(index).name;
 }
 
+void use_gpu(int index) {
+  OMNI_GPU_CHECK(gpuSetDevice(index));
+}
+
 GpuDeviceInfo gpu_device_info(int index) {
   gpuDeviceProp prop;
   OMNI_GPU_CHECK(gpuGetDeviceProperties(&prop, index));

@@ -202,6 +202,8 @@ double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, con
 // `arrays` (of device pointers) and `sizes` are host arrays. Waits for the stream.
 double sum_squares(const float* const* arrays, const size_t* sizes, int count,
                    Stream stream = nullptr);
+// How many elements of x[0..n) are exactly zero, in a fixed order (--log-num-zeros-in-grad).
+double count_zeros(const float* x, size_t n, Stream stream = nullptr);
 // True when any element of x[0..n) is inf or NaN (the loss scaler's overflow check).
 bool has_nonfinite(const float* x, size_t n, Stream stream = nullptr);
 

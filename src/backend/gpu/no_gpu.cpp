@@ -27,5 +27,8 @@ std::string gpu_device_name(int) {
 GpuDeviceInfo gpu_device_info(int) {
   no_gpu_backend();
 }
+void use_gpu(int) {
+  no_gpu_backend();
+}
 
 }  // namespace omni

@@ -32,19 +32,30 @@ OMNI_DEVICE double block_sum_double(double v) {
   return s;
 }
 
-// partial[blockIdx.x] = sum of x^2 over the elements this block's threads visit. The visiting
-// order depends only on n and the grid, which depends only on n: the same bits every run.
-template <int V>
-__global__ void sum_squares_kernel(double* partial, const float* x, size_t n) {
+// What an element adds to a sum: its square (the gradient norm) or 1 when it is zero.
+enum class Term { Square, Zero };
+template <Term K>
+__device__ double term(float f) {
+  if constexpr (K == Term::Square)
+    return static_cast<double>(f) * f;
+  else
+    return f == 0.0f ? 1.0 : 0.0;
+}
+
+// partial[blockIdx.x] = sum of term(x) over the elements this block's threads visit. The
+// visiting order depends only on n and the grid, which depends only on n: the same bits every
+// run.
+template <int V, Term K = Term::Square>
+__global__ void sum_terms_kernel(double* partial, const float* x, size_t n) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   const size_t first = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   double s = 0.0;
   const size_t packs = n / V;
   for (size_t p = first; p < packs; p += stride) {
     const Pack<float, V> v = load_pack<V>(x, p);
-    for (int k = 0; k < V; ++k) s += static_cast<double>(v.v[k]) * v.v[k];
+    for (int k = 0; k < V; ++k) s += term<K>(v.v[k]);
   }
-  for (size_t i = packs * V + first; i < n; i += stride) s += static_cast<double>(x[i]) * x[i];
+  for (size_t i = packs * V + first; i < n; i += stride) s += term<K>(x[i]);
   s = block_sum_double(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -139,10 +150,10 @@ double sum_squares(const float* const* arrays, const size_t* sizes, int count, S
   int offset = 0;
   for (int i = 0; i < count; ++i) {
     if (aligned_to(16, arrays[i]))
-      launch(sum_squares_kernel<kFloatPack>, blocks[i], kThreads, 0, s, partial + offset, arrays[i],
+      launch(sum_terms_kernel<kFloatPack>, blocks[i], kThreads, 0, s, partial + offset, arrays[i],
              sizes[i]);
     else
-      launch(sum_squares_kernel<1>, blocks[i], kThreads, 0, s, partial + offset, arrays[i],
+      launch(sum_terms_kernel<1>, blocks[i], kThreads, 0, s, partial + offset, arrays[i],
              sizes[i]);
     offset += static_cast<int>(blocks[i]);
   }
@@ -151,6 +162,22 @@ double sum_squares(const float* const* arrays, const size_t* sizes, int count, S
   launch(sum_partials_kernel, 1, 1024, 0, s, partial + total, partial, total);
   synchronize(stream);
   copy_to_host(&result, partial + total, sizeof(double));
+  return result;
+}
+
+double count_zeros(const float* x, size_t n, Stream stream) {
+  if (n == 0) return 0.0;
+  const auto s = static_cast<gpuStream_t>(stream);
+  const unsigned blocks = grid_for(ceil_div(n, kFloatPack));
+  auto* partial = static_cast<double*>(scratch((blocks + 1) * sizeof(double)));
+  if (aligned_to(16, x))
+    launch(sum_terms_kernel<kFloatPack, Term::Zero>, blocks, kThreads, 0, s, partial, x, n);
+  else
+    launch(sum_terms_kernel<1, Term::Zero>, blocks, kThreads, 0, s, partial, x, n);
+  launch(sum_partials_kernel, 1, 1024, 0, s, partial + blocks, partial, int(blocks));
+  synchronize(stream);
+  double result = 0.0;
+  copy_to_host(&result, partial + blocks, sizeof(double));
   return result;
 }
 

@@ -1,0 +1,192 @@
+// GPTModel's mixture-of-experts layers (model/gpt_model.h): a layer's MLP replaced by
+// MoELayer (model/moe_layer.h) where --moe-layer-freq says so, with Megatron-Core's parameter
+// names under "decoder.layers.<i>.mlp.", the aux and z losses' gradients entering the backward
+// with Megatron's scale, what the training forwards reported for logging, and the
+// aux-loss-free expert bias.
+//
+// The expert bias (Megatron's router.expert_bias buffer) is kept in the flat ParameterSet as
+// "mlp.router.expert_bias" so that checkpoints save and reshard it with the weights; it gets
+// no gradient and no weight decay, so optimizers leave it as it is, and only
+// update_expert_bias changes it, once per global batch.
+//
+// One rank of tensor and context parallelism, CPU, float or double (MoELayer's ops run on the
+// host); the constructor refuses the rest.
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "base/error.h"
+#include "model/gpt_model.h"
+#include "model/moe_layer.h"
+
+namespace omni {
+
+namespace {
+
+template <typename T>
+inline constexpr bool moe_built = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// MoELayer's element type (float where the model's is 16-bit: never built, the constructor
+// refuses it).
+template <typename T>
+using moe_scalar = std::conditional_t<moe_built<T>, T, float>;
+
+// An MoE layer's tensors by name through get (a value or gradient lookup).
+template <typename P, typename Get>
+MoEParams<P> moe_tensors(const std::string& mlp, Get get) {
+  MoEParams<P> m;
+  m.router_weight = get(mlp + "router.weight");
+  m.router_bias = get(mlp + "router.bias");
+  m.fc1_weight = get(mlp + "experts.linear_fc1.weight");
+  m.fc1_bias = get(mlp + "experts.linear_fc1.bias");
+  m.fc2_weight = get(mlp + "experts.linear_fc2.weight");
+  m.fc2_bias = get(mlp + "experts.linear_fc2.bias");
+  m.shared_fc1_weight = get(mlp + "shared_experts.linear_fc1.weight");
+  m.shared_fc2_weight = get(mlp + "shared_experts.linear_fc2.weight");
+  m.shared_gate_weight = get(mlp + "shared_experts.gate_weight");
+  return m;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+template <typename T>
+struct GPTModel<T>::MoEState {
+  explicit MoEState(const TransformerConfig& c) : layer(c) {}
+  MoELayer<moe_scalar<T>> layer;
+  double aux_grad_scale = 0;  // of the last training forward's micro-batch
+};
+
+template <typename T>
+void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::string& mlp) const {
+  // Megatron's inits: output projections (fc2) scaled by 1/sqrt(2 layers), biases zero.
+  for (const MoEParamInfo& m : moe_parameter_layout(cfg_)) {
+    const bool bias = ends_with(m.name, "bias");
+    const ParamInit init = bias                                     ? ParamInit::Zeros
+                           : ends_with(m.name, "linear_fc2.weight") ? ParamInit::ScaledNormal
+                                                                    : ParamInit::Normal;
+    p.emplace_back(mlp + m.name, Shape(m.shape.begin(), m.shape.end()), init, !bias);
+  }
+  if (cfg_.moe_router_enable_expert_bias)
+    p.emplace_back(mlp + "router.expert_bias", Shape{cfg_.num_moe_experts}, ParamInit::Zeros,
+                   false);
+}
+
+template <typename T>
+void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out,
+                              const MicroBatch& mb, const Geometry& g) {
+  if constexpr (!moe_built<T>) {
+    (void)layer, (void)a, (void)x, (void)out, (void)mb, (void)g;
+    OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
+  } else {
+    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_);
+    MoELayer<T>& m = a.moe->layer;
+    const int E = cfg_.num_moe_experts;
+    const std::string mlp = layer_prefix(layer) + "mlp.";
+    if (cfg_.moe_router_enable_expert_bias) {
+      const T* bias = params_.value(mlp + "router.expert_bias");
+      std::copy(bias, bias + E, m.expert_bias().begin());
+    }
+    const bool train = moe_training_;
+    const MoEStats& s = m.forward(
+        out, x, g.tokens, g.seq,
+        moe_tensors<T>(mlp, [&](const std::string& n) { return params_.value_or_null(n); }), train,
+        moe_recomputing_);
+    if (!train) return;
+    // Megatron's MoEAuxLossAutoScaler: the losses' gradients are scaled as the language-model
+    // loss's (loss scale over micro-batches), without its division by the micro-batch's
+    // tokens; with --calculate-per-token-loss the global token count divides both.
+    a.moe->aux_grad_scale =
+        mb.loss_divisor > 0 ? moe_grad_scale_ / mb.loss_divisor : moe_grad_scale_;
+    if (moe_recomputing_) return;  // reported and counted by the first forward
+    MoEReport& r = moe_report_;
+    const size_t L = size_t(cfg_.num_layers);
+    if (r.load_balancing_loss.empty()) {
+      r.load_balancing_loss.assign(L, 0.0);
+      r.z_loss.assign(L, 0.0);
+      r.tokens_per_expert.assign(L * E, 0.0);
+    }
+    if (cfg_.moe_aux_loss_coeff > 0)
+      r.load_balancing_loss[layer] += s.aux_loss / cfg_.moe_aux_loss_coeff;
+    if (cfg_.moe_z_loss_coeff > 0) r.z_loss[layer] += s.z_loss / cfg_.moe_z_loss_coeff;
+    // Rows routed to each expert and kept (capacity padding left out), as Megatron counts
+    // its routing map after dropping.
+    const ops::MoEDispatchPlan& plan = m.plan();
+    for (int e = 0; e < E; ++e) {
+      int64_t kept = 0;
+      for (int32_t row = plan.expert_offsets[e]; row < plan.expert_offsets[e + 1]; ++row)
+        kept += plan.row_slot[row] >= 0;
+      r.tokens_per_expert[size_t(layer) * E + e] += double(kept);
+      if (cfg_.moe_router_enable_expert_bias) expert_tokens_[size_t(layer) * E + e] += double(kept);
+    }
+  }
+}
+
+template <typename T>
+void GPTModel<T>::moe_backward(int layer, LayerActivations& a, const T* dy, T* dx) {
+  if constexpr (!moe_built<T>) {
+    (void)layer, (void)a, (void)dy, (void)dx;
+    OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
+  } else {
+    OMNI_CHECK(a.moe, "[gpt] MoE backward without its forward (layer ", layer, ")");
+    const std::string mlp = layer_prefix(layer) + "mlp.";
+    a.moe->layer.backward(
+        dx, dy, moe_tensors<T>(mlp, [&](const std::string& n) { return params_.value_or_null(n); }),
+        moe_tensors<Grad>(mlp, [&](const std::string& n) { return params_.grad_or_null(n); }),
+        a.moe->aux_grad_scale);
+  }
+}
+
+template <typename T>
+int64_t GPTModel<T>::moe_activation_bytes(const LayerActivations& a) const {
+  return a.moe ? a.moe->layer.activation_bytes() : 0;
+}
+
+template <typename T>
+typename GPTModel<T>::MoEReport GPTModel<T>::take_moe_report() {
+  MoEReport r = std::move(moe_report_);
+  moe_report_ = MoEReport{};
+  const size_t L = size_t(cfg_.num_layers), E = size_t(cfg_.num_moe_experts);
+  if (r.load_balancing_loss.empty()) {  // no training forward: zeros, the same size on every rank
+    r.load_balancing_loss.assign(L, 0.0);
+    r.z_loss.assign(L, 0.0);
+    r.tokens_per_expert.assign(L * E, 0.0);
+  }
+  return r;
+}
+
+template <typename T>
+void GPTModel<T>::update_expert_bias() {
+  if constexpr (moe_built<T>) {
+    if (!cfg_.moe_router_enable_expert_bias) return;
+    const int E = cfg_.num_moe_experts;
+    for (const auto& [first, end] : chunks_)
+      for (int layer = first; layer < end; ++layer) {
+        if (!cfg_.is_moe_layer(layer)) continue;
+        T* bias = params_.value(layer_prefix(layer) + "mlp.router.expert_bias");
+        ops::moe_expert_bias_update(bias, expert_tokens_.data() + size_t(layer) * E, E,
+                                    cfg_.moe_router_bias_update_rate);
+      }
+    std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);
+  }
+}
+
+#define OMNI_INSTANTIATE(T)                                                                       \
+  template void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>&, const std::string&)      \
+      const;                                                                                      \
+  template void GPTModel<T>::moe_forward(int, LayerActivations&, const T*, T*, const MicroBatch&, \
+                                         const Geometry&);                                        \
+  template void GPTModel<T>::moe_backward(int, LayerActivations&, const T*, T*);                  \
+  template int64_t GPTModel<T>::moe_activation_bytes(const LayerActivations&) const;              \
+  template GPTModel<T>::MoEReport GPTModel<T>::take_moe_report();                                 \
+  template void GPTModel<T>::update_expert_bias();
+OMNI_INSTANTIATE(float)
+OMNI_INSTANTIATE(double)
+OMNI_INSTANTIATE(bf16)
+OMNI_INSTANTIATE(f16)
+#undef OMNI_INSTANTIATE
+
+}  // namespace omni

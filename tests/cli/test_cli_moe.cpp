@@ -1,0 +1,169 @@
+// Mixture of experts through the binary: the tiny Mixtral of the zoo trains on a text and
+// its loss falls; the load-balancing and z losses are logged beside lm loss (console, JSONL,
+// TensorBoard) with each MoE layer's tokens per expert; the aux-loss-free expert bias is
+// saved with the checkpoint and a resumed run continues exactly where the straight run goes;
+// what is not built is refused in one line naming the flags.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/process.h"
+#include "config/options.h"
+#include "model/gpt_model.h"
+#include "train/event_file_reader.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string text_file() {
+  const std::string path = ::testing::TempDir() + "omnitron_cli_moe_text.txt";
+  std::ofstream out(path);
+  for (int i = 0; i < 300; ++i) out << "In the beginning God created the heaven and the earth. ";
+  return path;
+}
+
+std::vector<double> values_of(const std::string& metrics, const std::string& key) {
+  std::vector<double> v;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"" + key + "\": ");
+    if (at != std::string::npos) v.push_back(std::stod(line.substr(at + key.size() + 4)));
+  }
+  return v;
+}
+
+TEST(CliMoE, TinyMixtralTrainsAndLogsItsBalancingLossesBesideLmLoss) {
+  const std::string dir = ::testing::TempDir() + "omnitron_cli_moe_run";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string metrics = dir + "/metrics.jsonl";
+  const ProcessResult r = run_omnitron(
+      "train --model tiny_mixtral --train-text " + text_file() +
+      " --seq-length 32 --micro-batch-size 4 --global-batch-size 8 --train-iters 40 --lr 1e-2 "
+      "--log-interval 10 --eval-iters 0 --max-new-tokens 0 --no-progress --metrics-file " +
+      metrics + " --tensorboard-dir " + dir + "/tb");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Megatron's console names, after lm loss.
+  const size_t line = r.output.find(" iteration       40/");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const std::string last = r.output.substr(line, r.output.find('\n', line) - line);
+  EXPECT_LT(last.find("lm loss:"), last.find("load_balancing_loss:")) << last;
+  EXPECT_LT(last.find("load_balancing_loss:"), last.find("z_loss:")) << last;
+  EXPECT_NE(r.output.find("MoE tokens per expert (min/max, max/mean) | layer 1: "),
+            std::string::npos)
+      << r.output;
+  // The loss falls from ln 256 (5.5) on a repeated sentence.
+  const std::vector<double> lm = values_of(metrics, "lm_loss");
+  ASSERT_EQ(lm.size(), 4u) << r.output;
+  EXPECT_LT(lm.back(), lm.front() - 1.0) << r.output;
+  EXPECT_LT(lm.back(), 3.5) << r.output;
+  // The balancing loss without its coefficient: 1 when perfectly balanced, E at collapse.
+  const std::vector<double> aux = values_of(metrics, "load_balancing_loss");
+  ASSERT_EQ(aux.size(), 4u);
+  for (double a : aux) EXPECT_TRUE(a >= 1.0 - 1e-6 && a <= 4.0) << a;
+  EXPECT_EQ(values_of(metrics, "z_loss").size(), 4u);
+  // TensorBoard: the same names, every step.
+  std::string events;
+  for (const auto& e : fs::directory_iterator(dir + "/tb")) events = e.path().string();
+  ASSERT_FALSE(events.empty());
+  const std::vector<event_file::Event> ev = event_file::read_event_file(events);
+  EXPECT_EQ(event_file::series(ev, "load_balancing_loss").size(), 40u);
+  EXPECT_EQ(event_file::series(ev, "z_loss").size(), 40u);
+  EXPECT_EQ(event_file::series(ev, "moe/tokens_per_expert_max_layer_1").size(), 4u);
+}
+
+const std::string kBiased =
+    "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 --micro-batch-size 2 "
+    "--global-batch-size 4 --lr 3e-3 --log-interval 1 --eval-iters 0 --max-new-tokens 0 "
+    "--no-progress --moe-router-score-function sigmoid --moe-router-enable-expert-bias "
+    "--moe-router-bias-update-rate 0.01 --train-iters 8 ";
+
+TEST(CliMoE, TheExpertBiasIsSavedAndAResumedRunGoesOnAsTheStraightOne) {
+  const std::string dir = ::testing::TempDir() + "omnitron_cli_moe_bias";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const ProcessResult straight =
+      run_omnitron(kBiased + "--metrics-file " + dir + "/straight.jsonl");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const ProcessResult first = run_omnitron(kBiased + "--exit-interval 4 --save " + dir +
+                                           "/ckpt --metrics-file " + dir + "/first.jsonl");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // The checkpoint holds each MoE layer's bias, moved off zero by four updates.
+  Options o;
+  load_checkpoint_model_options(dir + "/ckpt", o);
+  GPTModel<float> model(o.model, 1, 1);
+  load_checkpoint(dir + "/ckpt", model.params(), nullptr);
+  const ParamInfo& bias = model.params().info("decoder.layers.1.mlp.router.expert_bias");
+  double moved = 0;
+  for (int64_t e = 0; e < bias.numel; ++e)
+    moved = std::max(moved, double(std::abs(model.params().value(bias.name)[e])));
+  EXPECT_GT(moved, 0.005);
+  EXPECT_LE(moved, 4 * 0.01 + 1e-6);
+  const ProcessResult second =
+      run_omnitron(kBiased + "--load " + dir + "/ckpt --metrics-file " + dir + "/second.jsonl");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const std::vector<double> all = values_of(dir + "/straight.jsonl", "lm_loss");
+  const std::vector<double> resumed = values_of(dir + "/second.jsonl", "lm_loss");
+  ASSERT_EQ(all.size(), 8u);
+  ASSERT_EQ(resumed.size(), 4u) << second.output;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], all[4 + i]) << "iteration " << 5 + i;
+  // Hugging Face's MoE classes are not written yet: refused by name, nothing half-written.
+  const ProcessResult hf =
+      run_omnitron("convert --load " + dir + "/ckpt --save " + dir + "/hf --to hf");
+  EXPECT_EQ(hf.exit_code, 2) << hf.output;
+  EXPECT_NE(hf.output.find("--num-experts 4: not built yet: Hugging Face interchange of "
+                           "mixture-of-experts models"),
+            std::string::npos)
+      << hf.output;
+}
+
+TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
+  const std::string base =
+      "train --print-config --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 ";
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--expert-model-parallel-size 2",
+            "--expert-model-parallel-size 2: not built yet: expert parallelism"},
+           {"--expert-tensor-parallel-size 2",
+            "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism"},
+           {"--device cuda",
+            "--num-experts 4 with --device cuda: not built yet: mixture of experts on the GPU"},
+           {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
+           {"--moe-layer-freq '[1,0,1]'",
+            "--moe-layer-freq: '[1,0,1]' names 3 layers, but --num-layers is 2"},
+       }) {
+    const ProcessResult r = run_omnitron(base + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+}
+
+// Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
+TEST(CliMoE, TensorAndContextParallelLayoutsAreRefusedByFinalize) {
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--tensor-model-parallel-size",
+            "--num-experts 4 with --tensor-model-parallel-size 2: not built yet: mixture of "
+            "experts under tensor parallelism"},
+           {"--context-parallel-size",
+            "--num-experts 4 with --context-parallel-size 2: not built yet: mixture of experts "
+            "under context parallelism"}}) {
+    Options o;
+    parse_options({"--num-experts", "4", "--mock-data", "--vocab-size", "64", flag, "2"}, o);
+    std::string error;
+    try {
+      finalize(o);
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, message);
+  }
+}
+
+}  // namespace
+}  // namespace omni
