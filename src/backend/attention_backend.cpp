@@ -46,6 +46,9 @@ AttentionSupport attention_support(bool gpu, const ops::AttentionDims& d, DType 
 #endif
   if (!gpu)
     s.fused_unsupported = "attention runs on the CPU";
+  else if (d.dropout.active())
+    s.fused_unsupported =
+        "attention dropout draws omnitron's Philox masks (cuDNN's dropout has its own RNG)";
   else if (!s.cudnn)
     s.fused_unsupported = "this build has no cuDNN";
   return s;

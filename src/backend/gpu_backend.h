@@ -72,6 +72,7 @@ class GpuOps {
                                           const int32_t* targets, const float* mask,
                                           const ops::ClassifierLossArgs& a) const = 0;
   virtual void scale(T* x, double s, size_t n) const = 0;
+  virtual void dropout(T* x, int rows, int width, int seq, const ops::DropoutKey& k) const = 0;
   // dst = src rounded to T (nearest, ties to even), and back to float (exact).
   virtual void from_float(T* dst, const float* src, size_t n) const = 0;
   virtual void to_float(float* dst, const T* src, size_t n) const = 0;

@@ -16,7 +16,31 @@ const char* to_string(GeluForm form);
 
 }  // namespace omni
 
+// Members the GPU kernels call too (nvcc and hipcc compile them for the device).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define OMNI_OP_TYPES_HD __host__ __device__
+#else
+#define OMNI_OP_TYPES_HD
+#endif
+
 namespace omni::ops {
+
+// Dropout (Megatron's --hidden-dropout and --attention-dropout): what makes one call's mask,
+// which backend/dropout_mask.h turns into keep/drop decisions. p = 0: no dropout. Made on the
+// host by dropout_key() (backend/ops.h) and filled in by the model with where its rows are.
+struct DropoutKey {
+  double p = 0;              // probability of dropping an element
+  uint32_t threshold = 0;    // round(p 2^32): a Philox word below it drops its element
+  uint32_t key[2] = {0, 0};  // Philox key drawn from (seed, iteration, layer, site)
+  int64_t first_sample = 0;  // global index of the micro-batch's first sequence
+  // The rows' context-parallel rank of cp (their positions in the full sequence); attention:
+  // the rank whose keys the call's block holds.
+  int cp = 1, cp_rank = 0, key_rank = 0;
+  int head_offset = 0;    // attention: global index of the call's head 0 (tensor parallel)
+  int64_t first_row = 0;  // hidden states: the call's row 0 among the micro-batch's tokens
+  OMNI_OP_TYPES_HD bool active() const { return p > 0; }
+  OMNI_OP_TYPES_HD double scale() const { return 1.0 / (1.0 - p); }  // of the kept values
+};
 
 // Shapes of one attention call. Grouped-query attention: `heads` query heads share
 // `groups` key/value heads, heads / groups query heads per group.
@@ -29,6 +53,8 @@ struct AttentionDims {
   // attention, where the keys are another rank's block, the last one it may see, or -1 for
   // none); null: row i of a sequence is key i.
   const int32_t* q_index = nullptr;
+  // Dropout on the probabilities (inactive by default); the backward draws the same mask.
+  DropoutKey dropout = {};
   int heads_per_group() const { return heads / groups; }
   int qkv_width() const { return (heads + 2 * groups) * head_dim; }
 };

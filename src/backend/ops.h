@@ -162,6 +162,20 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
 template <typename T>
 void scale(T* x, double s, size_t n);
 
+// Dropout's sites, each with its own masks (Megatron's: the embedding's output and, in each
+// layer, the attention probabilities, the attention block's and the MLP's outputs before their
+// residual adds).
+enum class DropoutSite : uint32_t { Embedding = 1, Attention, AttentionOutput, MlpOutput };
+// The key of one site's masks in one iteration (layer: global index; the embedding uses -1),
+// with p the probability of dropping; the caller fills in where its rows are.
+DropoutKey dropout_key(double p, uint64_t seed, int64_t iteration, int layer, DropoutSite site);
+// Hidden dropout in place on x [rows, width], row r being token k.first_row + r of a
+// micro-batch of sequences of `seq` tokens (this rank's share under context parallelism):
+// each element is kept and scaled by 1/(1-p), or zeroed (backend/dropout_mask.h). The mask is
+// its own transpose, so the backward is the same call on the gradient.
+template <typename T>
+void dropout(T* x, int rows, int width, int seq, const DropoutKey& k);
+
 // Sum of squares of x, accumulated in double in a fixed order (independent of threads).
 template <typename T>
 double sum_squares(const T* x, size_t n);
@@ -379,6 +393,10 @@ double classifier_cross_entropy(const Exec& e, accum_t<T>* losses, T* dh, accum_
 template <typename T>
 void scale(const Exec& e, T* x, double s, size_t n) {
   OMNI_DISPATCH(scale, scale(x, s, n), scale(x, s, n));
+}
+template <typename T>
+void dropout(const Exec& e, T* x, int rows, int width, int seq, const DropoutKey& k) {
+  OMNI_DISPATCH(dropout, dropout(x, rows, width, seq, k), dropout(x, rows, width, seq, k));
 }
 // Sum of squares of a gradient-like buffer (float on a GPU).
 template <typename T>

@@ -32,8 +32,8 @@
 // safetensors, see hf_interchange.h) as `root`: it reads as a model-only checkpoint at
 // iteration 0 whose options come from config.json.
 //
-// There is no RNG state to store: initialisation and data order are pure functions of
-// --seed and the consumed-sample count, and dropout is not built; --no-load-rng is accepted.
+// There is no RNG state to store: initialisation, data order and dropout's masks are pure
+// functions of --seed, the iteration and the consumed-sample count; --no-load-rng is accepted.
 #pragma once
 
 #include <cstdint>

@@ -263,8 +263,6 @@ void finalize_training(Options& o) {
   OMNI_REQUIRE(o.start_eval_at_iter >= 0, "--start-eval-at-iter must be 0 or positive");
   OMNI_REQUIRE(o.exit_signal >= 1 && o.exit_signal <= 64, "--exit-signal: ", o.exit_signal,
                " is not a signal number");
-  OMNI_REQUIRE(o.hidden_dropout == 0 && o.attention_dropout == 0,
-               "--hidden-dropout/--attention-dropout: dropout is not built yet (use 0)");
   // Megatron's validate_args: the switch is deprecated, and only rope (which has no table
   // to drop) tolerates it.
   OMNI_REQUIRE(!o.no_position_embedding ||
@@ -281,8 +279,7 @@ void finalize_training(Options& o) {
 
 }  // namespace
 
-// Each group's checks in turn; the order is the order of the errors a bad run meets first
-// (Primus's base language_model.yaml stops at dropout before --no-position-embedding).
+// Each group's checks in turn; the order is the order of the errors a bad run meets first.
 void finalize(Options& o) {
   finalize_data(o);
   finalize_model(o);

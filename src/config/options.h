@@ -19,7 +19,13 @@
 namespace omni {
 
 struct Options {
-  TransformerConfig model;
+  // Megatron's defaults where a config made in code differs: dropout 0.1 on the hidden states
+  // and the attention probabilities.
+  TransformerConfig model = [] {
+    TransformerConfig c;
+    c.hidden_dropout = c.attention_dropout = 0.1;
+    return c;
+  }();
   // The accepted options that have no effect here (Megatron's Python/NVIDIA plumbing), one
   // line per reason naming its flags; the command prints them.
   std::vector<std::string> notes;
@@ -131,7 +137,6 @@ struct Options {
   // recompute_num_layers layers of each stage).
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0;
-  double hidden_dropout = 0.0, attention_dropout = 0.0;
   bool no_position_embedding = false;  // Megatron's deprecated switch (finalize() checks it)
   // Megatron's --calculate-per-token-loss: the loss is the sum over every token of the
   // global batch divided by their count, not the mean of the micro-batches' means.

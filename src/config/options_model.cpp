@@ -123,12 +123,13 @@ void add_model_options(std::vector<OptionDef>& t) {
              [](Options& o) -> bool& { return o.model.untie_embeddings_and_output_weights; }));
   t.push_back(number<double>("--init-method-std", "X", M, "std of the normal initialisation",
                              [](Options& o) -> double& { return o.model.init_method_std; }));
-  t.push_back(number<double>("--hidden-dropout", "P", M,
-                             "dropout after attention and MLP (0 only for now)",
-                             [](Options& o) -> double& { return o.hidden_dropout; }));
+  t.push_back(number<double>(
+      "--hidden-dropout", "P", M,
+      "dropout after the embedding and each attention and MLP output (training only)",
+      [](Options& o) -> double& { return o.model.hidden_dropout; }));
   t.push_back(number<double>("--attention-dropout", "P", M,
-                             "dropout on attention probabilities (0 only for now)",
-                             [](Options& o) -> double& { return o.attention_dropout; }));
+                             "dropout on the attention probabilities (training only)",
+                             [](Options& o) -> double& { return o.model.attention_dropout; }));
 }
 
 }  // namespace omni::option_rows

@@ -76,7 +76,8 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
                                 const MicroBatch& mb, const Geometry& g, const Inputs& in) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb, in);
+  ops::AttentionDims ad = attention_dims(mb, in);
+  ad.dropout = dropout_key(mb, in, g, layer, ops::DropoutSite::Attention);
   const auto p = layer_params(layer);
   T* ln1 = a.ln1.template data<T>();
   norm_forward(ln1, a.ln1_mean.template data<Grad>(), a.ln1_rstd.template data<Grad>(), x, p.ln1_w,
@@ -102,11 +103,12 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   T* attn = a.attn.template data<T>();
   if (cp_->size() > 1)
     ring_.forward(attn, a.lse.template data<Grad>(), q, k, v, a.k_all.template data<T>(),
-                  a.v_all.template data<T>(), mb);
+                  a.v_all.template data<T>(), mb, ad.dropout);
   else
     ops::attention_forward(x_, attn, a.lse.template data<Grad>(), q, k, v, ad);
   T* mid = a.mid.template data<T>();
   tp_.row_forward(mid, full_.template data<T>(), attn, p.proj_w, p.proj_b, H * hd, N);
+  hidden_dropout(mid, mb, in, g, layer, ops::DropoutSite::AttentionOutput);
   ops::add(x_, mid, mid, x, size_t(R) * C);
 
   T* ln2 = a.ln2.template data<T>();
@@ -114,6 +116,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
                p.ln2_w, p.ln2_b, R, C);
   if (cfg_.is_moe_layer(layer)) {  // routed experts in place of the MLP (gpt_moe.cpp)
     moe_forward(layer, a, tp_.gather_rows(a.ln2_full.template data<T>(), ln2, N), out, mb, g);
+    hidden_dropout(out, mb, in, g, layer, ops::DropoutSite::MlpOutput);
     ops::add(x_, out, out, mid, size_t(R) * C);
     return;
   }
@@ -124,6 +127,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   else
     ops::gelu_forward(x_, act, fc1, size_t(N) * F, gelu_form(cfg_));
   tp_.row_forward(out, full_.template data<T>(), act, p.fc2_w, p.fc2_b, F, N);
+  hidden_dropout(out, mb, in, g, layer, ops::DropoutSite::MlpOutput);
   ops::add(x_, out, out, mid, size_t(R) * C);
 }
 
@@ -132,20 +136,33 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
                                  const MicroBatch& mb, const Geometry& g, const Inputs& in) {
   const int N = g.tokens, R = g.rows, C = cfg_.hidden_size, hd = cfg_.head_dim();
   const int H = heads_, G = groups_, F = ffn_, fc1_out = cfg_.swiglu ? 2 * F : F;
-  const ops::AttentionDims ad = attention_dims(mb, in);
+  ops::AttentionDims ad = attention_dims(mb, in);
+  ad.dropout = dropout_key(mb, in, g, layer, ops::DropoutSite::Attention);
   const auto p = layer_params(layer);
   const auto gp = layer_grads(layer);
   T* partial = full_.template data<T>();
   T* d_rows = d_rows_.template data<T>();
+  // d(block output before its dropout): the mask (its own transpose) on a copy of dres, which
+  // the residual path keeps unmasked.
+  auto through_dropout = [&](ops::DropoutSite site) -> const T* {
+    if (!dropout_key(mb, in, g, layer, site).active()) return dres;
+    ops::copy(x_, d_rows, dres, size_t(R) * C);
+    hidden_dropout(d_rows, mb, in, g, layer, site);
+    return d_rows;
+  };
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
   const T* dln2 = nullptr;
   if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp (one tensor-parallel rank)
-    moe_backward(layer, a, tp_.gather_rows(d_full_.template data<T>(), dres, N), partial);
+    moe_backward(layer, a,
+                 tp_.gather_rows(d_full_.template data<T>(),
+                                 through_dropout(ops::DropoutSite::MlpOutput), N),
+                 partial);
     dln2 = tp_.reduce_rows(d_rows, partial, N);
   } else {
-    tp_.row_backward(dffn, gp.fc2_w, gp.fc2_b, d_full_.template data<T>(), dres,
-                     a.act.template data<T>(), p.fc2_w, F, N);
+    tp_.row_backward(dffn, gp.fc2_w, gp.fc2_b, d_full_.template data<T>(),
+                     through_dropout(ops::DropoutSite::MlpOutput), a.act.template data<T>(),
+                     p.fc2_w, F, N);
     if (cfg_.swiglu)
       ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
     else
@@ -158,13 +175,14 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
                 a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), R, C);
   // Attention: mid = x + proj(attention(qkv(norm(x)))); dres holds d(mid).
   T* dattn = d_attn_.template data<T>();
-  tp_.row_backward(dattn, gp.proj_w, gp.proj_b, d_full_.template data<T>(), dres,
-                   a.attn.template data<T>(), p.proj_w, H * hd, N);
+  tp_.row_backward(dattn, gp.proj_w, gp.proj_b, d_full_.template data<T>(),
+                   through_dropout(ops::DropoutSite::AttentionOutput), a.attn.template data<T>(),
+                   p.proj_w, H * hd, N);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
   if (cp_->size() > 1)
     ring_.backward(dq, dk, dv, dattn, a.attn.template data<T>(), a.lse.template data<Grad>(),
                    a.q.template data<T>(), a.k_all.template data<T>(), a.v_all.template data<T>(),
-                   mb);
+                   mb, ad.dropout);
   else
     ops::attention_backward(x_, dq, dk, dv, dattn, a.attn.template data<T>(),
                             a.lse.template data<Grad>(), a.q.template data<T>(),

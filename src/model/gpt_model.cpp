@@ -119,7 +119,7 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
 template <typename T>
 GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t seed,
                       const ModelParallel& parallel, const ops::Exec& exec)
-    : cfg_(config), max_batch_(max_batch), parallel_(parallel), x_(exec) {
+    : cfg_(config), max_batch_(max_batch), seed_(seed), parallel_(parallel), x_(exec) {
   if (x_.on_gpu())
     device_ = Device{x_.gpu->name() == "HIP" ? DeviceKind::HIP : DeviceKind::CUDA, 0};
   cfg_.validate();
@@ -349,6 +349,27 @@ ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb, const Input
 }
 
 template <typename T>
+ops::DropoutKey GPTModel<T>::dropout_key(const MicroBatch& mb, const Inputs& in, const Geometry& g,
+                                         int layer, ops::DropoutSite site) const {
+  const bool attention = site == ops::DropoutSite::Attention;
+  const double p = attention ? cfg_.attention_dropout : cfg_.hidden_dropout;
+  if (!in.dropout || p == 0) return {};
+  ops::DropoutKey k = ops::dropout_key(p, seed_, mb.iteration, layer, site);
+  k.first_sample = mb.first_sample;
+  k.cp = cp_->size(), k.cp_rank = k.key_rank = cp_->rank();
+  k.head_offset = tp_.rank() * heads_;
+  k.first_row = tp_.first_row(g.tokens);
+  return k;
+}
+
+template <typename T>
+void GPTModel<T>::hidden_dropout(T* rows, const MicroBatch& mb, const Inputs& in, const Geometry& g,
+                                 int layer, ops::DropoutSite site) const {
+  const ops::DropoutKey k = dropout_key(mb, in, g, layer, site);
+  if (k.active()) ops::dropout(x_, rows, g.rows, cfg_.hidden_size, g.seq, k);
+}
+
+template <typename T>
 void GPTModel<T>::stage_inputs(Activations& a, const MicroBatch& mb, const Geometry& g) {
   const size_t N = size_t(g.tokens);
   for (size_t n = 0; n < N; ++n)
@@ -365,6 +386,7 @@ void GPTModel<T>::stage_inputs(Activations& a, const MicroBatch& mb, const Geome
   a.in.positions = put(2, a.positions.data());
   a.in.key_start = put(3, mb.key_start);
   a.in.mask = nullptr;
+  a.in.dropout = false;
   if (mb.loss_mask) {
     float* mask = reinterpret_cast<float*>(base + 4 * stride);
     ops::upload(x_, mask, mb.loss_mask, N);
@@ -402,6 +424,7 @@ void GPTModel<T>::embed(Activations& a, const MicroBatch& mb, const Geometry& g)
   if (const T* wpe = params_.value_or_null("embedding.position_embeddings.weight"))
     ops::position_embedding_add(x_, out, wpe, g.rows, g.seq, C,
                                 a.in.positions + tp_.first_row(g.tokens));
+  hidden_dropout(out, mb, a.in, g, -1, ops::DropoutSite::Embedding);
 }
 
 template <typename T>
@@ -498,6 +521,7 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   const Geometry g = geometry(mb);
   Activations& a = activations(chunk, slot);
   stage_inputs(a, mb, g);
+  a.in.dropout = train;
   moe_training_ = train, moe_recomputing_ = false, moe_grad_scale_ = grad_scale;
   if (has_embedding(chunk)) {
     embed(a, mb, g);
@@ -541,6 +565,7 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
     mark_ready(layer_ranges_[first + i]);
   }
   if (!has_embedding(chunk)) return dres;
+  hidden_dropout(dres, mb, a.in, g, -1, ops::DropoutSite::Embedding);  // its own transpose
   embed_backward(dres, a, mb, g);
   mark_ready(embedding_range_);
   return nullptr;

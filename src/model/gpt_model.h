@@ -41,11 +41,11 @@
 
 #include "backend/ops.h"
 #include "comm/communicator.h"
-#include "tensor/parameters.h"
 #include "model/transformer_config.h"
 #include "parallel/context_parallel.h"
 #include "parallel/micro_batch.h"
 #include "parallel/pipeline.h"
+#include "tensor/parameters.h"
 #include "parallel/tensor_parallel.h"
 
 namespace omni {
@@ -56,8 +56,8 @@ inline GeluForm gelu_form(const TransformerConfig& c) {
 }
 
 struct ModelParallel {
-  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
-  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
+  Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.
@@ -122,8 +122,7 @@ class GPTModel final : public PipelineChunks<T> {
   // Backward of the same micro-batch: `grad_output` is d/d(output) from the next stage
   // (unused when the chunk ends with the loss). Adds the parameters' gradients; returns
   // d/d(input), or null for the chunk that starts with the embedding.
-  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb,
-                          const T* grad_output) override;
+  const T* chunk_backward(int chunk, int slot, const MicroBatch& mb, const T* grad_output) override;
   // Before the first forward.
   void set_recompute(const Recompute& r);
   // Bytes of activation memory allocated so far (every slot, and recompute's scratch).
@@ -167,7 +166,7 @@ class GPTModel final : public PipelineChunks<T> {
     // keeps the blocks it was passed).
     Tensor k_all, v_all;
     Tensor lse, attn;  // attention's [batch, heads, seq] log-sum-exp and output
-    Tensor mid;  // residual stream after attention
+    Tensor mid;        // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
     std::shared_ptr<MoEState> moe;  // an MoE layer's routing and experts (gpt_moe.cpp)
@@ -175,16 +174,16 @@ class GPTModel final : public PipelineChunks<T> {
   // The micro-batch's arrays where the ops read them: copies in the model's device memory
   // (mask and key_start null when the micro-batch has none).
   struct Inputs {
-    const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr,
-                  *key_start = nullptr;
+    const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr, *key_start = nullptr;
     const float* mask = nullptr;
+    bool dropout = false;  // a training forward with dropout on: masks are drawn
   };
   // Everything one micro-batch leaves for its backward in one chunk.
   struct Activations {
     std::vector<Tensor> residual;  // layers + 1 residual streams [rows, C]
     std::vector<LayerActivations> layers;
     Tensor final_norm, final_mean, final_rstd, final_full, d_final;
-    std::vector<int32_t> positions;  // [tokens]: each row's position (host)
+    std::vector<int32_t> positions;          // [tokens]: each row's position (host)
     std::unique_ptr<Storage> input_storage;  // what `in` points into
     Inputs in;
   };
@@ -217,11 +216,16 @@ class GPTModel final : public PipelineChunks<T> {
   T* classifier_weight() const;
   Grad* classifier_grad() const;
   bool has_embedding(int chunk) const { return chunk == 0 && parallel_.pre_process; }
-  bool has_loss(int chunk) const {
-    return chunk == num_chunks() - 1 && parallel_.post_process;
-  }
+  bool has_loss(int chunk) const { return chunk == num_chunks() - 1 && parallel_.post_process; }
   Geometry geometry(const MicroBatch& mb) const;
   ops::AttentionDims attention_dims(const MicroBatch& mb, const Inputs& in) const;
+  // The key of one dropout site's masks for this micro-batch (inactive without in.dropout):
+  // hidden states (this rank's rows), or with Attention the probabilities of this rank's heads.
+  ops::DropoutKey dropout_key(const MicroBatch& mb, const Inputs& in, const Geometry& g, int layer,
+                              ops::DropoutSite site) const;
+  // Hidden dropout's mask applied to `rows` (this rank's rows of the residual stream) in place.
+  void hidden_dropout(T* rows, const MicroBatch& mb, const Inputs& in, const Geometry& g, int layer,
+                      ops::DropoutSite site) const;
   // Copies the micro-batch's arrays (and the rows' positions) to the device, into a.in.
   void stage_inputs(Activations& a, const MicroBatch& mb, const Geometry& g);
   Tensor buffer(Shape shape) const;       // T
@@ -261,6 +265,7 @@ class GPTModel final : public PipelineChunks<T> {
 
   TransformerConfig cfg_;
   int max_batch_;
+  uint64_t seed_;  // also dropout's
   ModelParallel parallel_;
   ops::Exec x_;
   Device device_;

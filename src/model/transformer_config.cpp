@@ -191,6 +191,10 @@ void TransformerConfig::validate() const {
                "--make-vocab-size-divisible-by must be "
                "positive (got ",
                make_vocab_size_divisible_by, ")");
+  OMNI_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1,
+               "--hidden-dropout must be in [0, 1) (got ", hidden_dropout, ")");
+  OMNI_REQUIRE(attention_dropout >= 0 && attention_dropout < 1,
+               "--attention-dropout must be in [0, 1) (got ", attention_dropout, ")");
   OMNI_REQUIRE(norm_epsilon > 0, "--norm-epsilon must be positive (got ", norm_epsilon, ")");
   OMNI_REQUIRE(init_method_std > 0, "--init-method-std must be positive (got ", init_method_std,
                ")");

@@ -54,6 +54,12 @@ struct TransformerConfig {
   bool qk_layernorm = false;
   bool untie_embeddings_and_output_weights = false;
   double init_method_std = 0.02;
+  // Megatron's dropout probabilities (its defaults are 0.1; a config made in code starts at 0):
+  // hidden_dropout after the embedding and after each attention block's and MLP's output
+  // (before the residual add), attention_dropout on the attention probabilities. Training
+  // only; masks are keyed as backend/dropout_mask.h says.
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
 
   // Mixture of experts, with Megatron's fields (num_moe_experts 0: dense MLPs). 0 stands for
   // Megatron's None. model/moe_layer.h checks them (validate_moe_config).

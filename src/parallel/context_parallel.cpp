@@ -37,6 +37,7 @@ void ContextParallelBatch::slice(const MicroBatch& full, int cp, int rank) {
                    full.key_start ? key_start_.data() : nullptr,
                    seq_index_.data()};
   mb_.loss_divisor = full.loss_divisor;
+  mb_.first_sample = full.first_sample, mb_.iteration = full.iteration;
 }
 
 template <typename T>
@@ -83,7 +84,7 @@ ops::AttentionDims RingAttention<T>::block_dims(const MicroBatch& mb, int src) {
 
 template <typename T>
 void RingAttention<T>::forward(T* out, Grad* lse, const T* q, const T* k, const T* v, T* k_all,
-                               T* v_all, const MicroBatch& mb) {
+                               T* v_all, const MicroBatch& mb, const ops::DropoutKey& drop) {
   const int cp = group_->size(), r = group_->rank();
   const size_t kv = size_t(mb.batch) * mb.seq * groups_ * head_dim_;
   ops::copy(x_, k_all + r * kv, k, kv);
@@ -100,7 +101,8 @@ void RingAttention<T>::forward(T* out, Grad* lse, const T* q, const T* k, const 
       recvs[0] = group_->irecv(k_all + incoming * kv, kv * sizeof(T), prev, 10);
       recvs[1] = group_->irecv(v_all + incoming * kv, kv * sizeof(T), prev, 11);
     }
-    const ops::AttentionDims ad = block_dims(mb, src);
+    ops::AttentionDims ad = block_dims(mb, src);
+    ad.dropout = drop, ad.dropout.key_rank = src;
     // The first block (this rank's own keys) starts the output; each later one is merged in
     // by its log-sum-exp.
     const bool first = t == 0;
@@ -117,7 +119,8 @@ void RingAttention<T>::forward(T* out, Grad* lse, const T* q, const T* k, const 
 
 template <typename T>
 void RingAttention<T>::backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const Grad* lse,
-                                const T* q, const T* k_all, const T* v_all, const MicroBatch& mb) {
+                                const T* q, const T* k_all, const T* v_all, const MicroBatch& mb,
+                                const ops::DropoutKey& drop) {
   const int cp = group_->size(), r = group_->rank();
   const size_t tokens = size_t(mb.batch) * mb.seq, kv = tokens * groups_ * head_dim_;
   const size_t qs = tokens * heads_ * head_dim_;
@@ -139,7 +142,8 @@ void RingAttention<T>::backward(T* dq, T* dk, T* dv, const T* dout, const T* out
       group_->recv(acc_v, kv * sizeof(T), prev, 13);
     }
     // With the merged output and log-sum-exp, the backward gives this block's part.
-    const ops::AttentionDims ad = block_dims(mb, src);
+    ops::AttentionDims ad = block_dims(mb, src);
+    ad.dropout = drop, ad.dropout.key_rank = src;
     T *dq_b = dq_.template data<T>(), *dk_b = dk_.template data<T>(),
       *dv_b = dv_.template data<T>();
     ops::attention_backward(x_, dq_b, dk_b, dv_b, dout, out, lse, q, k_all + src * kv,

@@ -73,12 +73,14 @@ class RingAttention {
   // sequence's keys; k, v [tokens, groups*hd] are this rank's. k_all, v_all
   // [cp * tokens, groups*hd] receive every rank's keys and values, block r from rank r (the
   // backward reads them).
+  // `drop`: attention dropout's key (inactive: none); each block's key_rank is set here.
   void forward(T* out, Grad* lse, const T* q, const T* k, const T* v, T* k_all, T* v_all,
-               const MicroBatch& mb);
+               const MicroBatch& mb, const ops::DropoutKey& drop = {});
   // dq [tokens, heads*hd] and this rank's dk, dv [tokens, groups*hd] (overwritten) from dout;
   // out, lse, k_all and v_all as the forward left them.
   void backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const Grad* lse, const T* q,
-                const T* k_all, const T* v_all, const MicroBatch& mb);
+                const T* k_all, const T* v_all, const MicroBatch& mb,
+                const ops::DropoutKey& drop = {});
 
  private:
   // Rows' [first, last] keys within rank `src`'s block of keys, copied to bounds_.

@@ -28,6 +28,10 @@ struct MicroBatch {
   // Output, optional: each token's loss (-log p(label)) [batch, seq], 0 where the mask is 0
   // (downstream tasks' log-likelihoods). Filled by the stage that computes the loss.
   float* token_losses = nullptr;
+  // Dropout's key (backend/dropout_mask.h): the global index of the first sequence (so that
+  // data-parallel ranks and micro-batches draw different masks) and the training iteration.
+  int64_t first_sample = 0;
+  int64_t iteration = 0;
 };
 
 }  // namespace omni

@@ -123,9 +123,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   with_model([&](auto& m) { m.model.set_recompute(recompute); });
   {  // --attention-backend: which kernel this run's attention uses, and why.
     const TransformerConfig& m = opts.model;
-    const ops::AttentionDims dims{opts.micro_batch_size, m.seq_length / layout.cp,
-                                  m.num_attention_heads / layout.tp, m.query_groups() / layout.tp,
-                                  m.head_dim()};
+    ops::AttentionDims dims{opts.micro_batch_size, m.seq_length / layout.cp,
+                            m.num_attention_heads / layout.tp, m.query_groups() / layout.tp,
+                            m.head_dim()};
+    dims.dropout.p = m.attention_dropout;
     const bool mixed = opts.bf16 || opts.fp16;
     AttentionSupport support = attention_support(
         gpu_device, dims, mixed ? (opts.bf16 ? DType::BF16 : DType::F16) : DType::F32);
@@ -358,6 +359,8 @@ void Trainer::read_batch(int m, int64_t first, bool train) {
   else
     data_->valid_samples(first, mb, seq, b.tokens.data(), b.labels.data());
   b.full = {b.tokens.data(), b.labels.data(), nullptr, mb, seq};
+  // Dropout's key: the samples' global index and the iteration being trained (train_step's).
+  b.full.first_sample = first, b.full.iteration = iteration_ + 1;
   if (doc_masks_.any()) {
     b.positions.resize(n), b.key_start.resize(n), b.loss_mask.resize(n);
     document_masks(b.tokens.data(), mb, seq, doc_masks_, b.positions.data(), b.key_start.data(),

@@ -109,6 +109,19 @@ TEST(CheckpointResume, TheDistributedOptimizerOnOneRankIsBitIdenticalToo) {
   expect_exact_resume({"--optimizer", "adamw", "--use-distributed-optimizer"}, "resume_distopt");
 }
 
+// Dropout's masks are a function of (seed, iteration, layer, sample, element): a resumed run
+// draws the uninterrupted run's, with no RNG state in the checkpoint.
+TEST(CheckpointResume, DropoutIsBitIdenticalToo) {
+  const std::vector<std::string> dropout = {
+      "--optimizer", "adamw", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"};
+  expect_exact_resume(dropout, "resume_dropout");
+  // ... and dropout was on: the losses differ from the run without it.
+  EXPECT_NE(
+      train(options(dropout)).result.train_losses,
+      train(options({"--optimizer", "adamw", "--hidden-dropout", "0", "--attention-dropout", "0"}))
+          .result.train_losses);
+}
+
 TEST(CheckpointResume, Fp16WithItsLossScalerIsBitIdenticalToo) {
   // From 2^32 the first steps overflow and are skipped; a short window grows it again.
   expect_exact_resume({"--optimizer", "adamw", "--fp16", "--loss-scale-window", "2"},

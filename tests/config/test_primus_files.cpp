@@ -294,7 +294,8 @@ namespace {
 
 // Each of Primus's 31 model files as the model of a pre_trainer experiment written here (the
 // Primus tree found through PRIMUS_PATH): every one resolves, and with its refused flags left
-// out and a vocabulary given, passes validation (but the base of all, which keeps dropout).
+// out and a vocabulary given, passes validation (but the base of all, which keeps Megatron's
+// deprecated --no-position-embedding).
 TEST_F(PrimusFiles, EveryModelFileResolvesAndValidates) {
   const fs::path dir = fs::path(::testing::TempDir()) / "primus_models";
   fs::create_directories(dir);
@@ -318,9 +319,10 @@ TEST_F(PrimusFiles, EveryModelFileResolvesAndValidates) {
     } catch (const UsageError& e) {
       error = e.what();
     }
-    // language_model.yaml is the base of all, with Megatron's dropout of 0.1 (its models set 0).
     EXPECT_EQ(error, model == "language_model.yaml"
-                         ? "--hidden-dropout/--attention-dropout: dropout is not built yet (use 0)"
+                         ? "--no-position-embedding is deprecated (as in Megatron), use "
+                           "--position-embedding-type: none for a model without position "
+                           "embedding"
                          : "");
     ++count;
   }

@@ -58,7 +58,7 @@ void check_gpu_layout(bool llama, const Layout& layout, const Tolerance& tol = k
   GTEST_SKIP() << "in-process ranks share host memory, which only the emulated device is; on "
                   "GPUs the layouts run under mpirun over NCCL (scripts/gpu_check.sh)";
 #endif
-  const TransformerConfig cfg = tiny(llama);
+  const TransformerConfig cfg = layout_config(llama, layout);
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
@@ -135,6 +135,16 @@ TEST_P(GpuLayouts, FullRecomputePipeline2) {
 }
 TEST_P(GpuLayouts, SelectiveRecompute) {
   check_gpu_layout(GetParam(), {.recompute = Recompute::Selective});
+}
+// Dropout 0.1: the GPU kernels draw the CPU's masks (backend/dropout_mask.h) in every layout.
+TEST_P(GpuLayouts, OneRankWithDropout) {
+  check_gpu_layout(GetParam(), {.dropout = true});
+}
+TEST_P(GpuLayouts, TensorParallel2SequenceParallelWithDropout) {
+  check_gpu_layout(GetParam(), {.tp = 2, .sp = true, .dropout = true});
+}
+TEST_P(GpuLayouts, ContextParallel2PackedDocumentsWithDropout) {
+  check_gpu_layout(GetParam(), {.cp = 2, .packed = true, .dropout = true});
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, GpuLayouts, ::testing::Values(false, true),

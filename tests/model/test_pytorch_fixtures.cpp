@@ -139,6 +139,8 @@ LoadedModel<T> load_model(const Fixture& f) {
   LoadedModel<T> m;
   parse_options(f.flags, m.opts);
   finalize(m.opts);
+  // The PyTorch references run without dropout (Megatron's default of 0.1 is ours too).
+  m.opts.model.hidden_dropout = m.opts.model.attention_dropout = 0;
   const Array& tokens = f.at("tokens");
   m.batch = int(tokens.shape.at(0));
   m.seq = int(tokens.shape.at(1));

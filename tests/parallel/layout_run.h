@@ -50,7 +50,15 @@ struct Layout {
   bool sp = false;
   bool packed = false;  // two documents per sample (reset positions and attention)
   Recompute::Granularity recompute = Recompute::None;  // of every layer
+  bool dropout = false;  // hidden and attention dropout 0.1 (Megatron's defaults)
 };
+
+// The model of a layout test: with Layout::dropout, Megatron's dropout 0.1 on.
+inline TransformerConfig layout_config(bool llama, const Layout& layout) {
+  TransformerConfig c = tiny(llama);
+  if (layout.dropout) c.hidden_dropout = c.attention_dropout = 0.1;
+  return c;
+}
 
 constexpr int kBatch = 2, kMicroBatches = 4;
 constexpr uint64_t kSeed = 7;
@@ -81,10 +89,12 @@ inline Data make_data(const TransformerConfig& c, bool packed) {
     start[i] = i % S < doc ? 0 : doc;
   }
   d.positions.assign(kMicroBatches, pos), d.key_start.assign(kMicroBatches, start);
-  for (int m = 0; m < kMicroBatches; ++m)
+  for (int m = 0; m < kMicroBatches; ++m) {
     d.batches.push_back(MicroBatch{d.tokens[m].data(), d.labels[m].data(), d.masks[m].data(),
                                    kBatch, c.seq_length, packed ? d.positions[m].data() : nullptr,
                                    packed ? d.key_start[m].data() : nullptr});
+    d.batches.back().first_sample = m * kBatch, d.batches.back().iteration = 5;  // dropout's key
+  }
   return d;
 }
 

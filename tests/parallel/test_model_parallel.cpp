@@ -34,7 +34,7 @@ double compare(const ParamInfo& p, const double* local, const std::vector<double
 }
 
 void check_layout(bool llama, const Layout& layout) {
-  const TransformerConfig cfg = tiny(llama);
+  const TransformerConfig cfg = layout_config(llama, layout);
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
@@ -89,6 +89,24 @@ TEST_P(ModelParallel, TensorParallel2Pipeline2SequenceParallel) {
 }
 TEST_P(ModelParallel, ContextParallel2TensorParallel2) {
   check_layout(GetParam(), {.tp = 2, .cp = 2});
+}
+
+// Dropout 0.1 on the hidden states and attention probabilities: the masks are keyed by the
+// global sample, position, head and element, so every layout draws the one-rank model's.
+TEST_P(ModelParallel, TensorParallel2SequenceParallelWithDropout) {
+  check_layout(GetParam(), {.tp = 2, .sp = true, .dropout = true});
+}
+TEST_P(ModelParallel, Pipeline2InterleavedWithDropout) {
+  check_layout(GetParam(), {.pp = 2, .layers_per_virtual_stage = 2, .dropout = true});
+}
+TEST_P(ModelParallel, ContextParallel2WithDropout) {
+  check_layout(GetParam(), {.cp = 2, .dropout = true});
+}
+TEST_P(ModelParallel, ContextParallel2TensorParallel2PackedDocumentsWithDropout) {
+  check_layout(GetParam(), {.tp = 2, .cp = 2, .sp = true, .packed = true, .dropout = true});
+}
+TEST_P(ModelParallel, TensorParallel2FullRecomputeWithDropout) {
+  check_layout(GetParam(), {.tp = 2, .recompute = Recompute::Full, .dropout = true});
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, ModelParallel, ::testing::Values(false, true),

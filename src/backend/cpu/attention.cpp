@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/reduce.h"
+#include "backend/dropout_mask.h"
 #include "backend/ops.h"
 
 namespace omni::ops {
@@ -99,8 +100,8 @@ void rope_forward(T* x, const double* cos, const double* sin, int N, int seq, in
   rope_apply(x, cos, sin, N, seq, nheads, hd, positions, 1.0, rotary_dim);
 }
 template <typename T>
-void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads,
-                   int hd, const int32_t* positions, int rotary_dim) {
+void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, int nheads, int hd,
+                   const int32_t* positions, int rotary_dim) {
   rope_apply(dx, cos, sin, N, seq, nheads, hd, positions, -1.0, rotary_dim);
 }
 
@@ -153,11 +154,36 @@ void row_block_probabilities(T* P, int ld, const T* qb, int ldq, const T* kb, in
   }
 }
 
+// Attention dropout's factor for each key of row i (head h, sequence b): 1/(1-p) where the
+// mask keeps the probability, else 0; calls f(j, factor) for keys [j0, j1].
+template <typename T, typename F>
+void for_each_dropout_factor(const AttentionDims& d, int b, int h, int i, int j0, int j1, F&& f) {
+  const DropoutKey& k = d.dropout;
+  const T scale = T(k.scale());
+  const int64_t sample = k.first_sample + b;
+  dropout::Block blk{};
+  uint64_t loaded = ~uint64_t{0};
+  for (int j = j0; j <= j1; ++j) {
+    const uint64_t e = dropout::attention_element(k, d.seq, h, i, j);
+    if ((e >> 2) != loaded) loaded = e >> 2, blk = dropout::block(k, sample, loaded);
+    f(j, blk.w[e & 3] >= k.threshold ? scale : T(0));
+  }
+}
+
+// Rows [r0, r1) of probabilities P (leading dimension ld) times their dropout factors.
+template <typename T>
+void drop_probabilities(T* P, int ld, const AttentionDims& d, int b, int h, int r0, int r1) {
+  for (int i = r0; i < r1; ++i) {
+    T* row = P + static_cast<size_t>(i - r0) * ld;
+    for_each_dropout_factor<T>(d, b, h, i, first_key(d, b, i), last_key(d, b, i),
+                               [&](int j, T z) { row[j] *= z; });
+  }
+}
+
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                       const AttentionDims& d) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
   const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
@@ -183,8 +209,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
           }
           continue;
         }
-        row_block_probabilities(P.data(), S, qb, ldq, kb, ldk, d, b, r0, r1, kend, scale,
-                                lse_rows, true);
+        row_block_probabilities(P.data(), S, qb, ldq, kb, ldk, d, b, r0, r1, kend, scale, lse_rows,
+                                true);
+        if (d.dropout.active()) drop_probabilities(P.data(), S, d, b, h, r0, r1);
         gemm<T>(false, false, rows, hd, kend, T(1), P.data(), S, vb, ldk, T(0),
                 ob + static_cast<size_t>(r0) * ldq, ldq);
       }
@@ -197,8 +224,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
 // over several blocks, this block's part of the gradient). Work is split by (batch, group) so
 // the heads sharing a key/value head accumulate into dk/dv from one thread, in a fixed order.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
-                        const T* q, const T* k, const T* v, const AttentionDims& d) {
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
+                        const T* k, const T* v, const AttentionDims& d) {
   const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
   const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
   const T scale = T(1) / std::sqrt(T(hd));
@@ -233,19 +260,32 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
           }
           row_block_probabilities(P.data(), S, q + qoff, ldq, kb, ldk, d, b, r0, r1, kend, scale,
                                   const_cast<T*>(lse_rows), false);
-          // dV[0:kend] += P^T dO ; dP = dO V^T
-          gemm<T>(true, false, kend, hd, rows, T(1), P.data(), S, dOb, ldq, T(1), dvb, ldk);
+          // dP = dO V^T (of the probabilities after dropout, P Z with Z the mask's factors)
           gemm<T>(false, true, rows, kend, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), S);
           for (int i = r0; i < r1; ++i) {
             const T* o = out + qoff + static_cast<size_t>(i) * ldq;
             const T* go = dout + qoff + static_cast<size_t>(i) * ldq;
             T D = 0;
             for (int c = 0; c < hd; ++c) D += go[c] * o[c];
-            const T* p = P.data() + static_cast<size_t>(i - r0) * S;
+            T* p = P.data() + static_cast<size_t>(i - r0) * S;
             T* ds = dS.data() + static_cast<size_t>(i - r0) * S;
+            if (!d.dropout.active()) {
 #pragma omp simd
-            for (int j = 0; j < kend; ++j) ds[j] = p[j] * (ds[j] - D);
+              for (int j = 0; j < kend; ++j) ds[j] = p[j] * (ds[j] - D);
+              continue;
+            }
+            // dS = P (Z dP - D) (D = dO . O is still sum_j P_ij Z_ij dP_ij); P becomes P Z
+            // for dV. Keys outside [first, last] have P = 0.
+            const int j0 = first_key(d, b, i), j1 = last_key(d, b, i);
+            for (int j = 0; j < kend; ++j)
+              if (j < j0 || j > j1) ds[j] = T(0);
+            for_each_dropout_factor<T>(d, b, h, i, j0, j1, [&](int j, T z) {
+              ds[j] = p[j] * (z * ds[j] - D);
+              p[j] *= z;
+            });
           }
+          // dV[0:kend] += (P Z)^T dO
+          gemm<T>(true, false, kend, hd, rows, T(1), P.data(), S, dOb, ldq, T(1), dvb, ldk);
           // dQ = scale dS K ; dK[0:kend] += scale dS^T Q
           gemm<T>(false, false, rows, hd, kend, scale, dS.data(), S, kb, ldk, T(0),
                   dq + qoff + static_cast<size_t>(r0) * ldq, ldq);
@@ -280,11 +320,11 @@ void attention_merge(T* out, T* lse, const T* block_out, const T* block_lse,
 #define INSTANTIATE(T)                                                                            \
   template void qkv_split<T>(T*, T*, T*, const T*, const AttentionDims&);                         \
   template void qkv_merge<T>(T*, const T*, const T*, const T*, const AttentionDims&);             \
-  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int,            \
-                                const int32_t*, int);                                            \
-  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,           \
-                                 const int32_t*, int);                                           \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&);  \
+  template void rope_forward<T>(T*, const double*, const double*, int, int, int, int,             \
+                                const int32_t*, int);                                             \
+  template void rope_backward<T>(T*, const double*, const double*, int, int, int, int,            \
+                                 const int32_t*, int);                                            \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&); \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, const T*, const AttentionDims&);                  \
   template void attention_merge<T>(T*, T*, const T*, const T*, const AttentionDims&);

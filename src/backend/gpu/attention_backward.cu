@@ -1,6 +1,8 @@
 // Flash attention backward (gpu_ops.h), FlashAttention-2 (Dao 2023): probabilities are
 // recomputed from the saved lse, P = exp(scale q.k - lse), and with D_i = dO_i . O_i
-// (= sum_j P_ij dP_ij) the score gradient is dS = P (dP - D), dP = dO V^T. Three passes keep it
+// (= sum_j P_ij dP_ij) the score gradient is dS = P (dP - D), dP = dO V^T; with attention
+// dropout's factors Z (the mask drawn again from its key), dS = P (Z dP - D) and dV takes P Z,
+// D still being dO . O. Three passes keep it
 // deterministic without float atomics:
 //   1. D per row;
 //   2. per key tile: dV = sum P^T dO and dK = scale sum dS^T Q over the query tiles (and the
@@ -58,6 +60,8 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
   const int hpg = (d.heads / d.groups), ldq = d.heads * hd, ldk = d.groups * hd;
   const int tid = threadIdx.x, c = tid / kSub, sub = tid % kSub;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd)), qscale = scale * kLog2e;
+  const bool drop = d.dropout.active();
+  const float drop_scale = static_cast<float>(d.dropout.scale());
 
   OMNI_DYNAMIC_SHARED(smem);
   float* Ks = reinterpret_cast<float*>(smem);  // [R][ld]
@@ -110,7 +114,10 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
             dp += dOs[i * ld + x] * Vs[c * ld + x];
           }
           p = exp2f(s * qscale - lse2[i]);
-          ds = p * (dp - Ds[i]);
+          // Dropout (factor z): dS = P (z dP - D), and dV takes P z.
+          const float z = drop ? dropout_factor(d, b, h, q0 + i, j, drop_scale) : 1.0f;
+          ds = p * (z * dp - Ds[i]);
+          p *= z;
         }
         Ps[c * (R + 1) + i] = p;
         dSs[c * (R + 1) + i] = ds;
@@ -153,6 +160,8 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
   const int g = h / (d.heads / d.groups), ldq = d.heads * hd, ldk = d.groups * hd;
   const int tid = threadIdx.x, r = tid / kSub, sub = tid % kSub;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd)), qscale = scale * kLog2e;
+  const bool drop = d.dropout.active();
+  const float drop_scale = static_cast<float>(d.dropout.scale());
 
   OMNI_DYNAMIC_SHARED(smem);
   float* Qs = reinterpret_cast<float*>(smem);  // [R][ld]
@@ -198,7 +207,8 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
           s += Qs[r * ld + x] * Ks[c * ld + x];
           dp += dOs[r * ld + x] * Vs[c * ld + x];
         }
-        ds = exp2f(s * qscale - my_lse2) * (dp - my_D);
+        const float z = drop ? dropout_factor(d, b, h, i, j, drop_scale) : 1.0f;
+        ds = exp2f(s * qscale - my_lse2) * (z * dp - my_D);
       }
       dSs[r * (R + 1) + c] = ds;
     }
@@ -308,6 +318,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD)), qscale = scale * kLog2e;
+  const bool drop = d.dropout.active();
+  const float drop_scale = static_cast<float>(d.dropout.scale());
 
   OMNI_DYNAMIC_SHARED(smem);
   T* Ks = reinterpret_cast<T*>(smem);  // [64][kLd] each
@@ -366,8 +378,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
           const int i = 8 * nb + 2 * t + (e & 1), j = k0 + key_lo + 8 * (e >= 2);
           const bool visible = full || (j >= first[i] && j <= last[i]);
           const float p = visible ? exp2f(s[nb][e] * qscale - lse2[i]) : 0.0f;
-          s[nb][e] = p;
-          dp[nb][e] = p * (dp[nb][e] - Ds[i]);
+          const float z = drop ? dropout_factor(d, b, h, q0 + i, j, drop_scale) : 1.0f;
+          s[nb][e] = p * z;
+          dp[nb][e] = p * (z * dp[nb][e] - Ds[i]);
         }
       }
       mma_acc_by_transposed<T, HD>(dV, s, dOt);
@@ -390,6 +403,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD)), qscale = scale * kLog2e;
+  const bool drop = d.dropout.active();
+  const float drop_scale = static_cast<float>(d.dropout.scale());
 
   OMNI_DYNAMIC_SHARED(smem);
   T* Ks = reinterpret_cast<T*>(smem);  // [64][kLd]; Q before the key loop
@@ -449,7 +464,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
         const int j = k0 + 8 * nb + 2 * t + (e & 1), x = e / 2;
         const bool visible = !masked || (j >= lo[x] && j <= hi[x]);
         const float p = visible ? exp2f(s[nb][e] * qscale - row_lse2[x]) : 0.0f;
-        dp[nb][e] = p * (dp[nb][e] - row_D[x]);
+        const float z = drop ? dropout_factor(d, b, h, q0 + r_lo + 8 * x, j, drop_scale) : 1.0f;
+        dp[nb][e] = p * (z * dp[nb][e] - row_D[x]);
       }
     }
     mma_acc_by_transposed<T, HD>(dQ, dp, Kt);

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/dropout_mask.h"
 #include "backend/gpu/gpu_ops.h"
 #include "backend/gpu/gpu_runtime.h"
 
@@ -38,6 +39,15 @@ OMNI_DEVICE KeyRange key_range(const ops::AttentionDims& d, int b, int i) {
   first = first < 0 ? 0 : first;
   last = last >= d.seq ? d.seq - 1 : last;
   return {first, last};
+}
+
+// Attention dropout's factor for probability (sequence b, local head h, query row i, key j):
+// `scale` (1/(1-p)) where the mask keeps it, else 0; the CPU's mask (backend/dropout_mask.h),
+// drawn again in the backward.
+OMNI_DEVICE float dropout_factor(const ops::AttentionDims& d, int b, int h, int i, int j,
+                                 float scale) {
+  const uint64_t e = dropout::attention_element(d.dropout, d.seq, h, i, j);
+  return dropout::keep(d.dropout, d.dropout.first_sample + b, e) ? scale : 0.0f;
 }
 
 // Grids are (heads, batch, query tiles): blocks start in that order, so the first row of a

@@ -32,6 +32,8 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
   int* last = first + R;                                  // [R]
 
   const float qscale = kLog2e / sqrtf(static_cast<float>(hd));
+  const bool drop = d.dropout.active();
+  const float drop_scale = static_cast<float>(d.dropout.scale());
   const T* qb = q + static_cast<size_t>(b) * d.seq * ldq + h * hd;
   const T* kb = k + static_cast<size_t>(b) * d.seq * ldk + g * hd;
   const T* vb = v + static_cast<size_t>(b) * d.seq * ldk + g * hd;
@@ -81,7 +83,9 @@ __global__ void __launch_bounds__(ScalarTile<MaxHD>::kThreads)
     OMNI_UNROLL
     for (int jj = 0; jj < Tile::kCols; ++jj) {
       const float p = exp2f(s[jj] - base);
-      Ps[r * (R + 1) + sub + kSub * jj] = p;
+      // The sum is the softmax's; dropout scales what multiplies V.
+      const int c = sub + kSub * jj;
+      Ps[r * (R + 1) + c] = drop ? p * dropout_factor(d, b, h, q0 + r, k0 + c, drop_scale) : p;
       sum += p;
     }
     OMNI_UNROLL
@@ -172,6 +176,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     qa[kk][3] = load32(Qs + r_hi * kLd + c + 8);
   }
   const float qscale = kLog2e / sqrtf(static_cast<float>(HD));
+  const bool drop = d.dropout.active();
+  const float drop_scale = static_cast<float>(d.dropout.scale());
   float o[NDim][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int k0 = kmin / BK * BK; k0 <= kmax; k0 += BK) {
@@ -233,6 +239,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarpSize)
     for (int nd = 0; nd < NDim; ++nd) {
       OMNI_UNROLL
       for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e / 2];
+    }
+    if (drop) {  // after the softmax's sum: dropout scales what multiplies V
+      OMNI_UNROLL
+      for (int nb = 0; nb < NKey; ++nb) {
+        OMNI_UNROLL
+        for (int e = 0; e < 4; ++e)
+          s[nb][e] *= dropout_factor(d, b, h, q0 + (e >= 2 ? r_hi : r_lo),
+                                     k0 + 8 * nb + 2 * t + (e & 1), drop_scale);
+      }
     }
     OMNI_UNROLL
     for (int kk = 0; kk < BK / 16; ++kk) {

@@ -115,6 +115,9 @@ class Ops final : public GpuOps<T> {
   void scale(T* x, double s, size_t n) const override {
     gpu::scale(x, static_cast<float>(s), n);
   }
+  void dropout(T* x, int rows, int width, int seq, const ops::DropoutKey& k) const override {
+    gpu::dropout(x, rows, width, seq, k);
+  }
   void from_float(T* dst, const float* src, size_t n) const override {
     if constexpr (std::is_same_v<T, float>)
       copy_on_device(dst, src, n * sizeof(float));
@@ -130,7 +133,9 @@ class Ops final : public GpuOps<T> {
 
  private:
   bool fused(const ops::AttentionDims& d) const {
-    return fused_.load(std::memory_order_relaxed) && !d.key_start && !d.q_index;
+    // cuDNN's dropout has its own RNG: with attention dropout our kernel draws the masks.
+    return fused_.load(std::memory_order_relaxed) && !d.key_start && !d.q_index &&
+           !d.dropout.active();
   }
   const std::atomic<bool>& fused_;
 };

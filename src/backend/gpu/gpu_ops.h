@@ -158,6 +158,10 @@ void flash_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, 
 // x *= s (float arithmetic).
 template <typename T>
 void scale(T* x, float s, size_t n, Stream stream = nullptr);
+// ops::dropout: hidden dropout in place, the CPU's masks (backend/dropout_mask.h); kept values
+// are multiplied by 1/(1-p) in float.
+template <typename T>
+void dropout(T* x, int rows, int width, int seq, const ops::DropoutKey& k, Stream stream = nullptr);
 
 // ops::attention_merge: out (T) and lse (float) hold attention over earlier blocks of keys and
 // receive the merge with this block's block_out and block_lse.
