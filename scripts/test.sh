@@ -44,6 +44,6 @@ cmake -S "$root" -B "$root/build-sanitize" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DOMNITRON_HIP_CHECK=OFF -DOMNITRON_WERROR=ON >/dev/null
 ninja -C "$root/build-sanitize" omnitron_gpu_emulated_tests
 (cd "$root/build-sanitize" &&
-  ctest --output-on-failure -j 2 --timeout 900 -R '^emulated\.' -E 'Bf16TrainingTracks|GpuTraining\.|GpuLayoutsBf16') || status=$?
+  ctest --output-on-failure -j 2 --timeout 900 -R '^emulated\.' -E 'Bf16TrainingTracks|GpuTraining\.|GpuLayoutsBf16|ShardedCheckpoint|WithDropout') || status=$?
 hip_report
 exit "$status"
