@@ -201,7 +201,7 @@ TEST_F(GpuTraining, Bf16AndFp16ResumeFromACheckpointIsExact) {
 #if defined(OMNITRON_NCCL) && !defined(OMNITRON_GPU_EMULATE)
 // On a real GPU, the Trainer over a one-rank NCCL world (what `omnitron train` builds for GPU
 // ranks) is the Trainer alone, bit for bit: its host-side sums (losses, token counts, norms,
-// found-inf) and the checkpoint's full-model sum cross NCCL through device memory. Several
+// found-inf) and a sharded checkpoint's metadata cross NCCL through device memory. Several
 // ranks need several GPUs: scripts/gpu_check.sh runs the layouts under mpirun.
 std::vector<double> losses_over(const Options& o, Communicator* world) {
   Trainer t(o, make_mock_data(o.model.vocab_size, static_cast<uint64_t>(o.seed)), 0, std::nullopt,
