@@ -1,6 +1,8 @@
 // Issue 4's crash test: the binary killed with SIGKILL at random points of a run that saves
 // every step, then resumed with --load, ends with the same parameters and optimizer state,
 // bit for bit, as the run that was never interrupted.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -21,7 +23,8 @@ const std::string kRun =
     "--max-new-tokens 0 --device cpu --save-interval 1 ";
 
 TEST(CheckpointCrash, KilledAtRandomPointsAndResumedEndsBitIdentical) {
-  const std::string base = ::testing::TempDir() + "omnitron_ckpt_kill_";
+  const std::string base =
+      ::testing::TempDir() + "omnitron_ckpt_kill_" + std::to_string(getpid()) + "_";
   const std::string straight = base + "straight";
   fs::remove_all(straight);
   auto [c0, out0] = run_omnitron(kRun + "--save " + straight);

@@ -5,6 +5,8 @@
 // uninterrupted run's exactly; the checkpoint loaded at one CPU rank and saved again holds the
 // same state, bit for bit. (Named GpuLayouts*: the CMake filters run it at 32 lanes only and
 // outside the race check, as the other trainings on emulated ranks.)
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -60,7 +62,8 @@ TEST(GpuLayoutsShardedCheckpoint, Tp2Pp2Bf16ResumesExactlyAndLoadsAtOneCpuRank) 
   GTEST_SKIP() << "in-process ranks share host memory, which only the emulated device is";
 #endif
   set_gpu_backend(&gpu::backend());
-  const std::string dir = (fs::temp_directory_path() / "omnitron_gpu_sharded").string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("omnitron_gpu_sharded_" + std::to_string(getpid()))).string();
   const std::string cpu = dir + "_cpu";
   fs::remove_all(dir), fs::remove_all(cpu);
   const std::vector<std::string> gpu = {"--device", "cuda",

@@ -7,6 +7,8 @@
 // (float arithmetic in other orders, through six AdamW steps). Resuming from a checkpoint gives
 // the uninterrupted run's losses exactly (the device's arithmetic is deterministic). The
 // layouts' ranks: tensor (+ sequence), pipeline and data parallel, and all three at once.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -174,7 +176,9 @@ TEST_F(GpuTraining, Fp16WithTheLossScalerTracksTheCpu) {
 }
 
 void expect_exact_resume(const std::vector<std::string>& flags) {
-  const std::string dir = (std::filesystem::temp_directory_path() / "omnitron_gpu_resume").string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("omnitron_gpu_resume_" + std::to_string(getpid())))
+          .string();
   std::filesystem::remove_all(dir);
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), flags.begin(), flags.end());
@@ -216,8 +220,9 @@ TEST(GpuTrainingOverNccl, AOneRankNcclWorldTrainsSavesAndResumesAsNoWorld) {
   std::unique_ptr<Communicator> self = make_self_communicator();
   std::unique_ptr<Communicator> nccl = make_nccl_communicator(*self);
   ASSERT_TRUE(nccl->device_memory());
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / "omnitron_nccl_resume").string();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("omnitron_nccl_resume_" + std::to_string(getpid())))
+                              .string();
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--device", "cuda", "--use-distributed-optimizer"},
         std::vector<std::string>{"--device", "cuda", "--bf16", "--clip-grad", "0.5"}}) {
