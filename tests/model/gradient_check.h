@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
+
 namespace omni::gradient_check {
 
 using Vec = std::vector<double>;
@@ -151,6 +153,30 @@ inline ::testing::AssertionResult gradients_match(const std::string& name, const
     ++shown;
   }
   return failure;
+}
+
+// The CPU attention's backward against float64 finite differences of its forward, for the
+// shape (and, with d.dropout, the mask key) in d. The gradients start as junk: the backward
+// must overwrite them.
+inline void check_attention(const ops::AttentionDims& d, uint64_t seed) {
+  const size_t N = size_t(d.batch) * d.seq;
+  TestRng rng(seed);
+  Vec q = rng.normal(N * d.heads * d.head_dim), k = rng.normal(N * d.groups * d.head_dim),
+      v = rng.normal(k.size());
+  const Vec dout = rng.normal(q.size());
+  Vec out(q.size()), lse(size_t(d.batch) * d.heads * d.seq);
+  auto objective = [&] {
+    ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+    return dot(dout, out);
+  };
+  objective();
+  constexpr double kJunk = 7.0;
+  Vec dq(q.size(), kJunk), dk(k.size(), kJunk), dv(v.size(), kJunk);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                          q.data(), k.data(), v.data(), d);
+  EXPECT_TRUE(gradients_match("dq", dq, numerical_gradient(q, objective)));
+  EXPECT_TRUE(gradients_match("dk", dk, numerical_gradient(k, objective)));
+  EXPECT_TRUE(gradients_match("dv", dv, numerical_gradient(v, objective)));
 }
 
 }  // namespace omni::gradient_check

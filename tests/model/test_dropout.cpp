@@ -21,6 +21,7 @@
 namespace omni {
 namespace {
 
+using gradient_check::check_attention;
 using gradient_check::dot;
 using gradient_check::gradients_match;
 using gradient_check::numerical_gradient;
@@ -140,23 +141,7 @@ TEST(AttentionDropout, DropsAFractionPOfTheProbabilitiesAndScalesTheRest) {
 void check_attention_dropout(ops::AttentionDims d, uint64_t seed) {
   d.dropout = ops::dropout_key(0.3, seed, 4, 1, ops::DropoutSite::Attention);
   d.dropout.first_sample = 3;
-  const size_t N = size_t(d.batch) * d.seq;
-  TestRng rng(seed);
-  Vec q = rng.normal(N * d.heads * d.head_dim), k = rng.normal(N * d.groups * d.head_dim),
-      v = rng.normal(k.size());
-  const Vec dout = rng.normal(q.size());
-  Vec out(q.size()), lse(size_t(d.batch) * d.heads * d.seq);
-  auto objective = [&] {
-    ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
-    return dot(dout, out);
-  };
-  objective();
-  Vec dq(q.size()), dk(k.size()), dv(v.size());
-  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
-                          q.data(), k.data(), v.data(), d);
-  EXPECT_TRUE(gradients_match("dq", dq, numerical_gradient(q, objective)));
-  EXPECT_TRUE(gradients_match("dk", dk, numerical_gradient(k, objective)));
-  EXPECT_TRUE(gradients_match("dv", dv, numerical_gradient(v, objective)));
+  check_attention(d, seed);
 }
 
 TEST(AttentionDropout, BackwardMatchesFiniteDifferences) {

@@ -21,6 +21,7 @@
 namespace omni {
 namespace {
 
+using gradient_check::check_attention;
 using gradient_check::difference;
 using gradient_check::dot;
 using gradient_check::gradients_match;
@@ -296,27 +297,6 @@ TEST(RopeForward, RotatesHalfPairsByPositionTimesInverseFrequency) {
 
 // ---------------------------------------------------------------------------------------------
 // attention
-
-void check_attention(const ops::AttentionDims& d, uint64_t seed) {
-  const size_t N = size_t(d.batch) * d.seq;
-  TestRng rng(seed);
-  Vec q = rng.normal(N * d.heads * d.head_dim), k = rng.normal(N * d.groups * d.head_dim),
-      v = rng.normal(k.size());
-  const Vec dout = rng.normal(q.size());
-  Vec out(q.size()), lse(size_t(d.batch) * d.heads * d.seq);
-  auto objective = [&] {
-    ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
-    return dot(dout, out);
-  };
-  objective();
-  Vec dq(q.size(), kJunk), dk(k.size(), kJunk), dv(v.size(), kJunk);
-  ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
-                          q.data(), k.data(), v.data(), d);
-
-  EXPECT_TRUE(gradients_match("dq", dq, numerical_gradient(q, objective)));
-  EXPECT_TRUE(gradients_match("dk", dk, numerical_gradient(k, objective)));
-  EXPECT_TRUE(gradients_match("dv", dv, numerical_gradient(v, objective)));
-}
 
 // AttentionDims: {batch, seq, heads, groups, head_dim}.
 TEST(AttentionBackward, MatchesFiniteDifferencesWithMultiHeadAttention) {
