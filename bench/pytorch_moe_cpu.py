@@ -24,7 +24,9 @@ import time
 
 # The OpenBLAS kernels omnitron's launcher picks on AVX-512 machines (its auto-detection
 # takes slower ones): the same sgemm for both. Read when torch loads OpenBLAS.
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+with open("/proc/cpuinfo") as cpuinfo:
+    if " avx512f" in cpuinfo.read():
+        os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
 import torch  # noqa: E402
 import torch.nn as nn
 import torch.nn.functional as F
@@ -126,7 +128,7 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     steps = p.parse_args().steps
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}")
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}")
     print(f"{'6 layers, 384, seq 256, micro batch 4':<40} {'tokens/s':>10} {'ms/step':>12} "
           f"{'GFLOP/s':>10}")
     run("dense, ffn 1536", lambda: nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(),
