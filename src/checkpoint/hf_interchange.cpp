@@ -184,26 +184,43 @@ std::string shape_text(const HfPiece& p) {
                       : "[" + std::to_string(p.rows) + ", " + std::to_string(p.cols) + "]";
 }
 
-// Checks that our parameter has the shape the mapping expects.
-const ParamInfo& our_param(const TensorMapping& m, const ParameterSet<float>& params,
-                           const std::string& source) {
-  OMNI_REQUIRE(params.has(m.ours), source, ": the model has no parameter ", m.ours, " for ",
-               m.pieces[0].name, " (another architecture than config.json describes?)");
-  const ParamInfo& p = params.info(m.ours);
-  OMNI_REQUIRE(p.shard_dim < 0, source, ": parameter ", m.ours,
-               " is split across tensor-parallel ranks; Hugging Face weights are converted at "
-               "--tensor-model-parallel-size 1 only, for now");
+// Checks that our parameter (the whole tensor: global_shape in a parallel layout) has the
+// shape the mapping expects.
+const ParamInfo& our_param(const TensorMapping& m, const ParamInfo& p, const std::string& source) {
+  const Shape& whole = p.global_shape.empty() ? p.shape : p.global_shape;
+  int64_t numel = 1;
+  for (int64_t d : whole) numel *= d;
   const int64_t rows = m.stacked_rows(), cols = m.pieces[0].cols;
   // Ours may stack more than two dimensions (the experts' [E, rows, cols]): rows are all
   // but the last.
-  const bool ok = cols == 0 ? p.shape == Shape{rows}
-                            : p.shape.size() >= 2 && p.shape.back() == cols &&
-                                  (p.numel == rows * cols || (m.padded && p.numel >= rows * cols));
-  OMNI_REQUIRE(ok, source, ": parameter ", m.ours, " has shape ", shape_str(p.shape), " but ",
+  const bool ok = cols == 0 ? whole == Shape{rows}
+                            : whole.size() >= 2 && whole.back() == cols &&
+                                  (numel == rows * cols || (m.padded && numel >= rows * cols));
+  OMNI_REQUIRE(ok, source, ": parameter ", m.ours, " has shape ", shape_str(whole), " but ",
                m.pieces[0].name, (m.pieces.size() > 1 ? " and the rest" : ""), " need ",
                cols ? "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]"
                     : "[" + std::to_string(rows) + "]");
   return p;
+}
+const ParamInfo& our_param(const TensorMapping& m, const ParameterSet<float>& params,
+                           const std::string& source) {
+  OMNI_REQUIRE(params.has(m.ours), source, ": the model has no parameter ", m.ours, " for ",
+               m.pieces[0].name, " (another architecture than config.json describes?)");
+  return our_param(m, params.info(m.ours), source);
+}
+
+// Where each row of our stacked tensor comes from: the piece and its row there.
+struct RowSource {
+  int32_t piece;
+  int64_t row;
+};
+std::vector<RowSource> row_sources(const TensorMapping& m) {
+  std::vector<RowSource> out(size_t(m.stacked_rows()));
+  int64_t stacked = 0;
+  for (size_t i = 0; i < m.pieces.size(); ++i)
+    for (int64_t r = 0; r < m.pieces[i].rows; ++r, ++stacked)
+      out[size_t(m.row_of.empty() ? stacked : m.row_of[size_t(stacked)])] = {int32_t(i), r};
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -250,19 +267,16 @@ class HfWeights {
 
   // The tensor called `name`, also found without the backbone prefix ("transformer.",
   // "model."): a model saved from GPT2Model or LlamaModel, as the gpt2 repository is.
-  const SafetensorsTensor* find(const std::string& name, const std::string& prefix) {
+  const SafetensorsTensor* find(const std::string& name, const std::string& prefix) const {
     auto it = tensors_.find(name);
     if (it == tensors_.end() && name.rfind(prefix, 0) == 0)
       it = tensors_.find(name.substr(prefix.size()));
-    if (it == tensors_.end()) return nullptr;
-    used_.insert(it->first);
-    return it->second.first;
+    return it == tensors_.end() ? nullptr : it->second.first;
   }
   const std::string& file_of(const std::string& name) const { return tensors_.at(name).second; }
-  std::vector<std::string> unused() const {
+  std::vector<std::string> names() const {
     std::vector<std::string> out;
-    for (const auto& [name, t] : tensors_)
-      if (!used_.count(name)) out.push_back(name);
+    for (const auto& [name, t] : tensors_) out.push_back(name);
     return out;
   }
   std::string files() const {
@@ -277,7 +291,6 @@ class HfWeights {
   }
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const SafetensorsTensor*, std::string>> tensors_;
-  std::set<std::string> used_;
 };
 
 // Buffers some Hugging Face versions stored with the weights; they hold no parameters.
@@ -308,23 +321,20 @@ void load_hf_model_options(const std::string& dir, Options& opts) {
   parse_options(hf_model_args(dir), opts);
 }
 
-void load_hf_weights(const std::string& dir, ParameterSet<float>& params) {
+void load_hf_weights(const std::string& dir, const std::vector<ParamInfo>& infos, float* values) {
   const hf::Config hc = hf::read_config(dir);
   const TransformerConfig cfg = hf::config_from_args(hc.args);
   const std::vector<TensorMapping> map = tensor_map(hc.family, cfg);
-  HfWeights weights(dir);
+  const HfWeights weights(dir);
   const std::string prefix = family_info(hc.family).prefix;
   const std::string source = "--load " + dir;
-  std::set<std::string> mapped;
-  std::vector<float> buf;
+  std::map<std::string, const ParamInfo*> ours;
+  for (const ParamInfo& p : infos) ours[p.name] = &p;
+  std::set<std::string> known, mapped;
   for (const TensorMapping& m : map) {
-    const ParamInfo& p = our_param(m, params, source);
-    mapped.insert(m.ours);
-    float* dst = params.values() + p.offset;
-    std::fill(dst, dst + p.numel, 0.0f);  // the vocabulary padding
-    const int64_t width = m.pieces[0].cols ? m.pieces[0].cols : 1;
-    int64_t base = 0;
+    std::vector<const SafetensorsTensor*> tensors;
     for (const HfPiece& piece : m.pieces) {
+      known.insert(piece.name);
       const SafetensorsTensor* t = weights.find(piece.name, prefix);
       OMNI_REQUIRE(t, source, ": no tensor ", piece.name, " (", shape_text(piece), ") in ",
                    weights.files());
@@ -334,28 +344,46 @@ void load_hf_weights(const std::string& dir, ParameterSet<float>& params) {
       OMNI_REQUIRE(t->shape == want, source, ": tensor ", t->name, " in '",
                    weights.file_of(t->name), "' has shape ", shape_str(t->shape), " but ",
                    shape_text(piece), " was expected from config.json");
-      buf.resize(size_t(t->numel()));
-      read_as_f32(*t, buf.data());
-      for (int64_t r = 0; r < piece.rows; ++r) {
-        const int64_t row = m.row_of.empty() ? base + r : m.row_of[size_t(base + r)];
-        float* out = dst + row * width;
-        if (piece.transposed)
-          for (int64_t k = 0; k < width; ++k) out[k] = buf[size_t(k * piece.rows + r)];
-        else
-          std::copy_n(buf.data() + r * width, width, out);
-      }
-      base += piece.rows;
+      tensors.push_back(t);
     }
+    const auto it = ours.find(m.ours);
+    if (it == ours.end()) continue;  // another pipeline stage's
+    const ParamInfo& p = our_param(m, *it->second, source);
+    mapped.insert(m.ours);
+    float* dst = values + p.offset;
+    std::fill(dst, dst + p.numel, 0.0f);  // the vocabulary padding
+    const int64_t width = m.pieces[0].cols ? m.pieces[0].cols : 1, rows = m.stacked_rows();
+    const std::vector<RowSource> from = row_sources(m);
+    // Only this rank's runs of the whole tensor are read, a row's part at a time.
+    ParameterSet<float>::for_each_run(p, [&](int64_t l, int64_t g, int64_t n) {
+      for (int64_t take = 0; n > 0; l += take, g += take, n -= take) {
+        const int64_t r = g / width, c = g % width;
+        take = std::min(n, width - c);
+        if (r >= rows) continue;  // padding rows past Hugging Face's vocabulary
+        const RowSource s = from[size_t(r)];
+        const HfPiece& piece = m.pieces[size_t(s.piece)];
+        const SafetensorsTensor& t = *tensors[size_t(s.piece)];
+        if (!piece.transposed)
+          read_as_f32(t, s.row * width + c, take, dst + l);
+        else  // GPT-2's Conv1D: our row is a column there
+          for (int64_t k = 0; k < take; ++k)
+            read_as_f32(t, (c + k) * piece.rows + s.row, 1, dst + l + k);
+      }
+    });
   }
-  for (const ParamInfo& p : params.infos())
+  for (const ParamInfo& p : infos)
     OMNI_REQUIRE(mapped.count(p.name), source, ": the model's parameter ", p.name,
                  " has no Hugging Face tensor (a model flag that config.json does not set?)");
-  for (const std::string& name : weights.unused()) {
+  for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && !cfg.untie_embeddings_and_output_weights;
-    OMNI_REQUIRE(tied_head || is_buffer(name), source, ": tensor ", name, " in '",
-                 weights.file_of(name), "' has no place in omnitron's ",
-                 family_info(hc.family).architecture);
+    OMNI_REQUIRE(known.count(name) || known.count(prefix + name) || tied_head || is_buffer(name),
+                 source, ": tensor ", name, " in '", weights.file_of(name),
+                 "' has no place in omnitron's ", family_info(hc.family).architecture);
   }
+}
+
+void load_hf_weights(const std::string& dir, ParameterSet<float>& params) {
+  load_hf_weights(dir, params.infos(), params.values());
 }
 
 void save_hf_model(const std::string& dir, const TransformerConfig& config,
@@ -369,6 +397,9 @@ void save_hf_model(const std::string& dir, const TransformerConfig& config,
   std::vector<SafetensorsOutput> out;
   for (const TensorMapping& m : map) {
     const ParamInfo& p = our_param(m, params, source);
+    OMNI_CHECK(p.shard_dim < 0, "[hf] ", m.ours,
+               " is a tensor-parallel slice; export takes the "
+               "one-rank model");
     const float* src = params.values() + p.offset;
     const int64_t width = m.pieces[0].cols ? m.pieces[0].cols : 1;
     int64_t base = 0;

@@ -48,6 +48,11 @@ void load_hf_model_options(const std::string& dir, Options& opts);
 // vocabulary padding rows become zeros). Every tensor must find its place and every
 // parameter its tensor; a mismatch names the tensor, the file and the shapes.
 void load_hf_weights(const std::string& dir, ParameterSet<float>& params);
+// The same for one rank's part of the model in any parallel layout (tensor-parallel slices,
+// a pipeline stage's layers, an expert-parallel rank's experts: `infos` with their
+// global_shape and segments), into host memory `values` laid out as `infos` say. Only the
+// rank's elements are read from the (memory-mapped) files, so no rank holds the whole model.
+void load_hf_weights(const std::string& dir, const std::vector<ParamInfo>& infos, float* values);
 
 // Writes DIR/config.json and DIR/model.safetensors (tensors stored as `dtype`: F32, BF16
 // or F16) for the model `config` describes, holding `params`. A model of none of the

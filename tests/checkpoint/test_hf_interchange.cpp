@@ -19,9 +19,11 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/safetensors.h"
+#include "comm/local_communicator.h"
 #include "config/options.h"
 #include "data/datasets/dataset.h"
 #include "model/gpt_model.h"
+#include "parallel/full_model.h"
 #include "train/trainer.h"
 
 namespace {
@@ -271,6 +273,47 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
       EXPECT_EQ(std::memcmp(x, y, size_t(kept) * sizeof(float)), 0) << p.name;
       for (int64_t i = kept; i < p.numel; ++i) ASSERT_EQ(y[i], 0.0f) << p.name << " padding";
     }
+  }
+}
+
+// Options of `omnitron train --load HFDIR <layout>` at `ranks` ranks.
+omni::Options hf_train_options(const std::string& dir, int ranks,
+                               const std::vector<std::string>& layout) {
+  std::vector<std::string> args = {"--load",      dir,
+                                   "--mock-data", "--seq-length",
+                                   "8",           "--micro-batch-size",
+                                   "2",           "--train-iters",
+                                   "1",           "--eval-iters",
+                                   "0",           "--no-progress"};
+  args.insert(args.end(), layout.begin(), layout.end());
+  omni::Options o;
+  omni::parse_options(args, o);
+  omni::load_checkpoint_model_options(o.load, o);
+  omni::parse_options(args, o);  // the command line wins, as in omnitron train
+  o.data_parallel_size = ranks / (o.tensor_model_parallel_size * o.pipeline_model_parallel_size);
+  omni::finalize(o);
+  return o;
+}
+
+// At TP 2 x PP 2 each rank reads only its part of the Hugging Face files: its slices, its
+// stage's layers (for the MoE model, the experts of its stage), equal to the one-rank load's.
+TEST(HfInterchange, EachRankOfAParallelLayoutLoadsItsPartOfTheWeights) {
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"llama_tiny",
+            {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},
+           {"gpt2_tiny", {"--tensor-model-parallel-size", "2"}},
+           {"qwen2_moe_tiny", {"--pipeline-model-parallel-size", "2"}}}) {
+    SCOPED_TRACE(name);
+    const auto full = load_model(kHf + name);
+    const int ranks = layout.size() == 4 ? 4 : 2;
+    omni::run_ranks(ranks, [&](omni::Communicator& world) {
+      const omni::Options o = hf_train_options(kHf + name, ranks, layout);
+      omni::Trainer t(o, omni::make_mock_data(o.model.vocab_size, 1), 0, std::nullopt, &world);
+      const omni::ParameterSet<float>& part = t.model().params();
+      std::vector<float> want(size_t(part.size()));
+      omni::take_slices(full->params(), full->params().values(), part, want.data());
+      EXPECT_EQ(values(t.model()), want) << "rank " << world.rank();
+    });
   }
 }
 
