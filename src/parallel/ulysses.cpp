@@ -56,13 +56,6 @@ UlyssesAttention<T>::UlyssesAttention(Communicator* group, const ops::Exec& exec
 }
 
 template <typename T>
-size_t UlyssesAttention<T>::elements_sent(size_t tokens, int cp, int heads, int groups,
-                                          int head_dim) {
-  // q and out: heads; k and v: groups; each rank keeps its own share of every row.
-  return tokens * (cp - 1) / cp * size_t(2 * heads + 2 * groups) * head_dim;
-}
-
-template <typename T>
 void UlyssesAttention<T>::to_heads(T* whole, const T* local, int batch, int width) {
   const int cp = group_->size();
   const size_t rows = size_t(batch) * local_seq_, w = size_t(width);

@@ -17,14 +17,16 @@
 //
 // Against the ring, each rank sends 4 tensors of its rows' (cp-1)/cp share per attention
 // forward (q, k, v, out) and 4 per backward, whatever cp is; the ring passes k and v around
-// cp-1 times. The heads (and key/value groups) of each tensor-parallel rank must divide by cp.
+// cp-1 times. The heads (and key/value groups) of each tensor-parallel rank must divide by cp
+// (as DeepSpeed's even-heads exchange requires; key/value groups are not replicated).
+// Packing each destination's columns into one block is a device copy per row: a strided copy
+// op would make it one call per block, which a real GPU would prefer.
 #pragma once
 
 #include <memory>
 
 #include "backend/ops.h"
 #include "comm/communicator.h"
-#include "parallel/micro_batch.h"
 #include "tensor/tensor.h"
 
 namespace omni {
@@ -58,17 +60,11 @@ class UlyssesAttention {
   void backward(T* dq, T* dk, T* dv, const T* dout, const Whole& whole, const Grad* lse,
                 const ops::AttentionDims& local);
 
-  // Elements of T this rank sends to the others in one attention forward (the backward sends
-  // as many) for micro-batches of `tokens` rows: for the byte counts of bench_parallel.
-  static size_t elements_sent(size_t tokens, int cp, int heads, int groups, int head_dim);
-
  private:
   // Rows [batch * local_seq, width * cp] of this rank to [batch * seq, width] of every rank's
   // rows in sequence order, this rank's `width` columns; and back.
   void to_heads(T* whole, const T* local, int batch, int width);
   void to_sequence(T* local, const T* whole, int batch, int width);
-  // Moves rows between this rank's chunk order (block r: rank r's rows) and sequence order.
-  void reorder(T* dst, const T* src, int batch, int width, bool to_sequence_order);
   // The whole-sequence attention call: dims of this rank's heads, with the gathered key ranges.
   ops::AttentionDims whole_dims(const ops::AttentionDims& local);
 
