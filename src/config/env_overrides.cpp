@@ -111,9 +111,9 @@ void add_plain(Overrides& r) {
 void add_layout(Overrides& r) {
   if (r.get("SP")) {
     const int64_t sp = positive("SP", *r.get("SP"));
-    r.add("SP", sp == 1 ? std::vector<std::string>{}
-                        : std::vector<std::string>{"--ds-sequence-parallel-size",
-                                                   std::to_string(sp)});
+    r.add("SP", sp == 1
+                    ? std::vector<std::string>{}
+                    : std::vector<std::string>{"--ds-sequence-parallel-size", std::to_string(sp)});
   }
   if (const std::string* z = r.get("ZERO_STAGE")) {
     OMNI_REQUIRE(*z == "0" || *z == "1" || *z == "2" || *z == "3", "ZERO_STAGE=", *z,

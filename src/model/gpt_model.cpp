@@ -312,7 +312,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
   for (const Tensor* t :
        {&l.ln1,     &l.ln1_mean, &l.ln1_rstd, &l.q,        &l.k,   &l.v,     &l.q_raw, &l.k_raw,
         &l.qn_mean, &l.qn_rstd,  &l.kn_mean,  &l.kn_rstd,  &l.lse, &l.k_all, &l.v_all, &l.attn,
-        &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act, &l.q_all, &l.out_all})
+        &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act,   &l.q_all, &l.out_all})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
   return b + moe_activation_bytes(l);

@@ -185,9 +185,10 @@ TEST(MpiUlysses, LauncherSp2DataParallel2MatchesTheRingAndOneProcess) {
   ASSERT_EQ(ulysses.losses.size(), size_t(kSteps));
   const double vs_one = worst_relative(ulysses.losses, one.losses);
   const double vs_ring = worst_relative(ulysses.losses, ring.losses);
-  std::printf("llama SP=2 x DP 2 (Ulysses): largest loss difference %.3g from one process, "
-              "%.3g from the ring\n",
-              vs_one, vs_ring);
+  std::printf(
+      "llama SP=2 x DP 2 (Ulysses): largest loss difference %.3g from one process, "
+      "%.3g from the ring\n",
+      vs_one, vs_ring);
   EXPECT_LE(vs_one, 1e-5);
   EXPECT_LE(vs_ring, 1e-6);
 }
