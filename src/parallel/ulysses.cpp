@@ -61,8 +61,7 @@ void UlyssesAttention<T>::to_heads(T* whole, const T* local, int batch, int widt
   const size_t rows = size_t(batch) * local_seq_, w = size_t(width);
   T *send = send_.template data<T>(), *recv = recv_.template data<T>();
   for (int j = 0; j < cp; ++j)  // block j: rank j's columns of every row
-    for (size_t n = 0; n < rows; ++n)
-      ops::copy(x_, send + (j * rows + n) * w, local + (n * cp + j) * w, w);
+    ops::copy_rows(x_, send + j * rows * w, w, local + j * w, cp * w, w, rows);
   group_->all_to_all(recv, send, rows * w, dtype_of<T>());
   reorder_rows(x_, whole, recv, batch, local_seq_, cp, width, true);
 }
@@ -75,8 +74,7 @@ void UlyssesAttention<T>::to_sequence(T* local, const T* whole, int batch, int w
   reorder_rows(x_, send, whole, batch, local_seq_, cp, width, false);
   group_->all_to_all(recv, send, rows * w, dtype_of<T>());
   for (int j = 0; j < cp; ++j)  // block j: rank j's heads of this rank's rows
-    for (size_t n = 0; n < rows; ++n)
-      ops::copy(x_, local + (n * cp + j) * w, recv + (j * rows + n) * w, w);
+    ops::copy_rows(x_, local + j * w, cp * w, recv + j * rows * w, w, w, rows);
 }
 
 template <typename T>

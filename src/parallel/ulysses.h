@@ -19,8 +19,7 @@
 // forward (q, k, v, out) and 4 per backward, whatever cp is; the ring passes k and v around
 // cp-1 times. The heads (and key/value groups) of each tensor-parallel rank must divide by cp
 // (as DeepSpeed's even-heads exchange requires; key/value groups are not replicated).
-// Packing each destination's columns into one block is a device copy per row: a strided copy
-// op would make it one call per block, which a real GPU would prefer.
+// Packing each destination's columns into one block is one strided copy (ops::copy_rows).
 #pragma once
 
 #include <memory>
