@@ -27,8 +27,7 @@ double compare(const ParamInfo& p, const double* local, const std::vector<double
   ParameterSet<double>::for_each_run(p, [&](int64_t l, int64_t g, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
       if (g + i >= int64_t(full.size())) continue;  // padded vocabulary rows beyond one rank's
-      worst =
-          std::max(worst, std::abs(local[l + i] - full[g + i]) / (std::abs(full[g + i]) + 1e-3));
+      worst = std::max(worst, std::abs(local[l + i] - full[g + i]) / (std::abs(full[g + i]) + 1e-3));
     }
   });
   return worst;
@@ -39,8 +38,7 @@ void check_layout(bool llama, const Layout& layout) {
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
-  for (const MicroBatch& mb : data.batches)
-    ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
+  for (const MicroBatch& mb : data.batches) ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
   auto full = [&](const std::string& name, bool grad) {
     const ParamInfo& info = ref.params().info(name);
     const double* p = (grad ? ref.params().grads() : ref.params().values()) + info.offset;
@@ -53,8 +51,7 @@ void check_layout(bool llama, const Layout& layout) {
        run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; })) {
     if (r.last_stage) loss = r.loss;
     for (const ParamInfo& p : r.infos) {
-      worst_value =
-          std::max(worst_value, compare(p, r.values.data() + p.offset, full(p.name, false)));
+      worst_value = std::max(worst_value, compare(p, r.values.data() + p.offset, full(p.name, false)));
       const double e = compare(p, r.grads.data() + p.offset, full(p.name, true));
       EXPECT_LT(e, 1e-9) << p.name << " on rank " << r.rank;
       worst_grad = std::max(worst_grad, e);
@@ -71,27 +68,19 @@ void check_layout(bool llama, const Layout& layout) {
 
 class ModelParallel : public ::testing::TestWithParam<bool> {};
 
-TEST_P(ModelParallel, TensorParallel2) {
-  check_layout(GetParam(), {.tp = 2});
-}
-TEST_P(ModelParallel, TensorParallel4) {
-  check_layout(GetParam(), {.tp = 4});
-}
+TEST_P(ModelParallel, TensorParallel2) { check_layout(GetParam(), {.tp = 2}); }
+TEST_P(ModelParallel, TensorParallel4) { check_layout(GetParam(), {.tp = 4}); }
 TEST_P(ModelParallel, TensorParallel2SequenceParallel) {
   check_layout(GetParam(), {.tp = 2, .sp = true});
 }
-TEST_P(ModelParallel, ContextParallel2) {
-  check_layout(GetParam(), {.cp = 2});
-}
+TEST_P(ModelParallel, ContextParallel2) { check_layout(GetParam(), {.cp = 2}); }
 TEST_P(ModelParallel, ContextParallel4PackedDocuments) {
   check_layout(GetParam(), {.cp = 4, .packed = true});
 }
 TEST_P(ModelParallel, TensorParallel2PackedDocuments) {
   check_layout(GetParam(), {.tp = 2, .sp = true, .packed = true});
 }
-TEST_P(ModelParallel, Pipeline2) {
-  check_layout(GetParam(), {.pp = 2});
-}
+TEST_P(ModelParallel, Pipeline2) { check_layout(GetParam(), {.pp = 2}); }
 TEST_P(ModelParallel, Pipeline4Interleaved) {
   check_layout(GetParam(), {.pp = 4, .layers_per_virtual_stage = 1});
 }
