@@ -83,6 +83,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     split.decoder_last_pipeline_num_layers = opts.decoder_last_pipeline_num_layers;
   ModelParallel mp;
   mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
+  mp.ulysses = opts.cp_comm_type == "a2a";
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
