@@ -58,6 +58,7 @@ inline GeluForm gelu_form(const TransformerConfig& c) {
 struct ModelParallel {
   Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
   Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
+  Communicator* ep = nullptr;      // expert-parallel group (MoE layers); null: this rank alone
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.

@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "model/moe_layer.h"
 #include "optim/lr_schedule.h"
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
@@ -67,6 +68,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   }
   const ParallelLayout layout{.tp = opts.tensor_model_parallel_size,
                               .cp = opts.context_parallel_size,
+                              .ep = opts.expert_model_parallel_size,
                               .pp = opts.pipeline_model_parallel_size,
                               .tp_pp_dp_mapping = opts.use_tp_pp_dp_mapping};
   grid_ = std::make_unique<ProcessGrid>(*world, layout);
@@ -84,6 +86,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     split.decoder_last_pipeline_num_layers = opts.decoder_last_pipeline_num_layers;
   ModelParallel mp;
   mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
+  mp.ep = &grid_->ep();
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
@@ -143,8 +146,12 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     for (const ParamInfo& e : model_infos())
       if (e.name == "embedding.word_embeddings.weight")
         shared_embedding_ = {e.offset, e.offset + e.numel};
+  // Under expert parallelism the experts' gradients are reduced over their own group.
+  expert_grads_ =
+      ExpertGradients::make(*grid_, model_infos(), model_grads(), opts.ddp_bucket_size, exec_);
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
-      grid_->dp_cp(), model_infos(), model_grads(), opts.ddp_bucket_size,
+      grid_->dp_cp(), ExpertGradients::dense(*grid_, model_infos()), model_grads(),
+      opts.ddp_bucket_size,
       opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_);
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
@@ -240,19 +247,21 @@ RankState Trainer::rank_state(bool with_optimizer) {
   // the distributed optimizer's ranks each write their shard of its states.
   ParameterSet<float>& params = optimizer_params();
   const int64_t n = params.size();
+  // Under expert parallelism the first expert-data-parallel rank writes its experts.
   const bool replica = grid_->dp_rank() == 0 && grid_->cp_rank() == 0;
+  const bool expert_replica = grid_->expert_dp().rank() == 0;
   RankState state;
   state.infos = params.infos();
   state.padded_vocab = opts_.model.padded_vocab_size();
   state.exec = exec_;
-  state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  state.buffers.push_back({"", {{0, n, params.values()}}, replica || expert_replica});
   const std::vector<std::string> names = !with_optimizer ? std::vector<std::string>{}
                                          : optimizer_    ? optimizer_->state_names()
                                                          : dist_optimizer_->state_names();
   for (const std::string& name : names) {
     StateBuffer b{"optimizer." + name + ".", {}, true};
     if (optimizer_) {
-      b.spans = {{0, n, optimizer_->state_buffer(name)}}, b.written = replica;
+      b.spans = {{0, n, optimizer_->state_buffer(name)}}, b.written = replica || expert_replica;
     } else {
       float* s = dist_optimizer_->shard_state(name);
       for (const ShardRange& r : ddp_->shard()) {
@@ -264,8 +273,10 @@ RankState Trainer::rank_state(bool with_optimizer) {
   }
   const bool tp_lead = grid_->tp_rank() == 0;
   const bool second_copy = shared_embedding_.second > 0 && !grid_->is_first_stage();
-  state.writes = [tp_lead, second_copy](const ParamInfo& p) {
-    return (tp_lead || !p.tp_replicated) &&
+  const bool dense_replica =
+      replica || dist_optimizer_ != nullptr;  // each writes its optimizer shard
+  state.writes = [tp_lead, second_copy, dense_replica](const ParamInfo& p) {
+    return (tp_lead || !p.tp_replicated) && (dense_replica || is_expert_parameter(p.name)) &&
            !(second_copy && p.name == "embedding.word_embeddings.weight");
   };
   return state;
@@ -454,6 +465,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
   ddp_->finish();
+  if (expert_grads_) expert_grads_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : model_infos())
     if (p.tp_partial_grad) grid_->tp().all_reduce(grads + p.offset, size_t(p.numel));
@@ -483,6 +495,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   ParameterSet<float>& master = optimizer_params();
   double norm2 = gradient_norm_squared(
       dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}});
+  if (expert_grads_) norm2 += expert_grads_->other_ranks_norm_squared(master.grads());
   grid_->model_parallel().all_reduce(&norm2, 1);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
   step.grad_norm = std::sqrt(norm2);
