@@ -91,9 +91,6 @@ void finalize_moe(Options& o) {
   OMNI_REQUIRE(ep == 1 || o.model.num_moe_experts > 0, "--expert-model-parallel-size ", ep,
                " needs --num-experts (a dense model has no experts to split)");
   if (o.model.num_moe_experts == 0) return;
-  OMNI_REQUIRE(ep == 1 || !o.use_distributed_optimizer, "--expert-model-parallel-size ", ep,
-               " with --use-distributed-optimizer: not built yet: the experts' optimizer states "
-               "sharded over their expert-data-parallel ranks");
   OMNI_REQUIRE(o.model.num_moe_experts % ep == 0, "--num-experts (", o.model.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ep, ")");
 

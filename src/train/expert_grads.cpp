@@ -1,5 +1,7 @@
 #include "train/expert_grads.h"
 
+#include <algorithm>
+
 #include "model/moe_layer.h"
 
 namespace omni {
@@ -16,12 +18,11 @@ std::vector<ParamInfo> experts_of(const std::vector<ParamInfo>& infos, bool expe
 std::unique_ptr<ExpertGradients> ExpertGradients::make(const ProcessGrid& grid,
                                                        const std::vector<ParamInfo>& infos,
                                                        const Tensor& grads, double bucket_size,
-                                                       const ops::Exec& exec) {
+                                                       bool sharded, const ops::Exec& exec) {
   if (grid.ep_size() == 1) return nullptr;
-  std::vector<ParamInfo> experts = experts_of(infos, true);
-  if (experts.empty()) return nullptr;  // a pipeline stage without MoE layers
+  // Also on a pipeline stage without MoE layers (no experts): sum() stays collective.
   return std::unique_ptr<ExpertGradients>(
-      new ExpertGradients(grid, std::move(experts), grads, bucket_size, exec));
+      new ExpertGradients(grid, experts_of(infos, true), grads, bucket_size, sharded, exec));
 }
 
 std::vector<ParamInfo> ExpertGradients::dense(const ProcessGrid& grid,
@@ -30,12 +31,15 @@ std::vector<ParamInfo> ExpertGradients::dense(const ProcessGrid& grid,
 }
 
 ExpertGradients::ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo> experts,
-                                 const Tensor& grads, double bucket_size, const ops::Exec& exec)
+                                 const Tensor& grads, double bucket_size, bool sharded,
+                                 const ops::Exec& exec)
     : grid_(grid),
       experts_(std::move(experts)),
       grads_(grads),
+      sharded_(sharded),
       exec_(exec),
-      buckets_(grid.expert_dp(), experts_, grads, bucket_size, GradReduce::AllReduce, exec) {}
+      buckets_(grid.expert_dp(), experts_, grads, bucket_size,
+               sharded ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec) {}
 
 void ExpertGradients::finish() {
   // The buckets average over the expert-data-parallel ranks; Megatron divides the sum by the
@@ -46,13 +50,29 @@ void ExpertGradients::finish() {
   buckets_.finish();
 }
 
-double ExpertGradients::other_ranks_norm_squared(const float* grads) const {
-  double mine = 0;
-  for (const ParamInfo& p : experts_)
-    mine += ops::sum_squares(exec_, grads + p.offset, size_t(p.numel));
-  double all = mine;
-  grid_.ep().all_reduce(&all, 1);
-  return all - mine;
+std::vector<ShardRange> ExpertGradients::ranges() const {
+  std::vector<ShardRange> r;
+  for (const ParamInfo& p : experts_) r.push_back({p.offset, p.offset + p.numel});
+  return r;
+}
+
+double ExpertGradients::sum(const float* data,
+                            const std::function<double(const float*, size_t)>& op) const {
+  double s = 0;
+  for (const ShardRange& r : sharded_ ? buckets_.shard() : ranges())
+    for (const ParamInfo& p : experts_) {
+      const int64_t b = std::max(r.begin, p.offset), e = std::min(r.end, p.offset + p.numel);
+      if (b < e) s += op(data + b, size_t(e - b));
+    }
+  if (sharded_) grid_.expert_dp().all_reduce(&s, 1);
+  grid_.ep().all_reduce(&s, 1);
+  grid_.model_parallel().all_reduce(&s, 1);
+  return s;
+}
+
+void ExpertGradients::make_optimizer(const OptimizerConfig& config,
+                                     const ParameterSet<float>& params) {
+  optimizer_ = std::make_unique<DistributedOptimizer<float>>(config, buckets_, params, exec_);
 }
 
 }  // namespace omni

@@ -130,12 +130,19 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The tiny MoE model (tiny_models.h) in the layouts its MoE layers build: data parallel
-// (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines.
+// (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines,
+// expert parallelism with either dispatcher.
 const Case kMoeCases[] = {
     {"dp2", 2, ""},
     {"dp2_distributed_optimizer", 2, "--use-distributed-optimizer"},
     {"pp2", 2, "--pipeline-model-parallel-size 2"},
     {"pp2_dp2", 4, "--pipeline-model-parallel-size 2"},
+    // Expert parallelism: each rank holds two of the four experts and its own micro-batches;
+    // the checkpoint (its ranks' experts) is read back at one rank.
+    {"ep2_alltoall", 2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"},
+    {"ep2_pp2_allgather_distributed_optimizer", 4,
+     "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+     "--moe-token-dispatcher-type allgather --use-distributed-optimizer"},
 };
 
 INSTANTIATE_TEST_SUITE_P(
