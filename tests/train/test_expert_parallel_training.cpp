@@ -205,5 +205,35 @@ TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertLayouts) {
   EXPECT_TRUE(fs::exists(back + "/iter_0000003/optimizer_rank00001.bin"));
 }
 
+TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
+  auto error_of = [](const std::vector<std::string>& args) {
+    Options o;
+    try {
+      parse_options(args, o);
+      finalize(o);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of({"--mock-data", "--vocab-size", "64", "--num-experts", "6",
+                      "--expert-model-parallel-size", "4"}),
+            "--num-experts (6) must be divisible by --expert-model-parallel-size (4)");
+  EXPECT_EQ(error_of({"--mock-data", "--vocab-size", "64", "--expert-model-parallel-size", "2"}),
+            "--expert-model-parallel-size 2 needs --num-experts (a dense model has no experts to "
+            "split)");
+  // Expert-parallel ranks are data-parallel ranks: EP must divide them.
+  std::string grid;
+  try {
+    data_parallel_size(6, ParallelLayout{.ep = 4, .pp = 1});
+  } catch (const UsageError& e) {
+    grid = e.what();
+  }
+  EXPECT_NE(grid.find("the world of 6 ranks is not divisible by --tensor-model-parallel-size (1) x "
+                      "--context-parallel-size (1) x --expert-model-parallel-size (4)"),
+            std::string::npos)
+      << grid;
+}
+
 }  // namespace
 }  // namespace omni
