@@ -73,7 +73,7 @@ double run_expert_parallel(const TransformerConfig& cfg, const EpLayout& l, cons
       for (int64_t i = 0; i < p.numel; ++i) ps.grads()[p.offset + i] /= grid.dp_size();
     }
     RankResult<double>& r = results[w.rank()];
-    r.last_stage = grid.is_last_stage(), r.loss = loss / grid.dp_size(), r.infos = ps.infos();
+    r.last_stage = grid.is_last_stage(), r.loss = loss / (grid.dp_size() * per_rank), r.infos = ps.infos();
     r.values.assign(ps.values(), ps.values() + ps.size());
     r.grads.assign(ps.grads(), ps.grads() + ps.size());
   });
