@@ -24,6 +24,8 @@ std::vector<Dim> ordered_dims(int world_size, const ParallelLayout& l) {
 // no cp, expert data parallel = world / (tp ep pp)).
 std::vector<Dim> expert_dims(int world_size, const ParallelLayout& l) {
   const int edp = data_parallel_size(world_size, l) * l.cp / l.ep;
+  // (With --use-tp-pp-dp-mapping the expert groups would not keep the dense pipeline stages
+  // for ep > 1; finalize_moe refuses that.)
   if (l.tp_pp_dp_mapping) return {{"tp", l.tp}, {"ep", l.ep}, {"pp", l.pp}, {"edp", edp}};
   return {{"tp", l.tp}, {"ep", l.ep}, {"edp", edp}, {"pp", l.pp}};
 }

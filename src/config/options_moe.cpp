@@ -91,6 +91,9 @@ void finalize_moe(Options& o) {
   OMNI_REQUIRE(ep == 1 || o.model.num_moe_experts > 0, "--expert-model-parallel-size ", ep,
                " needs --num-experts (a dense model has no experts to split)");
   if (o.model.num_moe_experts == 0) return;
+  OMNI_REQUIRE(ep == 1 || !o.use_tp_pp_dp_mapping, "--expert-model-parallel-size ", ep,
+               " with --use-tp-pp-dp-mapping: not built yet: expert parallelism in the "
+               "tp-cp-ep-pp-dp rank order");
   OMNI_REQUIRE(o.model.num_moe_experts % ep == 0, "--num-experts (", o.model.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ep, ")");
 
