@@ -98,13 +98,14 @@ std::vector<std::string> experiment_args(const std::string& name, bool without_r
   return args;
 }
 
-// Options for as many ranks as the experiment's layout needs (data parallel 1).
+// Options for as many ranks as the experiment's layout needs (data parallel 1, or the
+// expert-parallel size, whose ranks are data-parallel ranks).
 RunOptions resolve(const std::vector<std::string>& args) {
   Options layout;
   parse_options(args, layout);
-  return resolve_run_options(args, layout.tensor_model_parallel_size *
-                                       layout.context_parallel_size *
-                                       layout.pipeline_model_parallel_size);
+  return resolve_run_options(
+      args, layout.tensor_model_parallel_size * layout.context_parallel_size *
+                layout.pipeline_model_parallel_size * layout.expert_model_parallel_size);
 }
 
 // The error of the experiment as written, or "".

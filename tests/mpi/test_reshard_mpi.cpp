@@ -209,16 +209,6 @@ INSTANTIATE_TEST_SUITE_P(MpiPaddedVocabulary, Reshard,
                                             ::testing::ValuesIn(kPaddedVocabularyCases)),
                          case_name);
 
-// Expert parallelism (the tiny MoE model): each rank writes its experts' slices, which one
-// rank reads whole, and one rank's experts are read in halves by two.
-const Layout kEp2{"ep2", 2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"};
-const Case kExpertCases[] = {{kEp2, kOne}, {kOne, kEp2}};
-
-INSTANTIATE_TEST_SUITE_P(MpiExpertParallel, Reshard,
-                         ::testing::Combine(::testing::Values("moe"),
-                                            ::testing::ValuesIn(kExpertCases)),
-                         case_name);
-
 }  // namespace
 }  // namespace omni
 
