@@ -42,6 +42,7 @@ TransformerConfig tiny_moe(const std::string& dispatcher, double capacity_factor
 
 struct EpLayout {
   int ep = 2, dp = 2, pp = 1;
+  bool recompute = false;  // full recompute of every layer (the dispatch runs again)
 };
 
 // One step on dp * pp ranks (kMicroBatches micro-batches split over the data-parallel ranks);
@@ -61,6 +62,7 @@ double run_expert_parallel(const TransformerConfig& cfg, const EpLayout& l, cons
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
     GPTModel<double> model(cfg, kBatch, kSeed, mp);
+    if (l.recompute) model.set_recompute(Recompute{Recompute::Full, 0});
     PipelineExecutor<double> pipe(model, grid.pp());
     const int first = grid.dp_rank() * per_rank;
     auto batch = [&](int m) -> const MicroBatch& { return data.batches[first + m]; };
@@ -73,7 +75,8 @@ double run_expert_parallel(const TransformerConfig& cfg, const EpLayout& l, cons
       for (int64_t i = 0; i < p.numel; ++i) ps.grads()[p.offset + i] /= grid.dp_size();
     }
     RankResult<double>& r = results[w.rank()];
-    r.last_stage = grid.is_last_stage(), r.loss = loss / (grid.dp_size() * per_rank), r.infos = ps.infos();
+    r.last_stage = grid.is_last_stage(), r.loss = loss / (grid.dp_size() * per_rank),
+    r.infos = ps.infos();
     r.values.assign(ps.values(), ps.values() + ps.size());
     r.grads.assign(ps.grads(), ps.grads() + ps.size());
   });
@@ -122,6 +125,9 @@ TEST(MoEExpertParallel, Ep2TimesDp2) {
 }
 TEST(MoEExpertParallel, Ep2TimesPipeline2) {
   check_expert_parallel({.ep = 2, .dp = 2, .pp = 2});
+}
+TEST(MoEExpertParallel, Ep2TimesPipeline2FullRecompute) {
+  check_expert_parallel({.ep = 2, .dp = 2, .pp = 2, .recompute = true});
 }
 TEST(MoEExpertParallel, Ep2WithCapacityDrops) {
   check_expert_parallel({.ep = 2, .dp = 2}, 1.0);
