@@ -6,6 +6,8 @@
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --tp 2
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --sp 2   (Ulysses, all-to-all)
+//   build/bench_parallel --moe                             the MoE model on one rank
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --ep 2   expert parallel
 //   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
@@ -15,7 +17,10 @@
 // Every run trains the same GPT-2-shaped model on the same global batch (8 sequences of 256
 // tokens, micro-batches of 4), so the step times compare directly: one rank does both
 // micro-batches, each DP 2 rank one of them, each TP 2 rank both at half the width, each
-// SP 2 (DeepSpeed-Ulysses) rank both with half of every sequence.
+// SP 2 (DeepSpeed-Ulysses) rank both with half of every sequence. With --moe (implied by
+// --ep) each MLP is an MoE layer of 4 experts of half the MLP's width, top-2 (the same active
+// FLOPs), and --ep N splits the experts over N data-parallel ranks
+// (--moe-token-dispatcher-type alltoall).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -228,7 +233,12 @@ class CountingCommunicator : public Communicator {
 
 struct Layout {
   int tp = 1, dp = 1, sp = 1;  // sp: Ulysses (--context-parallel-size with --cp-comm-type a2a)
+  int ep = 1;
+  bool moe = false;
 };
+
+// The bench's MoE layers (with Layout::moe).
+constexpr int kExperts = 4, kTopK = 2;
 
 // The bytes one rank sends per step by the algorithmic count (a(n, p) = 2(p-1)/p n for an
 // all-reduce of n bytes over p ranks), for GPT-2 (learned positions, biases, LayerNorm,
@@ -261,6 +271,16 @@ struct Layout {
 // token count (2 doubles) are summed over the sequence's ranks; gradients are averaged over
 // the d u ranks of data x context parallelism, the loss over the d data-parallel ranks:
 //   SP = m L 8 (u-1)/u (T/u) h 4 + m a(8, u) 2,  DP = a(4 P_t, d u) + a(8, d).
+//
+// MoE (TP 1): each layer's MLP (8 h^2 + 5 h) is a router (E h + E) and E experts of width F
+// (2 F h + F + h each), E/ep on each rank. The dense parameters are averaged over the d
+// data-parallel ranks, the experts' over the d/ep ranks holding the same experts. Per
+// micro-batch and MoE layer the alltoall dispatcher exchanges its row counts (E/ep f64 to
+// each other rank) and four times rows of h floats (the tokens to their experts and back,
+// forward and backward): with routing spread evenly, (ep-1)/ep of the T k rows go to other
+// ranks, so the measured figure differs by the routing's imbalance. Per step: the MoE
+// figures (2 L + L E f64) over the data-parallel ranks and one f64 (the experts' gradient
+// norm) over the expert-parallel ones.
 double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int micro_batches,
                         const Layout& l) {
   auto a = [](double bytes, double p) { return 2 * (p - 1) / p * bytes; };
@@ -272,7 +292,13 @@ double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int m
   const double params = vocab * h / t + s * h + L * (12 * h * h / t + 7 * h / t + 6 * h) + 2 * h;
   const double u = l.sp;
   const double sp = micro_batches * (L * 8 * (u - 1) / u * (T / u) * h * 4 + 2 * a(8, u));
-  return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp);
+  if (!l.moe) return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp);
+  const double E = c.num_moe_experts, F = c.moe_ffn_size(), k = c.moe_router_topk, ep = l.ep;
+  const double dense = params - L * (8 * h * h + 5 * h) + L * (E * h + E);
+  const double experts = L * E / ep * (2 * F * h + F + h);
+  const double dispatch = (ep - 1) * (E / ep) * 8 + 4 * T * k * (ep - 1) / ep * h * 4;
+  return a(4 * dense + 8, l.dp) + a(4 * experts, l.dp / ep) + micro_batches * L * dispatch +
+         a((2 * L + L * E) * 8, l.dp) + a(8, ep);
 }
 
 // User and system CPU seconds of this process so far, every thread's.
@@ -299,8 +325,8 @@ Args parse_args(int argc, char** argv) {
   Args r;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--compare") {
-      r.compare = true;
+    if (a == "--compare" || a == "--moe") {
+      (a == "--moe" ? r.layout.moe : r.compare) = true;
       continue;
     }
     OMNI_REQUIRE(i + 1 < argc, "bench_parallel: ", a, " needs a value");
@@ -311,13 +337,15 @@ Args parse_args(int argc, char** argv) {
       r.layout.dp = v;
     else if (a == "--sp")
       r.layout.sp = v;
+    else if (a == "--ep")
+      r.layout.ep = v, r.layout.moe = true;
     else if (a == "--steps")
       r.steps = v;
     else if (a == "--warmup")
       r.warmup = v;
     else
       OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
-                   " (expected --tp, --dp, --sp, --steps, --warmup, --compare)");
+                   " (expected --tp, --dp, --sp, --ep, --moe, --steps, --warmup, --compare)");
   }
   OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
                ") must exceed --warmup (", r.warmup, ")");
@@ -332,7 +360,8 @@ constexpr const char* kResultFormat =
 void measure(const Args& args) {
   const Layout& layout = args.layout;
   Communicator& world = omni::world_communicator();
-  const int dp = omni::data_parallel_size(world.size(), {.tp = layout.tp, .cp = layout.sp});
+  const int dp = omni::data_parallel_size(world.size(),
+                                          {.tp = layout.tp, .cp = layout.sp, .ep = layout.ep});
   OMNI_REQUIRE(dp == layout.dp, "bench_parallel: ", world.size(), " ranks with --tp ", layout.tp,
                " and --sp ", layout.sp, " make data parallel ", dp, ", not --dp ", layout.dp);
 
@@ -365,6 +394,12 @@ void measure(const Args& args) {
                        "1000000",
                        "--no-progress"},
                       o);
+  if (layout.moe)
+    omni::parse_options(
+        {"--num-experts", std::to_string(kExperts), "--moe-router-topk", std::to_string(kTopK),
+         "--moe-ffn-hidden-size", "768", "--moe-token-dispatcher-type", "alltoall",
+         "--expert-model-parallel-size", std::to_string(layout.ep)},
+        o);
   o.data_parallel_size = dp;
   omni::finalize(o);
   const omni::TransformerConfig& m = o.model;
@@ -382,6 +417,9 @@ void measure(const Args& args) {
         "cpu: %s\n",
         world.size(), layout.tp, layout.sp, dp, omni::cpu_threads(),
         omni::cpu_model_name().c_str());
+    if (layout.moe)
+      std::printf("MoE: every MLP %d experts of width %d, top-%d; expert parallel %d\n",
+                  m.num_moe_experts, m.moe_ffn_size(), m.moe_router_topk, layout.ep);
     std::fflush(stdout);
   }
 
@@ -465,6 +503,8 @@ void compare(const Args& args) {
       {"DP 2, 1 thread each", mpirun + common + " --dp 2"},
       {"TP 2, 1 thread each", mpirun + common + " --tp 2"},
       {"SP 2 (Ulysses)", mpirun + common + " --sp 2"},
+      {"MoE, one rank", "OMP_NUM_THREADS=1 " + common + " --moe"},
+      {"MoE EP 2, 1 thr each", mpirun + common + " --dp 2 --ep 2"},
   };
   for (Run& run : runs) {
     std::printf("\n$ %s\n", run.command.c_str());
@@ -484,13 +524,20 @@ void compare(const Args& args) {
   }
   std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %7s\n", "run", "median ms", "min ms",
               "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "busy");
-  for (const Run& run : runs)
+  // The MoE rows (from index 4) against the MoE model on one rank at one thread.
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& run = runs[i];
+    const Run& two = runs[0];
+    const Run& one = i >= 4 ? runs[4] : runs[1];
     std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %6.0f%%\n", run.name, run.ms,
-                run.min_ms, runs[0].ms / run.ms, runs[1].ms / run.ms, run.bytes, run.analytical,
+                run.min_ms, two.ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
                 100 * run.busy);
+  }
   std::printf(
-      "(vs: one rank's median step time over this run's, on the same global batch; sent: the "
-      "most any rank sends, algorithmic count;\n busy: rank 0's CPU time over its wall time, "
+      "(vs: one rank's median step time over this run's, on the same global batch, the MoE rows "
+      "against the MoE model's one rank at 1 thread in the 'vs 1 thread' column; sent: the "
+      "most any rank sends, algorithmic count (MoE: the analytical count assumes evenly spread "
+      "routing);\n busy: rank 0's CPU time over its wall time, "
       "in cores: under 100%% per thread, it was waiting for a core this machine's other work "
       "held)\n");
 }

@@ -143,6 +143,7 @@ void require_ranks_for_layout(const Options& o, int world_size) {
   for (const auto& [flag, size] :
        {std::pair{"--tensor-model-parallel-size", o.tensor_model_parallel_size},
         std::pair{"--context-parallel-size", o.context_parallel_size},
+        std::pair{"--expert-model-parallel-size", o.expert_model_parallel_size},
         std::pair{"--pipeline-model-parallel-size", o.pipeline_model_parallel_size}}) {
     if (size <= 1) continue;
     sizes += (sizes.empty() ? "" : " x ") + std::string(flag) + " " + std::to_string(size);
@@ -303,7 +304,7 @@ int train(const std::vector<std::string>& raw_args) {
     OMNI_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence rank ", world.rank());
   const std::optional<std::vector<std::string>> resolved = with_config(raw_args, world.size());
   if (!resolved) return 0;  // --print-config
-  Options named;  // the command line parsed once: checked for its layout, then resolved
+  Options named;            // the command line parsed once: checked for its layout, then resolved
   parse_options(*resolved, named);
   require_ranks_for_layout(named, world.size());
   RunOptions run = resolve_run_options(*resolved, std::move(named), world.size());

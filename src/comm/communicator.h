@@ -51,6 +51,12 @@ class Communicator {
   // Each rank sends block r of `in` (n elements) to rank r; out holds the blocks received,
   // in rank order.
   virtual void all_to_all(void* out, const void* in, size_t n, DType t) = 0;
+  // Blocks of varying size (MPI_Alltoallv): `in` holds send_counts[r] elements for each rank r
+  // back to back in rank order, `out` receives recv_counts[r] elements from each rank r, back
+  // to back in rank order (every rank's send count to r is r's receive count from it). Built
+  // on isend/irecv, so every implementation has it; buffers must not overlap.
+  void all_to_all_v(void* out, const size_t* recv_counts, const void* in, const size_t* send_counts,
+                    DType t);
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;

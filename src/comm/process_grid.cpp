@@ -20,6 +20,19 @@ std::vector<Dim> ordered_dims(int world_size, const ParallelLayout& l) {
   return {{"tp", l.tp}, {"cp", l.cp}, {"dp", dp}, {"pp", l.pp}};
 }
 
+// The expert layers' dimensions (Megatron's expert RankGenerator: expert tensor parallel = tp,
+// no cp, expert data parallel = world / (tp ep pp)).
+std::vector<Dim> expert_dims(int world_size, const ParallelLayout& l) {
+  const int edp = data_parallel_size(world_size, l) * l.cp / l.ep;
+  // (With --use-tp-pp-dp-mapping the expert groups would not keep the dense pipeline stages
+  // for ep > 1; finalize_moe refuses that.)
+  if (l.tp_pp_dp_mapping) return {{"tp", l.tp}, {"ep", l.ep}, {"pp", l.pp}, {"edp", edp}};
+  return {{"tp", l.tp}, {"ep", l.ep}, {"edp", edp}, {"pp", l.pp}};
+}
+
+std::vector<std::vector<int>> groups_of(int world_size, const std::vector<Dim>& order,
+                                        const std::string& dims);
+
 }  // namespace
 
 int data_parallel_size(int world_size, const ParallelLayout& l) {
@@ -41,14 +54,24 @@ int data_parallel_size(int world_size, const ParallelLayout& l) {
 
 std::vector<std::vector<int>> rank_groups(int world_size, const ParallelLayout& layout,
                                           const std::string& dims) {
-  const std::vector<Dim> order = ordered_dims(world_size, layout);
+  return groups_of(world_size, ordered_dims(world_size, layout), dims);
+}
+
+std::vector<std::vector<int>> expert_rank_groups(int world_size, const ParallelLayout& layout,
+                                                 const std::string& dims) {
+  return groups_of(world_size, expert_dims(world_size, layout), dims);
+}
+
+namespace {
+std::vector<std::vector<int>> groups_of(int world_size, const std::vector<Dim>& order,
+                                        const std::string& dims) {
   std::vector<bool> in_group(order.size(), false);
   std::stringstream tokens(dims);
   for (std::string token; std::getline(tokens, token, '-');) {
     size_t d = 0;
     while (d < order.size() && token != order[d].name) ++d;
     OMNI_CHECK(d < order.size() && !in_group[d], "[process grid] bad group kind '", dims,
-               "' (dimensions tp, cp, dp, pp joined by '-', each once)");
+               "' (dimensions of the grid joined by '-', each once)");
     in_group[d] = true;
   }
   // A rank's coordinates in mixed radix; the group index counts over the dimensions outside
@@ -74,12 +97,13 @@ std::vector<std::vector<int>> rank_groups(int world_size, const ParallelLayout& 
   }
   return groups;
 }
+}  // namespace
 
 ProcessGrid::ProcessGrid(Communicator& world, const ParallelLayout& layout)
     : world_(&world), layout_(layout) {
   const int n = world.size(), me = world.rank();
-  auto split = [&](const char* dims, const char* name) {
-    const auto groups = rank_groups(n, layout, dims);
+  auto split = [&](const char* dims, const char* name, bool expert = false) {
+    const auto groups = expert ? expert_rank_groups(n, layout, dims) : rank_groups(n, layout, dims);
     for (size_t g = 0; g < groups.size(); ++g)
       for (size_t i = 0; i < groups[g].size(); ++i)
         if (groups[g][i] == me) return world.split(static_cast<int>(g), static_cast<int>(i), name);
@@ -91,6 +115,8 @@ ProcessGrid::ProcessGrid(Communicator& world, const ParallelLayout& layout)
   pp_ = split("pp", "pp");
   dp_cp_ = split("dp-cp", "dp_cp");
   mp_ = split("tp-pp", "mp");
+  ep_ = split("ep", "ep", true);
+  expert_dp_ = split("edp", "expert_dp", true);
   // Embedding groups: the ends of each pipeline; every other rank is alone.
   const auto pipelines = rank_groups(n, layout, "pp");
   int color = static_cast<int>(pipelines.size()) + me;

@@ -15,7 +15,12 @@
 //   grid.embedding()                            // first + last stage, for tied embeddings
 //
 // Dense layers see data parallelism over every rank that is not TP, CP or PP, as in
-// Megatron-Core; expert parallelism (ep) only has to divide it until MoE layers exist.
+// Megatron-Core. MoE layers' experts are split over the expert-parallel group, carved out of
+// those ranks: Megatron's expert grid orders tp-ep-edp-pp (tp-ep-pp-edp with the mapping
+// flag), the expert tensor-parallel size being tp and CP folded into the expert data-parallel
+// dimension, so with tp = cp = 1 an expert-parallel group is `ep` consecutive data-parallel
+// ranks and the expert-data-parallel group (the ranks holding the same experts, over which
+// experts' gradients are reduced) the ranks ep apart.
 #pragma once
 
 #include <memory>
@@ -41,6 +46,9 @@ int data_parallel_size(int world_size, const ParallelLayout& layout);
 // parallel), ... (as Megatron's RankGenerator.get_ranks).
 std::vector<std::vector<int>> rank_groups(int world_size, const ParallelLayout& layout,
                                           const std::string& dims);
+// The same over the expert grid's dimensions "tp", "ep", "edp", "pp" (see above).
+std::vector<std::vector<int>> expert_rank_groups(int world_size, const ParallelLayout& layout,
+                                                 const std::string& dims);
 
 class ProcessGrid {
  public:
@@ -59,6 +67,12 @@ class ProcessGrid {
   // The first and last stage of this rank's pipeline, for tied embeddings; a group of this
   // rank alone when pp == 1 or on a middle stage.
   Communicator& embedding() const { return *embedding_; }
+  // Expert parallel: the ranks that split each MoE layer's experts; expert data parallel: the
+  // ranks holding the same experts (experts' gradients are reduced over it).
+  Communicator& ep() const { return *ep_; }
+  Communicator& expert_dp() const { return *expert_dp_; }
+  int ep_rank() const { return ep_->rank(); }
+  int ep_size() const { return layout_.ep; }
 
   const ParallelLayout& layout() const { return layout_; }
   int tp_rank() const { return tp_->rank(); }
@@ -75,7 +89,7 @@ class ProcessGrid {
  private:
   Communicator* world_;
   ParallelLayout layout_;
-  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, mp_, embedding_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, mp_, embedding_, ep_, expert_dp_;
 };
 
 }  // namespace omni

@@ -86,7 +86,17 @@ std::string moe_variant_note(const std::string& feature) {
 }  // namespace
 
 void finalize_moe(Options& o) {
+  const int ep = o.expert_model_parallel_size;
+  OMNI_REQUIRE(ep >= 1, "--expert-model-parallel-size must be at least 1 (got ", ep, ")");
+  OMNI_REQUIRE(ep == 1 || o.model.num_moe_experts > 0, "--expert-model-parallel-size ", ep,
+               " needs --num-experts (a dense model has no experts to split)");
   if (o.model.num_moe_experts == 0) return;
+  OMNI_REQUIRE(ep == 1 || !o.use_tp_pp_dp_mapping, "--expert-model-parallel-size ", ep,
+               " with --use-tp-pp-dp-mapping: not built yet: expert parallelism in the "
+               "tp-cp-ep-pp-dp rank order");
+  OMNI_REQUIRE(o.model.num_moe_experts % ep == 0, "--num-experts (", o.model.num_moe_experts,
+               ") must be divisible by --expert-model-parallel-size (", ep, ")");
+
   // The variants a dense model may carry, now that they would change the MoE layers.
   for (const MoEVariant& v : kMoEVariants) {
     const std::string tail = " no effect here: " + moe_variant_note(v.feature);
@@ -199,6 +209,10 @@ void add_moe_options(std::vector<OptionDef>& t) {
                           o.model.moe_token_dispatcher_type = v;
                         },
                         [](const Options& o) { return o.model.moe_token_dispatcher_type; }});
+  t.push_back(number<int>("--expert-model-parallel-size", "N", "parallelism",
+                          "ranks that split each MoE layer's experts, carved out of the "
+                          "data-parallel ranks (each keeps its own micro-batches)",
+                          [](Options& o) -> int& { return o.expert_model_parallel_size; }));
   t.push_back(not_built("--expert-tensor-parallel-size", "N", "1", "expert tensor parallelism"));
   // Router and expert variants that change the numbers: Megatron's defaults are accepted;
   // other values of these are refused at once.

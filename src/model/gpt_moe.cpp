@@ -55,7 +55,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 template <typename T>
 struct GPTModel<T>::MoEState {
-  explicit MoEState(const TransformerConfig& c) : layer(c) {}
+  MoEState(const TransformerConfig& c, Communicator* ep) : layer(c, ep) {}
   MoELayer<moe_scalar<T>> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
@@ -63,12 +63,26 @@ struct GPTModel<T>::MoEState {
 template <typename T>
 void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::string& mlp) const {
   // Megatron's inits: output projections (fc2) scaled by 1/sqrt(2 layers), biases zero.
+  // Under expert parallelism the experts' tensors hold this rank's experts, a split of the
+  // first dimension (initialised, saved and resharded as the one-rank tensor's slice).
+  const int ranks = parallel_.ep ? parallel_.ep->size() : 1;
+  OMNI_REQUIRE(cfg_.num_moe_experts % ranks == 0, "--num-experts (", cfg_.num_moe_experts,
+               ") must be divisible by --expert-model-parallel-size (", ranks, ")");
+  const int64_t local = cfg_.num_moe_experts / ranks;
+  const int64_t first = local * (parallel_.ep ? parallel_.ep->rank() : 0);
   for (const MoEParamInfo& m : moe_parameter_layout(cfg_)) {
     const bool bias = ends_with(m.name, "bias");
     const ParamInit init = bias                                     ? ParamInit::Zeros
                            : ends_with(m.name, "linear_fc2.weight") ? ParamInit::ScaledNormal
                                                                     : ParamInit::Normal;
     p.emplace_back(mlp + m.name, Shape(m.shape.begin(), m.shape.end()), init, !bias);
+    if (ranks > 1 && is_expert_parameter(p.back().name)) {
+      ParamInfo& e = p.back();
+      e.global_shape = e.shape;
+      e.shape[0] = local;
+      e.shard_dim = 0;
+      e.segments = {{0, first, local}};
+    }
   }
   if (cfg_.moe_router_enable_expert_bias)
     p.emplace_back(mlp + "router.expert_bias", Shape{cfg_.num_moe_experts}, ParamInit::Zeros,
@@ -82,7 +96,7 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
     (void)layer, (void)a, (void)x, (void)out, (void)mb, (void)g;
     OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
   } else {
-    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_);
+    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep);
     MoELayer<T>& m = a.moe->layer;
     const int E = cfg_.num_moe_experts;
     const std::string mlp = layer_prefix(layer) + "mlp.";

@@ -57,6 +57,10 @@ void validate_moe_config(const TransformerConfig& c) {
   }
 }
 
+bool is_expert_parameter(const std::string& name) {
+  return name.find("mlp.experts.") != std::string::npos || name.rfind("experts.", 0) == 0;
+}
+
 int64_t MoEParamInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -158,9 +162,14 @@ MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c) {
 }
 
 template <typename T>
-MoELayer<T>::MoELayer(const TransformerConfig& config) : cfg_(config) {
+MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep) : cfg_(config), ep_(ep) {
   validate_moe_config(cfg_);
   E_ = cfg_.num_moe_experts;
+  const int ranks = ep ? ep->size() : 1;
+  OMNI_REQUIRE(E_ % ranks == 0, "--num-experts (", E_,
+               ") must be divisible by --expert-model-parallel-size (", ranks, ")");
+  local_experts_ = E_ / ranks;
+  first_expert_ = (ep ? ep->rank() : 0) * local_experts_;
   C_ = cfg_.hidden_size;
   F_ = cfg_.moe_ffn_size();
   F1_ = cfg_.swiglu ? 2 * F_ : F_;
@@ -225,21 +234,64 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   cap.drop_policy = cfg_.moe_token_drop_policy;
   cap.pad_to_capacity = cfg_.moe_pad_expert_input_to_capacity;
   plan_ = ops::moe_dispatch_plan(indices_.data(), probs_.data(), tokens, E, K, cap);
-  const int R = plan_.rows();
-  const int32_t* offsets = plan_.expert_offsets.data();
+  a2a_.reset();
+  const int El = local_experts_;
+  if (allgather()) {
+    const int n = ep_->size();
+    double mine = tokens;
+    std::vector<double> all(n), index_all(size_t(n) * tokens * K);
+    ep_->all_gather(all.data(), &mine, 1);
+    for (int r = 0; r < n; ++r)
+      OMNI_REQUIRE(all[r] == mine, "--moe-token-dispatcher-type allgather: expert-parallel rank ",
+                   r, " routes ", all[r], " tokens, this rank ", tokens,
+                   " (the ranks' micro-batches must be the same size)");
+    x_all_.resize(size_t(n) * tokens * C);
+    probs_all_.resize(size_t(n) * tokens * K);
+    ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
+    ep_->all_gather(probs_all_.data(), probs_.data(), probs_.size());
+    const std::vector<double> index_mine(indices_.begin(), indices_.end());
+    ep_->all_gather(index_all.data(), index_mine.data(), index_mine.size());
+    const std::vector<int32_t> indices_all(index_all.begin(), index_all.end());
+    gathered_plan_ = expert_allgather_plan(indices_all.data(), probs_all_.data(), tokens, n, E, K,
+                                           cap, first_expert_, El);
+  } else if (expert_parallel()) {
+    a2a_.emplace(*ep_, plan_, E);
+  }
+  const ops::MoEDispatchPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
+  const int R = a2a_ ? a2a_->expert_rows() : rows_plan.rows();
+  const int32_t* offsets = a2a_ ? a2a_->expert_offsets().data() : rows_plan.expert_offsets.data();
   permuted_.resize(static_cast<size_t>(R) * C);
   fc1_out_.resize(static_cast<size_t>(R) * F1_);
   act_.resize(static_cast<size_t>(R) * F_);
   expert_out_.resize(static_cast<size_t>(R) * C);
-  row_weight_.resize(R);
-  ops::moe_permute(permuted_.data(), x, plan_, C);
+  if (a2a_) {
+    std::vector<T> rows(static_cast<size_t>(plan_.rows()) * C);
+    ops::moe_permute(rows.data(), x, plan_, C);
+    a2a_->dispatch(permuted_.data(), rows.data(), C);
+  } else {
+    ops::moe_permute(permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
+  }
   ops::moe_grouped_linear_forward(fc1_out_.data(), permuted_.data(), p.fc1_weight, p.fc1_bias,
-                                  offsets, E, C, F1_);
+                                  offsets, El, C, F1_);
   activation_forward(act_.data(), fc1_out_.data(), R, F_, cfg_);
   ops::moe_grouped_linear_forward(expert_out_.data(), act_.data(), p.fc2_weight, p.fc2_bias,
-                                  offsets, E, F_, C);
-  ops::moe_row_weights(row_weight_.data(), probs_.data(), plan_);
-  ops::moe_unpermute(y, expert_out_.data(), row_weight_.data(), plan_, C);
+                                  offsets, El, F_, C);
+  const T* out_rows = expert_out_.data();
+  if (a2a_) {
+    local_out_.resize(static_cast<size_t>(plan_.rows()) * C);
+    a2a_->combine(local_out_.data(), expert_out_.data(), C);
+    out_rows = local_out_.data();
+  }
+  row_weight_.resize(rows_plan.rows());
+  ops::moe_row_weights(row_weight_.data(), allgather() ? probs_all_.data() : probs_.data(),
+                       rows_plan);
+  if (allgather()) {  // this rank's experts' part of every gathered token, summed back
+    std::vector<T> y_all(x_all_.size());
+    ops::moe_unpermute(y_all.data(), out_rows, row_weight_.data(), rows_plan, C);
+    ep_->reduce_scatter(y, y_all.data(), static_cast<size_t>(tokens) * C);
+  } else {
+    ops::moe_unpermute(y, out_rows, row_weight_.data(), plan_, C);
+  }
   if (Fs_ > 0) shared_expert_forward(y, x, p);
 
   stats_.tokens_per_expert.resize(E);
@@ -277,24 +329,53 @@ template <typename T>
 void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
                            double aux_loss_grad_scale) {
   OMNI_CHECK(trained_, "MoELayer::backward needs a training forward just before it");
-  const int N = tokens_, E = E_, C = C_, K = K_, R = plan_.rows();
-  const int32_t* offsets = plan_.expert_offsets.data();
+  const int N = tokens_, E = E_, C = C_, K = K_;
 
-  // Combine and experts.
-  std::vector<T> d_expert_out(static_cast<size_t>(R) * C), d_row_weight(R);
-  ops::moe_unpermute_backward(d_expert_out.data(), d_row_weight.data(), dy, expert_out_.data(),
-                              row_weight_.data(), plan_, C);
+  // Combine and experts: the gradients of the experts' output rows and of their weights.
+  const int El = local_experts_, n = expert_parallel() ? ep_->size() : 1;
+  const ops::MoEDispatchPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
+  const int R = int(permuted_.size() / size_t(C));
+  const int32_t* offsets = a2a_ ? a2a_->expert_offsets().data() : rows_plan.expert_offsets.data();
+  std::vector<T> d_expert_out(static_cast<size_t>(R) * C), d_row_weight(rows_plan.rows());
+  if (allgather()) {
+    std::vector<T> dy_all(static_cast<size_t>(n) * N * C);
+    ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
+    ops::moe_unpermute_backward(d_expert_out.data(), d_row_weight.data(), dy_all.data(),
+                                expert_out_.data(), row_weight_.data(), rows_plan, C);
+  } else if (a2a_) {
+    std::vector<T> d_rows(static_cast<size_t>(plan_.rows()) * C);
+    ops::moe_unpermute_backward(d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
+                                row_weight_.data(), plan_, C);
+    a2a_->dispatch(d_expert_out.data(), d_rows.data(), C);
+  } else {
+    ops::moe_unpermute_backward(d_expert_out.data(), d_row_weight.data(), dy, expert_out_.data(),
+                                row_weight_.data(), plan_, C);
+  }
   std::vector<T> d_act(static_cast<size_t>(R) * F_), d_fc1(static_cast<size_t>(R) * F1_);
   ops::moe_grouped_linear_backward(d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
-                                   act_.data(), p.fc2_weight, offsets, E, F_, C);
+                                   act_.data(), p.fc2_weight, offsets, El, F_, C);
   activation_backward(d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
   std::vector<T> d_permuted(static_cast<size_t>(R) * C);
   ops::moe_grouped_linear_backward(d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
-                                   permuted_.data(), p.fc1_weight, offsets, E, C, F1_);
+                                   permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
 
-  // Router: the routing probabilities' gradient, plus the aux and z losses'.
-  std::vector<T> dprobs(static_cast<size_t>(N) * K), dlogits(logits_.size());
-  ops::moe_row_weights_backward(dprobs.data(), d_row_weight.data(), plan_);
+  // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
+  std::vector<T> dprobs(static_cast<size_t>(N) * K), dlogits(logits_.size()), dx_experts;
+  if (allgather()) {
+    std::vector<T> dx_all(x_all_.size()), dprobs_all(probs_all_.size());
+    ops::moe_permute_backward(dx_all.data(), d_permuted.data(), rows_plan, C, false);
+    ops::moe_row_weights_backward(dprobs_all.data(), d_row_weight.data(), rows_plan);
+    dx_experts.resize(static_cast<size_t>(N) * C);
+    ep_->reduce_scatter(dx_experts.data(), dx_all.data(), dx_experts.size());
+    ep_->reduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size());
+  } else {
+    ops::moe_row_weights_backward(dprobs.data(), d_row_weight.data(), plan_);
+    if (a2a_) {
+      std::vector<T> d_rows(static_cast<size_t>(plan_.rows()) * C);
+      a2a_->combine(d_rows.data(), d_permuted.data(), C);
+      d_permuted = std::move(d_rows);
+    }
+  }
   ops::moe_topk_routing_backward(dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
                                  routing_);
   if (!aux_dlogits_.empty()) {
@@ -303,7 +384,10 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   }
   ops::linear_backward(dx, g.router_weight, g.router_bias, dlogits.data(), x_, p.router_weight, N,
                        C, E);
-  ops::moe_permute_backward(dx, d_permuted.data(), plan_, C, /*accumulate=*/true);
+  if (allgather())
+    ops::add(dx, dx, dx_experts.data(), dx_experts.size());
+  else
+    ops::moe_permute_backward(dx, d_permuted.data(), plan_, C, /*accumulate=*/true);
   if (Fs_ > 0) shared_expert_backward(dx, dy, p, g);
 }
 
@@ -330,9 +414,9 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
 template <typename T>
 int64_t MoELayer<T>::activation_bytes() const {
   int64_t b = 0;
-  for (const std::vector<T>* v :
-       {&logits_, &probs_, &aux_dlogits_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
-        &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
+  for (const std::vector<T>* v : {&logits_, &probs_, &aux_dlogits_, &permuted_, &fc1_out_, &act_,
+                                  &expert_out_, &row_weight_, &shared_fc1_out_, &shared_act_,
+                                  &shared_out_, &shared_gate_, &x_all_, &probs_all_, &local_out_})
     b += int64_t(v->size() * sizeof(T));
   for (const std::vector<int32_t>* v : {&indices_, &plan_.expert_offsets, &plan_.row_token,
                                         &plan_.row_slot, &plan_.token_offsets, &plan_.token_rows})

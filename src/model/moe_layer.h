@@ -22,22 +22,35 @@
 // Megatron's per-expert tensors (TEGroupedMLP's linear_fc1.weight<i>, SequentialMLP's
 // local_experts.<i>) are their slices.
 //
-// One rank, CPU, float or double (the float64 finite-difference checks). Not yet part of
-// GPTModel.
+// Expert parallelism (parallel/expert_dispatch.h): given the expert-parallel group, this rank
+// holds experts [r E/ep, (r+1) E/ep) (the experts' tensors are [E/ep, ...]) and routes its own
+// tokens with the whole router; --moe-token-dispatcher-type alltoall or allgather moves their
+// rows to the experts' ranks and back. forward and backward are then collective over the group.
+//
+// CPU, float or double (the float64 finite-difference checks).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "backend/moe_ops.h"
+#include "comm/communicator.h"
 #include "model/transformer_config.h"
+#include "parallel/expert_dispatch.h"
 
 namespace omni {
 
 // Throws UsageError naming the flags when the MoE fields of `c` cannot be built, e.g.
 // "--moe-router-topk (9) must be between 1 and --num-experts (8)".
 void validate_moe_config(const TransformerConfig& c);
+
+// Whether `name` is a routed expert's tensor ("...mlp.experts.linear_fc1.weight"; not the
+// router's or the shared expert's): split over the expert-parallel ranks, its gradient
+// reduced over the expert-data-parallel group.
+bool is_expert_parameter(const std::string& name);
 
 // One MoE layer's parameters (or their gradients): views into the caller's memory, with
 // Megatron-Core's names and shapes (E experts, C hidden, F = moe_ffn_size(), F1 = 2F with
@@ -84,7 +97,9 @@ struct MoEStats {
 template <typename T>
 class MoELayer {
  public:
-  explicit MoELayer(const TransformerConfig& config);
+  // `ep`: the expert-parallel group (null or one rank: every expert here); it must outlive
+  // the layer. UsageError when its size does not divide the experts.
+  explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -123,8 +138,15 @@ class MoELayer {
   void shared_expert_forward(T* y, const T* x, const MoEParams<T>& p);
   void shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g);
 
+  bool expert_parallel() const { return ep_ && ep_->size() > 1; }
+  bool allgather() const {
+    return expert_parallel() && cfg_.moe_token_dispatcher_type == "allgather";
+  }
+
   TransformerConfig cfg_;
   int E_, C_, F_, F1_, Fs_, Fs1_, K_;
+  Communicator* ep_ = nullptr;
+  int local_experts_ = 0, first_expert_ = 0;  // this rank's experts
   ops::MoERoutingArgs routing_;
   std::vector<T> expert_bias_;
   std::vector<double> local_tokens_;
@@ -137,6 +159,12 @@ class MoELayer {
   std::vector<T> logits_, probs_, aux_dlogits_;
   std::vector<int32_t> indices_;
   ops::MoEDispatchPlan plan_;
+  // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
+  // alltoall those the exchange brings (local_out_: the outputs back in plan_'s rows); under
+  // allgather gathered_plan_'s over every rank's tokens (x_all_, probs_all_).
+  std::optional<ExpertAllToAll> a2a_;
+  ops::MoEDispatchPlan gathered_plan_;
+  std::vector<T> x_all_, probs_all_, local_out_;
   std::vector<T> permuted_, fc1_out_, act_, expert_out_, row_weight_;
   std::vector<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
 };

@@ -17,25 +17,32 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
                                             Tensor grads, double bucket_size, GradReduce mode,
                                             const ops::Exec& exec)
     : comm_(group), infos_(std::move(layout)), grads_(std::move(grads)), mode_(mode), x_(exec) {
-  OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size,
-               ")");
+  OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size, ")");
   const int64_t target =
       bucket_size > 0 ? static_cast<int64_t>(bucket_size) : default_bucket_size(group.size());
   const std::vector<ParamInfo>& infos = infos_;
   bucket_of_param_.resize(infos.size());
   param_ready_.assign(infos.size(), false);
   // From the last parameter back, closing a bucket at a parameter's start once it is full.
+  // `infos` may leave out parameters reduced over another group (MoE experts, over their
+  // expert-data-parallel ranks): a bucket also closes where one of those lies in between
+  // (ParameterSet aligns parameters to 16 elements, so only another parameter leaves a gap of
+  // 16 or more), and none covers them.
+  constexpr int64_t kAlign = 16;
+  auto end_of = [&](size_t i) { return infos[i].offset + infos[i].numel; };
   int64_t end = grads_.numel();
+  if (!infos.empty() && end_of(infos.size() - 1) + kAlign <= end) end = end_of(infos.size() - 1);
   int with_elements = 0;
   for (size_t i = infos.size(); i-- > 0;) {
     bucket_of_param_[i] = buckets_.size();
     with_elements += infos[i].numel > 0;
-    if (i == 0 || end - infos[i].offset >= target) {
-      const int64_t begin = i == 0 ? 0 : infos[i].offset;
+    const bool gap = i > 0 && infos[i].offset - end_of(i - 1) >= kAlign;
+    if (i == 0 || gap || end - infos[i].offset >= target) {
+      const int64_t begin = i == 0 && infos[0].offset < kAlign ? 0 : infos[i].offset;
       buckets_.push_back({begin, end, (end - begin) / group.size()});
       params_in_bucket_.push_back(with_elements);
       with_elements = 0;
-      end = begin;
+      end = gap ? end_of(i - 1) : begin;
     }
   }
   params_pending_ = params_in_bucket_;
@@ -68,9 +75,8 @@ void DataParallelBuckets<T>::start(size_t index) {
     return;
   }
   if (b.piece > 0)
-    reqs.push_back(
-        comm_.ireduce_scatter(reduced_.template data<T>() + reduced_offset_[index], g, b.piece,
-                              dtype_of<T>()));
+    reqs.push_back(comm_.ireduce_scatter(reduced_.template data<T>() + reduced_offset_[index], g,
+                                         b.piece, dtype_of<T>()));
   if (const int64_t rest = n - p * b.piece; rest > 0)
     reqs.push_back(comm_.iall_reduce(g + p * b.piece, rest, dtype_of<T>()));
 }

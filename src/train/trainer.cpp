@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "model/moe_layer.h"
 #include "optim/lr_schedule.h"
 #include "parallel/schedules.h"
 #include "train/downstream_eval.h"
@@ -66,6 +67,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   }
   const ParallelLayout layout{.tp = opts.tensor_model_parallel_size,
                               .cp = opts.context_parallel_size,
+                              .ep = opts.expert_model_parallel_size,
                               .pp = opts.pipeline_model_parallel_size,
                               .tp_pp_dp_mapping = opts.use_tp_pp_dp_mapping};
   grid_ = std::make_unique<ProcessGrid>(*world, layout);
@@ -84,6 +86,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   ModelParallel mp;
   mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
   mp.ulysses = opts.cp_comm_type == "a2a";
+  mp.ep = &grid_->ep();
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
@@ -143,8 +146,12 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     for (const ParamInfo& e : model_infos())
       if (e.name == "embedding.word_embeddings.weight")
         shared_embedding_ = {e.offset, e.offset + e.numel};
+  // Under expert parallelism the experts' gradients are reduced over their own group.
+  expert_grads_ = ExpertGradients::make(*grid_, model_infos(), model_grads(), opts.ddp_bucket_size,
+                                        opts.use_distributed_optimizer, exec_);
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
-      grid_->dp_cp(), model_infos(), model_grads(), opts.ddp_bucket_size,
+      grid_->dp_cp(), ExpertGradients::dense(*grid_, model_infos()), model_grads(),
+      opts.ddp_bucket_size,
       opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_);
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
@@ -172,10 +179,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
   }
-  if (opts.use_distributed_optimizer)
+  if (opts.use_distributed_optimizer) {
     dist_optimizer_ =
         std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params(), exec_);
-  else
+    if (expert_grads_) expert_grads_->make_optimizer(opts.optim, optimizer_params());
+  } else
     optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_);
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
@@ -246,6 +254,16 @@ RankState Trainer::rank_state(bool with_optimizer) {
   state.padded_vocab = opts_.model.padded_vocab_size();
   state.exec = exec_;
   state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  // Expert parallelism: the first expert-data-parallel rank of each expert-parallel rank
+  // writes its experts (the first data-parallel rank writes all it holds above).
+  const bool expert_writer = expert_grads_ && grid_->expert_dp().rank() == 0 && !replica;
+  auto expert_spans = [&](float* data) {
+    std::vector<FlatSpan> spans;
+    for (const ShardRange& r : expert_grads_->ranges())
+      spans.push_back({r.begin, r.end, data + r.begin});
+    return spans;
+  };
+  if (expert_writer) state.buffers.push_back({"", expert_spans(params.values()), true});
   const std::vector<std::string> names = !with_optimizer ? std::vector<std::string>{}
                                          : optimizer_    ? optimizer_->state_names()
                                                          : dist_optimizer_->state_names();
@@ -253,11 +271,18 @@ RankState Trainer::rank_state(bool with_optimizer) {
     StateBuffer b{"optimizer." + name + ".", {}, true};
     if (optimizer_) {
       b.spans = {{0, n, optimizer_->state_buffer(name)}}, b.written = replica;
+      if (expert_writer)
+        state.buffers.push_back({b.prefix, expert_spans(optimizer_->state_buffer(name)), true});
     } else {
-      float* s = dist_optimizer_->shard_state(name);
-      for (const ShardRange& r : ddp_->shard()) {
-        b.spans.push_back({r.begin, r.end, s});
-        s += r.end - r.begin;
+      for (const DistributedOptimizer<float>* o :
+           {dist_optimizer_.get(), expert_grads_ ? expert_grads_->optimizer() : nullptr}) {
+        if (!o) continue;
+        float* s = o->shard_state(name);
+        for (const ShardRange& r :
+             o == dist_optimizer_.get() ? ddp_->shard() : expert_grads_->shard()) {
+          b.spans.push_back({r.begin, r.end, s});
+          s += r.end - r.begin;
+        }
       }
     }
     state.buffers.push_back(std::move(b));
@@ -294,6 +319,7 @@ void Trainer::load(const std::string& dir) {
           optimizer_->scalar(name) = reader.optimizer_scalar(name);
       } else {
         dist_optimizer_->set_steps(reader.optimizer().steps);
+        if (expert_grads_) expert_grads_->optimizer()->set_steps(reader.optimizer().steps);
       }
     }
     p = reader.progress();
@@ -400,7 +426,8 @@ double Trainer::sum_over_params(const float* data, const std::vector<ShardRange>
   const bool tp_lead = grid_->tp_rank() == 0;
   double sum = 0;
   for (const ParamInfo& p : params.infos()) {
-    if (p.tp_replicated && !tp_lead) continue;  // the same tensor on every TP rank
+    if (p.tp_replicated && !tp_lead) continue;                   // the same tensor on every TP rank
+    if (expert_grads_ && is_expert_parameter(p.name)) continue;  // expert_grads_->sum
     if (shared_embedding_.second > 0 && !grid_->is_first_stage() &&
         p.offset == shared_embedding_.first)
       continue;  // the last stage's copy of the word embeddings
@@ -452,6 +479,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
   ddp_->finish();
+  if (expert_grads_) expert_grads_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : model_infos())
     if (p.tp_partial_grad) grid_->tp().all_reduce(grads + p.offset, size_t(p.numel));
@@ -483,6 +511,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
       dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}});
   grid_->model_parallel().all_reduce(&norm2, 1);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
+  if (expert_grads_) norm2 += expert_grads_->sum(master.grads(), sum_squares_op());
   step.grad_norm = std::sqrt(norm2);
   OMNI_REQUIRE(std::isfinite(step.grad_norm) || !opts_.check_for_nan_in_loss_and_grad, "iteration ",
                iteration, ": the gradient norm is not finite (lm loss ", step.loss,
@@ -493,9 +522,10 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
     if (coeff < 1.0) scale_gradients(master, coeff, exec_);
   }
-  if (dist_optimizer_)
+  if (dist_optimizer_) {
     dist_optimizer_->step(master, step.lr);
-  else
+    if (expert_grads_) expert_grads_->optimizer()->step(master, step.lr);
+  } else
     optimizer_->step(master, step.lr);
   if (mixed_) mixed_->copy_master_to_model();
   ++lr_steps_;
@@ -520,6 +550,13 @@ void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
                           : 0};
   grid_->model_parallel().all_reduce(sums, 2);
   if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);
+  if (expert_grads_) {
+    if (norm) sums[0] += expert_grads_->sum(master.values(), sum_squares_op());
+    if (zeros)
+      sums[1] += expert_grads_->sum(master.grads(), [x = exec_](const float* data, size_t n) {
+        return ops::count_zeros(x, data, n);
+      });
+  }
   if (norm) m.params_norm = std::sqrt(sums[0]);
   if (zeros) m.num_zeros_in_grad = int64_t(sums[1]);
 }

@@ -21,6 +21,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "train/document_masks.h"
+#include "train/expert_grads.h"
 #include "train/metrics.h"
 
 namespace omni {
@@ -170,6 +171,8 @@ class Trainer {
       model_;
   std::unique_ptr<GPTModel<float>> host_model_;  // model()'s copy of a 16-bit GPU model
   std::unique_ptr<DataParallelBuckets<float>> ddp_;
+  // Expert parallelism: the experts' gradients, reduced over their own group.
+  std::unique_ptr<ExpertGradients> expert_grads_;
   std::unique_ptr<MixedPrecision> mixed_;                        // --bf16, --fp16
   std::unique_ptr<GradScaler> scaler_;                           // --fp16 (dynamic) or --loss-scale
   std::unique_ptr<Optimizer<float>> optimizer_;                  // or:

@@ -120,11 +120,11 @@ TEST(CliConfig, PrintConfigChecksValuesAsTrainDoes) {
   EXPECT_NE(bad.output.find("--num-layers must be at least 1"), std::string::npos) << bad.output;
   ProcessResult refused = run_omnitron(
       "train --print-config --mock-data --vocab-size 64 "
-      "--expert-model-parallel-size 8");
+      "--expert-tensor-parallel-size 8");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(
-      refused.output.find("--expert-model-parallel-size 8: not built yet: expert parallelism"),
-      std::string::npos)
+  EXPECT_NE(refused.output.find(
+                "--expert-tensor-parallel-size 8: not built yet: expert tensor parallelism"),
+            std::string::npos)
       << refused.output;
   ProcessResult good = run_omnitron(
       "train --print-config --mock-data --vocab-size 64 --use-flash-attn --num-layers 2");

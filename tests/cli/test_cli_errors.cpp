@@ -75,8 +75,8 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 }
 
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
-  expect_usage_error(kTiny + "--num-experts 8 --expert-model-parallel-size 2",
-                     "--expert-model-parallel-size 2: not built yet: expert parallelism");
+  expect_usage_error(kTiny + "--num-experts 8 --expert-tensor-parallel-size 2",
+                     "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism");
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {

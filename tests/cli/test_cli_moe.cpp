@@ -129,7 +129,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
       "train --print-config --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 ";
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--expert-model-parallel-size 2",
-            "--expert-model-parallel-size 2: not built yet: expert parallelism"},
+            "the world of 1 ranks is not divisible by --tensor-model-parallel-size (1) x "
+            "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
             "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism"},
            {"--device cuda",

@@ -100,7 +100,7 @@ TEST(MegatronFlags, EveryRefusedFlagSaysNotBuiltYetAndNamesItsFeature) {
   EXPECT_GT(checked, 200);
 }
 
-TEST(MegatronFlags, MixtureOfExpertsIsBuiltAndExpertParallelismRefusedByName) {
+TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuiltExpertTensorParallelismRefused) {
   Options o;
   EXPECT_EQ(parse_error({"--num-experts", "8", "--moe-router-topk", "2", "--moe-aux-loss-coeff",
                          "0.01", "--moe-token-dispatcher-type", "alltoall"},
@@ -109,9 +109,8 @@ TEST(MegatronFlags, MixtureOfExpertsIsBuiltAndExpertParallelismRefusedByName) {
   EXPECT_EQ(o.model.num_moe_experts, 8);
   EXPECT_EQ(o.model.moe_aux_loss_coeff, 0.01);
   EXPECT_TRUE(o.notes.empty());
-  EXPECT_EQ(parse_error({"--expert-model-parallel-size", "2"}, o),
-            "--expert-model-parallel-size 2: not built yet: expert parallelism");
-  EXPECT_EQ(parse_error({"--expert-model-parallel-size", "1"}, o), "");
+  EXPECT_EQ(parse_error({"--expert-model-parallel-size", "2"}, o), "");
+  EXPECT_EQ(o.expert_model_parallel_size, 2);
   EXPECT_EQ(parse_error({"--expert-tensor-parallel-size", "2"}, o),
             "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism");
   EXPECT_EQ(parse_error({"--moe-token-dispatcher-type", "flex"}, o),
@@ -132,12 +131,13 @@ TEST(MegatronFlags, MixtureOfExpertsIsBuiltAndExpertParallelismRefusedByName) {
 
 TEST(MegatronFlags, AllRefusedFeaturesOfACommandLineAreNamedInOneError) {
   Options o;
-  EXPECT_EQ(parse_error({"--expert-model-parallel-size", "8", "--fp8-format", "hybrid", "--seed",
-                         "3", "--multi-latent-attention"},
-                        o),
-            "--expert-model-parallel-size 8: not built yet: expert parallelism; --fp8-format "
-            "hybrid: not built yet: fp8 training; --multi-latent-attention: not built yet: "
-            "multi-latent attention (MLA)");
+  EXPECT_EQ(
+      parse_error({"--expert-tensor-parallel-size", "8", "--fp8-format", "hybrid", "--seed", "3",
+                   "--multi-latent-attention"},
+                  o),
+      "--expert-tensor-parallel-size 8: not built yet: expert tensor parallelism; --fp8-format "
+      "hybrid: not built yet: fp8 training; --multi-latent-attention: not built yet: "
+      "multi-latent attention (MLA)");
   // An unknown flag is still reported at once, by name.
   EXPECT_NE(parse_error({"--num-experts", "8", "--num-layer", "2"}, o)
                 .find("unknown option "
@@ -168,7 +168,7 @@ TEST(MegatronFlags, TheTableHasOneRowPerFlag) {
 TEST(MegatronFlags, HelpListsNotedAndRefusedFlagsByReason) {
   const std::string help = options_help();
   EXPECT_NE(help.find("Megatron flags accepted with a note"), std::string::npos);
-  EXPECT_NE(help.find("  expert parallelism:\n    --expert-model-parallel-size 1"),
+  EXPECT_NE(help.find("  expert tensor parallelism:\n    --expert-tensor-parallel-size 1"),
             std::string::npos);
   // Readable: no line wider than 100 columns but the built rows' own help.
   std::istringstream in(help.substr(help.find("Megatron flags accepted with a note")));

@@ -133,12 +133,20 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The tiny MoE model (tiny_models.h) in the layouts its MoE layers build: data parallel
-// (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines.
+// (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines,
+// expert parallelism with either dispatcher.
 const Case kMoeCases[] = {
     {"dp2", 2, ""},
     {"dp2_distributed_optimizer", 2, "--use-distributed-optimizer"},
     {"pp2", 2, "--pipeline-model-parallel-size 2"},
     {"pp2_dp2", 4, "--pipeline-model-parallel-size 2"},
+    // Expert parallelism (each rank two of the four experts, its own micro-batches, tokens
+    // moved by all_to_all_v over MPI) on two stages with the distributed optimizer; the
+    // checkpoint (each expert-parallel rank's experts) is read back at one rank. The other
+    // layouts and the allgather dispatcher: train/test_expert_parallel_training.cpp.
+    {"ep2_pp2_alltoall_distributed_optimizer", 4,
+     "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+     "--moe-token-dispatcher-type alltoall --use-distributed-optimizer"},
 };
 
 INSTANTIATE_TEST_SUITE_P(

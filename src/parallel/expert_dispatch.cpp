@@ -1,0 +1,103 @@
+#include "parallel/expert_dispatch.h"
+
+#include <algorithm>
+
+#include "backend/moe_ops.h"
+#include "base/error.h"
+
+namespace omni {
+
+ExpertAllToAll::ExpertAllToAll(Communicator& ep, const ops::MoEDispatchPlan& plan, int experts)
+    : ep_(&ep) {
+  const int n = ep.size(), local = experts / n;
+  OMNI_CHECK(local * n == experts && plan.experts == experts, "[expert dispatch] ", experts,
+             " experts over ", n, " ranks (plan of ", plan.experts, ")");
+  // Counts travel as f64 (the communicator's types are floating point; exact below 2^53).
+  std::vector<double> send(experts), recv(experts);
+  for (int e = 0; e < experts; ++e) send[e] = double(plan.expert_rows(e));
+  ep.all_to_all(recv.data(), send.data(), size_t(local), DType::F64);
+  send_rows_.assign(n, 0), recv_rows_.assign(n, 0);
+  std::vector<int64_t> block_start(size_t(n) * local + 1, 0);  // received, source-major
+  for (int s = 0; s < n; ++s)
+    for (int l = 0; l < local; ++l) {
+      send_rows_[s] += size_t(send[s * local + l]);
+      recv_rows_[s] += size_t(recv[s * local + l]);
+      block_start[s * local + l + 1] = block_start[s * local + l] + int64_t(recv[s * local + l]);
+    }
+  expert_offsets_.assign(local + 1, 0);
+  for (int l = 0; l < local; ++l)
+    for (int s = 0; s < n; ++s) {
+      for (int64_t r = block_start[s * local + l]; r < block_start[s * local + l + 1]; ++r)
+        order_.push_back(int32_t(r));
+      expert_offsets_[l + 1] = int32_t(order_.size());
+    }
+}
+
+template <typename T>
+void ExpertAllToAll::dispatch(T* expert_rows, const T* rows, int width) const {
+  std::vector<size_t> send(send_rows_), recv(recv_rows_);
+  for (size_t& c : send) c *= size_t(width);
+  for (size_t& c : recv) c *= size_t(width);
+  std::vector<T> received(order_.size() * size_t(width));
+  ep_->all_to_all_v(received.data(), recv.data(), rows, send.data(), dtype_of<T>());
+  for (size_t i = 0; i < order_.size(); ++i)
+    std::copy_n(received.data() + size_t(order_[i]) * width, width, expert_rows + i * width);
+}
+
+template <typename T>
+void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width) const {
+  std::vector<size_t> send(recv_rows_), recv(send_rows_);
+  for (size_t& c : send) c *= size_t(width);
+  for (size_t& c : recv) c *= size_t(width);
+  std::vector<T> outgoing(order_.size() * size_t(width));
+  for (size_t i = 0; i < order_.size(); ++i)
+    std::copy_n(expert_rows + i * width, width, outgoing.data() + size_t(order_[i]) * width);
+  ep_->all_to_all_v(rows, recv.data(), outgoing.data(), send.data(), dtype_of<T>());
+}
+
+template <typename T>
+ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* probs, int tokens,
+                                           int ranks, int experts, int topk,
+                                           const ops::MoECapacityArgs& capacity, int first_expert,
+                                           int local_experts) {
+  std::vector<ops::MoEDispatchPlan> sources;
+  for (int s = 0; s < ranks; ++s)
+    sources.push_back(ops::moe_dispatch_plan(indices + size_t(s) * tokens * topk,
+                                             probs + size_t(s) * tokens * topk, tokens, experts,
+                                             topk, capacity));
+  ops::MoEDispatchPlan p;
+  p.tokens = tokens * ranks, p.experts = local_experts, p.topk = topk;
+  p.capacity = sources.empty() ? 0 : sources[0].capacity;
+  p.expert_offsets.assign(local_experts + 1, 0);
+  for (int l = 0; l < local_experts; ++l) {
+    for (int s = 0; s < ranks; ++s) {
+      const ops::MoEDispatchPlan& q = sources[s];
+      for (int32_t r = q.expert_offsets[first_expert + l];
+           r < q.expert_offsets[first_expert + l + 1]; ++r) {
+        p.row_token.push_back(s * tokens + q.row_token[r]);
+        p.row_slot.push_back(q.row_slot[r] < 0 ? -1 : s * tokens * topk + q.row_slot[r]);
+      }
+    }
+    p.expert_offsets[l + 1] = p.rows();
+  }
+  for (const ops::MoEDispatchPlan& q : sources) p.dropped += q.dropped;
+  // Each gathered token's rows, ascending.
+  p.token_offsets.assign(size_t(p.tokens) + 1, 0);
+  for (int32_t t : p.row_token) ++p.token_offsets[size_t(t) + 1];
+  for (int t = 0; t < p.tokens; ++t) p.token_offsets[t + 1] += p.token_offsets[t];
+  p.token_rows.resize(p.row_token.size());
+  std::vector<int32_t> fill(p.token_offsets.begin(), p.token_offsets.end() - 1);
+  for (int r = 0; r < p.rows(); ++r) p.token_rows[fill[p.row_token[r]]++] = r;
+  return p;
+}
+
+#define OMNI_EXPERT_DISPATCH(T)                                       \
+  template void ExpertAllToAll::dispatch<T>(T*, const T*, int) const; \
+  template void ExpertAllToAll::combine<T>(T*, const T*, int) const;  \
+  template ops::MoEDispatchPlan expert_allgather_plan<T>(             \
+      const int32_t*, const T*, int, int, int, int, const ops::MoECapacityArgs&, int, int);
+OMNI_EXPERT_DISPATCH(float)
+OMNI_EXPERT_DISPATCH(double)
+#undef OMNI_EXPERT_DISPATCH
+
+}  // namespace omni

@@ -1,0 +1,66 @@
+// Expert parallelism's token dispatch (Megatron-Core's MoEAlltoAllTokenDispatcher and
+// MoEAllGatherTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py): each MoE
+// layer's E experts are split over the ep ranks of the expert-parallel group, rank r holding
+// experts [r E/ep, (r+1) E/ep), while every rank routes its own tokens with the whole router.
+// Routing, capacity and drops are decided by the rank that owns the tokens, over its tokens
+// alone (as one rank running that micro-batch decides them), so both dispatchers compute the
+// one-rank layer's function; only where the experts' rows are computed changes.
+//
+// Both give the experts the same rows in the same order: local expert after local expert,
+// and within one expert the source ranks in order, each source's rows in its token order.
+//
+//   alltoall:  the source permutes its rows by expert (ops::moe_permute), the ranks exchange
+//              row counts, then rows (all_to_all_v); the experts run; the rows go back the
+//              same way and the source combines them with its routing weights.
+//   allgather: every rank gathers every rank's tokens and routing and takes the rows routed to
+//              its experts (expert_allgather_plan); after the experts it weights and sums them
+//              per token over the gathered tokens and reduce-scatters that back.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/moe_types.h"
+#include "comm/communicator.h"
+
+namespace omni {
+
+// The alltoall dispatcher's exchange for one layer's forward and backward.
+class ExpertAllToAll {
+ public:
+  // Collective over `ep`: from this rank's dispatch plan over all `experts` (rows expert
+  // after expert), the row counts each rank sends to and receives from every other.
+  ExpertAllToAll(Communicator& ep, const ops::MoEDispatchPlan& plan, int experts);
+
+  // Rows this rank's experts receive, and where each local expert's start ([local + 1]).
+  int expert_rows() const { return expert_offsets_.back(); }
+  const std::vector<int32_t>& expert_offsets() const { return expert_offsets_; }
+
+  // Collective: `rows` [plan rows, width] (expert-major) to the experts' ranks; this rank's
+  // experts' rows land in `expert_rows` [expert_rows(), width].
+  template <typename T>
+  void dispatch(T* expert_rows, const T* rows, int width) const;
+  // Collective, the inverse: the experts' rows back to their sources' plan order.
+  template <typename T>
+  void combine(T* rows, const T* expert_rows, int width) const;
+
+ private:
+  Communicator* ep_;
+  std::vector<size_t> send_rows_, recv_rows_;  // per rank
+  std::vector<int32_t> expert_offsets_;
+  // Expert-major row i is the received (source-major) row order_[i].
+  std::vector<int32_t> order_;
+};
+
+// The allgather dispatcher's plan over the gathered tokens: `indices` and `probs` [ep tokens,
+// topk] are every rank's routing in rank order (`tokens` per rank); the plan lists the rows
+// of local experts [first_expert, first_expert + local_experts) (its `experts`), with
+// row_token a gathered token and row_slot a gathered (token, k) slot. Each source's rows
+// are those of its own plan (moe_dispatch_plan over its tokens, with its capacity).
+template <typename T>
+ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* probs, int tokens,
+                                           int ranks, int experts, int topk,
+                                           const ops::MoECapacityArgs& capacity, int first_expert,
+                                           int local_experts);
+
+}  // namespace omni

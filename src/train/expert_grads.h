@@ -1,0 +1,59 @@
+// Expert parallelism in the trainer (Megatron-Core's finalize_model_grads and its expert
+// optimizer groups): dense parameters are averaged over the data- (and context-) parallel
+// ranks as before, while each routed expert's gradient already holds the contributions of
+// every expert-parallel rank's tokens (the dispatch brought them to it), so it is summed over
+// the expert-data-parallel group (the ranks holding the same experts) and divided by the
+// data-parallel size: an average over that group times 1/ep. With the distributed optimizer
+// the experts' states are sharded over that group (their own buckets and optimizer).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backend/ops.h"
+#include "comm/process_grid.h"
+#include "optim/distributed_optimizer.h"
+#include "parallel/data_parallel.h"
+#include "tensor/parameters.h"
+
+namespace omni {
+
+class ExpertGradients {
+ public:
+  // Null without expert parallelism (ep 1): then the dense buckets reduce every parameter.
+  // `sharded`: the distributed optimizer's reduce-scatter (then call make_optimizer).
+  static std::unique_ptr<ExpertGradients> make(const ProcessGrid& grid,
+                                               const std::vector<ParamInfo>& infos,
+                                               const Tensor& grads, double bucket_size,
+                                               bool sharded, const ops::Exec& exec);
+  // The parameters the data-parallel buckets reduce: all but the experts' when ep > 1.
+  static std::vector<ParamInfo> dense(const ProcessGrid& grid, const std::vector<ParamInfo>& infos);
+
+  // After the backward: the experts' gradients reduced (with sharding: this rank's shard).
+  void finish();
+  // op summed over the experts' elements of `data` (laid out like the parameters) that this
+  // rank owns (its shard when sharded), then over every rank: each expert counts once.
+  // Collective over the expert-data-parallel, expert-parallel and model-parallel groups.
+  double sum(const float* data, const std::function<double(const float*, size_t)>& op) const;
+  // The experts' ranges of the flat buffer, and (sharded) this rank's shard of them.
+  std::vector<ShardRange> ranges() const;
+  const std::vector<ShardRange>& shard() const { return buckets_.shard(); }
+
+  // The distributed optimizer of the experts' shard (sharded only).
+  void make_optimizer(const OptimizerConfig& config, const ParameterSet<float>& params);
+  DistributedOptimizer<float>* optimizer() const { return optimizer_.get(); }
+
+ private:
+  ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo> experts, const Tensor& grads,
+                  double bucket_size, bool sharded, const ops::Exec& exec);
+  const ProcessGrid& grid_;
+  std::vector<ParamInfo> experts_;
+  Tensor grads_;
+  bool sharded_;
+  ops::Exec exec_;
+  DataParallelBuckets<float> buckets_;
+  std::unique_ptr<DistributedOptimizer<float>> optimizer_;
+};
+
+}  // namespace omni

@@ -1,0 +1,167 @@
+// Expert parallelism against the one-rank model, in float64 on in-process ranks: the
+// expert-parallel ranks are data-parallel ranks (Megatron carves them out of data parallelism),
+// each running its own micro-batches of the global batch, so the reference is one rank running
+// every micro-batch. Dense gradients are averaged over the data-parallel group, the experts'
+// summed over the expert-data-parallel group (the ranks holding the same experts) and divided
+// by the data-parallel size, as Megatron's finalize_model_grads does. Every rank's parameters
+// must be its slice of the one-rank model's, and loss and gradients equal to rounding, for
+// both token dispatchers, dropless and with a capacity factor that drops tokens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "model/moe_layer.h"
+#include "parallel/layout_run.h"
+
+namespace omni {
+namespace {
+
+using namespace layout_test;
+
+TransformerConfig tiny_moe(const std::string& dispatcher, double capacity_factor = 0) {
+  TransformerConfig c = tiny(true);
+  c.num_layers = 4;
+  c.num_moe_experts = 4;
+  c.moe_ffn_hidden_size = 12;
+  c.moe_router_topk = 2;
+  c.moe_layer_freq = "[0,1,1,1]";
+  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_aux_loss_coeff = 0.05;
+  c.moe_z_loss_coeff = 0.01;
+  c.moe_shared_expert_intermediate_size = 8;
+  c.moe_token_dispatcher_type = dispatcher;
+  c.moe_expert_capacity_factor = capacity_factor;
+  c.validate();
+  return c;
+}
+
+struct EpLayout {
+  int ep = 2, dp = 2, pp = 1;
+  bool recompute = false;  // full recompute of every layer (the dispatch runs again)
+};
+
+// One step on dp * pp ranks (kMicroBatches micro-batches split over the data-parallel ranks);
+// checks every rank against `ref` (which ran them all) and returns the loss.
+double run_expert_parallel(const TransformerConfig& cfg, const EpLayout& l, const Data& data,
+                           const GPTModel<double>& ref) {
+  const int world = l.dp * l.pp, per_rank = kMicroBatches / l.dp;
+  std::vector<RankResult<double>> results(world);
+  run_ranks(world, [&](Communicator& w) {
+    ProcessGrid grid(w, ParallelLayout{.ep = l.ep, .pp = l.pp});
+    PipelineSplit split;
+    split.num_layers = cfg.num_layers;
+    split.pipeline_model_parallel_size = l.pp;
+    ModelParallel mp;
+    mp.ep = &grid.ep();
+    for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
+      mp.chunks.push_back({r.begin, r.end});
+    mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
+    GPTModel<double> model(cfg, kBatch, kSeed, mp);
+    if (l.recompute) model.set_recompute(Recompute{Recompute::Full, 0});
+    PipelineExecutor<double> pipe(model, grid.pp());
+    const int first = grid.dp_rank() * per_rank;
+    auto batch = [&](int m) -> const MicroBatch& { return data.batches[first + m]; };
+    double loss = pipe.run(per_rank, batch, true, 1.0 / per_rank);
+    grid.dp().all_reduce(&loss, 1);
+    ParameterSet<double>& ps = model.params();
+    for (const ParamInfo& p : ps.infos()) {
+      Communicator& group = is_expert_parameter(p.name) ? grid.expert_dp() : grid.dp();
+      group.all_reduce(ps.grads() + p.offset, p.numel);
+      for (int64_t i = 0; i < p.numel; ++i) ps.grads()[p.offset + i] /= grid.dp_size();
+    }
+    RankResult<double>& r = results[w.rank()];
+    r.last_stage = grid.is_last_stage(), r.loss = loss / (grid.dp_size() * per_rank),
+    r.infos = ps.infos();
+    r.values.assign(ps.values(), ps.values() + ps.size());
+    r.grads.assign(ps.grads(), ps.grads() + ps.size());
+  });
+  double loss = NAN, worst = 0;
+  for (const RankResult<double>& r : results) {
+    if (r.last_stage) loss = r.loss;
+    for (const ParamInfo& p : r.infos) {
+      const ParamInfo& full = ref.params().info(p.name);
+      ParameterSet<double>::for_each_run(p, [&](int64_t local, int64_t global, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_EQ(r.values[p.offset + local + i], ref.params().values()[full.offset + global + i])
+              << p.name;
+          const double g = ref.params().grads()[full.offset + global + i];
+          worst =
+              std::max(worst, std::abs(r.grads[p.offset + local + i] - g) / (std::abs(g) + 1e-3));
+        }
+      });
+    }
+  }
+  EXPECT_LT(worst, 1e-9);
+  return loss;
+}
+
+void check_expert_parallel(const EpLayout& l, double capacity_factor = 0) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    const TransformerConfig cfg = tiny_moe(dispatcher, capacity_factor);
+    const Data data = make_data(cfg, false);
+    GPTModel<double> ref(cfg, kBatch, kSeed);
+    double ref_loss = 0;
+    for (const MicroBatch& mb : data.batches)
+      ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches) / kMicroBatches;
+    const double loss = run_expert_parallel(cfg, l, data, ref);
+    EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
+  }
+}
+
+TEST(MoEExpertParallel, Ep2) {
+  check_expert_parallel({.ep = 2, .dp = 2});
+}
+TEST(MoEExpertParallel, Ep4) {
+  check_expert_parallel({.ep = 4, .dp = 4});
+}
+TEST(MoEExpertParallel, Ep2TimesDp2) {
+  check_expert_parallel({.ep = 2, .dp = 4});
+}
+TEST(MoEExpertParallel, Ep2TimesPipeline2) {
+  check_expert_parallel({.ep = 2, .dp = 2, .pp = 2});
+}
+TEST(MoEExpertParallel, Ep2TimesPipeline2FullRecompute) {
+  check_expert_parallel({.ep = 2, .dp = 2, .pp = 2, .recompute = true});
+}
+TEST(MoEExpertParallel, Ep2WithCapacityDrops) {
+  check_expert_parallel({.ep = 2, .dp = 2}, 1.0);
+}
+
+TEST(MoEExpertParallel, ExpertsNotDivisibleByTheGroupAreRefusedByName) {
+  TransformerConfig cfg = tiny_moe("alltoall");
+  cfg.num_moe_experts = 6;
+  cfg.moe_router_topk = 2;
+  std::string error;
+  try {
+    run_ranks(4, [&](Communicator& w) {
+      ProcessGrid grid(w, ParallelLayout{.ep = 4});
+      ModelParallel mp;
+      mp.ep = &grid.ep();
+      GPTModel<double> model(cfg, kBatch, kSeed, mp);
+    });
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("--num-experts (6) must be divisible by --expert-model-parallel-size (4)"),
+            std::string::npos)
+      << error;
+}
+
+TEST(MoEExpertParallel, ExpertGroupsFollowMegatronsOrder) {
+  // World 8, PP 2, EP 2: data parallel 4 per stage; expert groups are consecutive data-parallel
+  // ranks, expert-data-parallel groups the ranks EP apart.
+  const ParallelLayout l{.ep = 2, .pp = 2};
+  EXPECT_EQ(expert_rank_groups(8, l, "ep"),
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(expert_rank_groups(8, l, "edp"),
+            (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+}
+
+}  // namespace
+}  // namespace omni
