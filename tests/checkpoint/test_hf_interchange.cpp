@@ -295,14 +295,15 @@ omni::Options hf_train_options(const std::string& dir, int ranks,
   return o;
 }
 
-// At TP 2 x PP 2 each rank reads only its part of the Hugging Face files: its slices, its
-// stage's layers (for the MoE model, the experts of its stage), equal to the one-rank load's.
+// At TP 2 x PP 2, PP 2 or EP 2 each rank reads only its part of the Hugging Face files: its
+// slices, its stage's layers, its experts, equal to the one-rank load's.
 TEST(HfInterchange, EachRankOfAParallelLayoutLoadsItsPartOfTheWeights) {
   for (const auto& [name, layout] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"llama_tiny",
             {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},
            {"gpt2_tiny", {"--tensor-model-parallel-size", "2"}},
-           {"qwen2_moe_tiny", {"--pipeline-model-parallel-size", "2"}}}) {
+           {"qwen2_moe_tiny", {"--pipeline-model-parallel-size", "2"}},
+           {"qwen2_moe_tiny", {"--expert-model-parallel-size", "2"}}}) {
     SCOPED_TRACE(name);
     const auto full = load_model(kHf + name);
     const int ranks = layout.size() == 4 ? 4 : 2;
