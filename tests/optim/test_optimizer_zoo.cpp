@@ -141,6 +141,25 @@ std::vector<ZooRun> runs() {
   r.push_back(adam8bit);
   ZooRun sophiag{"sophiag", base(OptimizerKind::SophiaG), 0.1, 5};
   r.push_back(sophiag);
+  ZooRun galore{"galoreadamw", base(OptimizerKind::GaLoreAdamW)};
+  galore.config.zoo.galore_rank = 4, galore.config.zoo.galore_update_proj_gap = 5;
+  galore.config.zoo.galore_scale = 0.25;
+  r.push_back(galore);
+  ZooRun galore8{"galoreadamw8bit", base(OptimizerKind::GaLoreAdamW8bit)};
+  galore8.config.zoo.galore_rank = 8, galore8.config.zoo.galore_update_proj_gap = 7;
+  galore8.config.zoo.galore_scale = 0.5;
+  galore8.config.zoo.adam8bit_min_8bit_size = 128;  // so that the projected moments are 8-bit
+  r.push_back(galore8);
+  ZooRun per_layer{"galoreadamw8bitperlayer", base(OptimizerKind::GaLoreAdamW8bitPerLayer)};
+  per_layer.config.zoo.galore_rank = 3, per_layer.config.zoo.galore_update_proj_gap = 6;
+  per_layer.config.zoo.galore_proj_type = "reverse_std";
+  per_layer.config.zoo.adam8bit_min_8bit_size = 64;
+  r.push_back(per_layer);
+  ZooRun shampoo{"shampoo", base(OptimizerKind::Shampoo)};
+  shampoo.config.zoo.shampoo_update_freq = 5;  // preconditioned from step 5, roots at 5, 10, ...
+  shampoo.config.zoo.shampoo_eps = 1e-4;       // the fixture says why not 1e-12
+  shampoo.config.zoo.shampoo_max_preconditioner_dim = 16;  // blocks of the 32- and 24-long sides
+  r.push_back(shampoo);
   return r;
 }
 
