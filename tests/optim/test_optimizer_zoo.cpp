@@ -142,7 +142,7 @@ std::vector<ZooRun> runs() {
   ZooRun sophiag{"sophiag", base(OptimizerKind::SophiaG), 0.1, 5};
   r.push_back(sophiag);
   ZooRun galore{"galoreadamw", base(OptimizerKind::GaLoreAdamW)};
-  galore.config.zoo.galore_rank = 4, galore.config.zoo.galore_update_proj_gap = 5;
+  galore.config.zoo.galore_rank = 4, galore.config.zoo.galore_update_proj_gap = 6;
   galore.config.zoo.galore_scale = 0.25;
   r.push_back(galore);
   ZooRun galore8{"galoreadamw8bit", base(OptimizerKind::GaLoreAdamW8bit)};
