@@ -19,9 +19,10 @@
 //
 // States: exp_avg (M) and exp_avg_sq (V), laid out like the parameters, and the blocks'
 // factors and inverse roots (L, R, QL, QR of each block in turn), which do not fit the
-// parameters' shape: they fill preconditioners.0, preconditioners.1, ..., each as long as
-// the parameter buffer, as one stream. Their layout follows this rank's tensors, so a
-// checkpoint resumes under the same pipeline layout (scalar "layout" checks it).
+// parameters' shape: they fill the parameters' elements (not the alignment gaps between
+// tensors, which checkpoints skip) of preconditioners.0, preconditioners.1, ... as one
+// stream, whose last element is a fingerprint of this rank's blocks. A checkpoint therefore
+// resumes Shampoo under the pipeline layout that saved it; another is refused by name.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -56,6 +57,7 @@ class Shampoo : public ZooOptimizer<T> {
     int64_t pool = 0;
     uint64_t hash = 1469598103934665603ull;
     for (const ParamInfo& p : params.infos()) {
+      for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
       OMNI_REQUIRE(p.shape.size() <= 2, "[shampoo] ", p.name, " has ", p.shape.size(),
                    " dimensions; omnitron's Shampoo preconditions vectors and matrices");
       const bool matrix = p.shape.size() == 2;
@@ -74,17 +76,14 @@ class Shampoo : public ZooOptimizer<T> {
             hash = (hash ^ uint64_t(x)) * 1099511628211ull;
         }
     }
-    layout_ = double(hash >> 12);  // exact in a double
-    expected_layout_ = layout_;
-    const int64_t buffers = size_ > 0 ? (pool + size_ - 1) / size_ : 0;
-    pool_.assign(size_t(buffers * size_), T(0));
+    fingerprint_ = T(double(hash % (1u << 23)) + 1);  // exact in float
+    const int64_t per_buffer = int64_t(saved_.size());
+    buffers_ = per_buffer > 0 ? (pool + 1 + per_buffer - 1) / per_buffer : 0;
+    pool_.assign(size_t(pool), T(0));
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
-    OMNI_REQUIRE(layout_ == expected_layout_,
-                 "--optimizer shampoo: the checkpoint's preconditioners were laid out for other "
-                 "tensors (another model or pipeline layout); resume with the layout that saved "
-                 "them, or --no-load-optim");
+    if (!views_.empty()) import_views();
     const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
     const double c1 = 1.0 - std::pow(b1, double(step)), c2 = 1.0 - std::pow(b2, double(step));
     const int64_t freq = cfg_.zoo.shampoo_update_freq;
@@ -145,20 +144,14 @@ class Shampoo : public ZooOptimizer<T> {
 
   std::vector<std::string> state_names() const override {
     std::vector<std::string> names = states_.names();
-    for (int64_t k = 0; size_ > 0 && k < int64_t(pool_.size()) / size_; ++k)
-      names.push_back("preconditioners." + std::to_string(k));
+    for (int64_t k = 0; k < buffers_; ++k) names.push_back("preconditioners." + std::to_string(k));
     return names;
   }
   T* state_buffer(const std::string& name) override {
     const std::string prefix = "preconditioners.";
-    if (name.rfind(prefix, 0) == 0)
-      return pool_.data() + std::stoll(name.substr(prefix.size())) * size_;
-    return states_.get(name);
-  }
-  std::vector<std::string> scalar_names() const override { return {"layout"}; }
-  double& scalar(const std::string& name) override {
-    if (name == "layout") return layout_;
-    return ZooOptimizer<T>::scalar(name);
+    if (name.rfind(prefix, 0) != 0) return states_.get(name);
+    if (views_.empty()) export_views();
+    return views_.at(size_t(std::stoll(name.substr(prefix.size())))).data();
   }
 
  private:
@@ -187,6 +180,24 @@ class Shampoo : public ZooOptimizer<T> {
     for (size_t i = 0; i < outer_.size(); ++i) R[i] = b2 * R[i] + w * outer_[i];
   }
 
+  // The pool as the checkpoint's buffers: element j of the stream at saved_[j % n] of
+  // buffer j / n; the fingerprint last.
+  void export_views() {
+    const size_t n = saved_.size();
+    views_.assign(size_t(buffers_), std::vector<T>(size_t(size_), T(0)));
+    for (size_t j = 0; j < pool_.size(); ++j) views_[j / n][size_t(saved_[j % n])] = pool_[j];
+    views_.back()[size_t(saved_.back())] = fingerprint_;
+  }
+  void import_views() {
+    const size_t n = saved_.size();
+    OMNI_REQUIRE(views_.back()[size_t(saved_.back())] == fingerprint_,
+                 "--optimizer shampoo: the checkpoint's preconditioners were laid out for other "
+                 "tensors (another model or pipeline layout); resume with the layout that saved "
+                 "them, or with --no-load-optim");
+    for (size_t j = 0; j < pool_.size(); ++j) pool_[j] = views_[j / n][size_t(saved_[j % n])];
+    views_.clear();
+  }
+
   // Q = (F / c2 + eps I)^(-1/root), in float64.
   void inverse_root(const T* F, T* Q, int64_t n, double root, double c2) {
     std::vector<double> a(size_t(n * n)), out(size_t(n * n));
@@ -210,7 +221,10 @@ class Shampoo : public ZooOptimizer<T> {
   ZooStates<T> states_;
   std::vector<Block> blocks_;
   std::vector<T> pool_;
-  double layout_ = 0, expected_layout_ = 0;
+  std::vector<int64_t> saved_;  // the flat buffer's positions that hold parameters
+  int64_t buffers_ = 0;
+  T fingerprint_ = T(0);
+  std::vector<std::vector<T>> views_;  // the checkpoint's preconditioners.k, while asked for
   std::vector<T> g_, m_, v_, mhat_, adam_, s_, tmp_, outer_;  // scratch
 };
 
