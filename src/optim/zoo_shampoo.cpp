@@ -20,9 +20,10 @@
 // States: exp_avg (M) and exp_avg_sq (V), laid out like the parameters, and the blocks'
 // factors and inverse roots (L, R, QL, QR of each block in turn), which do not fit the
 // parameters' shape: they fill the parameters' elements (not the alignment gaps between
-// tensors, which checkpoints skip) of preconditioners.0, preconditioners.1, ... as one
-// stream, whose last element is a fingerprint of this rank's blocks. A checkpoint therefore
-// resumes Shampoo under the pipeline layout that saved it; another is refused by name.
+// tensors, which checkpoints skip, nor the word embeddings) of preconditioners.0,
+// preconditioners.1, ... as one stream, whose last element is a fingerprint of this rank's blocks.
+// A checkpoint therefore resumes Shampoo under the pipeline layout that saved it; another is
+// refused by name.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -57,7 +58,9 @@ class Shampoo : public ZooOptimizer<T> {
     int64_t pool = 0;
     uint64_t hash = 1469598103934665603ull;
     for (const ParamInfo& p : params.infos()) {
-      for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
+      // A later pipeline stage's copy of tied embeddings is not saved (the first stage's is).
+      if (p.name != "embedding.word_embeddings.weight" || params.infos().size() == 1)
+        for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
       OMNI_REQUIRE(p.shape.size() <= 2, "[shampoo] ", p.name, " has ", p.shape.size(),
                    " dimensions; omnitron's Shampoo preconditions vectors and matrices");
       const bool matrix = p.shape.size() == 2;
