@@ -3,7 +3,9 @@
 // validation loss and the training time of each: figures for the README, not a test.
 //
 //   build/bench_optimizer_zoo [--train-iters N] [--binary PATH] [--optimizers a,b,...]
-//     (default 700 steps, ./omnitron beside this program, every optimizer below)
+//                             [--extra "FLAGS"]
+//     (default 700 steps, ./omnitron beside this program, every optimizer below; FLAGS are
+//     added to every run, e.g. "--shampoo-update-freq 10" for a short run)
 // Everything but the optimizer, its learning rate and the length is the demo's (cosine
 // schedule, warmup 40, weight decay 0.1, beta2 0.95); checkpoints go to a temporary folder.
 #include <array>
@@ -59,7 +61,7 @@ double last_number_after(const std::string& out, const std::string& key) {
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
-  std::string iters = "700", only;
+  std::string iters = "700", only, extra;
   std::string binary = (fs::path(argv[0]).parent_path() / "omnitron").string();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -69,6 +71,8 @@ int main(int argc, char** argv) {
       binary = argv[i + 1];
     else if (flag == "--optimizers")
       only = "," + std::string(argv[i + 1]) + ",";
+    else if (flag == "--extra")
+      extra = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_optimizer_zoo: unknown flag %s\n", argv[i]);
       return 2;
@@ -81,9 +85,10 @@ int main(int argc, char** argv) {
     if (!only.empty() && only.find("," + std::string(c.optimizer) + ",") == std::string::npos)
       continue;
     fs::remove_all(save);
-    const std::string out = run(binary + " train --no-progress --max-new-tokens 0 --train-iters " +
-                                iters + " --eval-interval " + iters + " --save " + save +
-                                " --optimizer " + c.optimizer + " --lr " + c.lr + " " + c.extra);
+    const std::string out =
+        run(binary + " train --no-progress --max-new-tokens 0 --train-iters " + iters +
+            " --eval-interval " + iters + " --save " + save + " --optimizer " + c.optimizer +
+            " --lr " + c.lr + " " + c.extra + " " + extra);
     const double loss = last_number_after(out, "final validation loss ");
     const double seconds = last_number_after(out.substr(out.rfind("done: ") + 1), " in ");
     if (loss < 0) {
