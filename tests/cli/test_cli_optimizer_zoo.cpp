@@ -74,17 +74,16 @@ std::string model_bytes(const std::string& dir) {
   return read_text(dir + "/iter_0000006/model.bin");
 }
 
-// The schedule-free averaging weights (scalar state), adam8bit's quantised states and
-// Shampoo's preconditioners (roots taken at steps 2, 4, 6) go through the checkpoint: 3 + 3
-// steps end where 6 steps do.
+// The schedule-free averaging weights (scalar state) and adam8bit's quantised states go
+// through the checkpoint: 3 + 3 steps end where 6 steps do. (Shampoo's preconditioners, which
+// are not shaped like the parameters: tests/mpi/test_optimizer_zoo_mpi.cpp, under PP 2.)
 TEST(CliOptimizerZoo, ResumeFromACheckpointIsBitExact) {
-  for (const char* optimizer : {"adamwschedulefree", "adam8bit", "muon", "lion", "shampoo"}) {
+  for (const char* optimizer : {"adamwschedulefree", "adam8bit", "muon", "lion"}) {
     const std::string base = ::testing::TempDir() + "omnitron_zoo_ckpt_" + optimizer;
     const std::string straight = base + "_straight", stopped = base + "_stopped";
     std::filesystem::remove_all(straight);
     std::filesystem::remove_all(stopped);
-    const std::string run =
-        tiny(optimizer, "1e-3") + "--adam8bit-min-8bit-size 256 --shampoo-update-freq 2 ";
+    const std::string run = tiny(optimizer, "1e-3") + "--adam8bit-min-8bit-size 256 ";
     auto [c1, o1] = run_omnitron(run + "--train-iters 6 --save " + straight);
     ASSERT_EQ(c1, 0) << o1;
     auto [c2, o2] = run_omnitron(run + "--train-iters 6 --exit-interval 3 --save " + stopped);
