@@ -15,7 +15,10 @@
 //   D = A before step update_freq (start_preconditioning_step), else
 //   D = S * ||A|| / (||S|| + 1e-16) with S = QL M^ QR                (grafting: Adam's norm)
 //   W -= lr * (D + wd * W)                                       (decoupled weight decay)
-// The betas are --adam-beta1/--adam-beta2, the grafting epsilon --adam-eps.
+// The betas are --adam-beta1/--adam-beta2, the grafting epsilon --adam-eps. Written from the
+// paper and DistributedShampoo's documented defaults; what Megatron-DeepSpeed's call leaves
+// off there (classical momentum, iterate averaging, eigenvalue-corrected Shampoo, other
+// grafting methods) is not built, and eigenvalues a rounding error below zero count as zero.
 //
 // States: exp_avg (M) and exp_avg_sq (V), laid out like the parameters, and the blocks'
 // factors and inverse roots (L, R, QL, QR of each block in turn), which do not fit the
