@@ -80,6 +80,34 @@ void add_optimizer_zoo_options(std::vector<OptionDef>& t) {
       "--adam8bit-min-8bit-size", "N", O,
       "adam8bit: tensors with fewer elements keep 32-bit moments (bitsandbytes' min_8bit_size)",
       [zoo](Options& o) -> int64_t& { return zoo(o).adam8bit_min_8bit_size; }));
+  t.push_back(number<int64_t>("--galore-rank", "N", O,
+                              "GaLore: rank of the projection (at most the matrix's shorter side)",
+                              [zoo](Options& o) -> int64_t& { return zoo(o).galore_rank; }));
+  t.push_back(number<int64_t>(
+      "--galore-update-proj-gap", "N", O,
+      "GaLore: steps between projections, each from the SVD of the current gradient",
+      [zoo](Options& o) -> int64_t& { return zoo(o).galore_update_proj_gap; }));
+  t.push_back(number<double>("--galore-scale", "X", O,
+                             "GaLore: factor on the update projected back",
+                             [zoo](Options& o) -> double& { return zoo(o).galore_scale; }));
+  t.push_back(text("--galore-proj-type", "std|reverse_std|left|right", O,
+                   "GaLore: the side projected (std: the shorter one; reverse_std: the longer)",
+                   [zoo](Options& o) -> std::string& { return zoo(o).galore_proj_type; }));
+  t.push_back(number<int64_t>(
+      "--shampoo-update-freq", "N", O,
+      "Shampoo: steps between inverse roots of its preconditioners (also the first step that "
+      "preconditions; Adam's direction before it)",
+      [zoo](Options& o) -> int64_t& { return zoo(o).shampoo_update_freq; }));
+  add_alias(t, "--dshampooadamw-precondition-freq", "--shampoo-update-freq");
+  t.push_back(number<double>("--shampoo-eps", "X", O,
+                             "Shampoo: epsilon added to the preconditioners before their roots",
+                             [zoo](Options& o) -> double& { return zoo(o).shampoo_eps; }));
+  add_alias(t, "--dshampooadamw-eps", "--shampoo-eps");
+  t.push_back(number<int64_t>(
+      "--shampoo-max-preconditioner-dim", "N", O,
+      "Shampoo: longer sides are cut into blocks of N, each preconditioned apart",
+      [zoo](Options& o) -> int64_t& { return zoo(o).shampoo_max_preconditioner_dim; }));
+  add_alias(t, "--dshampooadamw-max-preconditioner-dim", "--shampoo-max-preconditioner-dim");
 }
 
 // The zoo's checks, and Muon's QKV split from the model's attention shape.
@@ -107,6 +135,17 @@ void finalize_optimizer_zoo(Options& o) {
                z.lamb_max_coeff, ")");
   OMNI_REQUIRE(z.schedulefree_warmup_steps >= 0, "--schedulefree-warmup-steps must be 0 or more");
   OMNI_REQUIRE(z.adam8bit_min_8bit_size >= 0, "--adam8bit-min-8bit-size must be 0 or more");
+  OMNI_REQUIRE(z.galore_rank >= 1 && z.galore_update_proj_gap >= 1,
+               "--galore-rank and --galore-update-proj-gap must be at least 1 (got ", z.galore_rank,
+               " and ", z.galore_update_proj_gap, ")");
+  OMNI_REQUIRE(z.galore_proj_type == "std" || z.galore_proj_type == "reverse_std" ||
+                   z.galore_proj_type == "left" || z.galore_proj_type == "right",
+               "--galore-proj-type: '", z.galore_proj_type,
+               "' is not one of std, reverse_std, left, right");
+  OMNI_REQUIRE(
+      z.shampoo_update_freq >= 1 && z.shampoo_max_preconditioner_dim >= 1 && z.shampoo_eps >= 0,
+      "--shampoo-update-freq and --shampoo-max-preconditioner-dim must be at least 1 "
+      "and --shampoo-eps 0 or more");
   if (kind == OptimizerKind::SGDScheduleFree)  // the reference refuses a momentum of 0 or 1
     OMNI_REQUIRE(o.optim.sgd_momentum > 0 && o.optim.sgd_momentum < 1, opt,
                  " needs --sgd-momentum in (0, 1), got ", o.optim.sgd_momentum);

@@ -101,11 +101,13 @@ void add_training_options(std::vector<OptionDef>& t) {
       "SGD with momentum and L2 weight decay; the zoo (on the CPU, one tensor-parallel rank): "
       "lamb (ds.fusedlamb, ipex.lamb, ipex.fusedlamb), lion, muon, adamwschedulefree, "
       "sgdschedulefree, adam8bit, sophiag (with its Hessian estimate at 0, as Megatron-DeepSpeed "
-      "runs it); apex.adam and apex.sgd are adamw and sgd",
+      "runs it), galoreadamw, galoreadamw8bit, galoreadamw8bitperlayer (the same math as "
+      "galoreadamw8bit: per layer is when the update runs, a memory technique), shampoo "
+      "(dshampooadamw: DistributedShampoo with Adam grafting); apex.adam and apex.sgd are adamw "
+      "and sgd",
       [](Options& o, const std::string& v) {
         for (const char* other : {"dist_muon", "adaptive_muon", "soap", "muonclip", "ds.onebitlamb",
-                                  "galoreadamw", "galoreadamw8bit", "galoreadamw8bitperlayer",
-                                  "shampoo", "dshampooadamw", "adopt", "adafactor"})
+                                  "adopt", "adafactor"})
           if (v == other) throw NotBuiltError("--optimizer " + v, "the " + v + " optimizer");
         parse_optimizer(v);  // names the choices when `v` is none of them
         o.optimizer = v;

@@ -25,7 +25,11 @@ enum class OptimizerKind {
   AdamWScheduleFree,
   SGDScheduleFree,
   Adam8bit,
-  SophiaG
+  SophiaG,
+  GaLoreAdamW,
+  GaLoreAdamW8bit,
+  GaLoreAdamW8bitPerLayer,
+  Shampoo
 };
 OptimizerKind parse_optimizer(const std::string& s);
 

@@ -21,6 +21,11 @@ const std::pair<const char*, OptimizerKind> kNames[] = {
     {"sgdschedulefree", OptimizerKind::SGDScheduleFree},
     {"adam8bit", OptimizerKind::Adam8bit},
     {"sophiag", OptimizerKind::SophiaG},
+    {"galoreadamw", OptimizerKind::GaLoreAdamW},
+    {"galoreadamw8bit", OptimizerKind::GaLoreAdamW8bit},
+    {"galoreadamw8bitperlayer", OptimizerKind::GaLoreAdamW8bitPerLayer},
+    {"shampoo", OptimizerKind::Shampoo},
+    {"dshampooadamw", OptimizerKind::Shampoo},
     {"apex.adam", OptimizerKind::AdamW},
     {"apex.sgd", OptimizerKind::SGD},
 };
@@ -49,6 +54,11 @@ const char* zoo_optimizer_name(OptimizerKind kind) {
   return "?";
 }
 
+bool is_hidden_matrix(const ParamInfo& p) {
+  return p.shape.size() == 2 && p.name != "embedding.word_embeddings.weight" &&
+         p.name != "output_layer.weight";
+}
+
 template <typename T>
 double& ZooOptimizer<T>::scalar(const std::string& name) {
   throw InternalError("[optimizer] no scalar state '" + name + "'");
@@ -73,6 +83,12 @@ std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& confi
       return make_muon(config, params);
     case OptimizerKind::Adam8bit:
       return make_adam8bit(config, params);
+    case OptimizerKind::GaLoreAdamW:
+    case OptimizerKind::GaLoreAdamW8bit:
+    case OptimizerKind::GaLoreAdamW8bitPerLayer:
+      return make_galore(config, params);
+    case OptimizerKind::Shampoo:
+      return make_shampoo(config, params);
     default:
       return make_elementwise_zoo_optimizer(config, params);
   }

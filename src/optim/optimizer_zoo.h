@@ -15,6 +15,13 @@
 //                       copy of the reference sophia.py
 //   adam8bit            8-bit Adam with block-wise dynamic quantisation of both moments
 //                       (Dettmers et al. 2022, arXiv:2110.02861), as bitsandbytes' Adam8bit
+//   galoreadamw         GaLore (Zhao et al. 2024, arXiv:2403.03507), as galore_torch's
+//   galoreadamw8bit     GaLoreAdamW and GaLoreAdamW8bit: Adam on the gradient of each hidden
+//   galoreadamw8bitperlayer  matrix projected on its top singular vectors (the per-layer
+//                       variant steps each tensor from a gradient hook there: same math here)
+//   shampoo             Shampoo (Gupta, Koren, Singer 2018, arXiv:1802.09568), as Meta's
+//                       DistributedShampoo with Adam grafting behind Megatron-DeepSpeed's
+//                       OPT=shampoo
 //
 // Each family's file cites its reference and says how the state is laid out. States are
 // exposed as buffers shaped like the flat parameter buffer, which checkpoints save.
@@ -71,6 +78,16 @@ std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config,
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params);
+template <typename T>
+std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
+                                             const ParameterSet<T>& params);
+template <typename T>
+std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
+                                              const ParameterSet<T>& params);
+
+// The 2-D weights of the hidden layers (not the word embeddings or the output layer): the
+// matrices Muon orthogonalises and GaLore projects.
+bool is_hidden_matrix(const ParamInfo& p);
 
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);

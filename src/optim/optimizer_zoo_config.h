@@ -32,6 +32,17 @@ struct ZooConfig {
   // bitsandbytes' 8-bit states: block size of the block-wise absmax; smaller tensors keep
   // 32-bit states (bitsandbytes' min_8bit_size).
   int64_t adam8bit_block_size = 256, adam8bit_min_8bit_size = 4096;
+  // GaLore (galore_torch's torchrun_main defaults, whose lines Megatron-DeepSpeed copied):
+  // rank, steps between projections, the factor on the projected-back update, and which
+  // side is projected (std: the shorter; reverse_std, left, right).
+  int64_t galore_rank = 128, galore_update_proj_gap = 50;
+  double galore_scale = 1.0;
+  std::string galore_proj_type = "std";
+  // Shampoo (Megatron-DeepSpeed's DistributedShampoo call): steps between inverse roots
+  // (also the first step that preconditions), the damping epsilon, the largest
+  // preconditioner side (longer tensors are split into blocks).
+  int64_t shampoo_update_freq = 100, shampoo_max_preconditioner_dim = 8192;
+  double shampoo_eps = 1e-12;
 };
 
 }  // namespace omni

@@ -25,6 +25,7 @@
 
 #include "base/error.h"
 #include "optim/optimizer_zoo.h"
+#include "optim/zoo_adam8bit.h"
 
 namespace omni {
 
@@ -64,88 +65,156 @@ uint8_t nearest_code(const std::array<float, 256>& code, float x) {
   return uint8_t(x - code[size_t(lo)] <= code[size_t(hi)] - x ? lo : hi);
 }
 
+}  // namespace
+
+Adam8bitMoments::Adam8bitMoments(const OptimizerConfig& config, const std::vector<int64_t>& sizes)
+    : b1_(float(config.adam_beta1)),
+      b2_(float(config.adam_beta2)),
+      eps_(float(config.adam_eps)),
+      code1_(dynamic_quantization_map(true)),
+      code2_(dynamic_quantization_map(false)),
+      block_(config.zoo.adam8bit_block_size) {
+  OMNI_REQUIRE(block_ > 0, "[adam8bit] the block size must be positive");
+  for (int64_t n : sizes) {
+    Segment l;
+    l.size = n;
+    l.quantized = n >= config.zoo.adam8bit_min_8bit_size;
+    if (l.quantized) {
+      l.start = int64_t(q1_.size());
+      l.block_start = int64_t(absmax1_.size());
+      q1_.resize(q1_.size() + size_t(n), 0);
+      q2_.resize(q2_.size() + size_t(n), 0);
+      const int64_t blocks = (n + block_ - 1) / block_;
+      absmax1_.resize(absmax1_.size() + size_t(blocks), 0.0f);
+      absmax2_.resize(absmax2_.size() + size_t(blocks), 0.0f);
+    } else {
+      l.start = int64_t(s1_.size());
+      s1_.resize(s1_.size() + size_t(n), 0.0f);
+      s2_.resize(s2_.size() + size_t(n), 0.0f);
+    }
+    segments_.push_back(l);
+  }
+  m_.resize(size_t(block_));
+  v_.resize(size_t(block_));
+}
+
+uint8_t Adam8bitMoments::quantize_signed(float x, float absmax) const {
+  if (absmax == 0.0f) return nearest_code(code1_, 0.0f);
+  uint8_t c = nearest_code(code1_, x / absmax);
+  if (std::signbit(code1_[c]) != std::signbit(x)) c = uint8_t(x > 0.0f ? c + 1 : c - 1);
+  return c;
+}
+
+template <typename T>
+void Adam8bitMoments::step(size_t s, T* w, const T* g, double lr, double wd_, int64_t step) {
+  const float b1 = b1_, b2 = b2_, eps = eps_, wd = float(wd_);
+  const float correction1 = 1.0f - float(std::pow(double(b1), double(step)));
+  const float correction2 = std::sqrt(1.0f - float(std::pow(double(b2), double(step))));
+  const float step_size = -float(lr) * correction2 / correction1;
+  const Segment& l = segments_[s];
+  auto update = [&](int64_t i, float& m, float& v) {
+    const float grad = float(g[i]);
+    if (!std::isfinite(grad)) {  // bitsandbytes zeroes the moments and skips the element
+      m = v = 0.0f;
+      return;
+    }
+    m = m * b1 + (1.0f - b1) * grad;
+    v = v * b2 + (1.0f - b2) * (grad * grad);
+    float x = float(w[i]) + step_size * (m / (std::sqrt(v) + eps * correction2));
+    if (wd > 0.0f) x = x * (1.0f - float(lr) * wd);
+    w[i] = T(x);
+  };
+  if (!l.quantized) {
+    for (int64_t i = 0; i < l.size; ++i)
+      update(i, s1_[size_t(l.start + i)], s2_[size_t(l.start + i)]);
+    return;
+  }
+  for (int64_t b0 = 0, b = l.block_start; b0 < l.size; b0 += block_, ++b) {
+    const int64_t n = std::min(block_, l.size - b0);
+    uint8_t* c1 = q1_.data() + l.start + b0;
+    uint8_t* c2 = q2_.data() + l.start + b0;
+    float max1 = 0.0f, max2 = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      float& m = m_[size_t(j)];
+      float& v = v_[size_t(j)];
+      m = code1_[c1[j]] * absmax1_[size_t(b)];
+      v = code2_[c2[j]] * absmax2_[size_t(b)];
+      update(b0 + j, m, v);
+      max1 = std::max(max1, std::fabs(m));
+      max2 = std::max(max2, std::fabs(v));
+    }
+    absmax1_[size_t(b)] = max1;
+    absmax2_[size_t(b)] = max2;
+    for (int64_t j = 0; j < n; ++j) {
+      c1[j] = quantize_signed(m_[size_t(j)], max1);
+      c2[j] = nearest_code(code2_, max2 > 0.0f ? v_[size_t(j)] / max2 : 0.0f);
+    }
+  }
+}
+
+template <typename T>
+void Adam8bitMoments::save(size_t s, const std::array<T*, 4>& out) const {
+  const Segment& l = segments_[s];
+  for (int64_t i = 0; i < l.size; ++i) {
+    out[0][i] = l.quantized ? T(q1_[size_t(l.start + i)]) : T(s1_[size_t(l.start + i)]);
+    out[1][i] = l.quantized ? T(q2_[size_t(l.start + i)]) : T(s2_[size_t(l.start + i)]);
+  }
+  if (!l.quantized) return;
+  for (int64_t b0 = 0, b = l.block_start; b0 < l.size; b0 += block_, ++b) {
+    out[2][b0] = T(absmax1_[size_t(b)]);
+    out[3][b0] = T(absmax2_[size_t(b)]);
+  }
+}
+
+template <typename T>
+void Adam8bitMoments::load(size_t s, const std::array<const T*, 4>& in, const std::string& what) {
+  const Segment& l = segments_[s];
+  for (int64_t i = 0; i < l.size; ++i) {
+    const T x1 = in[0][i], x2 = in[1][i];
+    if (!l.quantized) {
+      s1_[size_t(l.start + i)] = float(x1);
+      s2_[size_t(l.start + i)] = float(x2);
+      continue;
+    }
+    OMNI_REQUIRE(x1 >= 0 && x1 <= 255 && x2 >= 0 && x2 <= 255 && x1 == std::floor(x1) &&
+                     x2 == std::floor(x2),
+                 "[adam8bit] the state of ", what, " holds ", x1, " and ", x2,
+                 " where code indices 0..255 belong (a checkpoint of another optimizer?)");
+    q1_[size_t(l.start + i)] = uint8_t(x1);
+    q2_[size_t(l.start + i)] = uint8_t(x2);
+  }
+  if (!l.quantized) return;
+  for (int64_t b0 = 0, b = l.block_start; b0 < l.size; b0 += block_, ++b) {
+    absmax1_[size_t(b)] = float(in[2][b0]);
+    absmax2_[size_t(b)] = float(in[3][b0]);
+  }
+}
+
+template void Adam8bitMoments::step(size_t, float*, const float*, double, double, int64_t);
+template void Adam8bitMoments::step(size_t, double*, const double*, double, double, int64_t);
+template void Adam8bitMoments::save(size_t, const std::array<float*, 4>&) const;
+template void Adam8bitMoments::save(size_t, const std::array<double*, 4>&) const;
+template void Adam8bitMoments::load(size_t, const std::array<const float*, 4>&, const std::string&);
+template void Adam8bitMoments::load(size_t, const std::array<const double*, 4>&,
+                                    const std::string&);
+
+namespace {
+
 template <typename T>
 class Adam8bit : public ZooOptimizer<T> {
  public:
   Adam8bit(const OptimizerConfig& config, const ParameterSet<T>& params)
       : cfg_(config),
-        code1_(dynamic_quantization_map(true)),
-        code2_(dynamic_quantization_map(false)),
-        block_(config.zoo.adam8bit_block_size),
-        infos_(params.infos()) {
-    OMNI_REQUIRE(block_ > 0, "[adam8bit] the block size must be positive");
-    for (const ParamInfo& p : params.infos()) {
-      Layout l;
-      l.quantized = p.numel >= config.zoo.adam8bit_min_8bit_size;
-      if (l.quantized) {
-        l.start = int64_t(q1_.size());
-        l.block_start = int64_t(absmax1_.size());
-        q1_.resize(q1_.size() + size_t(p.numel), 0);
-        q2_.resize(q2_.size() + size_t(p.numel), 0);
-        const int64_t blocks = (p.numel + block_ - 1) / block_;
-        absmax1_.resize(absmax1_.size() + size_t(blocks), 0.0f);
-        absmax2_.resize(absmax2_.size() + size_t(blocks), 0.0f);
-      } else {
-        l.start = int64_t(s1_.size());
-        s1_.resize(s1_.size() + size_t(p.numel), 0.0f);
-        s2_.resize(s2_.size() + size_t(p.numel), 0.0f);
-      }
-      layout_.push_back(l);
-    }
-    size_ = params.size();
-  }
+        moments_(config, sizes(params)),
+        infos_(params.infos()),
+        size_(params.size()) {}
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     if (!views_.empty()) import_views(params);
-    const float b1 = float(cfg_.adam_beta1), b2 = float(cfg_.adam_beta2),
-                eps = float(cfg_.adam_eps);
-    const float correction1 = 1.0f - float(std::pow(double(b1), double(step)));
-    const float correction2 = std::sqrt(1.0f - float(std::pow(double(b2), double(step))));
-    const float step_size = -float(lr) * correction2 / correction1;
-    const auto& infos = params.infos();
-    for (size_t pi = 0; pi < infos.size(); ++pi) {
-      const ParamInfo& p = infos[pi];
-      const Layout& l = layout_[pi];
-      const float wd = p.weight_decay ? float(cfg_.weight_decay) : 0.0f;
-      T* w = params.values() + p.offset;
-      const T* g = params.grads() + p.offset;
-      auto update = [&](int64_t i, float& m, float& v) {
-        const float grad = float(g[i]);
-        if (!std::isfinite(grad)) {  // bitsandbytes zeroes the moments and skips the element
-          m = v = 0.0f;
-          return;
-        }
-        m = m * b1 + (1.0f - b1) * grad;
-        v = v * b2 + (1.0f - b2) * (grad * grad);
-        float x = float(w[i]) + step_size * (m / (std::sqrt(v) + eps * correction2));
-        if (wd > 0.0f) x = x * (1.0f - float(lr) * wd);
-        w[i] = T(x);
-      };
-      if (!l.quantized) {
-        for (int64_t i = 0; i < p.numel; ++i)
-          update(i, s1_[size_t(l.start + i)], s2_[size_t(l.start + i)]);
-        continue;
-      }
-      std::vector<float> m(static_cast<size_t>(block_)), v(static_cast<size_t>(block_));
-      for (int64_t b0 = 0, b = l.block_start; b0 < p.numel; b0 += block_, ++b) {
-        const int64_t n = std::min(block_, p.numel - b0);
-        uint8_t* c1 = q1_.data() + l.start + b0;
-        uint8_t* c2 = q2_.data() + l.start + b0;
-        float max1 = 0.0f, max2 = 0.0f;
-        for (int64_t j = 0; j < n; ++j) {
-          m[size_t(j)] = code1_[c1[j]] * absmax1_[size_t(b)];
-          v[size_t(j)] = code2_[c2[j]] * absmax2_[size_t(b)];
-          update(b0 + j, m[size_t(j)], v[size_t(j)]);
-          max1 = std::max(max1, std::fabs(m[size_t(j)]));
-          max2 = std::max(max2, std::fabs(v[size_t(j)]));
-        }
-        absmax1_[size_t(b)] = max1;
-        absmax2_[size_t(b)] = max2;
-        for (int64_t j = 0; j < n; ++j) {
-          c1[j] = quantize_signed(m[size_t(j)], max1);
-          c2[j] = max2 > 0.0f ? nearest_code(code2_, v[size_t(j)] / max2) : zero2();
-        }
-      }
+    for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      const ParamInfo& p = infos_[pi];
+      moments_.step(pi, params.values() + p.offset, params.grads() + p.offset, lr,
+                    p.weight_decay ? cfg_.weight_decay : 0.0, step);
     }
   }
 
@@ -153,7 +222,14 @@ class Adam8bit : public ZooOptimizer<T> {
     return {"state1", "state2", "absmax1", "absmax2"};
   }
   T* state_buffer(const std::string& name) override {
-    if (views_.empty()) export_views();
+    if (views_.empty()) {
+      views_.assign(4, std::vector<T>(size_t(size_), T(0)));
+      for (size_t pi = 0; pi < infos_.size(); ++pi) {
+        const int64_t o = infos_[pi].offset;
+        moments_.save<T>(pi, {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o,
+                              views_[3].data() + o});
+      }
+    }
     const auto names = state_names();
     for (size_t i = 0; i < names.size(); ++i)
       if (names[i] == name) return views_[i].data();
@@ -161,77 +237,28 @@ class Adam8bit : public ZooOptimizer<T> {
   }
 
  private:
-  struct Layout {
-    bool quantized = false;
-    int64_t start = 0;        // into q1_/q2_ (quantized) or s1_/s2_
-    int64_t block_start = 0;  // into absmax1_/absmax2_
-  };
-
-  uint8_t zero2() const { return nearest_code(code2_, 0.0f); }
-  uint8_t quantize_signed(float x, float absmax) const {
-    if (absmax == 0.0f) return nearest_code(code1_, 0.0f);
-    uint8_t c = nearest_code(code1_, x / absmax);
-    if (std::signbit(code1_[c]) != std::signbit(x)) c = uint8_t(x > 0.0f ? c + 1 : c - 1);
-    return c;
-  }
-
-  template <typename F>
-  void for_each_param(F&& f) {
-    size_t pi = 0;
-    for (const ParamInfo& p : infos_) f(p, layout_[pi++]);
-  }
-
-  void export_views() {
-    views_.assign(4, std::vector<T>(size_t(size_), T(0)));
-    for_each_param([&](const ParamInfo& p, const Layout& l) {
-      T* s1 = views_[0].data() + p.offset;
-      T* s2 = views_[1].data() + p.offset;
-      for (int64_t i = 0; i < p.numel; ++i) {
-        s1[i] = l.quantized ? T(q1_[size_t(l.start + i)]) : T(s1_[size_t(l.start + i)]);
-        s2[i] = l.quantized ? T(q2_[size_t(l.start + i)]) : T(s2_[size_t(l.start + i)]);
-      }
-      if (!l.quantized) return;
-      for (int64_t b0 = 0, b = l.block_start; b0 < p.numel; b0 += block_, ++b) {
-        views_[2][size_t(p.offset + b0)] = T(absmax1_[size_t(b)]);
-        views_[3][size_t(p.offset + b0)] = T(absmax2_[size_t(b)]);
-      }
-    });
+  static std::vector<int64_t> sizes(const ParameterSet<T>& params) {
+    std::vector<int64_t> out;
+    for (const ParamInfo& p : params.infos()) out.push_back(p.numel);
+    return out;
   }
 
   void import_views(const ParameterSet<T>& params) {
     OMNI_REQUIRE(params.size() == size_, "[adam8bit] the parameters changed size");
-    for_each_param([&](const ParamInfo& p, const Layout& l) {
-      const T* s1 = views_[0].data() + p.offset;
-      const T* s2 = views_[1].data() + p.offset;
-      for (int64_t i = 0; i < p.numel; ++i) {
-        if (!l.quantized) {
-          s1_[size_t(l.start + i)] = float(s1[i]);
-          s2_[size_t(l.start + i)] = float(s2[i]);
-          continue;
-        }
-        OMNI_REQUIRE(s1[i] >= 0 && s1[i] <= 255 && s2[i] >= 0 && s2[i] <= 255 &&
-                         s1[i] == std::floor(s1[i]) && s2[i] == std::floor(s2[i]),
-                     "[adam8bit] the state of ", p.name, " holds ", s1[i], " and ", s2[i],
-                     " where code indices 0..255 belong (a checkpoint of another optimizer?)");
-        q1_[size_t(l.start + i)] = uint8_t(s1[i]);
-        q2_[size_t(l.start + i)] = uint8_t(s2[i]);
-      }
-      if (!l.quantized) return;
-      for (int64_t b0 = 0, b = l.block_start; b0 < p.numel; b0 += block_, ++b) {
-        absmax1_[size_t(b)] = float(views_[2][size_t(p.offset + b0)]);
-        absmax2_[size_t(b)] = float(views_[3][size_t(p.offset + b0)]);
-      }
-    });
+    for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      const int64_t o = infos_[pi].offset;
+      moments_.load<T>(
+          pi,
+          {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o, views_[3].data() + o},
+          infos_[pi].name);
+    }
     views_.clear();
   }
 
   OptimizerConfig cfg_;
-  std::array<float, 256> code1_, code2_;
-  int64_t block_ = 256, size_ = 0;
+  Adam8bitMoments moments_;
   std::vector<ParamInfo> infos_;
-  std::vector<Layout> layout_;
-  std::vector<uint8_t> q1_, q2_;
-  std::vector<float> absmax1_, absmax2_, s1_, s2_;
+  int64_t size_ = 0;
   std::vector<std::vector<T>> views_;  // the checkpoint's state1, state2, absmax1, absmax2
 };
 

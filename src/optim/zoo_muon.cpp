@@ -42,11 +42,6 @@ std::vector<NSCoefficients> ns_coefficients(const std::string& type) {
   throw UsageError("--muon-coefficient-type: '" + type + "' is not one of quintic, simple");
 }
 
-bool takes_muon(const ParamInfo& p) {
-  return p.shape.size() == 2 && p.name != "embedding.word_embeddings.weight" &&
-         p.name != "output_layer.weight";
-}
-
 bool is_qkv(const ParamInfo& p) {
   const std::string suffix = "linear_qkv.weight";
   return p.name.size() >= suffix.size() &&
@@ -71,7 +66,7 @@ class Muon : public ZooOptimizer<T> {
     for (const ParamInfo& p : params.infos()) {
       T* w = params.values() + p.offset;
       const T* g = params.grads() + p.offset;
-      if (!takes_muon(p)) {
+      if (!is_hidden_matrix(p)) {
         update_elements(adam_, step, lr, p.weight_decay, w, g, m + p.offset, v + p.offset, p.numel);
         continue;
       }

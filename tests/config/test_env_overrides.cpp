@@ -227,7 +227,10 @@ TEST(EnvOverrides, OptimizerNamesMapToTheSameUpdate) {
   EXPECT_EQ(flags({{"OPT", "apex.sgd"}}), (Args{"--optimizer", "sgd"}));
   EXPECT_EQ(flags({{"OPT", "adam"}}), (Args{"--optimizer", "adam"}));
   EXPECT_NE(notes({{"OPT", "adam"}}).find("torch.optim.Adam"), std::string::npos);
-  EXPECT_THROW(env_overrides({{"OPT", "galoreadamw"}}), NotBuiltError);
+  EXPECT_EQ(flags({{"OPT", "galoreadamw8bitperlayer"}}),
+            (Args{"--optimizer", "galoreadamw8bitperlayer"}));
+  EXPECT_EQ(flags({{"OPT", "dshampooadamw"}}), (Args{"--optimizer", "shampoo"}));
+  EXPECT_THROW(env_overrides({{"OPT", "adafactor"}}), NotBuiltError);
   EXPECT_NE(error_of({{"OPTIM", "ds.onebitlamb"}}).find("OPTIM=ds.onebitlamb: not built yet"),
             std::string::npos);
   EXPECT_THROW(env_overrides({{"LR_DECAY_STYLE", "infinite-cosine"}}), NotBuiltError);

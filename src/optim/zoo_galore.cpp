@@ -1,0 +1,227 @@
+// GaLore: Adam on low-rank projections of the gradients of the hidden matrices (J. Zhao,
+// Z. Zhang, B. Chen, Z. Wang, A. Anandkumar, Y. Tian, "GaLore: Memory-Efficient LLM Training
+// by Gradient Low-Rank Projection", arXiv:2403.03507, Algorithm 2), as galore_torch's
+// GaLoreAdamW and GaLoreAdamW8bit (behind Megatron-DeepSpeed's OPT=galoreadamw,
+// galoreadamw8bit and galoreadamw8bitperlayer). For a hidden matrix W [m, n] with gradient G,
+// at step t (1-based):
+//   every update_proj_gap steps (t = 1, 1 + gap, ...): P from the SVD of G, in float64: the
+//     first r = min(rank, m, n) left singular vectors [m, r] when the left side is projected
+//     (proj_type std: when m < n; reverse_std: when m >= n; left; right), else the first r
+//     right ones [r, n];
+//   R = P^T G [r, n] (left) or G P^T [m, r] (right);
+//   galoreadamw (transformers' AdamW arithmetic, which galore_torch copies): M, V Adam's
+//     moments of R, N = M / (sqrt(V) + eps), W -= lr sqrt(1 - b2^t) / (1 - b1^t) * scale * PN
+//     (or NP), then W -= lr * wd * W;
+//   galoreadamw8bit: bitsandbytes' 8-bit Adam (zoo_adam8bit.h: the same quantisation as
+//     adam8bit) steps a zero tensor shaped like R without decay; that step, projected back
+//     and times scale, is added to W, then W -= lr * wd * W.
+// The moments are not reset when P changes (galore_torch keeps them). The other tensors (the
+// embeddings, the output layer, biases, norms) take the same Adam without projection: AdamW
+// in transformers' arithmetic, or bitsandbytes' 8-bit Adam. galoreadamw8bitperlayer runs
+// GaLoreAdamW8bit from a gradient hook per tensor to save the gradient memory: the same math.
+//
+// Megatron-DeepSpeed passes only lr and weight decay, so betas and eps are the --adam-* flags
+// (galore_torch's own AdamW defaults eps to 1e-6, bitsandbytes' to 1e-8).
+//
+// States, laid out like the parameters, a matrix's projected quantity from its first element:
+// projection (P; zeros for the other tensors), and exp_avg and exp_avg_sq (galoreadamw) or
+// adam8bit's state1, state2, absmax1 and absmax2 (the 8-bit variants).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "base/error.h"
+#include "optim/optimizer_zoo.h"
+#include "optim/zoo_adam8bit.h"
+#include "optim/zoo_linalg.h"
+
+namespace omni {
+
+namespace {
+
+struct Projection {
+  bool galore = false, left = false;
+  int64_t rows = 0, cols = 0, rank = 0;
+  int64_t low_size(int64_t numel) const {
+    return !galore ? numel : left ? rank * cols : rows * rank;
+  }
+};
+
+Projection plan(const ParamInfo& p, const ZooConfig& z) {
+  Projection pr;
+  if (!is_hidden_matrix(p)) return pr;
+  pr.galore = true;
+  pr.rows = p.shape[0], pr.cols = p.shape[1];
+  pr.rank = std::min({z.galore_rank, pr.rows, pr.cols});
+  const std::string& type = z.galore_proj_type;
+  if (type == "std")
+    pr.left = pr.rows < pr.cols;
+  else if (type == "reverse_std")
+    pr.left = pr.rows >= pr.cols;
+  else if (type == "left" || type == "right")
+    pr.left = type == "left";
+  else
+    throw UsageError("--galore-proj-type: '" + type +
+                     "' is not one of std, reverse_std, left, right");
+  return pr;
+}
+
+template <typename T>
+class GaLore : public ZooOptimizer<T> {
+ public:
+  GaLore(const OptimizerConfig& config, const ParameterSet<T>& params)
+      : cfg_(config),
+        eight_bit_(config.kind != OptimizerKind::GaLoreAdamW),
+        infos_(params.infos()),
+        size_(params.size()),
+        states_(eight_bit_ ? std::vector<std::string>{"projection"}
+                           : std::vector<std::string>{"projection", "exp_avg", "exp_avg_sq"},
+                params.size()) {
+    std::vector<int64_t> sizes;
+    for (const ParamInfo& p : infos_) {
+      plans_.push_back(plan(p, config.zoo));
+      sizes.push_back(plans_.back().low_size(p.numel));
+    }
+    if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes);
+  }
+
+  void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    if (!views_.empty()) import_views();
+    for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      const ParamInfo& p = infos_[pi];
+      const Projection& pr = plans_[pi];
+      T* w = params.values() + p.offset;
+      const T* g = params.grads() + p.offset;
+      const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
+      if (!pr.galore && eight_bit_) {  // bitsandbytes' Adam8bit, its decay included
+        moments_->step(pi, w, g, lr, wd, step);
+        continue;
+      }
+      const int64_t n = pr.low_size(p.numel);
+      T* P = states_.get("projection") + p.offset;
+      const T* r = g;
+      if (pr.galore) {
+        if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, g, P);
+        low_.resize(size_t(n));
+        if (pr.left)  // R = P^T G
+          ops::gemm<T>(true, false, int(pr.rank), int(pr.cols), int(pr.rows), T(1), P, int(pr.rank),
+                       g, int(pr.cols), T(0), low_.data(), int(pr.cols));
+        else  // R = G P^T
+          ops::gemm<T>(false, true, int(pr.rows), int(pr.rank), int(pr.cols), T(1), g, int(pr.cols),
+                       P, int(pr.cols), T(0), low_.data(), int(pr.rank));
+        r = low_.data();
+      }
+      update_.assign(size_t(n), T(0));
+      T step_scale = T(1);
+      if (eight_bit_) {
+        moments_->step(pi, update_.data(), r, lr, 0.0, step);
+      } else {
+        adam_direction(r, states_.get("exp_avg") + p.offset, states_.get("exp_avg_sq") + p.offset,
+                       n);
+        const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
+        step_scale = T(-lr * std::sqrt(1.0 - std::pow(b2, double(step))) /
+                       (1.0 - std::pow(b1, double(step))));
+      }
+      const T* u = update_.data();
+      if (pr.galore) {
+        back_.resize(size_t(p.numel));
+        if (pr.left)  // P N
+          ops::gemm<T>(false, false, int(pr.rows), int(pr.cols), int(pr.rank), T(1), P,
+                       int(pr.rank), u, int(pr.cols), T(0), back_.data(), int(pr.cols));
+        else  // N P
+          ops::gemm<T>(false, false, int(pr.rows), int(pr.cols), int(pr.rank), T(1), u,
+                       int(pr.rank), P, int(pr.cols), T(0), back_.data(), int(pr.cols));
+        const T scale = T(cfg_.zoo.galore_scale);
+        for (T& x : back_) x *= scale;
+        u = back_.data();
+      }
+      const T decay = T(-lr * wd);
+      for (int64_t i = 0; i < p.numel; ++i) {
+        w[i] += step_scale * u[i];
+        if (wd > 0) w[i] += decay * w[i];
+      }
+    }
+  }
+
+  std::vector<std::string> state_names() const override {
+    if (!eight_bit_) return states_.names();
+    return {"projection", "state1", "state2", "absmax1", "absmax2"};
+  }
+  T* state_buffer(const std::string& name) override {
+    if (!eight_bit_ || name == "projection") return states_.get(name);
+    if (views_.empty()) export_views();
+    const auto names = state_names();
+    for (size_t i = 1; i < names.size(); ++i)
+      if (names[i] == name) return views_[i - 1].data();
+    throw InternalError("[galore] no state buffer '" + name + "'");
+  }
+
+ private:
+  // transformers' AdamW: M, V updated in place; update_ = M / (sqrt(V) + eps).
+  void adam_direction(const T* g, T* m, T* v, int64_t n) {
+    const T b1 = T(cfg_.adam_beta1), b2 = T(cfg_.adam_beta2), eps = T(cfg_.adam_eps);
+    const T c1 = T(1.0 - cfg_.adam_beta1), c2 = T(1.0 - cfg_.adam_beta2);
+    for (int64_t i = 0; i < n; ++i) {
+      m[i] = m[i] * b1 + c1 * g[i];
+      v[i] = v[i] * b2 + c2 * g[i] * g[i];
+      update_[size_t(i)] = m[i] / (std::sqrt(v[i]) + eps);
+    }
+  }
+
+  // P from the float64 SVD of G.
+  void project_from(const Projection& pr, const T* g, T* P) {
+    std::vector<double> a(g, g + pr.rows * pr.cols);
+    std::vector<double> out(size_t(pr.left ? pr.rows : pr.cols) * size_t(pr.rank));
+    linalg::top_singular_vectors(a.data(), pr.rows, pr.cols, pr.rank, pr.left, out.data());
+    for (size_t i = 0; i < out.size(); ++i) P[i] = T(out[i]);
+  }
+
+  void export_views() {
+    views_.assign(4, std::vector<T>(size_t(size_), T(0)));
+    for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      const int64_t o = infos_[pi].offset;
+      moments_->save<T>(pi, {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o,
+                             views_[3].data() + o});
+    }
+  }
+  void import_views() {
+    for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      const int64_t o = infos_[pi].offset;
+      moments_->load<T>(
+          pi,
+          {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o, views_[3].data() + o},
+          infos_[pi].name);
+    }
+    views_.clear();
+  }
+
+  OptimizerConfig cfg_;
+  bool eight_bit_;
+  std::vector<ParamInfo> infos_;
+  int64_t size_;
+  std::vector<Projection> plans_;
+  ZooStates<T> states_;
+  std::unique_ptr<Adam8bitMoments> moments_;
+  std::vector<std::vector<T>> views_;   // 8-bit: the checkpoint's state1, state2, absmax1, absmax2
+  std::vector<T> low_, update_, back_;  // scratch
+};
+
+}  // namespace
+
+template <typename T>
+std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
+                                             const ParameterSet<T>& params) {
+  const ZooConfig& z = config.zoo;
+  OMNI_REQUIRE(z.galore_rank >= 1, "--galore-rank must be at least 1 (got ", z.galore_rank, ")");
+  OMNI_REQUIRE(z.galore_update_proj_gap >= 1, "--galore-update-proj-gap must be at least 1 (got ",
+               z.galore_update_proj_gap, ")");
+  return std::make_shared<GaLore<T>>(config, params);
+}
+
+template std::shared_ptr<ZooOptimizer<float>> make_galore(const OptimizerConfig&,
+                                                          const ParameterSet<float>&);
+template std::shared_ptr<ZooOptimizer<double>> make_galore(const OptimizerConfig&,
+                                                           const ParameterSet<double>&);
+
+}  // namespace omni
