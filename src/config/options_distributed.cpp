@@ -1,5 +1,6 @@
 // Megatron's distributed group: the parallel layout, and the device it runs on.
 #include <algorithm>
+#include <string>
 
 #include "config/option_rows.h"
 
@@ -52,25 +53,29 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   t.push_back(toggle("--use-distributed-optimizer", PAR,
                      "shard optimizer states and master weights across data-parallel ranks",
                      [](Options& o) -> bool& { return o.use_distributed_optimizer; }));
-  // FSDP shards parameters and gradients as well; the arithmetic is the same, so until ZeRO-3
-  // is built these train with the sharded optimizer state and say what stays unsharded.
+  // ZeRO (DeepSpeed's zero_optimization.stage; Megatron-DeepSpeed's --zero-stage): 1 is the
+  // distributed optimizer; 2 also keeps only the rank's shard of the gradients, 3 also of the
+  // parameters (parallel/zero_sharding.h).
+  t.push_back(OptionDef{"--zero-stage", "0|1|2|3", PAR,
+                        "ZeRO sharding over the data-parallel ranks: 1 optimizer states "
+                        "(--use-distributed-optimizer), 2 also gradients, 3 also parameters",
+                        [](Options& o, const std::string& v) {
+                          if (v != "0" && v != "1" && v != "2" && v != "3")
+                            throw UsageError("--zero-stage: '" + v + "' is not one of 0, 1, 2, 3");
+                          o.zero_stage = v[0] - '0';
+                          if (o.zero_stage > 0) o.use_distributed_optimizer = true;
+                        },
+                        [](const Options& o) { return std::to_string(o.zero_stage); }});
+  // Torch FSDP2 (resharding after forward, its default) and Megatron-FSDP (its default
+  // optim_grads_params strategy) shard states, gradients and parameters: ZeRO stage 3.
   for (const char* flag : {"--use-torch-fsdp2", "--use-megatron-fsdp"}) {
-    const std::string f = flag;
-    t.push_back(OptionDef{
-        f, "", PAR,
-        "trains with --use-distributed-optimizer (the same results); parameters and gradients "
-        "are not sharded yet, so each rank holds them whole",
-        [f](Options& o, const std::string&) {
-          o.use_distributed_optimizer = true;
-          const std::string note =
-              "note: " + f +
-              " trains with --use-distributed-optimizer: the same results as fully sharded "
-              "data parallelism, but parameters and gradients are not sharded yet (each rank "
-              "holds them whole)";
-          if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end())
-            o.notes.push_back(note);
-        },
-        nullptr});
+    t.push_back(OptionDef{flag, "", PAR,
+                          "fully sharded data parallelism: the same as --zero-stage 3",
+                          [](Options& o, const std::string&) {
+                            o.zero_stage = 3;
+                            o.use_distributed_optimizer = true;
+                          },
+                          nullptr});
   }
   t.push_back(toggle("--use-tp-pp-dp-mapping", PAR,
                      "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
@@ -96,6 +101,22 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                              "in one collective: each rank's call, group and step phase, and "
                              "which ranks are behind (0: only at the timeout)",
                              [](Options& o) -> double& { return o.hang_report_seconds; }));
+}
+
+// ZeRO stages 2 and 3 train an fp32 model, one pipeline stage, dense layers.
+void finalize_zero(Options& o) {
+  if (o.zero_stage < 2) return;
+  const std::string stage = "--zero-stage " + std::to_string(o.zero_stage);
+  const char* feature = "ZeRO stages 2 and 3 with pipeline parallelism, 16-bit training or MoE";
+  if (o.pipeline_model_parallel_size > 1)
+    throw NotBuiltError(stage + " with --pipeline-model-parallel-size " +
+                            std::to_string(o.pipeline_model_parallel_size),
+                        feature);
+  if (o.bf16 || o.fp16)
+    throw NotBuiltError(stage + (o.bf16 ? " with --bf16" : " with --fp16"), feature);
+  if (o.model.num_moe_experts > 0)
+    throw NotBuiltError(stage + " with --num-experts " + std::to_string(o.model.num_moe_experts),
+                        feature);
 }
 
 }  // namespace omni::option_rows

@@ -10,6 +10,7 @@
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "optim/lr_schedule.h"
+#include "optim/optimizer_zoo.h"
 #include "parallel/full_model.h"
 #include "parallel/schedules.h"
 #include "train/downstream_eval.h"
@@ -143,9 +144,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     for (const ParamInfo& e : model_infos())
       if (e.name == "embedding.word_embeddings.weight")
         shared_embedding_ = {e.offset, e.offset + e.numel};
+  // ZeRO 2/3 close a bucket at each layer's start, so a layer is a run of whole buckets.
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
       grid_->dp_cp(), model_infos(), model_grads(), opts.ddp_bucket_size,
-      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_);
+      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_,
+      opts.zero_stage >= 2 ? zero_bucket_boundaries(model_infos()) : std::vector<int64_t>{});
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
   // Without it (Megatron's default) ddp_->finish() starts them all after the backward pass.
@@ -158,7 +161,20 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     }
     ddp_->mark_ready(begin, end);
   };
-  with_model([&](auto& m) { m.pipeline.set_grads_ready_hook(grads_ready); });
+  if (opts.zero_stage >= 2) {  // every micro-batch's gradients reduced as they are final
+    OMNI_REQUIRE(!exec_.gpu || exec_.gpu->memory_is_host_memory(), "--zero-stage ", opts.zero_stage,
+                 " on --device ", opts.device,
+                 ": not built yet (ZeRO 2/3 release host memory; this GPU's is its own)");
+    zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, *ddp_, optimizer_params(), exec_);
+    with_model([&](auto& m) {
+      m.pipeline.set_grads_ready_hook([this](int64_t b, int64_t e) { zero_->grads_ready(b, e); },
+                                      true);
+      m.model.set_params_hook(
+          [this](int64_t b, int64_t e, bool use) { zero_->use_params(b, e, use); });
+    });
+  } else {
+    with_model([&](auto& m) { m.pipeline.set_grads_ready_hook(grads_ready); });
+  }
   if (opts.bf16 || opts.fp16) {
     const DType dtype = opts.bf16 ? DType::BF16 : DType::F16;
     with_model([&](auto& m) {
@@ -172,10 +188,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
   }
-  if (opts.use_distributed_optimizer)
+  if (opts.use_distributed_optimizer) {
     dist_optimizer_ =
         std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params(), exec_);
-  else
+    dist_optimizer_->set_gather_params(opts.zero_stage < 3);
+  } else
     optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_);
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
@@ -245,7 +262,14 @@ RankState Trainer::rank_state(bool with_optimizer) {
   state.infos = params.infos();
   state.padded_vocab = opts_.model.padded_vocab_size();
   state.exec = exec_;
-  state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  if (zero_ && zero_->stage() == 3) {  // each rank holds and writes its shard of the values
+    StateBuffer values{"", {}, true};
+    for (const ShardRange& r : ddp_->shard())
+      values.spans.push_back({r.begin, r.end, params.values() + r.begin});
+    state.buffers.push_back(std::move(values));
+  } else {
+    state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  }
   const std::vector<std::string> names = !with_optimizer ? std::vector<std::string>{}
                                          : optimizer_    ? optimizer_->state_names()
                                                          : dist_optimizer_->state_names();
@@ -301,6 +325,7 @@ void Trainer::load(const std::string& dir) {
     p = reader.progress();
   }
   if (mixed_) mixed_->copy_master_to_model();
+  if (zero_) zero_->release_params();
   if (resume) {
     iteration_ = p.iteration;
     lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
@@ -425,7 +450,10 @@ double Trainer::reduce_loss(double loss_sum, int microbatches) const {
 Trainer::Step Trainer::train_step(int64_t iteration) {
   const int mb = opts_.micro_batch_size, accum = step_micro_batches();
   float* grads = model_grads().data<float>();
-  ops::zero(exec_, grads, size_t(model_grads().numel()));
+  if (zero_)
+    zero_->begin_step();
+  else
+    ops::zero(exec_, grads, size_t(model_grads().numel()));
   for (int m = 0; m < accum; ++m)
     read_batch(
         m, micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(), grid_->dp_size()),
@@ -453,7 +481,10 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     grid_->embedding().all_reduce(grads + b, size_t(e - b));
     if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
-  ddp_->finish();
+  if (zero_)
+    zero_->finish();
+  else
+    ddp_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : model_infos())
     if (p.tp_partial_grad) grid_->tp().all_reduce(grads + p.offset, size_t(p.numel));
@@ -634,6 +665,30 @@ TrainResult Trainer::run(MetricsSink& sink) {
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
   result.tokens_per_sec = steps_run > 0 ? tokens_trained / train_seconds : 0.0;
   return result;
+}
+
+Trainer::HeldMemory Trainer::held_memory(bool reset_peak) {
+  ParameterSet<float>& params = optimizer_params();
+  const size_t bytes = size_t(params.size()) * sizeof(float);
+  HeldMemory m;
+  if (zero_) {
+    const ZeroSharding::Bytes peak = zero_->peak();
+    m.params = peak.params, m.grads = peak.grads;
+    if (reset_peak) zero_->reset_peak();
+  } else {
+    m.params = resident_bytes(params.values(), bytes);
+    m.grads = resident_bytes(params.grads(), bytes);
+  }
+  if (optimizer_ && !is_zoo_optimizer(optimizer_->kind()))  // AdamW's or SGD's float states
+    for (const std::string& name : optimizer_->state_names())
+      m.optimizer += resident_bytes(optimizer_->state_buffer(name), bytes);
+  int64_t shard = 0;
+  for (const ShardRange& r : ddp_->shard()) shard += r.end - r.begin;
+  if (dist_optimizer_)
+    for (const std::string& name : dist_optimizer_->state_names())
+      m.optimizer +=
+          resident_bytes(dist_optimizer_->shard_state(name), size_t(shard) * sizeof(float));
+  return m;
 }
 
 }  // namespace omni
