@@ -1,5 +1,6 @@
 // Megatron's distributed group: the parallel layout, and the device it runs on.
 #include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "config/option_rows.h"
@@ -67,16 +68,32 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                         },
                         [](const Options& o) { return std::to_string(o.zero_stage); }});
   // Torch FSDP2 (resharding after forward, its default) and Megatron-FSDP (its default
-  // optim_grads_params strategy) shard states, gradients and parameters: ZeRO stage 3.
+  // optim_grads_params strategy) shard states, gradients and parameters: ZeRO stage 3 where
+  // it is built for the other settings, else the distributed optimizer (finalize_zero).
   for (const char* flag : {"--use-torch-fsdp2", "--use-megatron-fsdp"}) {
-    t.push_back(OptionDef{flag, "", PAR,
-                          "fully sharded data parallelism: the same as --zero-stage 3",
-                          [](Options& o, const std::string&) {
-                            o.zero_stage = 3;
+    const std::string f = flag;
+    t.push_back(OptionDef{f, "", PAR,
+                          "fully sharded data parallelism: --zero-stage 3 (where stage 3 is "
+                          "not built for the other settings, stage 1, with a note)",
+                          [f](Options& o, const std::string&) {
+                            o.fsdp_flag = f;
                             o.use_distributed_optimizer = true;
                           },
                           nullptr});
   }
+  t.push_back(OptionDef{
+      "--data-parallel-sharding-strategy", "no_shard|optim|optim_grads|optim_grads_params", PAR,
+      "with --use-megatron-fsdp, what is sharded: the ZeRO stage 0 (trained as 1: the same "
+      "results), 1, 2 or 3 (Megatron's default)",
+      [](Options& o, const std::string& v) {
+        const char* names[] = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
+        const auto at = std::find(std::begin(names), std::end(names), v);
+        if (at == std::end(names))
+          throw UsageError("--data-parallel-sharding-strategy: '" + v +
+                           "' is not one of no_shard, optim, optim_grads, optim_grads_params");
+        o.fsdp_sharding_stage = int(at - std::begin(names));
+      },
+      nullptr});
   t.push_back(toggle("--use-tp-pp-dp-mapping", PAR,
                      "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
                      [](Options& o) -> bool& { return o.use_tp_pp_dp_mapping; }));
@@ -103,20 +120,33 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> double& { return o.hang_report_seconds; }));
 }
 
-// ZeRO stages 2 and 3 train an fp32 model, one pipeline stage, dense layers.
+// ZeRO stages 2 and 3 train an fp32 model, one pipeline stage, dense layers; the FSDP flags
+// ask for stage 3 and settle for stage 1 where it is not built.
 void finalize_zero(Options& o) {
-  if (o.zero_stage < 2) return;
-  const std::string stage = "--zero-stage " + std::to_string(o.zero_stage);
-  const char* feature = "ZeRO stages 2 and 3 with pipeline parallelism, 16-bit training or MoE";
+  std::string with;  // the setting stages 2 and 3 do not combine with yet
   if (o.pipeline_model_parallel_size > 1)
-    throw NotBuiltError(stage + " with --pipeline-model-parallel-size " +
-                            std::to_string(o.pipeline_model_parallel_size),
-                        feature);
-  if (o.bf16 || o.fp16)
-    throw NotBuiltError(stage + (o.bf16 ? " with --bf16" : " with --fp16"), feature);
-  if (o.model.num_moe_experts > 0)
-    throw NotBuiltError(stage + " with --num-experts " + std::to_string(o.model.num_moe_experts),
-                        feature);
+    with = "--pipeline-model-parallel-size " + std::to_string(o.pipeline_model_parallel_size);
+  else if (o.bf16 || o.fp16)
+    with = o.bf16 ? "--bf16" : "--fp16";
+  else if (o.model.num_moe_experts > 0)
+    with = "--num-experts " + std::to_string(o.model.num_moe_experts);
+  if (!o.fsdp_flag.empty() && o.zero_stage == 0) {
+    const int stage = o.fsdp_flag == "--use-megatron-fsdp" ? std::max(1, o.fsdp_sharding_stage) : 3;
+    if (with.empty() || stage == 1) {
+      o.zero_stage = stage;
+    } else {
+      o.zero_stage = 1;
+      const std::string note = "note: " + o.fsdp_flag + " with " + with +
+                               " trains with the distributed optimizer (ZeRO stage 1): stage " +
+                               std::to_string(stage) +
+                               " is not built with it; "
+                               "the same results, parameters and gradients held whole";
+      if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end()) o.notes.push_back(note);
+    }
+  }
+  if (o.zero_stage >= 2 && !with.empty())
+    throw NotBuiltError("--zero-stage " + std::to_string(o.zero_stage) + " with " + with,
+                        "ZeRO stages 2 and 3 with pipeline parallelism, 16-bit training or MoE");
 }
 
 }  // namespace omni::option_rows
