@@ -1,13 +1,13 @@
 // Memory per data-parallel rank of parameters, gradients and optimizer states under ZeRO
 // stages 0-3 (--zero-stage), measured: the resident pages of each rank's buffers (mincore;
-// Trainer::held_memory), at their peak during two training steps of GPT-2 124M (12 layers,
+// Trainer::held_memory), at their peak during a training step of GPT-2 124M (12 layers,
 // hidden 768, vocabulary 50257, a short sequence: these buffers do not depend on it) on
 // 1, 2 and 4 in-process ranks. Beside each row, what ZeRO's paper predicts with AdamW in
 // fp32: with P the parameters' bytes and d the ranks, 4P (stage 0), 2P + 2P/d (1),
 // P + 3P/d (2), 4P/d (3), plus under stage 3 the largest layer gathered whole and under
 // stages 2 and 3 a layer's gradients before their reduce-scatter.
 //
-//   OMP_NUM_THREADS=1 build/bench_zero_memory [--ranks 1,2,4] [--seq-length 32]
+//   OMP_NUM_THREADS=1 build/bench_zero_memory [--ranks 1,2,4] [--seq-length 8]
 //
 // Prints figures; never passes or fails. Each configuration runs in its own process.
 #include <sys/wait.h>
@@ -55,7 +55,7 @@ Row measure(int ranks, int stage, const std::string& seq) {
                                      "--global-batch-size",
                                      std::to_string(ranks),
                                      "--train-iters",
-                                     "2",
+                                     "1",
                                      "--eval-iters",
                                      "0",
                                      "--lr",
@@ -106,7 +106,7 @@ Row in_child(int ranks, int stage, const std::string& seq) {
 
 int main(int argc, char** argv) {
   std::vector<int> dp = {1, 2, 4};
-  std::string seq = "32";
+  std::string seq = "8";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--ranks") {

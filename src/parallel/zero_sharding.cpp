@@ -94,15 +94,20 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
     largest = std::max(largest, bs[b].piece);
   }
   const Device device = params.grads_tensor().device();
+  // Both are backed only while used: the accumulator during a step, the piece during a
+  // reduce-scatter.
   accum_ = Tensor::zeros({accum}, DType::F32, device, x_.memory());
-  piece_ = Tensor::zeros({largest}, DType::F32, device, x_.memory());
+  piece_ = Tensor::zeros({ddp_.group().size() > 1 ? largest : 0}, DType::F32, device, x_.memory());
+  discard_memory(accum_.data<float>(), size_t(accum) * sizeof(float));
+  if (piece_.numel() > 0) discard_memory(piece_.data<float>(), size_t(largest) * sizeof(float));
+  begin_step();
   if (stage_ == 3) release_params();
   reset_peak();
 }
 
 void ZeroSharding::begin_step() {
   discard_memory(params_.grads(), size_t(params_.size()) * sizeof(float));
-  ops::zero(x_, accum_.data<float>(), size_t(accum_.numel()));
+  discard_memory(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float));
   std::fill(reduced_once_.begin(), reduced_once_.end(), false);
   sample();
 }
@@ -140,6 +145,7 @@ void ZeroSharding::reduce(size_t index) {
     else
       piece = g;
     ops::add(x_, acc, acc, piece, size_t(b.piece));
+    if (p > 1) release_pages(piece, size_t(b.piece) * sizeof(float));
   }
   if (const int64_t rest = n - p * b.piece; rest > 0) {
     comm.all_reduce(g + p * b.piece, size_t(rest));
