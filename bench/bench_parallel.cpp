@@ -5,6 +5,7 @@
 //   build/bench_parallel                                   one rank (the baseline)
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --tp 2
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --sp 2   (Ulysses, all-to-all)
 //   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
@@ -13,7 +14,8 @@
 //
 // Every run trains the same GPT-2-shaped model on the same global batch (8 sequences of 256
 // tokens, micro-batches of 4), so the step times compare directly: one rank does both
-// micro-batches, each DP 2 rank one of them, each TP 2 rank both at half the width.
+// micro-batches, each DP 2 rank one of them, each TP 2 rank both at half the width, each
+// SP 2 (DeepSpeed-Ulysses) rank both with half of every sequence.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -225,7 +227,7 @@ class CountingCommunicator : public Communicator {
 };
 
 struct Layout {
-  int tp = 1, dp = 1;
+  int tp = 1, dp = 1, sp = 1;  // sp: Ulysses (--context-parallel-size with --cp-comm-type a2a)
 };
 
 // The bytes one rank sends per step by the algorithmic count (a(n, p) = 2(p-1)/p n for an
@@ -252,6 +254,13 @@ struct Layout {
 // V_t the vocabulary padded to a multiple of 128 t; a layer's QKV, fc1 (weights and biases)
 // and projection, fc2 weights are split t ways, its two layer norms and two output biases
 // replicated (6 h).
+// Ulysses over u ranks (parallel/ulysses.h; with t = 1): each rank holds T/u tokens of every
+// micro-batch, and per layer and micro-batch 8 all-to-alls of its rows' q, k, v, out (forward)
+// and d(out), d(q), d(k), d(v) (backward), T/u h fp32 values each (GPT-2 has as many key/value
+// heads as query heads), (u-1)/u of which leave the rank; per micro-batch the loss and its
+// token count (2 doubles) are summed over the sequence's ranks; gradients are averaged over
+// the d u ranks of data x context parallelism, the loss over the d data-parallel ranks:
+//   SP = m L 8 (u-1)/u (T/u) h 4 + m a(8, u) 2,  DP = a(4 P_t, d u) + a(8, d).
 double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int micro_batches,
                         const Layout& l) {
   auto a = [](double bytes, double p) { return 2 * (p - 1) / p * bytes; };
@@ -261,7 +270,9 @@ double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int m
   const int multiple = c.make_vocab_size_divisible_by * l.tp;
   const double vocab = double((c.vocab_size + multiple - 1) / multiple * multiple);
   const double params = vocab * h / t + s * h + L * (12 * h * h / t + 7 * h / t + 6 * h) + 2 * h;
-  return tp + a(4 * params + 8, l.dp);
+  const double u = l.sp;
+  const double sp = micro_batches * (L * 8 * (u - 1) / u * (T / u) * h * 4 + 2 * a(8, u));
+  return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp);
 }
 
 // User and system CPU seconds of this process so far, every thread's.
@@ -298,13 +309,15 @@ Args parse_args(int argc, char** argv) {
       r.layout.tp = v;
     else if (a == "--dp")
       r.layout.dp = v;
+    else if (a == "--sp")
+      r.layout.sp = v;
     else if (a == "--steps")
       r.steps = v;
     else if (a == "--warmup")
       r.warmup = v;
     else
       OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
-                   " (expected --tp, --dp, --steps, --warmup, --compare)");
+                   " (expected --tp, --dp, --sp, --steps, --warmup, --compare)");
   }
   OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
                ") must exceed --warmup (", r.warmup, ")");
@@ -319,9 +332,9 @@ constexpr const char* kResultFormat =
 void measure(const Args& args) {
   const Layout& layout = args.layout;
   Communicator& world = omni::world_communicator();
-  const int dp = omni::data_parallel_size(world.size(), {.tp = layout.tp});
+  const int dp = omni::data_parallel_size(world.size(), {.tp = layout.tp, .cp = layout.sp});
   OMNI_REQUIRE(dp == layout.dp, "bench_parallel: ", world.size(), " ranks with --tp ", layout.tp,
-               " make data parallel ", dp, ", not --dp ", layout.dp);
+               " and --sp ", layout.sp, " make data parallel ", dp, ", not --dp ", layout.dp);
 
   const int micro_batch = 4, global_batch = 8;
   omni::Options o;
@@ -342,6 +355,8 @@ void measure(const Args& args) {
                        std::to_string(global_batch),
                        "--tensor-model-parallel-size",
                        std::to_string(layout.tp),
+                       "--ds-sequence-parallel-size",
+                       std::to_string(layout.sp),
                        "--train-iters",
                        std::to_string(args.steps),
                        "--eval-iters",
@@ -362,8 +377,11 @@ void measure(const Args& args) {
         m.num_parameters() / 1e6);
     std::printf("batch: %d sequences per step in micro-batches of %d; micro-batches per rank: %d\n",
                 global_batch, micro_batch, o.grad_accumulation_steps());
-    std::printf("layout: %d rank(s) = tensor %d x data %d, OpenMP threads per rank: %d; cpu: %s\n",
-                world.size(), layout.tp, dp, omni::cpu_threads(), omni::cpu_model_name().c_str());
+    std::printf(
+        "layout: %d rank(s) = tensor %d x Ulysses %d x data %d, OpenMP threads per rank: %d; "
+        "cpu: %s\n",
+        world.size(), layout.tp, layout.sp, dp, omni::cpu_threads(),
+        omni::cpu_model_name().c_str());
     std::fflush(stdout);
   }
 
@@ -426,7 +444,7 @@ void measure(const Args& args) {
               most_sent, expected, mine[3]);
 }
 
-// Runs the one-rank baseline at 2 and 1 OpenMP threads and DP 2 and TP 2 under mpirun (one
+// Runs the one-rank baseline at 2 and 1 OpenMP threads and DP 2, TP 2, SP 2 under mpirun (one
 // thread per rank), each in its own process, and prints their figures side by side.
 void compare(const Args& args) {
   char self[4096];
@@ -446,6 +464,7 @@ void compare(const Args& args) {
       {"one rank, 1 thread", "OMP_NUM_THREADS=1 " + common},
       {"DP 2, 1 thread each", mpirun + common + " --dp 2"},
       {"TP 2, 1 thread each", mpirun + common + " --tp 2"},
+      {"SP 2 (Ulysses)", mpirun + common + " --sp 2"},
   };
   for (Run& run : runs) {
     std::printf("\n$ %s\n", run.command.c_str());

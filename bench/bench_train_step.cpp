@@ -1,6 +1,10 @@
 // Training-step throughput on the CPU: tokens/s and model GFLOP/s (Megatron's formula)
 // for GPT-2 124M and a 6-layer GPT, beside the machine's sgemm rate measured in the
-// same run. Prints figures; never passes or fails on time.
+// same run; then the 6-layer GPT as mixtures of experts of the same active FLOPs (GFLOP/s
+// count the active parameters, as Megatron's formula does): Mixtral-shaped (8 experts,
+// top 2, each half the dense MLP) and DeepSeek-shaped (16 fine-grained experts, top 4, and
+// a shared expert; without linear biases, which Megatron's shared experts refuse). bench/pytorch_moe_cpu.py measures PyTorch on the same shapes. Prints
+// figures; never passes or fails on time.
 //
 //   build/bench_train_step [--steps N] [training flags, e.g. --hidden-dropout 0]
 //
@@ -30,6 +34,7 @@ namespace {
 struct BenchConfig {
   const char* name;
   int layers, heads, hidden, seq, micro_batch;
+  std::vector<std::string> flags = {};
 };
 
 double peak_rss_mib() {
@@ -76,6 +81,7 @@ void run_config(const BenchConfig& b, int steps, double sgemm_gflops,
                                    "--log-interval",
                                    "1000000",
                                    "--no-progress"};
+  args.insert(args.end(), b.flags.begin(), b.flags.end());
   args.insert(args.end(), extra.begin(), extra.end());
   omni::parse_options(args, o);
   omni::finalize(o);
@@ -120,10 +126,24 @@ int main(int argc, char** argv) {
   std::printf("sgemm: %.0f GFLOP/s (best of 2048^3 and 4096^3 products)\n\n", sgemm);
   std::printf("%-34s %10s %12s %10s %10s %10s\n", "model (vocab 50257, micro batch 4)", "tokens/s",
               "ms/step", "GFLOP/s", "of sgemm", "peak MiB");
+  // The MoE rows route every layer's MLP; the Megatron MoE defaults Mixtral's recipe sets
+  // (aux loss 0.01, grouped GEMM, the all-to-all dispatcher) are on.
+  const std::vector<std::string> moe = {"--moe-router-load-balancing-type", "aux_loss",
+                                        "--moe-aux-loss-coeff", "0.01", "--moe-grouped-gemm",
+                                        "--moe-token-dispatcher-type", "alltoall"};
+  auto with = [&moe](std::vector<std::string> f) {
+    f.insert(f.end(), moe.begin(), moe.end());
+    return f;
+  };
   const BenchConfig configs[] = {
       {"GPT-2 124M, seq 64", 12, 12, 768, 64, 4},
       {"GPT-2 124M, seq 256", 12, 12, 768, 256, 4},
       {"6 layers, 6 heads, 384, seq 256", 6, 6, 384, 256, 4},
+      {"  MoE 8 experts, top 2, ffn 768", 6, 6, 384, 256, 4,
+       with({"--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "768"})},
+      {"  MoE 16 top 4 ffn 192 + shared 768", 6, 6, 384, 256, 4,
+       with({"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "192",
+             "--moe-shared-expert-intermediate-size", "768", "--disable-bias-linear"})},
   };
   for (const BenchConfig& c : configs) in_child([&] { run_config(c, steps, sgemm, extra); });
   return 0;

@@ -231,6 +231,18 @@ void copy(const Exec& e, T* dst, const T* src, size_t n) {
   else
     std::memcpy(static_cast<void*>(dst), src, n * sizeof(T));
 }
+// `rows` runs of `width` elements, src_stride and dst_stride elements apart (a column block).
+template <typename T>
+void copy_rows(const Exec& e, T* dst, size_t dst_stride, const T* src, size_t src_stride,
+               size_t width, size_t rows) {
+  if (e.gpu) {
+    e.gpu->copy_rows(dst, dst_stride * sizeof(T), src, src_stride * sizeof(T), width * sizeof(T),
+                     rows);
+    return;
+  }
+  for (size_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<void*>(dst + r * dst_stride), src + r * src_stride, width * sizeof(T));
+}
 template <typename T>
 void upload(const Exec& e, T* dst, const T* host_src, size_t n) {
   if (e.gpu)

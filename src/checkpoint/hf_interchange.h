@@ -1,7 +1,9 @@
 // Hugging Face model directories in and out of omnitron: config.json plus
 // model.safetensors (or model.safetensors.index.json and its shards), with the tensor
 // names of GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM (without a sliding
-// window) or Qwen2ForCausalLM.
+// window), Qwen2ForCausalLM, Qwen3ForCausalLM, or the mixtures of experts
+// MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (hf_config.cpp says how
+// their routers map to Megatron's flags).
 //
 // What the mapping knows (both directions use the same table, so they are inverses):
 //  - GPT-2's Conv1D layers store W as [in, out]; ours (and nn.Linear) as [out, in].
@@ -11,7 +13,9 @@
 //    groups) in both, as repeat_kv has it.
 //  - Rotary embeddings: both rotate the two halves of each head (rotate_half), so q_proj
 //    and k_proj rows map without Meta's interleaving permutation.
-//  - SwiGLU's linear_fc1 is [gate_proj; up_proj].
+//  - SwiGLU's linear_fc1 is [gate_proj; up_proj] (Mixtral's experts: [w1; w3], w2 down).
+//  - Our experts are one tensor per layer: linear_fc1 [E, 2F, hidden] stacks each expert's
+//    [gate; up], linear_fc2 [E, hidden, F] each expert's down projection.
 //  - Our embedding and output matrices have --make-vocab-size-divisible-by padded rows;
 //    Hugging Face has exactly vocab_size. Import fills the padding with zeros; export
 //    drops it.
@@ -44,10 +48,15 @@ void load_hf_model_options(const std::string& dir, Options& opts);
 // vocabulary padding rows become zeros). Every tensor must find its place and every
 // parameter its tensor; a mismatch names the tensor, the file and the shapes.
 void load_hf_weights(const std::string& dir, ParameterSet<float>& params);
+// The same for one rank's part of the model in any parallel layout (tensor-parallel slices,
+// a pipeline stage's layers, an expert-parallel rank's experts: `infos` with their
+// global_shape and segments), into host memory `values` laid out as `infos` say. Only the
+// rank's elements are read from the (memory-mapped) files, so no rank holds the whole model.
+void load_hf_weights(const std::string& dir, const std::vector<ParamInfo>& infos, float* values);
 
 // Writes DIR/config.json and DIR/model.safetensors (tensors stored as `dtype`: F32, BF16
-// or F16) for the model `config` describes, holding `params`. A model that is neither
-// GPT-2 nor Llama/Qwen2-shaped is a UsageError naming what has no Hugging Face equivalent.
+// or F16) for the model `config` describes, holding `params`. A model of none of the
+// architectures above is a UsageError naming what has no Hugging Face equivalent.
 void save_hf_model(const std::string& dir, const TransformerConfig& config,
                    const ParameterSet<float>& params, DType dtype = DType::F32);
 

@@ -203,15 +203,23 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
 }
 
 void read_as_f32(const SafetensorsTensor& t, float* dst) {
-  const size_t n = size_t(t.numel());
-  if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) {
-    convert(t.data, t.dtype, dst, DType::F32, n);
+  read_as_f32(t, 0, t.numel(), dst);
+}
+
+void read_as_f32(const SafetensorsTensor& t, int64_t first, int64_t count, float* dst) {
+  OMNI_CHECK(first >= 0 && count >= 0 && first + count <= t.numel(), "[safetensors] elements ",
+             first, "+", count, " of ", t.name, " (", t.numel(), ")");
+  const size_t elem = dtype_size(t.dtype), bytes = size_t(count) * elem;
+  const unsigned char* from = t.data + size_t(first) * elem;
+  if (reinterpret_cast<uintptr_t>(from) % elem == 0) {
+    convert(from, t.dtype, dst, DType::F32, size_t(count));
     return;
   }
   // Offsets need not be aligned to the element size; copy to aligned memory first.
-  std::vector<double> aligned((t.bytes + sizeof(double) - 1) / sizeof(double));
-  std::memcpy(aligned.data(), t.data, t.bytes);
-  convert(aligned.data(), t.dtype, dst, DType::F32, n);
+  thread_local std::vector<double> aligned;
+  aligned.resize((bytes + sizeof(double) - 1) / sizeof(double));
+  std::memcpy(aligned.data(), from, bytes);
+  convert(aligned.data(), t.dtype, dst, DType::F32, size_t(count));
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOutput>& tensors,

@@ -58,6 +58,8 @@ class SafetensorsFile {
 
 // Converts a stored tensor's numel() values to float32.
 void read_as_f32(const SafetensorsTensor& t, float* dst);
+// Converts `count` values from element `first` on (a part of the tensor; in range).
+void read_as_f32(const SafetensorsTensor& t, int64_t first, int64_t count, float* dst);
 
 // One tensor to write: its values come from `fill`, called once with numel() float32s to
 // set, just before they are written (so a writer never holds more than one tensor).

@@ -394,8 +394,9 @@ int train(const std::vector<std::string>& raw_args) {
   if (info) std::printf("  device: %s\n", device_line.c_str());
   if (!device.note.empty()) std::printf("  %s\n", device.note.c_str());
   if (world.size() > 1)
-    std::printf("  layout: %d ranks = tensor %d x context %d x pipeline %d x data %d%s%s\n",
+    std::printf("  layout: %d ranks = tensor %d x context %d%s x pipeline %d x data %d%s%s\n",
                 world.size(), opts.tensor_model_parallel_size, opts.context_parallel_size,
+                opts.context_parallel_size > 1 && opts.cp_comm_type == "a2a" ? " (Ulysses)" : "",
                 opts.pipeline_model_parallel_size, opts.data_parallel_size,
                 opts.sequence_parallel ? ", sequence parallel" : "",
                 opts.use_distributed_optimizer ? ", distributed optimizer" : "");

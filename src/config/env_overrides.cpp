@@ -106,13 +106,14 @@ void add_plain(Overrides& r) {
 }
 
 // SP is DeepSpeed-Ulysses's degree: each sequence split over SP ranks, which leave the
-// data-parallel ranks. Context parallelism splits sequences the same way, with the same
-// results (Megatron's --sequence-parallel is another thing: pass it as a flag).
+// data-parallel ranks, and attention by all-to-all over heads (parallel/ulysses.h; Megatron's
+// --sequence-parallel is another thing: pass it as a flag).
 void add_layout(Overrides& r) {
   if (r.get("SP")) {
     const int64_t sp = positive("SP", *r.get("SP"));
-    r.add("SP", sp == 1 ? std::vector<std::string>{}
-                        : std::vector<std::string>{"--context-parallel-size", std::to_string(sp)});
+    r.add("SP", sp == 1
+                    ? std::vector<std::string>{}
+                    : std::vector<std::string>{"--ds-sequence-parallel-size", std::to_string(sp)});
   }
   if (const std::string* z = r.get("ZERO_STAGE")) {
     OMNI_REQUIRE(*z == "0" || *z == "1" || *z == "2" || *z == "3", "ZERO_STAGE=", *z,

@@ -213,6 +213,14 @@ void finalize_layout(Options& o) {
   OMNI_REQUIRE(o.pipeline_model_parallel_size >= 1,
                "--pipeline-model-parallel-size must be at least 1");
   OMNI_REQUIRE(o.context_parallel_size >= 1, "--context-parallel-size must be at least 1");
+  // Ulysses (parallel/ulysses.h) gives each tensor- and context-parallel rank whole heads.
+  const int ulysses = o.cp_comm_type == "a2a" ? o.context_parallel_size : 1;
+  const int split = o.tensor_model_parallel_size * ulysses, groups = o.model.query_groups();
+  OMNI_REQUIRE(ulysses == 1 || (o.model.num_attention_heads % split == 0 && groups % split == 0),
+               "Ulysses sequence parallelism splits the heads: --num-attention-heads (",
+               o.model.num_attention_heads, ") and --num-query-groups (", groups,
+               ") must divide by --tensor-model-parallel-size (", o.tensor_model_parallel_size,
+               ") x the sequence-parallel size (", ulysses, ")");
   OMNI_REQUIRE(o.num_virtual_stages_per_pipeline_rank >= 0,
                "--num-virtual-stages-per-pipeline-rank must be positive");
   if (o.num_virtual_stages_per_pipeline_rank > 0) virtual_stages_to_layers(o);

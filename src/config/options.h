@@ -150,6 +150,9 @@ struct Options {
   // Parallel layout (Megatron's flags); data parallel is the world divided by the rest.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int context_parallel_size = 1;
+  // How context-parallel ranks attend (Megatron's --cp-comm-type): "p2p", the ring, or "a2a",
+  // DeepSpeed-Ulysses' all-to-all over heads.
+  std::string cp_comm_type = "p2p";
   int num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int num_virtual_stages_per_pipeline_rank = 0;   // the same, as a count (finalize() converts)
   // Uneven pipeline split: the first (last) stage's layers; 0: an even split.

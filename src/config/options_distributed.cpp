@@ -1,6 +1,7 @@
 // Megatron's distributed group: the parallel layout, and the device it runs on.
 #include <algorithm>
 #include <iterator>
+#include <sstream>
 #include <string>
 
 #include "config/option_rows.h"
@@ -48,6 +49,42 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   t.push_back(number<int>("--context-parallel-size", "N", PAR,
                           "ranks that split each sequence (causal, load-balanced chunks)",
                           [](Options& o) -> int& { return o.context_parallel_size; }));
+  OptionDef cp_comm{
+      "--cp-comm-type",
+      "p2p|a2a|allgather...",
+      PAR,
+      "how context-parallel ranks attend: p2p (the ring of keys and values; allgather has "
+      "the same result) or a2a (DeepSpeed-Ulysses: all-to-all trading the sequence split for "
+      "a split of the heads); one value, or one per layer, all the same",
+      [](Options& o, const std::string& v) {
+        std::istringstream words(v);
+        std::string w, first;
+        while (words >> w) {
+          OMNI_REQUIRE(w == "p2p" || w == "a2a" || w == "allgather" || w == "a2a+p2p",
+                       "--cp-comm-type: '", w, "' is not one of p2p, a2a, allgather, a2a+p2p");
+          OMNI_REQUIRE(w != "a2a+p2p",
+                       "--cp-comm-type a2a+p2p (Ulysses inside rings, with "
+                       "--hierarchical-context-parallel-sizes) is not built; use a2a or p2p");
+          if (first.empty()) first = w;
+          OMNI_REQUIRE(w == first, "--cp-comm-type ", v,
+                       ": one kind for every layer is built (got ", first, " and ", w, ")");
+        }
+        OMNI_REQUIRE(!first.empty(), "--cp-comm-type needs a value: p2p, a2a or allgather");
+        o.cp_comm_type = first == "a2a" ? "a2a" : "p2p";
+      },
+      [](const Options& o) { return o.cp_comm_type; }};
+  cp_comm.many = true;
+  t.push_back(cp_comm);
+  t.push_back(OptionDef{
+      "--ds-sequence-parallel-size",
+      "N",
+      PAR,
+      "Megatron-DeepSpeed's Ulysses degree: --context-parallel-size N with --cp-comm-type a2a",
+      [](Options& o, const std::string& v) {
+        o.context_parallel_size = parse_number<int>("--ds-sequence-parallel-size", v);
+        o.cp_comm_type = "a2a";
+      },
+      {}});
   t.push_back(toggle("--sequence-parallel", PAR,
                      "shard norm regions along the sequence across tensor-parallel ranks",
                      [](Options& o) -> bool& { return o.sequence_parallel; }));

@@ -40,7 +40,7 @@ void add_noted_communication_and_kernels(std::vector<OptionDef>& t) {
   add_noted(t,
             "it selects how context-parallel ranks exchange keys and values, which does not change "
             "the result",
-            {{"--hierarchical-context-parallel-sizes", "N..."}, {"--cp-comm-type", "V..."}});
+            {{"--hierarchical-context-parallel-sizes", "N..."}});
   add_noted(t,
             "initialisation here is a counter-based function of --seed, the parameter's name and "
             "the element's index, identical on every device and layout",

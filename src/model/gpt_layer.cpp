@@ -2,8 +2,9 @@
 // forward and backward. The layer is written with the parallel primitives: QKV and fc1 are
 // column-parallel and the attention's projection and fc2 row-parallel linears of
 // parallel/tensor_parallel.h (which gather and scatter the rows of sequence-parallel regions),
-// and under context parallelism attention is the ring of parallel/context_parallel.h. The
-// model, its embedding, head and chunks are in gpt_model.cpp.
+// and under context parallelism attention is the ring of parallel/context_parallel.h or the
+// all-to-all of parallel/ulysses.h. The model, its embedding, head and chunks are in
+// gpt_model.cpp.
 #include <string>
 
 #include "model/gpt_model.h"
@@ -41,6 +42,13 @@ template <typename T>
 typename GPTModel<T>::template LayerTensors<typename GPTModel<T>::Grad> GPTModel<T>::layer_grads(
     int i) const {
   return layer_tensors<Grad>(i, [&](const std::string& n) { return params_.grad_or_null(n); });
+}
+
+// The whole-sequence tensors Ulysses attention keeps in a layer's activations.
+template <typename T>
+typename UlyssesAttention<T>::Whole ulysses_whole(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const Tensor& out) {
+  return {q.template data<T>(), k.template data<T>(), v.template data<T>(), out.template data<T>()};
 }
 
 template <typename T>
@@ -101,7 +109,10 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
     ops::rope_forward(x_, k, rope_, N, g.seq, G, hd, in.positions, rd);
   }
   T* attn = a.attn.template data<T>();
-  if (cp_->size() > 1)
+  if (cp_->size() > 1 && parallel_.ulysses)
+    ulysses_.forward(attn, a.lse.template data<Grad>(), q, k, v,
+                     ulysses_whole<T>(a.q_all, a.k_all, a.v_all, a.out_all), ad);
+  else if (cp_->size() > 1)
     ring_.forward(attn, a.lse.template data<Grad>(), q, k, v, a.k_all.template data<T>(),
                   a.v_all.template data<T>(), mb, ad.dropout);
   else
@@ -179,7 +190,10 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
                    through_dropout(ops::DropoutSite::AttentionOutput), a.attn.template data<T>(),
                    p.proj_w, H * hd, N);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
-  if (cp_->size() > 1)
+  if (cp_->size() > 1 && parallel_.ulysses)
+    ulysses_.backward(dq, dk, dv, dattn, ulysses_whole<T>(a.q_all, a.k_all, a.v_all, a.out_all),
+                      a.lse.template data<Grad>(), ad);
+  else if (cp_->size() > 1)
     ring_.backward(dq, dk, dv, dattn, a.attn.template data<T>(), a.lse.template data<Grad>(),
                    a.q.template data<T>(), a.k_all.template data<T>(), a.v_all.template data<T>(),
                    mb, ad.dropout);

@@ -139,6 +139,12 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must be divisible by --tensor-model-parallel-size (", tp, ")");
   OMNI_REQUIRE(cfg_.seq_length % (2 * cp) == 0 || cp == 1, "--seq-length (", cfg_.seq_length,
                ") must be divisible by twice --context-parallel-size (", cp, ")");
+  OMNI_REQUIRE(!parallel_.ulysses || cp == 1 || (H % (tp * cp) == 0 && G % (tp * cp) == 0),
+               "Ulysses (--cp-comm-type a2a, SP, --ds-sequence-parallel-size) splits the heads: "
+               "--num-attention-heads (",
+               H, ") and --num-query-groups (", G,
+               ") must divide by --tensor-model-parallel-size x --context-parallel-size (", tp,
+               " x ", cp, ")");
   if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
     OMNI_REQUIRE(!x_.on_gpu() && (std::is_same_v<T, float> || std::is_same_v<T, double>),
                  "--num-experts: mixture-of-experts layers run on --device cpu in fp32 only "
@@ -212,7 +218,10 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   d_attn_ = buf({N, heads_ * hd}), dq_ = buf({N, heads_ * hd});
   dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * hd});
   if (cfg_.qk_layernorm) dq_raw_ = buf({N, heads_ * hd}), dk_raw_ = buf({N, groups_ * hd});
-  if (cp > 1)
+  if (cp > 1 && parallel_.ulysses)
+    ulysses_ =
+        UlyssesAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_, int(hd));
+  else if (cp > 1)
     ring_ = RingAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_, int(hd));
 }
 
@@ -242,7 +251,12 @@ void GPTModel<T>::allocate_layer(LayerActivations& l) {
     l.qn_mean = stat({N * H}), l.qn_rstd = stat({N * H});
     l.kn_mean = stat({N * G}), l.kn_rstd = stat({N * G});
   }
-  if (cp > 1) l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
+  if (cp > 1 && parallel_.ulysses) {
+    l.q_all = buf({N, H * hd}), l.out_all = buf({N, H * hd});
+    l.k_all = buf({N, G * hd}), l.v_all = buf({N, G * hd});
+  } else if (cp > 1) {
+    l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
+  }
   l.lse = stat({int64_t(max_batch_) * H * Sl});
   l.attn = buf({N, H * hd});
   l.mid = buf({R, C});
@@ -298,7 +312,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
   for (const Tensor* t :
        {&l.ln1,     &l.ln1_mean, &l.ln1_rstd, &l.q,        &l.k,   &l.v,     &l.q_raw, &l.k_raw,
         &l.qn_mean, &l.qn_rstd,  &l.kn_mean,  &l.kn_rstd,  &l.lse, &l.k_all, &l.v_all, &l.attn,
-        &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act})
+        &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act,   &l.q_all, &l.out_all})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
   return b + moe_activation_bytes(l);

@@ -17,7 +17,8 @@
 //    all-gather before column-parallel layers and reduce-scatter after row-parallel ones
 //    replace the all-reduces.
 //  - Context parallel (parallel/context_parallel.h, which also slices micro-batches): this
-//    rank holds two of the sequence's 2*cp chunks; attention is the causal ring there.
+//    rank holds two of the sequence's 2*cp chunks; attention is the causal ring there, or
+//    with ModelParallel::ulysses DeepSpeed-Ulysses' all-to-all (parallel/ulysses.h).
 //  - Pipeline parallel: this rank holds only its chunks' layers (one chunk per virtual
 //    stage); chunk_forward/chunk_backward run one micro-batch through one chunk and hand
 //    activations to the caller, which sends them to the neighbouring stage.
@@ -46,6 +47,7 @@
 #include "parallel/micro_batch.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/ulysses.h"
 #include "tensor/parameters.h"
 
 namespace omni {
@@ -56,8 +58,10 @@ inline GeluForm gelu_form(const TransformerConfig& c) {
 }
 
 struct ModelParallel {
-  Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
-  Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
+  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
+  // Attention over the cp group by all-to-all (parallel/ulysses.h) instead of the ring.
+  bool ulysses = false;
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.
@@ -169,7 +173,8 @@ class GPTModel final : public PipelineChunks<T> {
     Tensor q_raw, k_raw, qn_mean, qn_rstd, kn_mean, kn_rstd;  // qk-layernorm only
     // Context parallel: every rank's keys and values, block r from rank r (ring attention
     // keeps the blocks it was passed).
-    Tensor k_all, v_all;
+    // Ulysses: k_all, v_all, q_all and out_all hold this rank's heads of the whole sequence.
+    Tensor k_all, v_all, q_all, out_all;
     Tensor lse, attn;  // attention's [batch, heads, seq] log-sum-exp and output
     Tensor mid;        // residual stream after attention
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
@@ -302,6 +307,7 @@ class GPTModel final : public PipelineChunks<T> {
   Tensor token_losses_;  // [tokens]: the classifier's per-row losses (MicroBatch::token_losses)
   // Context parallel: attention over the group's ring, with its scratch.
   RingAttention<T> ring_;
+  UlyssesAttention<T> ulysses_;  // or, with ModelParallel::ulysses, the all-to-all
   // Flat-buffer ranges, for set_grads_ready_hook: per global layer, the embedding's, the
   // final norm's and output layer's.
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;

@@ -11,7 +11,6 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer_zoo.h"
-#include "parallel/full_model.h"
 #include "parallel/schedules.h"
 #include "train/downstream_eval.h"
 #include "train/flops.h"
@@ -85,6 +84,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     split.decoder_last_pipeline_num_layers = opts.decoder_last_pipeline_num_layers;
   ModelParallel mp;
   mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
+  mp.ulysses = opts.cp_comm_type == "a2a";
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
@@ -301,11 +301,9 @@ void Trainer::load(const std::string& dir) {
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
   ParameterSet<float>& params = optimizer_params();
   TrainingProgress p;
-  if (is_hf_model_dir(dir)) {  // a conversion's input, read whole; this rank keeps its slices
-    GPTModel<float> full(opts_.model, 1, static_cast<uint64_t>(opts_.seed));
-    load_hf_weights(dir, full.params());
+  if (is_hf_model_dir(dir)) {  // each rank reads only its part's elements
     std::vector<float> local(size_t(params.size()));
-    take_slices(full.params(), full.params().values(), params, local.data());
+    load_hf_weights(dir, params.infos(), local.data());
     ops::upload(exec_, params.values(), local.data(), local.size());
   } else {  // each rank reads the byte ranges of its part (sharded_checkpoint.h)
     const CheckpointReader reader(dir);

@@ -19,9 +19,11 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/safetensors.h"
+#include "comm/local_communicator.h"
 #include "config/options.h"
 #include "data/datasets/dataset.h"
 #include "model/gpt_model.h"
+#include "parallel/full_model.h"
 #include "train/trainer.h"
 
 namespace {
@@ -99,6 +101,39 @@ TEST(HfInterchange, Qwen2Bf16LogitsMatchTheReference) {
   EXPECT_LT(max_logit_error("qwen2_tiny"), 2e-5);
 }
 
+// Qwen3 (q/k norms), and the mixtures of experts: Mixtral (every layer routed,
+// renormalised top-2), Qwen2-MoE (top-2 not renormalised, a gated shared expert, a dense
+// layer) and Qwen3-MoE (q/k norms, every second layer routed).
+TEST(HfInterchange, Qwen3AndMixtureOfExpertsLogitsMatchTheReference) {
+  for (const char* name : {"qwen3_tiny", "mixtral_tiny", "qwen2_moe_tiny", "qwen3_moe_tiny"})
+    EXPECT_LT(max_logit_error(name), 2e-5) << name;
+}
+
+TEST(HfInterchange, MixtureOfExpertsConfigsMapToMegatronFlags) {
+  omni::Options q;
+  omni::load_checkpoint_model_options(kHf + "qwen2_moe_tiny", q);
+  EXPECT_EQ(q.model.num_moe_experts, 4);
+  EXPECT_EQ(q.model.moe_router_topk, 2);
+  EXPECT_EQ(q.model.moe_ffn_size(), 8);
+  EXPECT_EQ(q.model.ffn_size(), 20);
+  EXPECT_EQ(q.model.moe_layer_pattern(), (std::vector<int>{1, 0}));
+  EXPECT_TRUE(q.model.moe_router_pre_softmax) << "norm_topk_prob false";
+  EXPECT_EQ(q.model.moe_shared_expert_intermediate_size, 12);
+  EXPECT_TRUE(q.model.moe_shared_expert_gate);
+  EXPECT_TRUE(q.model.qkv_bias());
+  omni::Options m;
+  omni::load_checkpoint_model_options(kHf + "mixtral_tiny", m);
+  EXPECT_EQ(m.model.moe_layer_pattern(), (std::vector<int>{1, 1}));
+  EXPECT_EQ(m.model.moe_ffn_size(), 12);
+  EXPECT_FALSE(m.model.moe_router_pre_softmax);
+  omni::Options t;
+  omni::load_checkpoint_model_options(kHf + "qwen3_moe_tiny", t);
+  EXPECT_EQ(t.model.moe_layer_pattern(), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(t.model.qk_layernorm);
+  EXPECT_EQ(t.model.head_dim(), 8);
+  EXPECT_FALSE(t.model.moe_router_pre_softmax);
+}
+
 TEST(HfInterchange, ConfigMapsToMegatronFlags) {
   omni::Options o;
   omni::load_checkpoint_model_options(kHf + "llama_tiny", o);
@@ -136,7 +171,8 @@ TEST(HfInterchange, ShardedModelLoadsLikeTheSingleFile) {
 // Export then import: the same parameters, bit for bit; for float32 models the exported
 // safetensors also hold the imported file's tensors byte for byte under the same names.
 TEST(HfInterchange, ExportThenImportGivesIdenticalParameters) {
-  for (const std::string name : {"gpt2_tiny", "llama_tiny", "qwen2_tiny"}) {
+  for (const std::string name : {"gpt2_tiny", "llama_tiny", "qwen2_tiny", "qwen3_tiny",
+                                 "mixtral_tiny", "qwen2_moe_tiny", "qwen3_moe_tiny"}) {
     omni::Options o;
     auto m = load_model(kHf + name, &o);
     const std::string dir = fresh_dir("export_" + name);
@@ -189,7 +225,11 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
        "--rotary-base", "500000", "--untie-embeddings-and-output-weights", "--ffn-hidden-size",
        "48"},
       {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
-       "--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--kv-channels", "16"}};
+       "--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--kv-channels", "16"},
+      {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+       "--disable-bias-linear", "--qk-layernorm", "--num-experts", "4", "--moe-router-topk", "3",
+       "--moe-ffn-hidden-size", "24", "--ffn-hidden-size", "40", "--moe-layer-freq", "[0,1]",
+       "--moe-router-pre-softmax"}};
   int k = 0;
   for (const auto& arch : archs) {
     const omni::Options o = random_model_options(arch);
@@ -214,6 +254,10 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
     EXPECT_EQ(b.rotary_base, a.rotary_base);
     EXPECT_EQ(b.qkv_bias(), a.qkv_bias());
     EXPECT_EQ(b.untie_embeddings_and_output_weights, a.untie_embeddings_and_output_weights);
+    EXPECT_EQ(b.qk_layernorm, a.qk_layernorm);
+    EXPECT_EQ(b.moe_layer_pattern(), a.moe_layer_pattern());
+    EXPECT_EQ(b.moe_router_topk, a.moe_router_topk);
+    EXPECT_EQ(b.moe_router_pre_softmax, a.moe_router_pre_softmax);
 
     const auto& before = ours.params();
     const auto& after = again->params();
@@ -232,10 +276,51 @@ TEST(HfInterchange, OmnitronToHfToOmnitronIsBitIdentical) {
   }
 }
 
+// Options of `omnitron train --load HFDIR <layout>` at `ranks` ranks.
+omni::Options hf_train_options(const std::string& dir, int ranks,
+                               const std::vector<std::string>& layout) {
+  std::vector<std::string> args = {"--load",      dir,
+                                   "--mock-data", "--seq-length",
+                                   "8",           "--micro-batch-size",
+                                   "2",           "--train-iters",
+                                   "1",           "--eval-iters",
+                                   "0",           "--no-progress"};
+  args.insert(args.end(), layout.begin(), layout.end());
+  omni::Options o;
+  omni::parse_options(args, o);
+  omni::load_checkpoint_model_options(o.load, o);
+  omni::parse_options(args, o);  // the command line wins, as in omnitron train
+  o.data_parallel_size = ranks / (o.tensor_model_parallel_size * o.pipeline_model_parallel_size);
+  omni::finalize(o);
+  return o;
+}
+
+// At TP 2 x PP 2 each rank reads only its part of the Hugging Face files: its slices, its
+// stage's layers (for the MoE model, the experts of its stage), equal to the one-rank load's.
+TEST(HfInterchange, EachRankOfAParallelLayoutLoadsItsPartOfTheWeights) {
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"llama_tiny",
+            {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},
+           {"gpt2_tiny", {"--tensor-model-parallel-size", "2"}},
+           {"qwen2_moe_tiny", {"--pipeline-model-parallel-size", "2"}}}) {
+    SCOPED_TRACE(name);
+    const auto full = load_model(kHf + name);
+    const int ranks = layout.size() == 4 ? 4 : 2;
+    omni::run_ranks(ranks, [&](omni::Communicator& world) {
+      const omni::Options o = hf_train_options(kHf + name, ranks, layout);
+      omni::Trainer t(o, omni::make_mock_data(o.model.vocab_size, 1), 0, std::nullopt, &world);
+      const omni::ParameterSet<float>& part = t.model().params();
+      std::vector<float> want(size_t(part.size()));
+      omni::take_slices(full->params(), full->params().values(), part, want.data());
+      EXPECT_EQ(values(t.model()), want) << "rank " << world.rank();
+    });
+  }
+}
+
 // A Hugging Face model trained here and exported gives the same logits as the trained
 // model, read back through the importer.
 TEST(HfInterchange, TrainedFromHfThenExportedKeepsItsLogits) {
-  for (const std::string name : {"llama_tiny", "gpt2_tiny"}) {
+  for (const std::string name : {"llama_tiny", "gpt2_tiny", "qwen2_moe_tiny"}) {
     const std::vector<std::string> args = {
         "--load", kHf + name,      "--mock-data", "--seq-length", "8",    "--micro-batch-size",
         "2",      "--train-iters", "3",           "--lr",         "1e-2", "--eval-iters",
@@ -396,15 +481,34 @@ TEST(HfInterchange, WeightsThatDisagreeWithConfigAreCleanErrors) {
 }
 
 TEST(HfInterchange, ModelsWithoutAHfEquivalentAreRefused) {
-  const omni::Options o = random_model_options({"--qk-layernorm"});
-  omni::GPTModel<float> m(o.model, 1, 1);
-  try {
-    omni::save_hf_model(fresh_dir("refused"), o.model, m.params());
-    ADD_FAILURE() << "no error";
-  } catch (const omni::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--qk-layernorm) has no Hugging Face equivalent"),
-              std::string::npos)
-        << e.what();
+  const std::vector<std::string> llama = {
+      "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+      "--disable-bias-linear"};
+  auto with = [&llama](std::vector<std::string> more) {
+    more.insert(more.begin(), llama.begin(), llama.end());
+    return more;
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--qk-layernorm"}, "--qk-layernorm) has no Hugging Face equivalent"},
+      {with({"--qk-layernorm", "--add-qkv-bias"}),
+       "--add-qkv-bias, --qk-layernorm) has no Hugging Face equivalent"},
+      {with({"--num-experts", "4", "--moe-layer-freq", "[1,0]"}),
+       "--num-experts 4) has no Hugging Face equivalent"},
+      {with({"--num-experts", "4", "--moe-shared-expert-intermediate-size", "8", "--add-qkv-bias"}),
+       "a shared expert without a gate) has no Hugging Face equivalent"},
+      {with({"--num-experts", "4", "--moe-router-score-function", "sigmoid"}),
+       "uses --moe-router-score-function sigmoid, which MixtralForCausalLM does not have"},
+      {with({"--num-experts", "4", "--moe-router-pre-softmax"}),
+       "uses --moe-router-pre-softmax, which MixtralForCausalLM does not have"}};
+  for (const auto& [arch, message] : cases) {
+    const omni::Options o = random_model_options(arch);
+    omni::GPTModel<float> m(o.model, 1, 1);
+    try {
+      omni::save_hf_model(fresh_dir("refused"), o.model, m.params());
+      ADD_FAILURE() << "no error for " << message;
+    } catch (const omni::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -45,6 +45,19 @@ TEST(CliErrors, QueryGroupsThatDoNotDivideTheHeadsAreRejected) {
                      "--num-query-groups (3) must divide --num-attention-heads (4)");
 }
 
+// Ulysses gives each rank whole heads and key/value groups; a2a+p2p (hierarchical) is not built.
+TEST(CliErrors, UlyssesDegreeThatDoesNotDivideTheHeadsIsRejected) {
+  // plan checks a layout without the ranks that train would first ask to start.
+  expect_usage_error(
+      "plan --gpus 4 --machine H100 --vocab-size 50 --num-layers 1 --hidden-size 16 "
+      "--seq-length 8 --num-attention-heads 4 --group-query-attention --num-query-groups 2 "
+      "--ds-sequence-parallel-size 4",
+      "--num-attention-heads (4) and --num-query-groups (2) must divide by "
+      "--tensor-model-parallel-size (1) x the sequence-parallel size (4)");
+  expect_usage_error(kTiny + "--cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p");
+  expect_usage_error(kTiny + "--cp-comm-type ring", "'ring' is not one of p2p, a2a");
+}
+
 TEST(CliErrors, NonNumericValueNamesTheFlag) {
   expect_usage_error(kTiny + "--hidden-size big", "--hidden-size expects an integer, got 'big'");
 }

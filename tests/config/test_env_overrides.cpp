@@ -148,8 +148,8 @@ TEST(EnvOverrides, GradAccStepsCountsTheDataParallelRanks) {
             (Args{"--tensor-model-parallel-size", "2", "--micro-batch-size", "2",
                   "--global-batch-size", "32"}));  // 2 x 4 x (8 / 2)
   EXPECT_EQ(flags({{"MICRO_BATCH", "1"}, {"GRAD_ACC_STEPS", "2"}, {"SP", "2"}}, 4),
-            (Args{"--micro-batch-size", "1", "--context-parallel-size", "2", "--global-batch-size",
-                  "4"}));  // 1 x 2 x (4 / 2)
+            (Args{"--micro-batch-size", "1", "--ds-sequence-parallel-size", "2",
+                  "--global-batch-size", "4"}));  // 1 x 2 x (4 / 2)
   EXPECT_NE(error_of({{"MICRO_BATCH", "1"}, {"GRAD_ACC_STEPS", "2"}, {"TP", "3"}}, 4)
                 .find("4 rank(s) do not divide into TP 3 x PP 1 x SP 1"),
             std::string::npos);
@@ -242,6 +242,7 @@ TEST(EnvOverrides, ParallelLayoutVariablesSetTheirFlags) {
   EXPECT_EQ(o.recompute_granularity, "full");
   parse_options(flags({{"SP", "2"}, {"TP", "2"}}), o);
   EXPECT_EQ(o.context_parallel_size, 2);  // SP is DeepSpeed-Ulysses's degree
+  EXPECT_EQ(o.cp_comm_type, "a2a");
   EXPECT_FALSE(o.sequence_parallel);
   EXPECT_EQ(o.tensor_model_parallel_size, 2);
   EXPECT_TRUE(flags({{"SP", "1"}}).empty());  // helpers.sh's default: no sequence split

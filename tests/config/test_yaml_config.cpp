@@ -319,6 +319,26 @@ TEST(ModelZoo, MoeSizesMatchThePublishedModels) {
   std::printf("Mixtral 8x7B: %.4gB total, %.4gB active; Qwen3-30B-A3B: %.4gB total, %.4gB active\n",
               double(mixtral.num_parameters()) / 1e9, double(mixtral.num_active_parameters()) / 1e9,
               double(qwen3.num_parameters()) / 1e9, double(qwen3.num_active_parameters()) / 1e9);
+  // Mixtral 8x22B: 141B total, 39B active (Mistral's announcement); Qwen3-235B-A22B: 235B
+  // and 22B (its model card). Llama 4: 17B active; totals of the text model alone (the
+  // published 109B and 400B include the vision encoder, under 1B, and are rounded).
+  const TransformerConfig m22 = zoo_model("mixtral_8x22b", 32768);
+  EXPECT_NEAR(double(m22.num_parameters()), 141e9, 0.5e9);
+  EXPECT_NEAR(double(m22.num_active_parameters()), 39e9, 0.5e9);
+  const TransformerConfig q235 = zoo_model("qwen3_235b_a22b", 151936);
+  EXPECT_NEAR(double(q235.num_parameters()), 235e9, 0.5e9);
+  EXPECT_NEAR(double(q235.num_active_parameters()), 22e9, 0.5e9);
+  const TransformerConfig scout = zoo_model("llama4_scout", 202048);
+  const TransformerConfig maverick = zoo_model("llama4_maverick", 202048);
+  EXPECT_NEAR(double(scout.num_active_parameters()), 17e9, 0.5e9);
+  EXPECT_NEAR(double(maverick.num_active_parameters()), 17e9, 0.5e9);
+  EXPECT_LT(double(scout.num_parameters()), 109e9);
+  EXPECT_GT(double(scout.num_parameters()), 105e9);
+  EXPECT_NEAR(double(maverick.num_parameters()), 400e9, 2e9);
+  for (const auto& [name, c] : {std::pair{"Mixtral 8x22B", m22}, {"Qwen3-235B-A22B", q235},
+                                {"Llama 4 Scout", scout}, {"Llama 4 Maverick", maverick}})
+    std::printf("%s: %.4gB total, %.4gB active\n", name, double(c.num_parameters()) / 1e9,
+                double(c.num_active_parameters()) / 1e9);
   // A dense model's active parameters are all of them.
   const TransformerConfig dense = zoo_model("mistral_7b", 32000);
   EXPECT_EQ(dense.num_active_parameters(), dense.num_parameters());

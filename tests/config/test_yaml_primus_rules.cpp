@@ -125,7 +125,7 @@ TEST_F(PrimusRules, NamesOfTheMegatronPrimusPinsStillWork) {
 TEST_F(PrimusRules, MegatronsDefaultOfANotedOrRefusedFlagAsksForNothing) {
   // Primus's trainer_base.yaml spells out inference and vision defaults, which are refused
   // when set to anything else.
-  EXPECT_EQ(args_of("max_tokens_to_oom: 12000\nnum_classes: 1000\ncp_comm_type: p2p\n"), Args{});
+  EXPECT_EQ(args_of("max_tokens_to_oom: 12000\nnum_classes: 1000\n"), Args{});
   EXPECT_EQ(args_of("max_tokens_to_oom: 100\n"), (Args{"--max-tokens-to-oom", "100"}));
   // A built flag always takes its value, which may differ from omnitron's default.
   EXPECT_EQ(args_of("eval_iters: 100\nadam_beta2: 0.999\n"),

@@ -152,5 +152,24 @@ TYPED_TEST(GpuElementwise, SwigluBackwardMatchesCpu) {
   }
 }
 
+// The strided copy Ulysses packs its all-to-all blocks with: rows of `width` floats between
+// pitches that differ, against the host's row-by-row copy; what lies between rows untouched.
+TEST(GpuMemory, CopyRowsMatchesARowByRowCopy) {
+  OMNI_REQUIRE_GPU();
+  const size_t rows = 7, width = 10, src_pitch = 13, dst_pitch = 11;
+  const std::vector<float> src = random_vector(rows * src_pitch, 5);
+  std::vector<float> want = random_vector(rows * dst_pitch, 6);
+  gpu::DeviceArray<float> d_src(src.size()), d_dst(want.size());
+  gpu::copy_to_device(d_src.data(), src.data(), src.size() * sizeof(float));
+  gpu::copy_to_device(d_dst.data(), want.data(), want.size() * sizeof(float));
+  gpu::copy_rows_on_device(d_dst.data(), dst_pitch * sizeof(float), d_src.data(),
+                           src_pitch * sizeof(float), width * sizeof(float), rows);
+  for (size_t r = 0; r < rows; ++r)
+    std::copy_n(src.begin() + r * src_pitch, width, want.begin() + r * dst_pitch);
+  std::vector<float> got(want.size());
+  gpu::copy_to_host(got.data(), d_dst.data(), got.size() * sizeof(float));
+  EXPECT_EQ(got, want);
+}
+
 }  // namespace
 }  // namespace omni::gpu_test

@@ -147,6 +147,13 @@ TEST_P(GpuLayouts, ContextParallel2PackedDocumentsWithDropout) {
   check_gpu_layout(GetParam(), {.cp = 2, .packed = true, .dropout = true});
 }
 
+// DeepSpeed-Ulysses (parallel/ulysses.h): the all-to-alls and row reorders are copies on the
+// device, the attention the one-rank kernel over the whole sequence. Llama only (rope,
+// grouped-query attention), with packed documents and dropout.
+TEST(GpuLayoutsUlysses, Llama2PackedDocumentsWithDropout) {
+  check_gpu_layout(true, {.cp = 2, .packed = true, .dropout = true, .ulysses = true});
+}
+
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, GpuLayouts, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "llama" : "gpt2"; });
 

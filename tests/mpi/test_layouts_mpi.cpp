@@ -57,7 +57,9 @@ fs::path run_dir(const std::string& name) {
   return d;
 }
 
-Trained train(const std::string& model, int ranks, const std::string& layout) {
+// `env`: mpirun's -x settings beyond OMP_NUM_THREADS (launcher variables).
+Trained train(const std::string& model, int ranks, const std::string& layout,
+              const std::string& env = "") {
   std::string name = model + "_" + std::to_string(ranks) + layout;
   name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
   const fs::path dir = run_dir(name);
@@ -67,7 +69,8 @@ Trained train(const std::string& model, int ranks, const std::string& layout) {
     const ProcessResult r = run_omnitron_env("OMP_NUM_THREADS=1", args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
   } else {
-    const MpiRun r = mpirun(ranks, std::string(OMNITRON_BINARY) + " " + args, "-x OMP_NUM_THREADS=1");
+    const MpiRun r =
+        mpirun(ranks, std::string(OMNITRON_BINARY) + " " + args, "-x OMP_NUM_THREADS=1 " + env);
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
   return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt")};
@@ -161,6 +164,33 @@ TEST(MpiDropout, DataParallel2DistributedOptimizerMatchesTheSingleProcessRun) {
   std::printf("gpt2 dp2 distributed optimizer, dropout 0.1: largest loss difference %.3g\n", worst);
   EXPECT_LE(worst, 1e-5);
   EXPECT_NE(ref.losses, plain.losses);  // dropout was on
+}
+
+double worst_relative(const std::vector<double>& got, const std::vector<double>& ref) {
+  EXPECT_EQ(got.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
+    worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
+  return worst;
+}
+
+// Megatron-DeepSpeed's SP=2 (the launcher variable, read with OMNITRON_ENV_OVERRIDES=1) on 4
+// ranks is DeepSpeed-Ulysses x 2 data-parallel ranks: the losses of one process, and those of
+// the ring (--context-parallel-size 2) to rounding. Llama: rope and grouped-query attention.
+TEST(MpiUlysses, LauncherSp2DataParallel2MatchesTheRingAndOneProcess) {
+  const std::string opt = " --use-distributed-optimizer";
+  const Trained ulysses = train("llama", 4, opt, "-x OMNITRON_ENV_OVERRIDES=1 -x SP=2");
+  const Trained ring = train("llama", 4, opt + " --context-parallel-size 2");
+  const Trained& one = reference("llama");
+  ASSERT_EQ(ulysses.losses.size(), size_t(kSteps));
+  const double vs_one = worst_relative(ulysses.losses, one.losses);
+  const double vs_ring = worst_relative(ulysses.losses, ring.losses);
+  std::printf(
+      "llama SP=2 x DP 2 (Ulysses): largest loss difference %.3g from one process, "
+      "%.3g from the ring\n",
+      vs_one, vs_ring);
+  EXPECT_LE(vs_one, 1e-5);
+  EXPECT_LE(vs_ring, 1e-6);
 }
 
 // The omnitron processes whose command line contains `marker` (mpirun's own, which also

@@ -51,6 +51,7 @@ struct Layout {
   bool packed = false;  // two documents per sample (reset positions and attention)
   Recompute::Granularity recompute = Recompute::None;  // of every layer
   bool dropout = false;  // hidden and attention dropout 0.1 (Megatron's defaults)
+  bool ulysses = false;  // context parallel by all-to-all (Ulysses) instead of the ring
 };
 
 // The model of a layout test: with Layout::dropout, Megatron's dropout 0.1 on.
@@ -126,6 +127,7 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
     split.num_layers_per_virtual_pipeline_stage = layout.layers_per_virtual_stage;
     ModelParallel mp;
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = layout.sp;
+    mp.ulysses = layout.ulysses;
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();

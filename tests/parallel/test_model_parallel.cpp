@@ -109,6 +109,20 @@ TEST_P(ModelParallel, TensorParallel2FullRecomputeWithDropout) {
   check_layout(GetParam(), {.tp = 2, .recompute = Recompute::Full, .dropout = true});
 }
 
+// DeepSpeed-Ulysses (parallel/ulysses.h): the same sequence split, attention by all-to-all.
+TEST_P(ModelParallel, Ulysses2) {
+  check_layout(GetParam(), {.cp = 2, .ulysses = true});
+}
+TEST_P(ModelParallel, Ulysses4PackedDocumentsWithDropout) {
+  check_layout(GetParam(), {.cp = 4, .packed = true, .dropout = true, .ulysses = true});
+}
+TEST_P(ModelParallel, Ulysses2Pipeline2FullRecompute) {
+  check_layout(GetParam(), {.cp = 2, .pp = 2, .recompute = Recompute::Full, .ulysses = true});
+}
+TEST_P(ModelParallel, Ulysses2TensorParallel2SequenceParallelWithDropout) {
+  check_layout(GetParam(), {.tp = 2, .cp = 2, .sp = true, .dropout = true, .ulysses = true});
+}
+
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, ModelParallel, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "llama" : "gpt2"; });
 

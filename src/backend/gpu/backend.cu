@@ -178,6 +178,10 @@ class Backend final : public GpuBackend {
   void copy(void* dst, const void* src, size_t bytes) const override {
     copy_on_device(dst, src, bytes);
   }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                 size_t rows) const override {
+    copy_rows_on_device(dst, dst_pitch, src, src_pitch, width, rows);
+  }
   void synchronize() const override {
     gpu::synchronize();
   }

@@ -307,6 +307,13 @@ gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyKind) {
 gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind k, gpuStream_t) {
   return gpuMemcpy(dst, src, bytes, k);
 }
+gpuError_t gpuMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                            size_t width, size_t height, gpuMemcpyKind k, gpuStream_t) {
+  for (size_t r = 0; r < height; ++r)
+    gpuMemcpy(static_cast<char*>(dst) + r * dst_pitch,
+              static_cast<const char*>(src) + r * src_pitch, width, k);
+  return gpuSuccess;
+}
 gpuError_t gpuMemset(void* p, int value, size_t bytes) {
   if (bytes) std::memset(p, value, bytes);
   return gpuSuccess;

@@ -141,6 +141,8 @@ gpuError_t gpuMalloc(T** p, size_t bytes) {
 gpuError_t gpuFree(void* p);
 gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyKind);
 gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind, gpuStream_t);
+gpuError_t gpuMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                            size_t width, size_t height, gpuMemcpyKind, gpuStream_t);
 gpuError_t gpuMemset(void* p, int value, size_t bytes);
 gpuError_t gpuMemsetAsync(void* p, int value, size_t bytes, gpuStream_t);
 gpuError_t gpuDeviceSynchronize();

@@ -38,6 +38,9 @@ void device_free(void* p);
 void copy_to_device(void* dst, const void* host_src, size_t bytes);
 void copy_to_host(void* host_dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+// `rows` runs of `width` bytes, src_pitch and dst_pitch bytes apart (one strided copy).
+void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                         size_t width, size_t rows, Stream stream = nullptr);
 void fill_zero(void* p, size_t bytes, Stream stream = nullptr);
 
 // Owns a device allocation of n elements of T.

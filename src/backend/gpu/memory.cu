@@ -63,6 +63,13 @@ void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) {
         gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToDevice, static_cast<gpuStream_t>(stream)));
 }
 
+void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                         size_t width, size_t rows, Stream stream) {
+  if (width && rows)
+    OMNI_GPU_CHECK(gpuMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                    gpuMemcpyDeviceToDevice, static_cast<gpuStream_t>(stream)));
+}
+
 void fill_zero(void* p, size_t bytes, Stream stream) {
   if (bytes) OMNI_GPU_CHECK(gpuMemsetAsync(p, 0, bytes, static_cast<gpuStream_t>(stream)));
 }

@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""PyTorch's training step on the CPU at bench_train_step's 6-layer shapes, the figure our
+mixture-of-experts rows are read beside (never a dependency of omnitron; Debian's
+python3-torch runs it).
+
+  OMP_NUM_THREADS=2 /usr/bin/python3 bench/pytorch_moe_cpu.py [--steps N]
+
+A GPT of 6 layers, 6 heads, hidden 384, vocabulary 50257, sequence 256, micro batch 4, in
+float32 without dropout (run bench_train_step with --hidden-dropout 0 --attention-dropout 0
+beside it), AdamW; its MLP either dense (GELU, 1536 wide) or a mixture of experts of the same
+active FLOPs, written as PyTorch users write one without a grouped GEMM: a loop over the
+experts, each taking its tokens by index (as Megatron's SequentialMLP and Mixtral's
+Hugging Face block do):
+  - 8 experts, top 2, each 768 wide (Mixtral-shaped);
+  - 16 experts, top 4, each 192 wide, plus a shared expert 768 wide (DeepSeek-shaped).
+The router is Megatron's default: softmax over the top-k logits, with the aux loss (0.01).
+Prints tokens/s and GFLOP/s by Megatron's formula (active parameters), the median step of
+the steps after the first.
+"""
+import argparse
+import math
+import os
+import time
+
+# The OpenBLAS kernels omnitron's launcher picks on AVX-512 machines (its auto-detection
+# takes slower ones): the same sgemm for both. Read when torch loads OpenBLAS.
+with open("/proc/cpuinfo") as cpuinfo:
+    if " avx512f" in cpuinfo.read():
+        os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+import torch  # noqa: E402
+import torch.nn as nn
+import torch.nn.functional as F
+
+V, L, H, C, S, B = 50257, 6, 6, 384, 256, 4
+
+
+class Experts(nn.Module):
+    def __init__(self, experts, topk, width, shared=0):
+        super().__init__()
+        self.topk = topk
+        self.router = nn.Linear(C, experts, bias=False)
+        self.fc1 = nn.ModuleList(nn.Linear(C, width, bias=shared == 0) for _ in range(experts))
+        self.fc2 = nn.ModuleList(nn.Linear(width, C, bias=shared == 0) for _ in range(experts))
+        self.shared = None
+        if shared:
+            self.shared = nn.Sequential(nn.Linear(C, shared, bias=False), nn.GELU(),
+                                        nn.Linear(shared, C, bias=False))
+        self.aux = torch.zeros(())
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, C)
+        logits = self.router(x)
+        top, idx = torch.topk(logits, self.topk, dim=-1)
+        probs = torch.softmax(top, dim=-1)
+        E = logits.shape[1]
+        counts = torch.zeros(E).index_add_(0, idx.flatten(), torch.ones(idx.numel()))
+        scores = torch.softmax(logits, dim=-1)
+        self.aux = 0.01 * E / (self.topk * x.shape[0] ** 2) * (scores.sum(0) * counts).sum()
+        y = torch.zeros_like(x)
+        for e in range(E):
+            token, slot = torch.nonzero(idx == e, as_tuple=True)
+            if token.numel() == 0:
+                continue
+            h = self.fc2[e](F.gelu(self.fc1[e](x[token])))
+            y.index_add_(0, token, h * probs[token, slot].unsqueeze(1))
+        if self.shared is not None:
+            y = y + self.shared(x)
+        return y.reshape(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.mlp = mlp
+        self.register_buffer("mask", torch.full((S, S), float("-inf")).triu(1))
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln1(x)).view(B, S, 3, H, C // H).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(C // H) + self.mask, dim=-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(B, S, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, make_mlp):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(S, C)
+        self.blocks = nn.ModuleList(Block(make_mlp()) for _ in range(L))
+        self.lnf = nn.LayerNorm(C)
+
+    def forward(self, tokens, labels):
+        x = self.wte(tokens) + self.wpe(torch.arange(S))
+        for b in self.blocks:
+            x = b(x)
+        loss = F.cross_entropy((self.lnf(x) @ self.wte.weight.T).view(-1, V), labels.view(-1))
+        return loss + sum(b.mlp.aux for b in self.blocks if isinstance(b.mlp, Experts))
+
+
+def megatron_flops(ffn_active):
+    """Megatron's per-iteration formula (as src/train/flops.h) with the MLP's active width,
+    multi-head attention, no gated MLP, the vocabulary padded to 50304 as omnitron pads it."""
+    return 12.0 * B * S * L * C * C * ((1 + 1 + S / C) + ffn_active / C + 50304 / (2.0 * L * C))
+
+
+def run(name, make_mlp, ffn_active, steps):
+    torch.manual_seed(0)
+    model = GPT(make_mlp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    tokens = torch.randint(0, V, (B, S))
+    labels = torch.randint(0, V, (B, S))
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        model(tokens, labels).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    sec = sorted(times[1:])[len(times[1:]) // 2]
+    print(f"{name:<40} {B * S / sec:10.0f} {sec * 1e3:12.1f} "
+          f"{megatron_flops(ffn_active) / sec / 1e9:10.1f}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=4)
+    steps = p.parse_args().steps
+    print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}")
+    print(f"{'6 layers, 384, seq 256, micro batch 4':<40} {'tokens/s':>10} {'ms/step':>12} "
+          f"{'GFLOP/s':>10}")
+    run("dense, ffn 1536", lambda: nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(),
+                                                 nn.Linear(4 * C, C)), 4 * C, steps)
+    run("  MoE 8 experts, top 2, ffn 768", lambda: Experts(8, 2, 768), 1536, steps)
+    run("  MoE 16 top 4 ffn 192 + shared 768", lambda: Experts(16, 4, 192, 768), 1536, steps)
+
+
+if __name__ == "__main__":
+    main()
