@@ -118,9 +118,9 @@ void add_layout(Overrides& r) {
   if (const std::string* z = r.get("ZERO_STAGE")) {
     OMNI_REQUIRE(*z == "0" || *z == "1" || *z == "2" || *z == "3", "ZERO_STAGE=", *z,
                  ": expected 0, 1, 2 or 3");
-    // Stage 1 shards optimizer states, which is Megatron's distributed optimizer.
-    r.add("ZERO_STAGE", *z == "0" ? std::vector<std::string>{}
-                                  : std::vector<std::string>{"--use-distributed-optimizer"});
+    // Stage 1 (optimizer states) is Megatron's distributed optimizer; 2 and 3 shard more.
+    r.add("ZERO_STAGE",
+          *z == "0" ? std::vector<std::string>{} : std::vector<std::string>{"--zero-stage", *z});
   }
   if (const std::string* d = r.get("DTYPE")) {
     OMNI_REQUIRE(*d == "bf16" || *d == "fp16" || *d == "fp32", "DTYPE=", *d,

@@ -110,6 +110,8 @@ void add_model_options(std::vector<OptionDef>& t);
 void add_moe_options(std::vector<OptionDef>& t);  // options_moe.cpp
 // With --num-experts: refuses what the MoE layers do not build (options_moe.cpp).
 void finalize_moe(Options& o);
+// --zero-stage 2 and 3: the settings they do not combine with yet (options_distributed.cpp).
+void finalize_zero(Options& o);
 void add_training_options(std::vector<OptionDef>& t);
 void add_learning_rate_options(std::vector<OptionDef>& t);
 void add_data_options(std::vector<OptionDef>& t);

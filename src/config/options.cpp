@@ -227,6 +227,7 @@ void finalize_layout(Options& o) {
   OMNI_REQUIRE(o.num_layers_per_virtual_pipeline_stage >= 0,
                "--num-layers-per-virtual-pipeline-stage must be 0 (off) or positive");
   OMNI_REQUIRE(o.ddp_bucket_size >= 0, "--ddp-bucket-size must be 0 (default) or positive");
+  option_rows::finalize_zero(o);
 }
 
 // Logging, TensorBoard and profiling.

@@ -159,6 +159,9 @@ struct Options {
   // Uneven pipeline split: the first (last) stage's layers; 0: an even split.
   int decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
   bool sequence_parallel = false, use_distributed_optimizer = false;
+  int zero_stage = 0;           // --zero-stage: 1..3 imply use_distributed_optimizer
+  std::string fsdp_flag;        // --use-torch-fsdp2 or --use-megatron-fsdp: stage 3 where built
+  int fsdp_sharding_stage = 3;  // --data-parallel-sharding-strategy (Megatron-FSDP's)
   bool use_tp_pp_dp_mapping = false;  // rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp
   double ddp_bucket_size = 0;         // elements per gradient bucket; 0: Megatron's default
   // Megatron's defaults: a rank blocked longer than this in one collective ends the job

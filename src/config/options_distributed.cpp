@@ -1,6 +1,8 @@
 // Megatron's distributed group: the parallel layout, and the device it runs on.
 #include <algorithm>
+#include <iterator>
 #include <sstream>
+#include <string>
 
 #include "config/option_rows.h"
 
@@ -89,26 +91,46 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   t.push_back(toggle("--use-distributed-optimizer", PAR,
                      "shard optimizer states and master weights across data-parallel ranks",
                      [](Options& o) -> bool& { return o.use_distributed_optimizer; }));
-  // FSDP shards parameters and gradients as well; the arithmetic is the same, so until ZeRO-3
-  // is built these train with the sharded optimizer state and say what stays unsharded.
+  // ZeRO (DeepSpeed's zero_optimization.stage; Megatron-DeepSpeed's --zero-stage): 1 is the
+  // distributed optimizer; 2 also keeps only the rank's shard of the gradients, 3 also of the
+  // parameters (parallel/zero_sharding.h).
+  t.push_back(OptionDef{"--zero-stage", "0|1|2|3", PAR,
+                        "ZeRO sharding over the data-parallel ranks: 1 optimizer states "
+                        "(--use-distributed-optimizer), 2 also gradients, 3 also parameters",
+                        [](Options& o, const std::string& v) {
+                          if (v != "0" && v != "1" && v != "2" && v != "3")
+                            throw UsageError("--zero-stage: '" + v + "' is not one of 0, 1, 2, 3");
+                          o.zero_stage = v[0] - '0';
+                          if (o.zero_stage > 0) o.use_distributed_optimizer = true;
+                        },
+                        [](const Options& o) { return std::to_string(o.zero_stage); }});
+  // Torch FSDP2 (resharding after forward, its default) and Megatron-FSDP (its default
+  // optim_grads_params strategy) shard states, gradients and parameters: ZeRO stage 3 where
+  // it is built for the other settings, else the distributed optimizer (finalize_zero).
   for (const char* flag : {"--use-torch-fsdp2", "--use-megatron-fsdp"}) {
     const std::string f = flag;
-    t.push_back(OptionDef{
-        f, "", PAR,
-        "trains with --use-distributed-optimizer (the same results); parameters and gradients "
-        "are not sharded yet, so each rank holds them whole",
-        [f](Options& o, const std::string&) {
-          o.use_distributed_optimizer = true;
-          const std::string note =
-              "note: " + f +
-              " trains with --use-distributed-optimizer: the same results as fully sharded "
-              "data parallelism, but parameters and gradients are not sharded yet (each rank "
-              "holds them whole)";
-          if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end())
-            o.notes.push_back(note);
-        },
-        nullptr});
+    t.push_back(OptionDef{f, "", PAR,
+                          "fully sharded data parallelism: --zero-stage 3 (where stage 3 is "
+                          "not built for the other settings, stage 1, with a note)",
+                          [f](Options& o, const std::string&) {
+                            o.fsdp_flag = f;
+                            o.use_distributed_optimizer = true;
+                          },
+                          nullptr});
   }
+  t.push_back(OptionDef{
+      "--data-parallel-sharding-strategy", "no_shard|optim|optim_grads|optim_grads_params", PAR,
+      "with --use-megatron-fsdp, what is sharded: the ZeRO stage 0 (trained as 1: the same "
+      "results), 1, 2 or 3 (Megatron's default)",
+      [](Options& o, const std::string& v) {
+        const char* names[] = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
+        const auto at = std::find(std::begin(names), std::end(names), v);
+        if (at == std::end(names))
+          throw UsageError("--data-parallel-sharding-strategy: '" + v +
+                           "' is not one of no_shard, optim, optim_grads, optim_grads_params");
+        o.fsdp_sharding_stage = int(at - std::begin(names));
+      },
+      nullptr});
   t.push_back(toggle("--use-tp-pp-dp-mapping", PAR,
                      "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
                      [](Options& o) -> bool& { return o.use_tp_pp_dp_mapping; }));
@@ -133,6 +155,35 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                              "in one collective: each rank's call, group and step phase, and "
                              "which ranks are behind (0: only at the timeout)",
                              [](Options& o) -> double& { return o.hang_report_seconds; }));
+}
+
+// ZeRO stages 2 and 3 train an fp32 model, one pipeline stage, dense layers; the FSDP flags
+// ask for stage 3 and settle for stage 1 where it is not built.
+void finalize_zero(Options& o) {
+  std::string with;  // the setting stages 2 and 3 do not combine with yet
+  if (o.pipeline_model_parallel_size > 1)
+    with = "--pipeline-model-parallel-size " + std::to_string(o.pipeline_model_parallel_size);
+  else if (o.bf16 || o.fp16)
+    with = o.bf16 ? "--bf16" : "--fp16";
+  else if (o.model.num_moe_experts > 0)
+    with = "--num-experts " + std::to_string(o.model.num_moe_experts);
+  if (!o.fsdp_flag.empty() && o.zero_stage == 0) {
+    const int stage = o.fsdp_flag == "--use-megatron-fsdp" ? std::max(1, o.fsdp_sharding_stage) : 3;
+    if (with.empty() || stage == 1) {
+      o.zero_stage = stage;
+    } else {
+      o.zero_stage = 1;
+      const std::string note = "note: " + o.fsdp_flag + " with " + with +
+                               " trains with the distributed optimizer (ZeRO stage 1): stage " +
+                               std::to_string(stage) +
+                               " is not built with it; "
+                               "the same results, parameters and gradients held whole";
+      if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end()) o.notes.push_back(note);
+    }
+  }
+  if (o.zero_stage >= 2 && !with.empty())
+    throw NotBuiltError("--zero-stage " + std::to_string(o.zero_stage) + " with " + with,
+                        "ZeRO stages 2 and 3 with pipeline parallelism, 16-bit training or MoE");
 }
 
 }  // namespace omni::option_rows

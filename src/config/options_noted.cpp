@@ -543,7 +543,6 @@ void add_tuning_of_precision_and_other_features(std::vector<OptionDef>& t) {
   add_tuning(t, "fully sharded data parallelism (FSDP)", "--use-megatron-fsdp",
              {{"--megatron-fsdp-version", "1|2"},
               {"--fsdp-manual-registration", ""},
-              {"--data-parallel-sharding-strategy", "V"},
               {"--outer-dp-sharding-strategy", "no_shard|optim"},
               {"--fsdp-double-buffer", ""},
               {"--suggested-communication-unit-size", "N"},

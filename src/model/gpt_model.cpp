@@ -518,8 +518,10 @@ void GPTModel<T>::layers_forward(int chunk, Activations& a, const MicroBatch& mb
   StepLayer place(-1);  // for the collective watchdog's reports
   for (size_t i = 0; i < a.layers.size(); ++i) {
     place.set(first + int(i));
+    use_params(layer_ranges_[first + int(i)], true);
     layer_forward(first + int(i), layer_activations(a, int(i)), a.residual[i].template data<T>(),
                   a.residual[i + 1].template data<T>(), mb, g, a.in);
+    use_params(layer_ranges_[first + int(i)], false);
   }
 }
 
@@ -538,14 +540,21 @@ const T* GPTModel<T>::chunk_forward(int chunk, int slot, const MicroBatch& mb, c
   a.in.dropout = train;
   moe_training_ = train, moe_recomputing_ = false, moe_grad_scale_ = grad_scale;
   if (has_embedding(chunk)) {
+    use_params(embedding_range_, true);
     embed(a, mb, g);
+    use_params(embedding_range_, false);
   } else {
     OMNI_CHECK(input, "[gpt] chunk ", chunk, " needs the previous stage's output");
     ops::copy(x_, a.residual[0].template data<T>(), input, size_t(g.rows) * cfg_.hidden_size);
   }
   layers_forward(chunk, a, mb, g);
   if (!has_loss(chunk)) return a.residual.back().template data<T>();
+  const bool tied = !cfg_.untie_embeddings_and_output_weights;  // the classifier's weight
+  use_params(head_range_, true);
+  if (tied) use_params(embedding_range_, true);
   *loss = head_forward(a, mb, g, train, grad_scale);
+  use_params(head_range_, false);
+  if (tied) use_params(embedding_range_, false);
   return nullptr;
 }
 
@@ -569,6 +578,7 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
   for (int i = int(a.layers.size()) - 1; i >= 0; --i) {
     place.set(first + i);
     LayerActivations& la = layer_activations(a, i);
+    use_params(layer_ranges_[first + i], true);
     if (recomputed(i)) {  // the layer's forward again, from its saved input
       moe_training_ = moe_recomputing_ = true;
       layer_forward(first + i, la, a.residual[i].template data<T>(),
@@ -576,6 +586,7 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
       moe_recomputing_ = false;
     }
     layer_backward(first + i, la, a.residual[i].template data<T>(), dres, mb, g, a.in);
+    use_params(layer_ranges_[first + i], false);
     mark_ready(layer_ranges_[first + i]);
   }
   if (!has_embedding(chunk)) return dres;

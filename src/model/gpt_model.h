@@ -58,8 +58,8 @@ inline GeluForm gelu_form(const TransformerConfig& c) {
 }
 
 struct ModelParallel {
-  Communicator* tp = nullptr;      // tensor-parallel group; null: this rank alone
-  Communicator* cp = nullptr;      // context-parallel group; null: this rank alone
+  Communicator* tp = nullptr;  // tensor-parallel group; null: this rank alone
+  Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
   // Attention over the cp group by all-to-all (parallel/ulysses.h) instead of the ring.
   bool ulysses = false;
   Communicator* ep = nullptr;      // expert-parallel group (MoE layers); null: this rank alone
@@ -136,6 +136,11 @@ class GPTModel final : public PipelineChunks<T> {
   // micro-batch's backward will not touch again (for data-parallel buckets); null: none.
   void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) override {
     grads_ready_ = std::move(hook);
+  }
+  // ZeRO stage 3 (parallel/zero_sharding.h): called with (begin, end, true) before the
+  // parameters of a flat range are read, (begin, end, false) after; null: always there.
+  void set_params_hook(std::function<void(int64_t, int64_t, bool)> hook) {
+    params_hook_ = std::move(hook);
   }
 
   // Mixture of experts (model/gpt_moe.cpp; CPU, float or double, one tensor-parallel and
@@ -267,6 +272,9 @@ class GPTModel final : public PipelineChunks<T> {
   void mark_ready(std::pair<int64_t, int64_t> range) const {
     if (grads_ready_ && range.second > range.first) grads_ready_(range.first, range.second);
   }
+  void use_params(std::pair<int64_t, int64_t> range, bool use) const {
+    if (params_hook_ && range.second > range.first) params_hook_(range.first, range.second, use);
+  }
   void final_norm_forward(Activations& a, const Geometry& g);
 
   TransformerConfig cfg_;
@@ -289,6 +297,7 @@ class GPTModel final : public PipelineChunks<T> {
   Tensor ones_, gamma_;  // --apply-layernorm-1p: [hidden] ones, and w + 1
   std::vector<std::vector<std::unique_ptr<Activations>>> acts_;  // [chunk][slot]
   std::function<void(int64_t, int64_t)> grads_ready_;
+  std::function<void(int64_t, int64_t, bool)> params_hook_;
   Recompute recompute_;
   LayerActivations recompute_scratch_;  // Full: the layer being recomputed
   // Scratch reused by every layer.

@@ -12,8 +12,7 @@ namespace omni {
 template <typename T>
 DistributedOptimizer<T>::DistributedOptimizer(const OptimizerConfig& config,
                                               const DataParallelBuckets<T>& buckets,
-                                              const ParameterSet<T>& params,
-                                              const ops::Exec& exec)
+                                              const ParameterSet<T>& params, const ops::Exec& exec)
     : cfg_(config), buckets_(buckets), x_(exec) {
   OMNI_CHECK(buckets.mode() == GradReduce::ReduceScatter,
              "[distributed optimizer] needs data-parallel buckets in reduce-scatter mode");
@@ -28,7 +27,8 @@ DistributedOptimizer<T>::DistributedOptimizer(const OptimizerConfig& config,
   }
   const Device device = params.values_tensor().device();
   m_ = Tensor::zeros({state}, dtype_of<T>(), device, x_.memory());
-  if (cfg_.kind != OptimizerKind::SGD) v_ = Tensor::zeros({state}, dtype_of<T>(), device, x_.memory());
+  if (cfg_.kind != OptimizerKind::SGD)
+    v_ = Tensor::zeros({state}, dtype_of<T>(), device, x_.memory());
 }
 
 template <typename T>
@@ -57,6 +57,7 @@ void DistributedOptimizer<T>::step(ParameterSet<T>& params, double lr) {
     update_elements(x_, cfg_, step_, lr, p.decay, params.values() + p.begin,
                     params.grads() + p.begin, m + p.state, v ? v + p.state : nullptr,
                     p.end - p.begin);
+  if (!gather_params_) return;
   TraceSpan span("params-all-gather");
   buckets_.all_gather(params.values());
 }

@@ -42,6 +42,8 @@ class DistributedOptimizer {
   // Updates this rank's shard with learning rate `lr`, then all-gathers the parameters so
   // every rank holds all of them. Collective over the data-parallel group.
   void step(ParameterSet<T>& params, double lr);
+  // ZeRO stage 3: step() leaves the parameters sharded (each layer is gathered where used).
+  void set_gather_params(bool gather) { gather_params_ = gather; }
 
   int64_t steps() const { return step_; }
   void set_steps(int64_t steps) { step_ = steps; }
@@ -73,6 +75,7 @@ class DistributedOptimizer {
   std::vector<Piece> pieces_;
   std::vector<int64_t> range_state_;  // per shard range, its start in m_ / v_
   int64_t step_ = 0;
+  bool gather_params_ = true;
   ops::Exec x_;
   Tensor m_, v_;  // this rank's shard of each state, on the parameters' device
 };

@@ -15,7 +15,8 @@ int64_t default_bucket_size(int group_size) {
 template <typename T>
 DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<ParamInfo> layout,
                                             Tensor grads, double bucket_size, GradReduce mode,
-                                            const ops::Exec& exec)
+                                            const ops::Exec& exec,
+                                            const std::vector<int64_t>& close_at)
     : comm_(group), infos_(std::move(layout)), grads_(std::move(grads)), mode_(mode), x_(exec) {
   OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size, ")");
   const int64_t target =
@@ -37,7 +38,8 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
     bucket_of_param_[i] = buckets_.size();
     with_elements += infos[i].numel > 0;
     const bool gap = i > 0 && infos[i].offset - end_of(i - 1) >= kAlign;
-    if (i == 0 || gap || end - infos[i].offset >= target) {
+    if (i == 0 || gap || end - infos[i].offset >= target ||
+        std::binary_search(close_at.begin(), close_at.end(), infos[i].offset)) {
       const int64_t begin = i == 0 && infos[0].offset < kAlign ? 0 : infos[i].offset;
       buckets_.push_back({begin, end, (end - begin) / group.size()});
       params_in_bucket_.push_back(with_elements);
@@ -54,8 +56,7 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
     reduced_offset_.push_back(reduced);
     reduced += b.piece;
   }
-  if (mode_ == GradReduce::ReduceScatter && p > 1)
-    reduced_ = Tensor::zeros({reduced}, dtype_of<T>(), grads_.device(), x_.memory());
+  reduced_size_ = mode_ == GradReduce::ReduceScatter && p > 1 ? reduced : 0;
 }
 
 template <typename T>
@@ -69,6 +70,9 @@ void DataParallelBuckets<T>::start(size_t index) {
   // memory, and the gradients may live on a GPU.)
   if (p == 1) return;
   ops::scale(x_, g, 1.0 / p, size_t(n));
+  // Allocated at first use: ZeRO 2/3 reduce into their own shard-sized accumulator.
+  if (reduced_size_ > 0 && !reduced_.defined())
+    reduced_ = Tensor::zeros({reduced_size_}, dtype_of<T>(), grads_.device(), x_.memory());
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
   if (mode_ == GradReduce::AllReduce) {
     reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
@@ -120,10 +124,11 @@ void DataParallelBuckets<T>::finish() {
 }
 
 template <typename T>
-void DataParallelBuckets<T>::all_gather(T* data) const {
+void DataParallelBuckets<T>::all_gather(T* data, size_t first, size_t last) const {
   const int p = comm_.size(), r = comm_.rank();
   if (p == 1) return;  // every shard is this rank's
-  for (const GradBucket& b : buckets_) {
+  for (size_t i = first; i < last; ++i) {
+    const GradBucket& b = buckets_[i];
     if (b.piece > 0) comm_.all_gather(data + b.begin, data + b.begin + r * b.piece, b.piece);
     if (const int64_t rest = b.end - b.begin - p * b.piece; rest > 0)
       comm_.broadcast(data + b.begin + p * b.piece, rest * sizeof(T), p - 1);

@@ -3,7 +3,8 @@
 //
 //   omni::DataParallelBuckets<float> ddp(grid.dp_cp(), model.params(), opts.ddp_bucket_size,
 //                                        omni::GradReduce::AllReduce);  // ReduceScatter with
-//                                                                       // the distributed optimizer
+//                                                                       // the distributed
+//                                                                       optimizer
 //   ... micro-batches; on the LAST micro-batch of the step, as each layer's backward has
 //   written its final gradients:
 //   ddp.mark_ready(first_offset, end_offset);   // may start a bucket's collective at once
@@ -64,8 +65,10 @@ class DataParallelBuckets {
   // Buckets over `grads`, a buffer laid out as `infos` say (a ParameterSet's). `group` must
   // outlive this object. bucket_size: elements (--ddp-bucket-size). `exec`: the device the
   // gradients live on (the group's collectives move its memory).
+  // close_at: offsets (sorted) where a bucket must close as well (ZeRO 2/3: each layer's start).
   DataParallelBuckets(Communicator& group, std::vector<ParamInfo> infos, Tensor grads,
-                      double bucket_size, GradReduce mode, const ops::Exec& exec = {});
+                      double bucket_size, GradReduce mode, const ops::Exec& exec = {},
+                      const std::vector<int64_t>& close_at = {});
   // Over the gradients of `params` (a model of any storage whose gradients are T).
   template <typename P>
   requires std::is_same_v<accum_t<P>, T> DataParallelBuckets(Communicator& group,
@@ -86,7 +89,9 @@ class DataParallelBuckets {
   const std::vector<ShardRange>& shard() const { return shard_; }
   // Every rank's shard ranges of `data` (a buffer laid out like the parameters) to every
   // rank; collective over the group. Used for parameters after a sharded update.
-  void all_gather(T* data) const;
+  void all_gather(T* data) const { all_gather(data, 0, buckets_.size()); }
+  // The same for buckets [first, last) only.
+  void all_gather(T* data, size_t first, size_t last) const;
   Communicator& group() const { return comm_; }
   GradReduce mode() const { return mode_; }
 
@@ -101,14 +106,15 @@ class DataParallelBuckets {
   GradReduce mode_;
   std::vector<GradBucket> buckets_;
   std::vector<ShardRange> shard_;
-  std::vector<size_t> bucket_of_param_;  // by index into params.infos()
+  std::vector<size_t> bucket_of_param_;                 // by index into params.infos()
   std::vector<int> params_in_bucket_, params_pending_;  // with elements, per bucket
   std::vector<bool> param_ready_;
   size_t next_start_ = 0;
   std::vector<std::vector<std::unique_ptr<CommRequest>>> requests_;  // per bucket
   ops::Exec x_;
-  Tensor reduced_;                          // ReduceScatter: each bucket's piece, in bucket order
-  std::vector<int64_t> reduced_offset_;     // per bucket, into reduced_
+  Tensor reduced_;  // ReduceScatter: each bucket's piece, in bucket order (at the first start())
+  int64_t reduced_size_ = 0;
+  std::vector<int64_t> reduced_offset_;  // per bucket, into reduced_
 };
 
 }  // namespace omni

@@ -113,7 +113,8 @@ double PipelineExecutor<T>::run(int num_microbatches,
       }
       TraceSpan span("backward-compute", "microbatch", op.microbatch);
       const int slot = slot_of.at({op.chunk, op.microbatch});
-      model_.set_grads_ready_hook(op.microbatch == num_microbatches - 1 ? grads_ready_ : nullptr);
+      const bool last = op.microbatch == num_microbatches - 1;
+      model_.set_grads_ready_hook(last || every_microbatch_ ? grads_ready_ : nullptr);
       const T* d_input = model_.chunk_backward(op.chunk, slot, mb, grad);
       span.end();
       model_.set_grads_ready_hook(nullptr);

@@ -59,18 +59,22 @@ class PipelineExecutor {
   // the last its labels). Gradients of grad_scale * each micro-batch's mean loss are added
   // to the model's gradients. Returns the sum of the micro-batches' mean losses on the last
   // stage, 0 on the others.
-  double run(int num_microbatches, const std::function<const MicroBatch&(int)>& batch,
-             bool train, double grad_scale);
+  double run(int num_microbatches, const std::function<const MicroBatch&(int)>& batch, bool train,
+             double grad_scale);
   // Passed to the model during the backward of the last micro-batch of each chunk only:
-  // the gradients it marks ready are final for the step.
-  void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) {
+  // the gradients it marks ready are final for the step. every_microbatch (ZeRO 2/3): during
+  // every micro-batch's backward, each marking ranges final for that micro-batch.
+  void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook,
+                            bool every_microbatch = false) {
     grads_ready_ = std::move(hook);
+    every_microbatch_ = every_microbatch;
   }
 
  private:
   PipelineChunks<T>& model_;
   Communicator& pp_;
   std::function<void(int64_t, int64_t)> grads_ready_;
+  bool every_microbatch_ = false;
 };
 
 }  // namespace omni

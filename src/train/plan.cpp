@@ -53,10 +53,21 @@ StateBytes state_bytes(const PlanLayout& l, const PlanDevice& d) {
                               : std::string(" (no distributed optimizer: every DP rank holds all)");
   const bool mixed = l.precision != "fp32";
   if (d.host_memory) {
-    StateBytes s{4, 4, 8 / shards + (mixed ? 8 : 0), "", "", ""};
+    // ZeRO 2 and 3 (fp32 only) keep 1/(DP x CP) of the gradients and parameters between uses.
+    StateBytes s{l.zero_stage >= 3 ? 4 / shards : 4,
+                 l.zero_stage >= 2 ? 4 / shards : 4,
+                 8 / shards + (mixed ? 8 : 0),
+                 "",
+                 "",
+                 ""};
     s.param_why =
         mixed ? "float storage holding " + l.precision + " values (the CPU backend)" : "fp32";
     s.grad_why = "fp32 gradients, as the CPU backend stores them";
+    if (l.zero_stage >= 3)
+      s.param_why += sfmt(" / %d (ZeRO stage 3; + one layer gathered)", l.dp * l.cp);
+    if (l.zero_stage >= 2)
+      s.grad_why += sfmt(" / %d (ZeRO stage %d; + one layer's before its reduce-scatter)",
+                         l.dp * l.cp, l.zero_stage);
     s.optim_why = "AdamW's two fp32 moments, 8 B" + over +
                   (mixed ? "; + fp32 master values and gradients, 8 B (not sharded)" : "");
     return s;
@@ -111,7 +122,9 @@ std::string PlanLayout::describe() const {
   s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
             global_batch, micro_batches(), micro_batches() == 1 ? "" : "es", precision.c_str());
   if (sequence_parallel) s += ", SP";
-  if (distributed_optimizer) s += ", distributed optimizer";
+  if (distributed_optimizer)
+    s += zero_stage >= 2 ? sfmt(", ZeRO stage %d", zero_stage)
+                         : std::string(", distributed optimizer");
   s += recompute.empty() ? ", no recompute" : ", recompute " + recompute;
   if (recompute == "full" && recompute_method == "block")
     s += sfmt(" (block, %d layers)", recompute_num_layers);
@@ -143,6 +156,7 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   l.micro_batch = o.micro_batch_size, l.global_batch = o.global_batch_size;
   l.sequence_parallel = o.sequence_parallel && l.tp > 1;
   l.distributed_optimizer = o.use_distributed_optimizer;
+  l.zero_stage = o.zero_stage;
   l.overlap_grad_reduce = o.overlap_grad_reduce;
   l.recompute = o.recompute_granularity, l.recompute_method = o.recompute_method;
   l.recompute_num_layers = o.recompute_num_layers;
@@ -246,7 +260,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   if (d.host_memory && l.dp * l.cp > 1) {
     const double bucket = std::min(P, double(default_bucket_size(l.dp * l.cp))) * 4;
     comm += bucket;
-    if (l.distributed_optimizer) comm += P / (l.dp * l.cp) * 4;
+    if (l.distributed_optimizer && l.zero_stage < 2) comm += P / (l.dp * l.cp) * 4;
     comm_why +=
         sfmt("%sMPI's copy of one gradient bucket (%s)%s", comm_why.empty() ? "" : "; ",
              gib(bucket).c_str(),

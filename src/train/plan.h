@@ -62,6 +62,7 @@ struct PlanLayout {
   int gpus = 1, tp = 1, cp = 1, pp = 1, vp = 1, dp = 1;
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
+  int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too (CPU, fp32)
   std::string recompute;  // "", "full" or "selective"
   std::string recompute_method;
   int recompute_num_layers = 0;

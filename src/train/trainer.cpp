@@ -11,6 +11,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "model/moe_layer.h"
 #include "optim/lr_schedule.h"
+#include "optim/optimizer_zoo.h"
 #include "parallel/schedules.h"
 #include "train/downstream_eval.h"
 #include "train/flops.h"
@@ -149,10 +150,12 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   // Under expert parallelism the experts' gradients are reduced over their own group.
   expert_grads_ = ExpertGradients::make(*grid_, model_infos(), model_grads(), opts.ddp_bucket_size,
                                         opts.use_distributed_optimizer, exec_);
+  // ZeRO 2/3 close a bucket at each layer's start, so a layer is a run of whole buckets.
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
       grid_->dp_cp(), ExpertGradients::dense(*grid_, model_infos()), model_grads(),
       opts.ddp_bucket_size,
-      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_);
+      opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_,
+      opts.zero_stage >= 2 ? zero_bucket_boundaries(model_infos()) : std::vector<int64_t>{});
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
   // Without it (Megatron's default) ddp_->finish() starts them all after the backward pass.
@@ -165,7 +168,20 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     }
     ddp_->mark_ready(begin, end);
   };
-  with_model([&](auto& m) { m.pipeline.set_grads_ready_hook(grads_ready); });
+  if (opts.zero_stage >= 2) {  // every micro-batch's gradients reduced as they are final
+    OMNI_REQUIRE(!exec_.gpu || exec_.gpu->memory_is_host_memory(), "--zero-stage ", opts.zero_stage,
+                 " on --device ", opts.device,
+                 ": not built yet (ZeRO 2/3 release host memory; this GPU's is its own)");
+    zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, *ddp_, optimizer_params(), exec_);
+    with_model([&](auto& m) {
+      m.pipeline.set_grads_ready_hook([this](int64_t b, int64_t e) { zero_->grads_ready(b, e); },
+                                      true);
+      m.model.set_params_hook(
+          [this](int64_t b, int64_t e, bool use) { zero_->use_params(b, e, use); });
+    });
+  } else {
+    with_model([&](auto& m) { m.pipeline.set_grads_ready_hook(grads_ready); });
+  }
   if (opts.bf16 || opts.fp16) {
     const DType dtype = opts.bf16 ? DType::BF16 : DType::F16;
     with_model([&](auto& m) {
@@ -183,6 +199,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     dist_optimizer_ =
         std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params(), exec_);
     if (expert_grads_) expert_grads_->make_optimizer(opts.optim, optimizer_params());
+    dist_optimizer_->set_gather_params(opts.zero_stage < 3);
   } else
     optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_);
 
@@ -253,7 +270,14 @@ RankState Trainer::rank_state(bool with_optimizer) {
   state.infos = params.infos();
   state.padded_vocab = opts_.model.padded_vocab_size();
   state.exec = exec_;
-  state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  if (zero_ && zero_->stage() == 3) {  // each rank holds and writes its shard of the values
+    StateBuffer values{"", {}, true};
+    for (const ShardRange& r : ddp_->shard())
+      values.spans.push_back({r.begin, r.end, params.values() + r.begin});
+    state.buffers.push_back(std::move(values));
+  } else {
+    state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+  }
   // Expert parallelism: the first expert-data-parallel rank of each expert-parallel rank
   // writes its experts (the first data-parallel rank writes all it holds above).
   const bool expert_writer = expert_grads_ && grid_->expert_dp().rank() == 0 && !replica;
@@ -325,6 +349,7 @@ void Trainer::load(const std::string& dir) {
     p = reader.progress();
   }
   if (mixed_) mixed_->copy_master_to_model();
+  if (zero_) zero_->release_params();
   if (resume) {
     iteration_ = p.iteration;
     lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
@@ -450,7 +475,10 @@ double Trainer::reduce_loss(double loss_sum, int microbatches) const {
 Trainer::Step Trainer::train_step(int64_t iteration) {
   const int mb = opts_.micro_batch_size, accum = step_micro_batches();
   float* grads = model_grads().data<float>();
-  ops::zero(exec_, grads, size_t(model_grads().numel()));
+  if (zero_)
+    zero_->begin_step();
+  else
+    ops::zero(exec_, grads, size_t(model_grads().numel()));
   for (int m = 0; m < accum; ++m)
     read_batch(
         m, micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(), grid_->dp_size()),
@@ -478,7 +506,10 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     grid_->embedding().all_reduce(grads + b, size_t(e - b));
     if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
-  ddp_->finish();
+  if (zero_)
+    zero_->finish();
+  else
+    ddp_->finish();
   if (expert_grads_) expert_grads_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : model_infos())
@@ -669,6 +700,30 @@ TrainResult Trainer::run(MetricsSink& sink) {
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
   result.tokens_per_sec = steps_run > 0 ? tokens_trained / train_seconds : 0.0;
   return result;
+}
+
+Trainer::HeldMemory Trainer::held_memory(bool reset_peak) {
+  ParameterSet<float>& params = optimizer_params();
+  const size_t bytes = size_t(params.size()) * sizeof(float);
+  HeldMemory m;
+  if (zero_) {
+    const ZeroSharding::Bytes peak = zero_->peak();
+    m.params = peak.params, m.grads = peak.grads;
+    if (reset_peak) zero_->reset_peak();
+  } else {
+    m.params = resident_bytes(params.values(), bytes);
+    m.grads = resident_bytes(params.grads(), bytes);
+  }
+  if (optimizer_ && !is_zoo_optimizer(optimizer_->kind()))  // AdamW's or SGD's float states
+    for (const std::string& name : optimizer_->state_names())
+      m.optimizer += resident_bytes(optimizer_->state_buffer(name), bytes);
+  int64_t shard = 0;
+  for (const ShardRange& r : ddp_->shard()) shard += r.end - r.begin;
+  if (dist_optimizer_)
+    for (const std::string& name : dist_optimizer_->state_names())
+      m.optimizer +=
+          resident_bytes(dist_optimizer_->shard_state(name), size_t(shard) * sizeof(float));
+  return m;
 }
 
 }  // namespace omni

@@ -20,6 +20,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/zero_sharding.h"
 #include "train/document_masks.h"
 #include "train/expert_grads.h"
 #include "train/metrics.h"
@@ -84,6 +85,13 @@ class Trainer {
   // "attention: flash (...) -- --attention-backend auto: ...", for the start-up lines.
   const std::string& attention_line() const { return attention_line_; }
   int64_t iteration() const { return iteration_; }
+  // Bytes of memory this rank's parameters, gradients and optimizer states occupy: the
+  // resident pages of their buffers, measured (mincore); under ZeRO 2/3 the largest seen
+  // during the steps since the last reset_peak (bench/bench_zero_memory.cpp).
+  struct HeldMemory {
+    int64_t params = 0, grads = 0, optimizer = 0;
+  };
+  HeldMemory held_memory(bool reset_peak = false);
   int64_t consumed_samples() const { return consumed_samples_; }
 
  private:
@@ -177,6 +185,7 @@ class Trainer {
   std::unique_ptr<GradScaler> scaler_;                           // --fp16 (dynamic) or --loss-scale
   std::unique_ptr<Optimizer<float>> optimizer_;                  // or:
   std::unique_ptr<DistributedOptimizer<float>> dist_optimizer_;  // --use-distributed-optimizer
+  std::unique_ptr<ZeroSharding> zero_;                           // --zero-stage 2, 3
   // The word embeddings' flat range when the first and last pipeline stages each hold a
   // copy (tied, pipeline > 1): summed across the two before data-parallel reduction.
   std::pair<int64_t, int64_t> shared_embedding_{0, 0};

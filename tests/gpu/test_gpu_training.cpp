@@ -138,6 +138,9 @@ TEST_F(GpuTraining, DataParallel2MatchesOneCpuRank) {
 TEST_F(GpuTraining, DataParallel2DistributedOptimizerMatchesOneCpuRank) {
   expect_same_losses({}, {"--use-distributed-optimizer"}, 2);
 }
+TEST_F(GpuTraining, DataParallel2ZeroStage3MatchesOneCpuRank) {  // gradients and parameters sharded
+  expect_same_losses({}, {"--zero-stage", "3"}, 2);
+}
 TEST_F(GpuTraining, Pipeline2MatchesOneCpuRank) {
   expect_same_losses({}, {"--pipeline-model-parallel-size", "2"}, 2);
 }
