@@ -87,9 +87,6 @@ void finalize_optimizer_zoo(Options& o) {
   const OptimizerKind kind = o.optim.kind;
   if (!is_zoo_optimizer(kind)) return;
   const std::string opt = "--optimizer " + o.optimizer;
-  OMNI_REQUIRE(!o.use_distributed_optimizer, opt,
-               " does not run with --use-distributed-optimizer yet (its states are kept whole "
-               "on every data-parallel rank)");
   OMNI_REQUIRE(o.tensor_model_parallel_size == 1, opt,
                " does not run with tensor parallelism yet (--tensor-model-parallel-size ",
                o.tensor_model_parallel_size, "): its update needs whole tensors");

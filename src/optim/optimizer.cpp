@@ -28,10 +28,10 @@ void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exe
 
 template <typename T>
 Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
-                        const ops::Exec& exec)
+                        const ops::Exec& exec, Communicator* tensor_parallel)
     : cfg_(config), x_(exec) {
   if (is_zoo_optimizer(cfg_.kind)) {
-    zoo_ = make_zoo_optimizer(cfg_, params);
+    zoo_ = make_zoo_optimizer(cfg_, params, ZooLayout<T>::whole(params.infos(), tensor_parallel));
     return;
   }
   const Device device = params.values_tensor().device();
@@ -99,9 +99,9 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
       }
       break;
     }
-    default:  // the zoo steps whole tensors (Optimizer::step), never element ranges
-      throw UsageError(std::string("--optimizer ") + zoo_optimizer_name(cfg.kind) +
-                       " does not run with --use-distributed-optimizer yet");
+    default:  // the zoo steps through its ZooOptimizer (optimizer_zoo.h)
+      throw InternalError(std::string("[optimizer] ") + zoo_optimizer_name(cfg.kind) +
+                          " has no element update of its own");
   }
 }
 

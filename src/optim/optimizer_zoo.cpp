@@ -1,5 +1,6 @@
 #include "optim/optimizer_zoo.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "base/error.h"
@@ -59,22 +60,57 @@ void ZooOptimizer<T>::update_hessian(const ParameterSet<T>&) {
   throw InternalError("[optimizer] only sophiag keeps a Hessian estimate");
 }
 
+int64_t global_numel(const ParamInfo& p) {
+  if (p.global_shape.empty()) return p.numel;
+  int64_t n = 1;
+  for (int64_t d : p.global_shape) n *= d;
+  return n;
+}
+
+template <typename T>
+ZooLayout<T> ZooLayout<T>::whole(const std::vector<ParamInfo>& infos,
+                                 Communicator* tensor_parallel) {
+  ZooLayout<T> l;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const ParamInfo& p = infos[i];
+    l.pieces.push_back({i, p.offset, p.offset + p.numel, p.offset});
+    l.state_size = std::max(l.state_size, p.offset + p.numel);
+  }
+  l.tensor_parallel = tensor_parallel;
+  return l;
+}
+
+template <typename T>
+void ZooLayout<T>::sum_over_parts(std::vector<double>& per_param,
+                                  const std::vector<ParamInfo>& infos, size_t k) const {
+  if (data_parallel && data_parallel->size() > 1)
+    data_parallel->all_reduce(per_param.data(), per_param.size());
+  if (!tensor_parallel || tensor_parallel->size() == 1) return;
+  // Tensors every tensor-parallel rank holds whole count once: rank 0's.
+  std::vector<double> sums = per_param;
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (infos[i].shard_dim < 0 && tensor_parallel->rank() != 0)
+      std::fill_n(sums.begin() + std::ptrdiff_t(i * k), k, 0.0);
+  tensor_parallel->all_reduce(sums.data(), sums.size());
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (infos[i].shard_dim >= 0)
+      std::copy_n(sums.begin() + std::ptrdiff_t(i * k), k,
+                  per_param.begin() + std::ptrdiff_t(i * k));
+}
+
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
-                                                    const ParameterSet<T>& params) {
+                                                    const ParameterSet<T>& params,
+                                                    const ZooLayout<T>& layout) {
   OMNI_REQUIRE(params.memory() == nullptr, "--optimizer ", zoo_optimizer_name(config.kind),
                " runs on the CPU only in this version; use --device cpu");
-  for (const ParamInfo& p : params.infos())
-    OMNI_REQUIRE(p.shard_dim < 0, "--optimizer ", zoo_optimizer_name(config.kind),
-                 " does not run with tensor parallelism yet (", p.name,
-                 " is split across ranks); use --tensor-model-parallel-size 1");
   switch (config.kind) {
     case OptimizerKind::Muon:
-      return make_muon(config, params);
+      return make_muon(config, params, layout);
     case OptimizerKind::Adam8bit:
-      return make_adam8bit(config, params);
+      return make_adam8bit(config, params, layout);
     default:
-      return make_elementwise_zoo_optimizer(config, params);
+      return make_elementwise_zoo_optimizer(config, params, layout);
   }
 }
 
@@ -94,9 +130,13 @@ template class ZooOptimizer<float>;
 template class ZooOptimizer<double>;
 template class ZooStates<float>;
 template class ZooStates<double>;
+template struct ZooLayout<float>;
+template struct ZooLayout<double>;
 template std::shared_ptr<ZooOptimizer<float>> make_zoo_optimizer(const OptimizerConfig&,
-                                                                 const ParameterSet<float>&);
+                                                                 const ParameterSet<float>&,
+                                                                 const ZooLayout<float>&);
 template std::shared_ptr<ZooOptimizer<double>> make_zoo_optimizer(const OptimizerConfig&,
-                                                                  const ParameterSet<double>&);
+                                                                  const ParameterSet<double>&,
+                                                                  const ZooLayout<double>&);
 
 }  // namespace omni

@@ -17,15 +17,26 @@
 //                       (Dettmers et al. 2022, arXiv:2110.02861), as bitsandbytes' Adam8bit
 //
 // Each family's file cites its reference and says how the state is laid out. States are
-// exposed as buffers shaped like the flat parameter buffer, which checkpoints save.
+// exposed as buffers laid out like the elements the optimizer updates (ZooLayout: the whole
+// flat parameter buffer, or the distributed optimizer's shard), which checkpoints save.
+//
+// Every zoo optimizer computes what it would on one rank holding the whole model:
+//  - element-wise states update per element, whatever the layout;
+//  - per-tensor quantities (LAMB's norms, adam8bit's block maxima) are reduced over the
+//    data-parallel ranks that hold other pieces of a tensor and over the tensor-parallel
+//    ranks that hold other slices of it;
+//  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
+//    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "optim/optimizer.h"
 
 namespace omni {
@@ -37,6 +48,41 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
+
+// A run of one parameter's elements that this rank updates, and where its states start.
+struct ZooPiece {
+  size_t param = 0;            // index into params.infos()
+  int64_t begin = 0, end = 0;  // in the flat buffer
+  int64_t state = 0;           // in the state buffers
+};
+
+// Which elements of the flat parameter buffer this rank updates, and who holds the rest.
+template <typename T>
+struct ZooLayout {
+  std::vector<ZooPiece> pieces;  // in flat-buffer order
+  int64_t state_size = 0;        // elements of each state buffer
+  // The distributed optimizer's data-parallel group (null: this rank updates every element)
+  // and its all-gather, which fills a parameter-sized buffer's other ranks' pieces.
+  Communicator* data_parallel = nullptr;
+  std::function<void(T*)> gather_pieces;
+  // The ranks holding the other slices of tensors that tensor parallelism splits (null or one
+  // rank: none).
+  Communicator* tensor_parallel = nullptr;
+
+  // Every element of `params`, its states laid out like the parameters.
+  static ZooLayout whole(const std::vector<ParamInfo>& infos, Communicator* tensor_parallel);
+  bool split(const ParamInfo& p) const {
+    return p.shard_dim >= 0 && tensor_parallel && tensor_parallel->size() > 1;
+  }
+  // Sums `per_param` (one value per parameter, this rank's part) over the ranks that hold
+  // other parts of each parameter: the data-parallel group, and the tensor-parallel group for
+  // split tensors.
+  void sum_over_parts(std::vector<double>& per_param, const std::vector<ParamInfo>& infos,
+                      size_t values_per_param = 1) const;
+};
+
+// The number of elements of p's whole (unsplit) tensor.
+int64_t global_numel(const ParamInfo& p);
 
 template <typename T>
 class ZooOptimizer {
@@ -56,26 +102,31 @@ class ZooOptimizer {
   virtual double& scalar(const std::string& name);
 };
 
-// The zoo optimizer of `config.kind` for `params` (host memory, whole tensors).
+// The zoo optimizer of `config.kind` for the elements of `params` that `layout` gives this
+// rank (host memory).
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
-                                                    const ParameterSet<T>& params);
+                                                    const ParameterSet<T>& params,
+                                                    const ZooLayout<T>& layout);
 
 // Families (one file each).
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_elementwise_zoo_optimizer(const OptimizerConfig& config,
-                                                                const ParameterSet<T>& params);
+                                                                const ParameterSet<T>& params,
+                                                                const ZooLayout<T>& layout);
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config,
-                                           const ParameterSet<T>& params);
+                                           const ParameterSet<T>& params,
+                                           const ZooLayout<T>& layout);
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
-                                               const ParameterSet<T>& params);
+                                               const ParameterSet<T>& params,
+                                               const ZooLayout<T>& layout);
 
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);
 
-// The zoo's parameter-shaped states: named buffers of params.size() zeros.
+// The zoo's states: named buffers of layout.state_size zeros.
 template <typename T>
 class ZooStates {
  public:

@@ -16,6 +16,7 @@
 //
 // States: exp_avg (Muon's momentum buffer for its matrices, Adam's first moment for the
 // rest) and exp_avg_sq (Adam's second moment; zero for the matrices).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -56,42 +57,81 @@ bool is_qkv(const ParamInfo& p) {
 template <typename T>
 class Muon : public ZooOptimizer<T> {
  public:
-  Muon(const OptimizerConfig& config, const ParameterSet<T>& params)
+  Muon(const OptimizerConfig& config, const ZooLayout<T>& layout)
       : cfg_(config),
         coefficients_(ns_coefficients(config.zoo.muon_coefficient_type)),
-        states_({"exp_avg", "exp_avg_sq"}, params.size()) {
+        layout_(layout),
+        states_({"exp_avg", "exp_avg_sq"}, layout.state_size) {
     adam_ = config;
     adam_.kind = OptimizerKind::AdamW;
     scale_factor(1, 1);  // names a bad --muon-scale-mode before the first step
   }
 
+  // The momentum of this rank's pieces goes into a parameter-sized buffer, which the
+  // distributed optimizer's all-gather completes; each matrix this rank holds a piece of is
+  // then assembled whole (over the tensor-parallel ranks too), orthogonalised, and this rank
+  // applies its elements of the result.
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    const std::vector<ParamInfo>& infos = params.infos();
     T* m = states_.get("exp_avg");
     T* v = states_.get("exp_avg_sq");
-    for (const ParamInfo& p : params.infos()) {
-      T* w = params.values() + p.offset;
-      const T* g = params.grads() + p.offset;
-      if (!takes_muon(p)) {
-        update_elements(adam_, step, lr, p.weight_decay, w, g, m + p.offset, v + p.offset, p.numel);
-        continue;
+    update_.resize(size_t(params.size()));
+    for (const ZooPiece& piece : layout_.pieces) {
+      const ParamInfo& p = infos[piece.param];
+      T* w = params.values() + piece.begin;
+      const T* g = params.grads() + piece.begin;
+      const int64_t n = piece.end - piece.begin;
+      if (!takes_muon(p))
+        update_elements(adam_, step, lr, p.weight_decay, w, g, m + piece.state, v + piece.state, n);
+      else
+        momentum(p, w, g, m + piece.state, update_.data() + piece.begin, n, lr);
+    }
+    if (layout_.data_parallel && layout_.data_parallel->size() > 1)
+      layout_.gather_pieces(update_.data());
+    size_t done = infos.size();  // the last parameter orthogonalised
+    for (const ZooPiece& piece : layout_.pieces) {
+      const ParamInfo& p = infos[piece.param];
+      if (!takes_muon(p)) continue;
+      if (piece.param != done) {
+        orthogonalize_whole(p, update_.data() + p.offset);
+        done = piece.param;
       }
-      matrix_step(p, w, g, m + p.offset, lr);
+      T* w = params.values() + piece.begin;
+      const T* u = update_.data() + piece.begin;
+      const T tlr = T(lr);
+      for (int64_t i = 0; i < piece.end - piece.begin; ++i) w[i] -= tlr * u[i];
     }
   }
   std::vector<std::string> state_names() const override { return states_.names(); }
   T* state_buffer(const std::string& name) override { return states_.get(name); }
 
  private:
-  void matrix_step(const ParamInfo& p, T* w, const T* g, T* m, double lr) {
+  // Decoupled weight decay and the momentum of n elements; u: what gets orthogonalised.
+  void momentum(const ParamInfo& p, T* w, const T* g, T* m, T* u, int64_t n, double lr) const {
     const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
     const T mu = T(cfg_.zoo.muon_momentum), one_minus_mu = T(1.0 - cfg_.zoo.muon_momentum);
-    update_.resize(size_t(p.numel));
-    for (int64_t i = 0; i < p.numel; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       if (wd != 0) w[i] += T(-wd * lr) * w[i];
       m[i] += one_minus_mu * (g[i] - m[i]);
-      update_[i] = cfg_.zoo.muon_nesterov ? g[i] + mu * (m[i] - g[i]) : m[i];
+      u[i] = cfg_.zoo.muon_nesterov ? g[i] + mu * (m[i] - g[i]) : m[i];
     }
-    const int64_t rows = p.shape[0], cols = p.shape[1];
+  }
+
+  // local: p's momentum on this rank (its tensor-parallel slice), orthogonalised in place as
+  // the whole tensor's slice. Collective over the tensor-parallel group for split tensors.
+  void orthogonalize_whole(const ParamInfo& p, T* local) {
+    if (!layout_.split(p)) return matrix_update(p, local, p.shape[0], p.shape[1]);
+    whole_.assign(size_t(global_numel(p)), T(0));
+    ParameterSet<T>::for_each_run(
+        p, [&](int64_t l, int64_t g, int64_t n) { std::copy_n(local + l, n, whole_.data() + g); });
+    layout_.tensor_parallel->all_reduce(whole_.data(), whole_.size());  // the others add zeros
+    matrix_update(p, whole_.data(), p.global_shape[0], p.global_shape[1]);
+    ParameterSet<T>::for_each_run(
+        p, [&](int64_t l, int64_t g, int64_t n) { std::copy_n(whole_.data() + g, n, local + l); });
+  }
+
+  // u [rows, cols], a whole matrix's momentum, := its orthogonalised update.
+  void matrix_update(const ParamInfo& p, T* u, int64_t rows, int64_t cols) {
     const std::vector<int64_t>& split = cfg_.zoo.qkv_split_shapes;
     if (is_qkv(p) && !split.empty()) {
       int64_t per_group = 0;
@@ -103,19 +143,15 @@ class Muon : public ZooOptimizer<T> {
       for (int64_t s : split) {  // gather this part's rows of every group, orthogonalise, put back
         std::vector<T> part(size_t(groups * s * cols));
         for (int64_t gi = 0; gi < groups; ++gi)
-          std::copy_n(update_.data() + (gi * per_group + start) * cols, s * cols,
-                      part.data() + gi * s * cols);
+          std::copy_n(u + (gi * per_group + start) * cols, s * cols, part.data() + gi * s * cols);
         orthogonalize(part.data(), groups * s, cols);
         for (int64_t gi = 0; gi < groups; ++gi)
-          std::copy_n(part.data() + gi * s * cols, s * cols,
-                      update_.data() + (gi * per_group + start) * cols);
+          std::copy_n(part.data() + gi * s * cols, s * cols, u + (gi * per_group + start) * cols);
         start += s;
       }
     } else {
-      orthogonalize(update_.data(), rows, cols);
+      orthogonalize(u, rows, cols);
     }
-    const T tlr = T(lr);
-    for (int64_t i = 0; i < p.numel; ++i) w[i] -= tlr * update_[i];
   }
 
   double scale_factor(int64_t rows, int64_t cols) const {
@@ -167,23 +203,26 @@ class Muon : public ZooOptimizer<T> {
 
   OptimizerConfig cfg_, adam_;
   std::vector<NSCoefficients> coefficients_;
+  ZooLayout<T> layout_;
   ZooStates<T> states_;
-  std::vector<T> update_, X_, A_, B_, Y_;  // scratch
+  std::vector<T> update_, whole_, X_, A_, B_, Y_;  // scratch
 };
 
 }  // namespace
 
 template <typename T>
-std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config,
-                                           const ParameterSet<T>& params) {
+std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config, const ParameterSet<T>&,
+                                           const ZooLayout<T>& layout) {
   OMNI_REQUIRE(config.zoo.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1 (got ",
                config.zoo.muon_num_ns_steps, ")");
-  return std::make_shared<Muon<T>>(config, params);
+  return std::make_shared<Muon<T>>(config, layout);
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_muon(const OptimizerConfig&,
-                                                        const ParameterSet<float>&);
+                                                        const ParameterSet<float>&,
+                                                        const ZooLayout<float>&);
 template std::shared_ptr<ZooOptimizer<double>> make_muon(const OptimizerConfig&,
-                                                         const ParameterSet<double>&);
+                                                         const ParameterSet<double>&,
+                                                         const ZooLayout<double>&);
 
 }  // namespace omni

@@ -101,8 +101,8 @@ void expect_one_line_error(const ProcessResult& r, const std::string& needle) {
 
 TEST(CliOptimizerZoo, SettingsItCannotCombineWithAreRefusedInOneLine) {
   const std::string run = tiny("lamb", "1e-2") + "--train-iters 1 ";
-  expect_one_line_error(run_omnitron(run + "--use-distributed-optimizer"),
-                        "--optimizer lamb does not run with --use-distributed-optimizer yet");
+  expect_one_line_error(run_omnitron(tiny("muon", "1e-2") + "--muon-scalar-optimizer sgd"),
+                        "--muon-scalar-optimizer sgd");
   expect_one_line_error(run_omnitron(tiny("galoreadamw", "1e-2") + "--train-iters 1"),
                         "--optimizer galoreadamw: not built yet");
   expect_one_line_error(run_omnitron(tiny("adagrad", "1e-2") + "--train-iters 1"),
