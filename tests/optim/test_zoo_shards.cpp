@@ -3,8 +3,8 @@
 //    cut tensors and adam8bit's blocks apart), at 2 ranks, parameters and gathered state;
 //  - under tensor parallelism (each rank holds row or column slices of the matrices), at 2
 //    ranks, the slices of the one-rank parameters.
-// LAMB's norms are sums in another order (within 1e-6); every other optimizer matches bit for
-// bit. In-process ranks (comm/local_communicator.h) keep these cheap.
+// LAMB's norms may be sums in another order (within 1e-6); every other optimizer matches bit
+// for bit. In-process ranks (comm/local_communicator.h) keep these cheap.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,20 +31,41 @@ const OptimizerKind kZoo[] = {OptimizerKind::Lamb,
                               OptimizerKind::SophiaG};
 
 // Whole tensors: two matrices Muon orthogonalises (one of them a fused QKV), a bias, a norm.
+// Whole tensors: matrices Muon orthogonalises (a fused QKV of four query groups, SwiGLU's
+// fused [gate; up], a row-parallel one), a bias, a norm.
 std::vector<ParamInfo> whole_infos() {
-  return {{"decoder.layers.0.self_attention.linear_qkv.weight", {12, 10}},
-          {"decoder.layers.0.self_attention.linear_qkv.bias", {12}, ParamInit::Zeros, false},
+  return {{"decoder.layers.0.self_attention.linear_qkv.weight", {16, 10}},
+          {"decoder.layers.0.self_attention.linear_qkv.bias", {16}, ParamInit::Zeros, false},
+          {"decoder.layers.0.mlp.linear_fc1.weight", {8, 10}},
           {"decoder.layers.0.mlp.linear_fc2.weight", {6, 16}},
           {"decoder.final_layernorm.weight", {10}, ParamInit::Ones, false}};
+}
+
+// Tensor-parallel rank r of 2's slices: QKV rows by query group, [gate; up] rows in two
+// segments, fc2 by columns; the norm whole.
+std::vector<ParamInfo> tp_infos(int r) {
+  std::vector<ParamInfo> infos = whole_infos();
+  auto split = [&](ParamInfo& p, int dim, std::vector<ShardSegment> segments) {
+    p.global_shape = p.shape;
+    p.shape[size_t(dim)] /= 2;
+    p.shard_dim = dim;
+    p.segments = std::move(segments);
+  };
+  split(infos[0], 0, {{0, 8 * r, 8}});
+  split(infos[1], 0, {{0, 8 * r, 8}});
+  split(infos[2], 0, {{0, 2 * r, 2}, {2, 4 + 2 * r, 2}});
+  split(infos[3], 1, {{0, 8 * r, 8}});
+  infos[4].tp_replicated = true;
+  return infos;
 }
 
 OptimizerConfig config(OptimizerKind kind) {
   OptimizerConfig c;
   c.kind = kind;
   c.weight_decay = 0.1;
-  c.zoo.adam8bit_min_8bit_size = 32;  // the matrices take 8-bit states
-  c.zoo.adam8bit_block_size = 16;     // blocks that shards and slices cut
-  c.zoo.qkv_split_shapes = {2, 1, 1};
+  c.zoo.adam8bit_min_8bit_size = 32;   // the matrices take 8-bit states
+  c.zoo.adam8bit_block_size = 16;      // blocks that shards and slices cut
+  c.zoo.qkv_split_shapes = {2, 1, 1};  // four query groups of one key and value head
   return c;
 }
 
@@ -148,6 +169,43 @@ double run_sharded(OptimizerKind kind, int ranks, double bucket, int from, int t
 
 double tolerance(OptimizerKind kind) {
   return kind == OptimizerKind::Lamb ? 1e-6 : 0.0;
+}
+
+TEST(ZooShards, TensorParallelSlicesMatchOneRank) {
+  for (OptimizerKind kind : kZoo) {
+    Reference ref(kind);
+    ref.steps(0, 4, 1);
+    double worst = 0;
+    std::mutex mu;
+    run_ranks(2, [&](Communicator& tp) {
+      // This rank's slices of the reference's starting values and of its gradients.
+      ParameterSet<float> whole(whole_infos()), params(tp_infos(tp.rank()));
+      set_values(whole);
+      auto take = [&](const float* from, float* to) {
+        for (size_t k = 0; k < params.infos().size(); ++k) {
+          const ParamInfo& p = params.infos()[k];
+          ParameterSet<float>::for_each_run(p, [&](int64_t l, int64_t g, int64_t n) {
+            std::copy_n(from + whole.infos()[k].offset + g, n, to + p.offset + l);
+          });
+        }
+      };
+      take(whole.values(), params.values());
+      Optimizer<float> opt(config(kind), params, {}, &tp);
+      for (int s = 0; s < 4; ++s) {
+        set_grads(whole, s);
+        take(whole.grads(), params.grads());
+        opt.step(params, 1e-2);
+      }
+      std::vector<float> want(size_t(params.size()));
+      take(ref.params.values(), want.data());
+      const double diff = largest_difference(params, want.data());
+      std::lock_guard<std::mutex> lk(mu);
+      worst = std::max(worst, diff);
+    });
+    std::printf("%s, TP 2: parameters within %.3g of one rank's slices\n", zoo_optimizer_name(kind),
+                worst);
+    EXPECT_LE(worst, tolerance(kind)) << zoo_optimizer_name(kind);
+  }
 }
 
 TEST(ZooShards, DistributedOptimizerMatchesOneRankAndResumesAtAnotherSize) {
