@@ -36,6 +36,7 @@ DistributedOptimizer<T>::DistributedOptimizer(const OptimizerConfig& config,
     layout.data_parallel = &buckets.group();
     layout.gather_pieces = [&buckets](T* full) { buckets.all_gather(full); };
     layout.tensor_parallel = tensor_parallel;
+    layout.exec = x_;
     zoo_ = make_zoo_optimizer(cfg_, params, layout);
     return;
   }

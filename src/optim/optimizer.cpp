@@ -31,7 +31,10 @@ Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& pa
                         const ops::Exec& exec, Communicator* tensor_parallel)
     : cfg_(config), x_(exec) {
   if (is_zoo_optimizer(cfg_.kind)) {
-    zoo_ = make_zoo_optimizer(cfg_, params, ZooLayout<T>::whole(params.infos(), tensor_parallel));
+    ZooLayout<T> layout = ZooLayout<T>::whole(params.infos(), tensor_parallel);
+    layout.state_size = params.size();  // the flat buffer's padding too, as checkpoints read it
+    layout.exec = exec;
+    zoo_ = make_zoo_optimizer(cfg_, params, layout);
     return;
   }
   const Device device = params.values_tensor().device();

@@ -44,6 +44,10 @@ bool is_zoo_optimizer(OptimizerKind kind) {
   return kind != OptimizerKind::AdamW && kind != OptimizerKind::SGD;
 }
 
+bool zoo_runs_on_gpu(OptimizerKind kind) {
+  return kind != OptimizerKind::Adam8bit;
+}
+
 const char* zoo_optimizer_name(OptimizerKind kind) {
   for (const auto& [n, k] : kNames)
     if (k == kind) return n;
@@ -102,7 +106,8 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
                                                     const ParameterSet<T>& params,
                                                     const ZooLayout<T>& layout) {
-  OMNI_REQUIRE(params.memory() == nullptr, "--optimizer ", zoo_optimizer_name(config.kind),
+  OMNI_REQUIRE(params.memory() == nullptr || zoo_runs_on_gpu(config.kind), "--optimizer ",
+               zoo_optimizer_name(config.kind),
                " runs on the CPU only in this version; use --device cpu");
   switch (config.kind) {
     case OptimizerKind::Muon:
@@ -115,14 +120,17 @@ std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& confi
 }
 
 template <typename T>
-ZooStates<T>::ZooStates(std::vector<std::string> names, int64_t size) : names_(std::move(names)) {
-  for (size_t i = 0; i < names_.size(); ++i) buffers_.emplace_back(size_t(size), T(0));
+ZooStates<T>::ZooStates(std::vector<std::string> names, int64_t size, Device device,
+                        const DeviceMemory* memory)
+    : names_(std::move(names)) {
+  for (size_t i = 0; i < names_.size(); ++i)  // (one element where a rank's shard is empty)
+    buffers_.push_back(Tensor::zeros({std::max<int64_t>(size, 1)}, dtype_of<T>(), device, memory));
 }
 
 template <typename T>
 T* ZooStates<T>::get(const std::string& name) {
   for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == name) return buffers_[i].data();
+    if (names_[i] == name) return buffers_[i].template data<T>();
   throw InternalError("[optimizer] no state buffer '" + name + "'");
 }
 

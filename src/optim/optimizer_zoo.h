@@ -48,6 +48,8 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
+// Whether the zoo's kind has a GPU implementation (all but adam8bit).
+bool zoo_runs_on_gpu(OptimizerKind kind);
 
 // A run of one parameter's elements that this rank updates, and where its states start.
 struct ZooPiece {
@@ -68,6 +70,8 @@ struct ZooLayout {
   // The ranks holding the other slices of tensors that tensor parallelism splits (null or one
   // rank: none).
   Communicator* tensor_parallel = nullptr;
+  // The device the parameters live on, where the states go too.
+  ops::Exec exec;
 
   // Every element of `params`, its states laid out like the parameters.
   static ZooLayout whole(const std::vector<ParamInfo>& infos, Communicator* tensor_parallel);
@@ -126,17 +130,18 @@ std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);
 
-// The zoo's states: named buffers of layout.state_size zeros.
+// The zoo's states: named buffers of `size` zeros on `device` (`memory`: its allocator).
 template <typename T>
 class ZooStates {
  public:
-  ZooStates(std::vector<std::string> names, int64_t size);
+  ZooStates(std::vector<std::string> names, int64_t size, Device device = {},
+            const DeviceMemory* memory = nullptr);
   const std::vector<std::string>& names() const { return names_; }
   T* get(const std::string& name);
 
  private:
   std::vector<std::string> names_;
-  std::vector<std::vector<T>> buffers_;
+  std::vector<Tensor> buffers_;
 };
 
 }  // namespace omni

@@ -4,6 +4,7 @@
 // to parameters marked weight_decay (Megatron's and Megatron-DeepSpeed's groups).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "base/error.h"
 #include "optim/optimizer_zoo.h"
@@ -15,13 +16,22 @@ namespace {
 template <typename T>
 class ElementwiseZoo : public ZooOptimizer<T> {
  public:
-  ElementwiseZoo(const OptimizerConfig& config, const ZooLayout<T>& layout)
-      : cfg_(config), layout_(layout), states_(names(config.kind), layout.state_size) {}
+  ElementwiseZoo(const OptimizerConfig& config, const ParameterSet<T>& params,
+                 const ZooLayout<T>& layout)
+      : cfg_(config),
+        layout_(layout),
+        states_(names(config.kind), layout.state_size, params.values_tensor().device(),
+                layout.exec.memory()) {
+    if (config.kind == OptimizerKind::Lamb && layout.exec.on_gpu())  // LAMB's u, for its norm
+      lamb_u_ = Tensor::zeros({std::max<int64_t>(layout.state_size, 1)}, dtype_of<T>(),
+                              params.values_tensor().device(), layout.exec.memory());
+  }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     if (cfg_.kind == OptimizerKind::AdamWScheduleFree ||
         cfg_.kind == OptimizerKind::SGDScheduleFree)
       begin_schedule_free_step(params, lr, step);
+    if (layout_.exec.on_gpu()) return gpu_step(params, lr, step);
     if (cfg_.kind == OptimizerKind::Lamb) return lamb(params, lr, step);
     for (const ZooPiece& piece : layout_.pieces) {
       const ParamInfo& p = params.infos()[piece.param];
@@ -73,6 +83,88 @@ class ElementwiseZoo : public ZooOptimizer<T> {
     }
   }
 
+  // The same steps on the GPU (backend/gpu/zoo_optimizer.cu), the constants rounded to
+  // float as the loops below round them.
+  void gpu_step(ParameterSet<T>& params, double lr, int64_t step) {
+    if constexpr (!std::is_same_v<T, float>) {
+      ops::detail::gpu_has_no_double("optimizer zoo update");
+    } else {
+      const std::vector<ParamInfo>& infos = params.infos();
+      const bool lamb = cfg_.kind == OptimizerKind::Lamb;
+      std::vector<double> norms(2 * infos.size(), 0.0);
+      std::vector<std::string> names = states_.names();
+      auto state = [&](size_t k, const ZooPiece& piece) {
+        return k < names.size() ? states_.get(names[k]) + piece.state : nullptr;
+      };
+      auto run = [&](const ops::ZooStep& c, const ZooPiece& piece, float* s2) {
+        layout_.exec.gpu->zoo_update(c, params.values() + piece.begin, params.grads() + piece.begin,
+                                     state(0, piece), state(1, piece), s2,
+                                     size_t(piece.end - piece.begin));
+      };
+      for (const ZooPiece& piece : layout_.pieces) {
+        const double wd = infos[piece.param].weight_decay ? cfg_.weight_decay : 0.0;
+        ops::ZooStep c;
+        c.lr = float(lr), c.wd = float(wd), c.decay = float(1.0 - lr * wd);
+        float* s2 = state(2, piece);
+        switch (cfg_.kind) {
+          case OptimizerKind::Lion:
+            c.kind = ops::ZooUpdate::Lion;
+            c.beta1 = float(cfg_.zoo.lion_beta1), c.beta2 = float(cfg_.zoo.lion_beta2);
+            break;
+          case OptimizerKind::SophiaG:
+            c.kind = ops::ZooUpdate::SophiaG;
+            c.beta1 = float(cfg_.zoo.sophiag_beta1);
+            c.rho_bs = float(cfg_.zoo.sophiag_rho * cfg_.zoo.sophiag_bs);
+            break;
+          case OptimizerKind::SGDScheduleFree:
+            c.kind = ops::ZooUpdate::SGDScheduleFree;
+            c.lr = float(sf_lr_), c.ckp1 = float(ckp1_), c.beta1 = float(cfg_.sgd_momentum);
+            break;
+          case OptimizerKind::AdamWScheduleFree:
+            c.kind = ops::ZooUpdate::AdamWScheduleFree;
+            c.lr = float(sf_lr_), c.ckp1 = float(ckp1_);
+            c.beta1 = float(cfg_.adam_beta1), c.beta2 = float(cfg_.adam_beta2);
+            c.eps = float(cfg_.adam_eps);
+            c.bc2 = float(1.0 - std::pow(cfg_.adam_beta2, double(step)));
+            break;
+          case OptimizerKind::Lamb:
+            c.kind = ops::ZooUpdate::LambMoments;
+            c.beta1 = float(cfg_.adam_beta1), c.beta2 = float(cfg_.adam_beta2);
+            c.eps = float(cfg_.adam_eps);
+            s2 = lamb_u_.template data<float>() + piece.state;
+            break;
+          default:
+            throw InternalError("[optimizer] not an element-wise zoo optimizer");
+        }
+        run(c, piece, s2);
+        if (!lamb) continue;
+        const size_t n = size_t(piece.end - piece.begin);
+        norms[2 * piece.param] += ops::sum_squares(layout_.exec, params.values() + piece.begin, n);
+        norms[2 * piece.param + 1] += ops::sum_squares(layout_.exec, s2, n);
+      }
+      if (!lamb) return;
+      layout_.sum_over_parts(norms, infos, 2);
+      const double t = double(step);
+      const double step_size =
+          lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
+      for (const ZooPiece& piece : layout_.pieces) {
+        ops::ZooStep c;
+        c.kind = ops::ZooUpdate::LambApply;
+        c.wd = float(infos[piece.param].weight_decay ? cfg_.weight_decay : 0.0);
+        c.eps = float(cfg_.adam_eps);
+        c.scale = float(step_size * lamb_ratio(norms[2 * piece.param], norms[2 * piece.param + 1]));
+        run(c, piece, nullptr);
+      }
+    }
+  }
+
+  double lamb_ratio(double w2, double u2) const {
+    if (w2 > 0 && u2 > 0)
+      return std::clamp(std::sqrt(w2) / std::sqrt(u2), cfg_.zoo.lamb_min_coeff,
+                        cfg_.zoo.lamb_max_coeff);
+    return 1.0;
+  }
+
   // One piece's elements: weights, gradients, where its states start, and its weight decay.
   struct Run {
     T* w;
@@ -117,11 +209,7 @@ class ElementwiseZoo : public ZooOptimizer<T> {
         lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
     for (const ZooPiece& piece : layout_.pieces) {
       const ParamInfo& p = infos[piece.param];
-      const double w2 = norms[2 * piece.param], u2 = norms[2 * piece.param + 1];
-      double ratio = 1.0;
-      if (w2 > 0 && u2 > 0)
-        ratio = std::clamp(std::sqrt(w2) / std::sqrt(u2), cfg_.zoo.lamb_min_coeff,
-                           cfg_.zoo.lamb_max_coeff);
+      const double ratio = lamb_ratio(norms[2 * piece.param], norms[2 * piece.param + 1]);
       T* w = params.values() + piece.begin;
       const T* m = ms + piece.state;
       const T* v = vs + piece.state;
@@ -173,6 +261,7 @@ class ElementwiseZoo : public ZooOptimizer<T> {
  public:
   void update_hessian(const ParameterSet<T>& params) override {
     OMNI_REQUIRE(cfg_.kind == OptimizerKind::SophiaG, "[optimizer] only sophiag keeps a Hessian");
+    OMNI_REQUIRE(!layout_.exec.on_gpu(), "[optimizer] sophiag's Hessian estimate is on the CPU");
     const T b2 = T(cfg_.zoo.sophiag_beta2);
     for (const ZooPiece& piece : layout_.pieces) {
       T* h = states_.get("hessian") + piece.state;
@@ -199,8 +288,8 @@ class ElementwiseZoo : public ZooOptimizer<T> {
     if (step == 1)  // x and z start at the initial weights
       for (const ZooPiece& piece : layout_.pieces)
         for (const char* name : {"z", "x"})
-          std::copy_n(params.values() + piece.begin, piece.end - piece.begin,
-                      states_.get(name) + piece.state);
+          ops::copy(layout_.exec, states_.get(name) + piece.state, params.values() + piece.begin,
+                    size_t(piece.end - piece.begin));
   }
 
   void schedule_free(const Run& r, int64_t step) {
@@ -236,6 +325,7 @@ class ElementwiseZoo : public ZooOptimizer<T> {
   OptimizerConfig cfg_;
   ZooLayout<T> layout_;
   ZooStates<T> states_;
+  Tensor lamb_u_;                            // on the GPU
   double weight_sum_ = 0.0, lr_max_ = -1.0;  // the reference's initial values
   double sf_lr_ = 0.0, ckp1_ = 0.0;          // of the current step
 };
@@ -244,9 +334,9 @@ class ElementwiseZoo : public ZooOptimizer<T> {
 
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_elementwise_zoo_optimizer(const OptimizerConfig& config,
-                                                                const ParameterSet<T>&,
+                                                                const ParameterSet<T>& params,
                                                                 const ZooLayout<T>& layout) {
-  return std::make_shared<ElementwiseZoo<T>>(config, layout);
+  return std::make_shared<ElementwiseZoo<T>>(config, params, layout);
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_elementwise_zoo_optimizer(

@@ -18,6 +18,7 @@
 // rest) and exp_avg_sq (Adam's second moment; zero for the matrices).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
@@ -57,11 +58,12 @@ bool is_qkv(const ParamInfo& p) {
 template <typename T>
 class Muon : public ZooOptimizer<T> {
  public:
-  Muon(const OptimizerConfig& config, const ZooLayout<T>& layout)
+  Muon(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
         coefficients_(ns_coefficients(config.zoo.muon_coefficient_type)),
         layout_(layout),
-        states_({"exp_avg", "exp_avg_sq"}, layout.state_size) {
+        device_(params.values_tensor().device()),
+        states_({"exp_avg", "exp_avg_sq"}, layout.state_size, device_, layout.exec.memory()) {
     adam_ = config;
     adam_.kind = OptimizerKind::AdamW;
     scale_factor(1, 1);  // names a bad --muon-scale-mode before the first step
@@ -75,29 +77,35 @@ class Muon : public ZooOptimizer<T> {
     const std::vector<ParamInfo>& infos = params.infos();
     T* m = states_.get("exp_avg");
     T* v = states_.get("exp_avg_sq");
-    update_.resize(size_t(params.size()));
+    T* update = buffer(update_, params.size());
     for (const ZooPiece& piece : layout_.pieces) {
       const ParamInfo& p = infos[piece.param];
       T* w = params.values() + piece.begin;
       const T* g = params.grads() + piece.begin;
       const int64_t n = piece.end - piece.begin;
       if (!takes_muon(p))
-        update_elements(adam_, step, lr, p.weight_decay, w, g, m + piece.state, v + piece.state, n);
+        update_elements(layout_.exec, adam_, step, lr, p.weight_decay, w, g, m + piece.state,
+                        v + piece.state, n);
       else
-        momentum(p, w, g, m + piece.state, update_.data() + piece.begin, n, lr);
+        momentum(p, w, g, m + piece.state, update + piece.begin, n, lr);
     }
-    if (layout_.data_parallel && layout_.data_parallel->size() > 1)
-      layout_.gather_pieces(update_.data());
+    if (layout_.data_parallel && layout_.data_parallel->size() > 1) layout_.gather_pieces(update);
     size_t done = infos.size();  // the last parameter orthogonalised
     for (const ZooPiece& piece : layout_.pieces) {
       const ParamInfo& p = infos[piece.param];
       if (!takes_muon(p)) continue;
       if (piece.param != done) {
-        orthogonalize_whole(p, update_.data() + p.offset);
+        orthogonalize_whole(p, update + p.offset);
         done = piece.param;
       }
       T* w = params.values() + piece.begin;
-      const T* u = update_.data() + piece.begin;
+      T* u = update + piece.begin;
+      if (layout_.exec.on_gpu()) {
+        ops::ZooStep c;
+        c.kind = ops::ZooUpdate::MuonApply, c.lr = float(lr);
+        gpu_update(c, w, u, u, nullptr, piece.end - piece.begin);
+        continue;
+      }
       const T tlr = T(lr);
       for (int64_t i = 0; i < piece.end - piece.begin; ++i) w[i] -= tlr * u[i];
     }
@@ -107,8 +115,15 @@ class Muon : public ZooOptimizer<T> {
 
  private:
   // Decoupled weight decay and the momentum of n elements; u: what gets orthogonalised.
-  void momentum(const ParamInfo& p, T* w, const T* g, T* m, T* u, int64_t n, double lr) const {
+  void momentum(const ParamInfo& p, T* w, const T* g, T* m, T* u, int64_t n, double lr) {
     const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
+    if (layout_.exec.on_gpu()) {
+      ops::ZooStep c;
+      c.kind = ops::ZooUpdate::MuonMomentum, c.decay = float(-wd * lr);
+      c.beta1 = float(cfg_.zoo.muon_momentum), c.beta2 = float(1.0 - cfg_.zoo.muon_momentum);
+      c.scale = cfg_.zoo.muon_nesterov ? 1.0f : 0.0f;
+      return gpu_update(c, w, g, m, u, n);
+    }
     const T mu = T(cfg_.zoo.muon_momentum), one_minus_mu = T(1.0 - cfg_.zoo.muon_momentum);
     for (int64_t i = 0; i < n; ++i) {
       if (wd != 0) w[i] += T(-wd * lr) * w[i];
@@ -121,13 +136,15 @@ class Muon : public ZooOptimizer<T> {
   // the whole tensor's slice. Collective over the tensor-parallel group for split tensors.
   void orthogonalize_whole(const ParamInfo& p, T* local) {
     if (!layout_.split(p)) return matrix_update(p, local, p.shape[0], p.shape[1]);
-    whole_.assign(size_t(global_numel(p)), T(0));
+    const ops::Exec& x = layout_.exec;
+    T* whole = buffer(whole_, global_numel(p));
+    ops::zero(x, whole, size_t(global_numel(p)));
     ParameterSet<T>::for_each_run(
-        p, [&](int64_t l, int64_t g, int64_t n) { std::copy_n(local + l, n, whole_.data() + g); });
-    layout_.tensor_parallel->all_reduce(whole_.data(), whole_.size());  // the others add zeros
-    matrix_update(p, whole_.data(), p.global_shape[0], p.global_shape[1]);
+        p, [&](int64_t l, int64_t g, int64_t n) { ops::copy(x, whole + g, local + l, size_t(n)); });
+    layout_.tensor_parallel->all_reduce(whole, size_t(global_numel(p)));  // the others add zeros
+    matrix_update(p, whole, p.global_shape[0], p.global_shape[1]);
     ParameterSet<T>::for_each_run(
-        p, [&](int64_t l, int64_t g, int64_t n) { std::copy_n(whole_.data() + g, n, local + l); });
+        p, [&](int64_t l, int64_t g, int64_t n) { ops::copy(x, local + l, whole + g, size_t(n)); });
   }
 
   // u [rows, cols], a whole matrix's momentum, := its orthogonalised update.
@@ -140,13 +157,14 @@ class Muon : public ZooOptimizer<T> {
                    " rows, not a multiple of the query group's ", per_group);
       const int64_t groups = rows / per_group;
       int64_t start = 0;
+      const ops::Exec& x = layout_.exec;
       for (int64_t s : split) {  // gather this part's rows of every group, orthogonalise, put back
-        std::vector<T> part(size_t(groups * s * cols));
+        T* part = buffer(part_, groups * s * cols);
         for (int64_t gi = 0; gi < groups; ++gi)
-          std::copy_n(u + (gi * per_group + start) * cols, s * cols, part.data() + gi * s * cols);
-        orthogonalize(part.data(), groups * s, cols);
+          ops::copy(x, part + gi * s * cols, u + (gi * per_group + start) * cols, size_t(s * cols));
+        orthogonalize(part, groups * s, cols);
         for (int64_t gi = 0; gi < groups; ++gi)
-          std::copy_n(part.data() + gi * s * cols, s * cols, u + (gi * per_group + start) * cols);
+          ops::copy(x, u + (gi * per_group + start) * cols, part + gi * s * cols, size_t(s * cols));
         start += s;
       }
     } else {
@@ -166,6 +184,7 @@ class Muon : public ZooOptimizer<T> {
 
   // x [rows, cols] := scale * extra_scale * NS(x), in place.
   void orthogonalize(T* x, int64_t rows, int64_t cols) {
+    if (layout_.exec.on_gpu()) return orthogonalize_on_gpu(x, rows, cols);
     const bool transpose = rows > cols;
     const int r = int(transpose ? cols : rows), c = int(transpose ? rows : cols);
     X_.resize(size_t(r) * c);
@@ -179,18 +198,19 @@ class Muon : public ZooOptimizer<T> {
     for (T e : X_) norm2 += double(e) * double(e);
     const T inv = T(1.0 / std::max(std::sqrt(norm2), 1e-15));  // torch's normalize, eps 1e-15
     for (T& e : X_) e *= inv;
-    A_.resize(size_t(r) * r);
-    B_.resize(size_t(r) * r);
-    Y_.resize(X_.size());
+    Ah_.resize(size_t(r) * r);
+    Bh_.resize(size_t(r) * r);
+    Yh_.resize(X_.size());
     for (int k = 0; k < cfg_.zoo.muon_num_ns_steps; ++k) {
       const NSCoefficients& k_c = coefficients_[size_t(k) % coefficients_.size()];
-      ops::gemm<T>(false, true, r, r, c, T(1), X_.data(), c, X_.data(), c, T(0), A_.data(), r);
-      B_ = A_;
-      ops::gemm<T>(false, false, r, r, r, T(k_c.c), A_.data(), r, A_.data(), r, T(k_c.b), B_.data(),
-                   r);
-      Y_ = X_;
-      ops::gemm<T>(false, false, r, c, r, T(1), B_.data(), r, X_.data(), c, T(k_c.a), Y_.data(), c);
-      std::swap(X_, Y_);
+      ops::gemm<T>(false, true, r, r, c, T(1), X_.data(), c, X_.data(), c, T(0), Ah_.data(), r);
+      Bh_ = Ah_;
+      ops::gemm<T>(false, false, r, r, r, T(k_c.c), Ah_.data(), r, Ah_.data(), r, T(k_c.b),
+                   Bh_.data(), r);
+      Yh_ = X_;
+      ops::gemm<T>(false, false, r, c, r, T(1), Bh_.data(), r, X_.data(), c, T(k_c.a), Yh_.data(),
+                   c);
+      std::swap(X_, Yh_);
     }
     const T scale = T(scale_factor(rows, cols) * cfg_.zoo.muon_extra_scale_factor);
     if (transpose) {
@@ -201,21 +221,74 @@ class Muon : public ZooOptimizer<T> {
     }
   }
 
+  // The same iteration on the GPU, on x's own layout: where rows > cols the CPU iterates on
+  // X = x^T, and here A = x^T x and Y^T = x B^T + a x are the same products, transposed.
+  void orthogonalize_on_gpu(T* x, int64_t rows, int64_t cols) {
+    if constexpr (!std::is_same_v<T, float>) {
+      ops::detail::gpu_has_no_double("muon");
+    } else {
+      const ops::Exec& e = layout_.exec;
+      const bool transpose = rows > cols;
+      const int r = int(transpose ? cols : rows), c = int(transpose ? rows : cols);
+      const size_t n = size_t(rows * cols);
+      const double norm = std::sqrt(ops::sum_squares(e, x, n));
+      ops::scale(e, x, double(T(1.0 / std::max(norm, 1e-15))), n);
+      T* A = buffer(A_, int64_t(r) * r);
+      T* B = buffer(B_, int64_t(r) * r);
+      T* X = x;
+      T* Y = buffer(Y_, int64_t(n));
+      for (int k = 0; k < cfg_.zoo.muon_num_ns_steps; ++k) {
+        const NSCoefficients& k_c = coefficients_[size_t(k) % coefficients_.size()];
+        if (transpose)  // A = x^T x
+          e.gpu->gemm_f32(true, false, r, r, c, 1.0f, X, r, X, r, 0.0f, A, r);
+        else  // A = X X^T
+          e.gpu->gemm_f32(false, true, r, r, c, 1.0f, X, c, X, c, 0.0f, A, r);
+        ops::copy(e, B, A, size_t(r) * size_t(r));
+        e.gpu->gemm_f32(false, false, r, r, r, float(k_c.c), A, r, A, r, float(k_c.b), B, r);
+        ops::copy(e, Y, X, n);
+        if (transpose)  // Y^T = x B^T + a x
+          e.gpu->gemm_f32(false, true, c, r, r, 1.0f, X, r, B, r, float(k_c.a), Y, r);
+        else  // Y = B X + a X
+          e.gpu->gemm_f32(false, false, r, c, r, 1.0f, B, r, X, c, float(k_c.a), Y, c);
+        std::swap(X, Y);
+      }
+      if (X != x) ops::copy(e, x, X, n);
+      ops::scale(e, x, double(T(scale_factor(rows, cols) * cfg_.zoo.muon_extra_scale_factor)), n);
+    }
+  }
+
+  void gpu_update(const ops::ZooStep& c, T* w, const T* g, T* s0, T* s2, int64_t n) {
+    if constexpr (!std::is_same_v<T, float>)
+      ops::detail::gpu_has_no_double("muon");
+    else
+      layout_.exec.gpu->zoo_update(c, w, g, s0, nullptr, s2, size_t(n));
+  }
+
+  // A scratch buffer of at least n elements where the parameters live.
+  T* buffer(Tensor& t, int64_t n) {
+    if (!t.defined() || t.numel() < n)
+      t = Tensor::zeros({std::max<int64_t>(n, 1)}, dtype_of<T>(), device_, layout_.exec.memory());
+    return t.template data<T>();
+  }
+
   OptimizerConfig cfg_, adam_;
   std::vector<NSCoefficients> coefficients_;
   ZooLayout<T> layout_;
+  Device device_;
   ZooStates<T> states_;
-  std::vector<T> update_, whole_, X_, A_, B_, Y_;  // scratch
+  Tensor update_, whole_, part_, A_, B_, Y_;  // scratch where the parameters live
+  std::vector<T> X_, Ah_, Bh_, Yh_;           // the CPU's
 };
 
 }  // namespace
 
 template <typename T>
-std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config, const ParameterSet<T>&,
+std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config,
+                                           const ParameterSet<T>& params,
                                            const ZooLayout<T>& layout) {
   OMNI_REQUIRE(config.zoo.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1 (got ",
                config.zoo.muon_num_ns_steps, ")");
-  return std::make_shared<Muon<T>>(config, layout);
+  return std::make_shared<Muon<T>>(config, params, layout);
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_muon(const OptimizerConfig&,
