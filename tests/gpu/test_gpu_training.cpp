@@ -166,12 +166,6 @@ TEST_F(GpuTraining, LoggingParamsNormAndZerosInGradKeepsTheLosses) {
   expect_same_losses({"--log-params-norm", "--log-num-zeros-in-grad", "--log-interval", "1"},
                      {"--use-distributed-optimizer"}, 2);
 }
-// The optimizer zoo on the GPU: Muon's split matrices gathered over the tensor-parallel group
-// and its momentum over the distributed optimizer's shards, each orthogonalised whole.
-TEST_F(GpuTraining, MuonTensorParallel2DistributedOptimizerMatchesOneCpuRank) {
-  expect_same_losses({"--optimizer", "muon"},
-                     {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer"}, 4);
-}
 TEST_F(GpuTraining, SgdWithMomentumMatchesTheCpu) {
   expect_same_losses({"--optimizer", "sgd", "--sgd-momentum", "0.9"}, {}, 1);
 }
