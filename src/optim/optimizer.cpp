@@ -124,9 +124,9 @@ void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t 
                      bool decay, T* w, const T* g, T* m, T* v, int64_t n) {
   if (!exec.on_gpu()) return update_elements(cfg, step, lr, decay, w, g, m, v, n);
   if constexpr (std::is_same_v<T, float>) {
-    if (is_zoo_optimizer(cfg.kind))
-      throw UsageError(std::string("--optimizer ") + zoo_optimizer_name(cfg.kind) +
-                       " runs on the CPU only in this version; use --device cpu");
+    if (is_zoo_optimizer(cfg.kind))  // the zoo steps through its ZooOptimizer (optimizer_zoo.h)
+      throw InternalError(std::string("[optimizer] ") + zoo_optimizer_name(cfg.kind) +
+                          " has no element update of its own");
     const double wd = decay ? cfg.weight_decay : 0.0;
     if (cfg.kind == OptimizerKind::SGD)
       exec.gpu->sgd_update(w, g, m, size_t(n), lr, cfg.sgd_momentum, wd);

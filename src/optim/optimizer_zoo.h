@@ -1,7 +1,8 @@
 // The optimizer zoo: the optimizers of Megatron-DeepSpeed's OPT list beyond Adam and SGD,
-// and the Lion and Muon that Megatron offers, on the flat parameter buffers of one rank's
-// ParameterSet (the CPU). Optimizer<T> (optim/optimizer.h) holds one of these for the
-// zoo's kinds and forwards step() and its state to it.
+// and the Lion and Muon that Megatron offers, on the flat parameter buffers of a rank's
+// ParameterSet, on the CPU or (all but adam8bit) the GPU. Optimizer<T> (optim/optimizer.h)
+// and DistributedOptimizer<T> hold one of these for the zoo's kinds and forward step() and
+// its state to it.
 //
 //   lamb                LAMB (You et al. 2019, arXiv:1904.00962), as DeepSpeed's FusedLamb:
 //                       Adam's update scaled per tensor by the clamped trust ratio
