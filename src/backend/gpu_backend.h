@@ -113,6 +113,13 @@ class GpuBackend : public DeviceMemory {
   // One SGD step (momentum, weight decay added to the gradient), as update_elements does it.
   virtual void sgd_update(float* w, const float* g, float* m, size_t n, double lr, double momentum,
                           double weight_decay) const = 0;
+  // One element-wise step of the optimizer zoo (ops::ZooStep says which states s0..s2 are).
+  virtual void zoo_update(const ops::ZooStep& step, float* w, const float* g, float* s0, float* s1,
+                          float* s2, size_t n) const = 0;
+  // C[M,N] = alpha op(A) op(B) + beta C in float (ops::gemm's convention): Muon's iteration.
+  virtual void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                        const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                        int ldc) const = 0;
   virtual double sum_squares(const float* x, size_t n) const = 0;
   virtual double count_zeros(const float* x, size_t n) const = 0;
 };

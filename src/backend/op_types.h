@@ -25,6 +25,30 @@ const char* to_string(GeluForm form);
 
 namespace omni::ops {
 
+// One element-wise step of an optimizer of the zoo over n elements (optim/zoo_elementwise.cpp
+// has each formula and its reference; the GPU runs the same float arithmetic). w: weights,
+// g: gradients, s0..s2: the states the kind names.
+enum class ZooUpdate {
+  Lion,               // s0 exp_avg
+  SophiaG,            // s0 exp_avg, s1 hessian
+  AdamWScheduleFree,  // s0 z, s1 x, s2 exp_avg_sq
+  SGDScheduleFree,    // s0 z, s1 x
+  LambMoments,        // s0 exp_avg, s1 exp_avg_sq; s2 := the update u (for its norm)
+  LambApply,          // s0 exp_avg, s1 exp_avg_sq: w -= scale * u
+  MuonMomentum,       // s0 exp_avg; s2 := the momentum to orthogonalise (zoo_muon.cpp)
+  MuonApply           // s0 the orthogonalised update: w -= lr * s0
+};
+struct ZooStep {
+  ZooUpdate kind = ZooUpdate::Lion;
+  // Each as the CPU rounds it to float: lr; decay = 1 - lr wd (Lion, SophiaG); wd; the betas
+  // (schedule-free SGD's momentum in beta1); eps; scale (LAMB's step size x trust ratio);
+  // ckp1 (schedule-free's averaging weight); bc2 (1 - beta2^t); rho_bs (SophiaG's rho x bs).
+  // Muon's momentum: decay = -lr wd, beta1 = momentum, beta2 = 1 - momentum, scale = 1 for
+  // Nesterov's form (else 0).
+  float lr = 0, decay = 1, wd = 0, beta1 = 0, beta2 = 0, eps = 0, scale = 0, ckp1 = 0, bc2 = 1,
+        rho_bs = 0;
+};
+
 // Dropout (Megatron's --hidden-dropout and --attention-dropout): what makes one call's mask,
 // which backend/dropout_mask.h turns into keep/drop decisions. p = 0: no dropout. Made on the
 // host by dropout_key() (backend/ops.h) and filled in by the model with where its rows are.

@@ -37,9 +37,9 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU half of the seam supports (one rank per process, not the optimizer zoo); auto falls back
-// to the CPU and says why. `note` is printed with the run's set-up lines, so that
-// earlier errors stay one line.
+// GPU half of the seam supports (one rank per process, not adam8bit, GaLore or Shampoo:
+// zoo_runs_on_gpu); auto falls back to the CPU and says why. `note` is printed with the
+// run's set-up lines, so that earlier errors stay one line.
 struct DeviceChoice {
   std::string device;  // "cpu", "cuda" or "hip"
   std::string note;
@@ -62,7 +62,7 @@ DeviceChoice choose_device(const Options& o, int world_size) {
 #else
   (void)world_size;
 #endif
-  if (why_not.empty() && is_zoo_optimizer(o.optim.kind))
+  if (why_not.empty() && is_zoo_optimizer(o.optim.kind) && !zoo_runs_on_gpu(o.optim.kind))
     why_not = std::string("but training on the GPU does not support --optimizer ") +
               zoo_optimizer_name(o.optim.kind) + " yet in this version";
   if (why_not.empty()) return {name, "", d.device.index};

@@ -47,8 +47,10 @@ void add_optimizer_zoo_options(std::vector<OptionDef>& t) {
   t.push_back(plumbing("--muon-fp32-matmul-prec", "low|medium|high",
                        "omnitron's CPU runs Muon's Newton-Schulz iteration in fp32 (Megatron's "
                        "high); medium and low round its products to bf16 on a GPU"));
-  t.push_back(plumbing("--muon-tp-mode", "blockwise|duplicated|distributed",
-                       "the zoo runs without tensor parallelism, so every mode is the same"));
+  t.push_back(
+      plumbing("--muon-tp-mode", "blockwise|duplicated|distributed",
+               "omnitron's Muon gathers each split matrix over the tensor-parallel group and "
+               "orthogonalises it whole: every mode is the same"));
   t.push_back(plumbing("--muon-use-syrk", "", "a faster kernel for X X^T on NVIDIA GPUs"));
   t.push_back(number<double>("--lamb-min-coeff", "X", O,
                              "LAMB: lower clamp of the trust ratio (DeepSpeed FusedLamb's)",
@@ -115,12 +117,18 @@ void finalize_optimizer_zoo(Options& o) {
   const OptimizerKind kind = o.optim.kind;
   if (!is_zoo_optimizer(kind)) return;
   const std::string opt = "--optimizer " + o.optimizer;
-  OMNI_REQUIRE(!o.use_distributed_optimizer, opt,
-               " does not run with --use-distributed-optimizer yet (its states are kept whole "
-               "on every data-parallel rank)");
-  OMNI_REQUIRE(o.tensor_model_parallel_size == 1, opt,
-               " does not run with tensor parallelism yet (--tensor-model-parallel-size ",
-               o.tensor_model_parallel_size, "): its update needs whole tensors");
+  if (zoo_whole_only(kind)) {  // GaLore and Shampoo keep per-matrix states whole
+    if (o.use_distributed_optimizer)
+      throw NotBuiltError(opt + " with " +
+                              (o.zero_stage > 0 ? "--zero-stage " + std::to_string(o.zero_stage)
+                                                : std::string("--use-distributed-optimizer")),
+                          "its states belong to whole matrices, which the distributed optimizer "
+                          "splits; leave it off");
+    if (o.tensor_model_parallel_size > 1)
+      throw NotBuiltError(opt + " with --tensor-model-parallel-size " +
+                              std::to_string(o.tensor_model_parallel_size),
+                          "its update needs whole matrices; use --tensor-model-parallel-size 1");
+  }
   const ZooConfig& z = o.optim.zoo;
   OMNI_REQUIRE(z.lion_beta1 >= 0 && z.lion_beta1 <= 1 && z.lion_beta2 >= 0 && z.lion_beta2 < 1,
                "--lion-beta1 must be in [0, 1] and --lion-beta2 in [0, 1)");

@@ -31,8 +31,10 @@ class DistributedOptimizer {
  public:
   // `buckets` (in ReduceScatter mode) must outlive this object. `exec`: the device the
   // parameters live on, where the states go too.
+  // `tensor_parallel`: as Optimizer<T>'s.
   DistributedOptimizer(const OptimizerConfig& config, const DataParallelBuckets<T>& buckets,
-                       const ParameterSet<T>& params, const ops::Exec& exec = {});
+                       const ParameterSet<T>& params, const ops::Exec& exec = {},
+                       Communicator* tensor_parallel = nullptr);
 
   // L2 norm of all gradients: this rank's shard summed in a fixed order, then summed (in
   // f64) over the data-parallel group and, when given, over `model_parallel` too.
@@ -48,8 +50,12 @@ class DistributedOptimizer {
   int64_t steps() const { return step_; }
   void set_steps(int64_t steps) { step_ = steps; }
   OptimizerKind kind() const { return cfg_.kind; }
-  // Optimizer<T>'s names: "exp_avg", "exp_avg_sq" (Adam, AdamW); "momentum_buffer" (SGD).
+  // Optimizer<T>'s names: "exp_avg", "exp_avg_sq" (Adam, AdamW); "momentum_buffer" (SGD);
+  // the zoo's (optimizer_zoo.h).
   std::vector<std::string> state_names() const;
+  // The zoo's scalar state (schedule-free's), the same on every rank.
+  std::vector<std::string> scalar_names() const;
+  double& scalar(const std::string& name) const;
   // The whole state `name`, laid out like the parameters, into `full` (params.size()
   // elements, memory of the optimizer's device) on every rank. Collective over the
   // data-parallel group.
@@ -66,9 +72,11 @@ class DistributedOptimizer {
     int64_t begin, end;  // in the flat buffer
     int64_t state;       // where its state starts in m_ / v_
     bool decay;
+    size_t param;
   };
-  // Which state buffer `name` is: m_ (exp_avg, momentum_buffer) or v_ (exp_avg_sq).
-  bool is_second_moment(const std::string& name) const;
+  // The shard's state buffer `name`: m_ (exp_avg, momentum_buffer), v_ (exp_avg_sq) or the
+  // zoo's.
+  T* state(const std::string& name) const;
 
   OptimizerConfig cfg_;
   const DataParallelBuckets<T>& buckets_;
@@ -78,6 +86,7 @@ class DistributedOptimizer {
   bool gather_params_ = true;
   ops::Exec x_;
   Tensor m_, v_;  // this rank's shard of each state, on the parameters' device
+  std::shared_ptr<ZooOptimizer<T>> zoo_;  // set for the zoo's kinds (its own states)
 };
 
 }  // namespace omni

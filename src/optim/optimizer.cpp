@@ -28,10 +28,13 @@ void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exe
 
 template <typename T>
 Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
-                        const ops::Exec& exec)
+                        const ops::Exec& exec, Communicator* tensor_parallel)
     : cfg_(config), x_(exec) {
   if (is_zoo_optimizer(cfg_.kind)) {
-    zoo_ = make_zoo_optimizer(cfg_, params);
+    ZooLayout<T> layout = ZooLayout<T>::whole(params.infos(), tensor_parallel);
+    layout.state_size = params.size();  // the flat buffer's padding too, as checkpoints read it
+    layout.exec = exec;
+    zoo_ = make_zoo_optimizer(cfg_, params, layout);
     return;
   }
   const Device device = params.values_tensor().device();
@@ -99,9 +102,9 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
       }
       break;
     }
-    default:  // the zoo steps whole tensors (Optimizer::step), never element ranges
-      throw UsageError(std::string("--optimizer ") + zoo_optimizer_name(cfg.kind) +
-                       " does not run with --use-distributed-optimizer yet");
+    default:  // the zoo steps through its ZooOptimizer (optimizer_zoo.h)
+      throw InternalError(std::string("[optimizer] ") + zoo_optimizer_name(cfg.kind) +
+                          " has no element update of its own");
   }
 }
 
@@ -121,9 +124,9 @@ void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t 
                      bool decay, T* w, const T* g, T* m, T* v, int64_t n) {
   if (!exec.on_gpu()) return update_elements(cfg, step, lr, decay, w, g, m, v, n);
   if constexpr (std::is_same_v<T, float>) {
-    if (is_zoo_optimizer(cfg.kind))
-      throw UsageError(std::string("--optimizer ") + zoo_optimizer_name(cfg.kind) +
-                       " runs on the CPU only in this version; use --device cpu");
+    if (is_zoo_optimizer(cfg.kind))  // the zoo steps through its ZooOptimizer (optimizer_zoo.h)
+      throw InternalError(std::string("[optimizer] ") + zoo_optimizer_name(cfg.kind) +
+                          " has no element update of its own");
     const double wd = decay ? cfg.weight_decay : 0.0;
     if (cfg.kind == OptimizerKind::SGD)
       exec.gpu->sgd_update(w, g, m, size_t(n), lr, cfg.sgd_momentum, wd);

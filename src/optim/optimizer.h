@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "comm/communicator.h"
 #include "optim/optimizer_zoo_config.h"
 #include "tensor/parameters.h"
 
@@ -66,9 +67,11 @@ class ZooOptimizer;
 template <typename T>
 class Optimizer {
  public:
-  // The states live where `exec` says, as the parameters do.
+  // The states live where `exec` says, as the parameters do. `tensor_parallel`: the group
+  // over which tensor parallelism splits tensors (the zoo's per-tensor quantities are the
+  // whole tensor's).
   Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
-            const ops::Exec& exec = {});
+            const ops::Exec& exec = {}, Communicator* tensor_parallel = nullptr);
   // One update with learning rate `lr` from the current gradients (already clipped).
   void step(ParameterSet<T>& params, double lr);
   int64_t steps() const { return step_; }

@@ -1,5 +1,6 @@
 #include "optim/optimizer_zoo.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "base/error.h"
@@ -48,6 +49,15 @@ bool is_zoo_optimizer(OptimizerKind kind) {
   return kind != OptimizerKind::AdamW && kind != OptimizerKind::SGD;
 }
 
+bool zoo_whole_only(OptimizerKind kind) {
+  return kind == OptimizerKind::GaLoreAdamW || kind == OptimizerKind::GaLoreAdamW8bit ||
+         kind == OptimizerKind::GaLoreAdamW8bitPerLayer || kind == OptimizerKind::Shampoo;
+}
+
+bool zoo_runs_on_gpu(OptimizerKind kind) {
+  return kind != OptimizerKind::Adam8bit && !zoo_whole_only(kind);
+}
+
 const char* zoo_optimizer_name(OptimizerKind kind) {
   for (const auto& [n, k] : kNames)
     if (k == kind) return n;
@@ -69,40 +79,93 @@ void ZooOptimizer<T>::update_hessian(const ParameterSet<T>&) {
   throw InternalError("[optimizer] only sophiag keeps a Hessian estimate");
 }
 
+int64_t global_numel(const ParamInfo& p) {
+  if (p.global_shape.empty()) return p.numel;
+  int64_t n = 1;
+  for (int64_t d : p.global_shape) n *= d;
+  return n;
+}
+
+template <typename T>
+ZooLayout<T> ZooLayout<T>::whole(const std::vector<ParamInfo>& infos,
+                                 Communicator* tensor_parallel) {
+  ZooLayout<T> l;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const ParamInfo& p = infos[i];
+    l.pieces.push_back({i, p.offset, p.offset + p.numel, p.offset});
+    l.state_size = std::max(l.state_size, p.offset + p.numel);
+  }
+  l.tensor_parallel = tensor_parallel;
+  return l;
+}
+
+template <typename T>
+void ZooLayout<T>::sum_over_parts(std::vector<double>& per_param,
+                                  const std::vector<ParamInfo>& infos, size_t k) const {
+  if (data_parallel && data_parallel->size() > 1)
+    data_parallel->all_reduce(per_param.data(), per_param.size());
+  if (!tensor_parallel || tensor_parallel->size() == 1) return;
+  // Tensors every tensor-parallel rank holds whole count once: rank 0's.
+  std::vector<double> sums = per_param;
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (infos[i].shard_dim < 0 && tensor_parallel->rank() != 0)
+      std::fill_n(sums.begin() + std::ptrdiff_t(i * k), k, 0.0);
+  tensor_parallel->all_reduce(sums.data(), sums.size());
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (infos[i].shard_dim >= 0)
+      std::copy_n(sums.begin() + std::ptrdiff_t(i * k), k,
+                  per_param.begin() + std::ptrdiff_t(i * k));
+}
+
+template <typename T>
+void require_whole_layout(OptimizerKind kind, const ParameterSet<T>& params,
+                          const ZooLayout<T>& layout) {
+  const std::string what = std::string("--optimizer ") + zoo_optimizer_name(kind);
+  OMNI_REQUIRE(!layout.data_parallel, what,
+               " with --use-distributed-optimizer: not built yet: its states are per whole "
+               "matrix; leave the distributed optimizer off");
+  OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, what,
+               " with --tensor-model-parallel-size ", layout.tensor_parallel->size(),
+               ": not built yet: it needs every matrix whole; use --tensor-model-parallel-size 1");
+  OMNI_REQUIRE(params.memory() == nullptr && !layout.exec.on_gpu(), what,
+               " on the GPU: not built yet; use --device cpu");
+}
+
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
-                                                    const ParameterSet<T>& params) {
-  OMNI_REQUIRE(params.memory() == nullptr, "--optimizer ", zoo_optimizer_name(config.kind),
+                                                    const ParameterSet<T>& params,
+                                                    const ZooLayout<T>& layout) {
+  OMNI_REQUIRE(params.memory() == nullptr || zoo_runs_on_gpu(config.kind), "--optimizer ",
+               zoo_optimizer_name(config.kind),
                " runs on the CPU only in this version; use --device cpu");
-  for (const ParamInfo& p : params.infos())
-    OMNI_REQUIRE(p.shard_dim < 0, "--optimizer ", zoo_optimizer_name(config.kind),
-                 " does not run with tensor parallelism yet (", p.name,
-                 " is split across ranks); use --tensor-model-parallel-size 1");
   switch (config.kind) {
     case OptimizerKind::Muon:
-      return make_muon(config, params);
+      return make_muon(config, params, layout);
     case OptimizerKind::Adam8bit:
-      return make_adam8bit(config, params);
+      return make_adam8bit(config, params, layout);
     case OptimizerKind::GaLoreAdamW:
     case OptimizerKind::GaLoreAdamW8bit:
     case OptimizerKind::GaLoreAdamW8bitPerLayer:
-      return make_galore(config, params);
+      return make_galore(config, params, layout);
     case OptimizerKind::Shampoo:
-      return make_shampoo(config, params);
+      return make_shampoo(config, params, layout);
     default:
-      return make_elementwise_zoo_optimizer(config, params);
+      return make_elementwise_zoo_optimizer(config, params, layout);
   }
 }
 
 template <typename T>
-ZooStates<T>::ZooStates(std::vector<std::string> names, int64_t size) : names_(std::move(names)) {
-  for (size_t i = 0; i < names_.size(); ++i) buffers_.emplace_back(size_t(size), T(0));
+ZooStates<T>::ZooStates(std::vector<std::string> names, int64_t size, Device device,
+                        const DeviceMemory* memory)
+    : names_(std::move(names)) {
+  for (size_t i = 0; i < names_.size(); ++i)  // (one element where a rank's shard is empty)
+    buffers_.push_back(Tensor::zeros({std::max<int64_t>(size, 1)}, dtype_of<T>(), device, memory));
 }
 
 template <typename T>
 T* ZooStates<T>::get(const std::string& name) {
   for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == name) return buffers_[i].data();
+    if (names_[i] == name) return buffers_[i].template data<T>();
   throw InternalError("[optimizer] no state buffer '" + name + "'");
 }
 
@@ -110,9 +173,17 @@ template class ZooOptimizer<float>;
 template class ZooOptimizer<double>;
 template class ZooStates<float>;
 template class ZooStates<double>;
+template struct ZooLayout<float>;
+template struct ZooLayout<double>;
+template void require_whole_layout(OptimizerKind, const ParameterSet<float>&,
+                                   const ZooLayout<float>&);
+template void require_whole_layout(OptimizerKind, const ParameterSet<double>&,
+                                   const ZooLayout<double>&);
 template std::shared_ptr<ZooOptimizer<float>> make_zoo_optimizer(const OptimizerConfig&,
-                                                                 const ParameterSet<float>&);
+                                                                 const ParameterSet<float>&,
+                                                                 const ZooLayout<float>&);
 template std::shared_ptr<ZooOptimizer<double>> make_zoo_optimizer(const OptimizerConfig&,
-                                                                  const ParameterSet<double>&);
+                                                                  const ParameterSet<double>&,
+                                                                  const ZooLayout<double>&);
 
 }  // namespace omni

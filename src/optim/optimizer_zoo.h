@@ -1,7 +1,8 @@
 // The optimizer zoo: the optimizers of Megatron-DeepSpeed's OPT list beyond Adam and SGD,
-// and the Lion and Muon that Megatron offers, on the flat parameter buffers of one rank's
-// ParameterSet (the CPU). Optimizer<T> (optim/optimizer.h) holds one of these for the
-// zoo's kinds and forwards step() and its state to it.
+// and the Lion and Muon that Megatron offers, on the flat parameter buffers of a rank's
+// ParameterSet, on the CPU or (all but adam8bit) the GPU. Optimizer<T> (optim/optimizer.h)
+// and DistributedOptimizer<T> hold one of these for the zoo's kinds and forward step() and
+// its state to it.
 //
 //   lamb                LAMB (You et al. 2019, arXiv:1904.00962), as DeepSpeed's FusedLamb:
 //                       Adam's update scaled per tensor by the clamped trust ratio
@@ -24,15 +25,26 @@
 //                       OPT=shampoo
 //
 // Each family's file cites its reference and says how the state is laid out. States are
-// exposed as buffers shaped like the flat parameter buffer, which checkpoints save.
+// exposed as buffers laid out like the elements the optimizer updates (ZooLayout: the whole
+// flat parameter buffer, or the distributed optimizer's shard), which checkpoints save.
+//
+// Every zoo optimizer computes what it would on one rank holding the whole model:
+//  - element-wise states update per element, whatever the layout;
+//  - per-tensor quantities (LAMB's norms, adam8bit's block maxima) are reduced over the
+//    data-parallel ranks that hold other pieces of a tensor and over the tensor-parallel
+//    ranks that hold other slices of it;
+//  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
+//    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "optim/optimizer.h"
 
 namespace omni {
@@ -44,6 +56,48 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
+// Whether the zoo's kind has a GPU implementation (all but adam8bit).
+bool zoo_runs_on_gpu(OptimizerKind kind);
+// Whether the zoo's kind runs only where one rank holds every tensor whole on the CPU (GaLore,
+// Shampoo: no distributed optimizer, tensor parallelism or GPU yet).
+bool zoo_whole_only(OptimizerKind kind);
+
+// A run of one parameter's elements that this rank updates, and where its states start.
+struct ZooPiece {
+  size_t param = 0;            // index into params.infos()
+  int64_t begin = 0, end = 0;  // in the flat buffer
+  int64_t state = 0;           // in the state buffers
+};
+
+// Which elements of the flat parameter buffer this rank updates, and who holds the rest.
+template <typename T>
+struct ZooLayout {
+  std::vector<ZooPiece> pieces;  // in flat-buffer order
+  int64_t state_size = 0;        // elements of each state buffer
+  // The distributed optimizer's data-parallel group (null: this rank updates every element)
+  // and its all-gather, which fills a parameter-sized buffer's other ranks' pieces.
+  Communicator* data_parallel = nullptr;
+  std::function<void(T*)> gather_pieces;
+  // The ranks holding the other slices of tensors that tensor parallelism splits (null or one
+  // rank: none).
+  Communicator* tensor_parallel = nullptr;
+  // The device the parameters live on, where the states go too.
+  ops::Exec exec;
+
+  // Every element of `params`, its states laid out like the parameters.
+  static ZooLayout whole(const std::vector<ParamInfo>& infos, Communicator* tensor_parallel);
+  bool split(const ParamInfo& p) const {
+    return p.shard_dim >= 0 && tensor_parallel && tensor_parallel->size() > 1;
+  }
+  // Sums `per_param` (one value per parameter, this rank's part) over the ranks that hold
+  // other parts of each parameter: the data-parallel group, and the tensor-parallel group for
+  // split tensors.
+  void sum_over_parts(std::vector<double>& per_param, const std::vector<ParamInfo>& infos,
+                      size_t values_per_param = 1) const;
+};
+
+// The number of elements of p's whole (unsplit) tensor.
+int64_t global_numel(const ParamInfo& p);
 
 template <typename T>
 class ZooOptimizer {
@@ -63,27 +117,42 @@ class ZooOptimizer {
   virtual double& scalar(const std::string& name);
 };
 
-// The zoo optimizer of `config.kind` for `params` (host memory, whole tensors).
+// The zoo optimizer of `config.kind` for the elements of `params` that `layout` gives this
+// rank (host memory).
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
-                                                    const ParameterSet<T>& params);
+                                                    const ParameterSet<T>& params,
+                                                    const ZooLayout<T>& layout);
 
 // Families (one file each).
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_elementwise_zoo_optimizer(const OptimizerConfig& config,
-                                                                const ParameterSet<T>& params);
+                                                                const ParameterSet<T>& params,
+                                                                const ZooLayout<T>& layout);
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_muon(const OptimizerConfig& config,
-                                           const ParameterSet<T>& params);
+                                           const ParameterSet<T>& params,
+                                           const ZooLayout<T>& layout);
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
-                                               const ParameterSet<T>& params);
+                                               const ParameterSet<T>& params,
+                                               const ZooLayout<T>& layout);
+// GaLore and Shampoo run on a whole layout only (one rank's view of every tensor, on the
+// CPU): zoo_whole_layout_only says why another is refused.
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
-                                             const ParameterSet<T>& params);
+                                             const ParameterSet<T>& params,
+                                             const ZooLayout<T>& layout);
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
-                                              const ParameterSet<T>& params);
+                                              const ParameterSet<T>& params,
+                                              const ZooLayout<T>& layout);
+
+// Refuses, in one line naming the optimizer and the setting, a layout that is not one rank's
+// whole model on the CPU (for the optimizers of zoo_whole_only).
+template <typename T>
+void require_whole_layout(OptimizerKind kind, const ParameterSet<T>& params,
+                          const ZooLayout<T>& layout);
 
 // The 2-D weights of the hidden layers (not the word embeddings or the output layer): the
 // matrices Muon orthogonalises and GaLore projects.
@@ -92,17 +161,18 @@ bool is_hidden_matrix(const ParamInfo& p);
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);
 
-// The zoo's parameter-shaped states: named buffers of params.size() zeros.
+// The zoo's states: named buffers of `size` zeros on `device` (`memory`: its allocator).
 template <typename T>
 class ZooStates {
  public:
-  ZooStates(std::vector<std::string> names, int64_t size);
+  ZooStates(std::vector<std::string> names, int64_t size, Device device = {},
+            const DeviceMemory* memory = nullptr);
   const std::vector<std::string>& names() const { return names_; }
   T* get(const std::string& name);
 
  private:
   std::vector<std::string> names_;
-  std::vector<std::vector<T>> buffers_;
+  std::vector<Tensor> buffers_;
 };
 
 }  // namespace omni

@@ -13,6 +13,10 @@
 //    m / (sqrt(v) + eps * sqrt(1 - b2^t)), then w *= 1 - lr * wd (decoupled decay);
 //  - tensors under min_8bit_size elements (4096) keep fp32 moments with the same update.
 //
+// Blocks are those of each whole tensor (row-major, before tensor parallelism splits it), so
+// a sharded or split run quantises exactly as one rank does: each rank updates its elements,
+// and the blocks' new maxima are reduced (max) over the ranks holding parts of them.
+//
 // Checkpoint state, laid out like the parameters (so resume is bit-exact): state1 and state2
 // hold each element's code index (0..255) for 8-bit tensors and the fp32 moment otherwise;
 // absmax1 and absmax2 hold block b's absolute maximum at the block's first element (zeros
@@ -67,13 +71,31 @@ uint8_t nearest_code(const std::array<float, 256>& code, float x) {
 
 }  // namespace
 
+Adam8bitCodes::Adam8bitCodes()
+    : code1(dynamic_quantization_map(true)), code2(dynamic_quantization_map(false)) {}
+
+uint8_t Adam8bitCodes::quantize_signed(float x, float absmax) const {
+  if (absmax == 0.0f) return nearest_code(code1, 0.0f);
+  uint8_t c = nearest_code(code1, x / absmax);
+  if (std::signbit(code1[c]) != std::signbit(x)) c = uint8_t(x > 0.0f ? c + 1 : c - 1);
+  return c;
+}
+
+uint8_t Adam8bitCodes::quantize_unsigned(float x, float absmax) const {
+  return nearest_code(code2, absmax > 0.0f ? x / absmax : 0.0f);
+}
+
+Adam8bitUpdate::Adam8bitUpdate(const OptimizerConfig& config, double lr_, double wd_, int64_t step)
+    : b1(float(config.adam_beta1)),
+      b2(float(config.adam_beta2)),
+      eps(float(config.adam_eps)),
+      lr(float(lr_)),
+      wd(float(wd_)),
+      correction2(std::sqrt(1.0f - float(std::pow(double(b2), double(step))))),
+      step_size(-float(lr_) * correction2 / (1.0f - float(std::pow(double(b1), double(step))))) {}
+
 Adam8bitMoments::Adam8bitMoments(const OptimizerConfig& config, const std::vector<int64_t>& sizes)
-    : b1_(float(config.adam_beta1)),
-      b2_(float(config.adam_beta2)),
-      eps_(float(config.adam_eps)),
-      code1_(dynamic_quantization_map(true)),
-      code2_(dynamic_quantization_map(false)),
-      block_(config.zoo.adam8bit_block_size) {
+    : cfg_(config), block_(config.zoo.adam8bit_block_size) {
   OMNI_REQUIRE(block_ > 0, "[adam8bit] the block size must be positive");
   for (int64_t n : sizes) {
     Segment l;
@@ -98,35 +120,13 @@ Adam8bitMoments::Adam8bitMoments(const OptimizerConfig& config, const std::vecto
   v_.resize(size_t(block_));
 }
 
-uint8_t Adam8bitMoments::quantize_signed(float x, float absmax) const {
-  if (absmax == 0.0f) return nearest_code(code1_, 0.0f);
-  uint8_t c = nearest_code(code1_, x / absmax);
-  if (std::signbit(code1_[c]) != std::signbit(x)) c = uint8_t(x > 0.0f ? c + 1 : c - 1);
-  return c;
-}
-
 template <typename T>
-void Adam8bitMoments::step(size_t s, T* w, const T* g, double lr, double wd_, int64_t step) {
-  const float b1 = b1_, b2 = b2_, eps = eps_, wd = float(wd_);
-  const float correction1 = 1.0f - float(std::pow(double(b1), double(step)));
-  const float correction2 = std::sqrt(1.0f - float(std::pow(double(b2), double(step))));
-  const float step_size = -float(lr) * correction2 / correction1;
+void Adam8bitMoments::step(size_t s, T* w, const T* g, double lr, double wd, int64_t step) {
+  const Adam8bitUpdate update(cfg_, lr, wd, step);
   const Segment& l = segments_[s];
-  auto update = [&](int64_t i, float& m, float& v) {
-    const float grad = float(g[i]);
-    if (!std::isfinite(grad)) {  // bitsandbytes zeroes the moments and skips the element
-      m = v = 0.0f;
-      return;
-    }
-    m = m * b1 + (1.0f - b1) * grad;
-    v = v * b2 + (1.0f - b2) * (grad * grad);
-    float x = float(w[i]) + step_size * (m / (std::sqrt(v) + eps * correction2));
-    if (wd > 0.0f) x = x * (1.0f - float(lr) * wd);
-    w[i] = T(x);
-  };
   if (!l.quantized) {
     for (int64_t i = 0; i < l.size; ++i)
-      update(i, s1_[size_t(l.start + i)], s2_[size_t(l.start + i)]);
+      update(float(g[i]), s1_[size_t(l.start + i)], s2_[size_t(l.start + i)], w[i]);
     return;
   }
   for (int64_t b0 = 0, b = l.block_start; b0 < l.size; b0 += block_, ++b) {
@@ -137,17 +137,17 @@ void Adam8bitMoments::step(size_t s, T* w, const T* g, double lr, double wd_, in
     for (int64_t j = 0; j < n; ++j) {
       float& m = m_[size_t(j)];
       float& v = v_[size_t(j)];
-      m = code1_[c1[j]] * absmax1_[size_t(b)];
-      v = code2_[c2[j]] * absmax2_[size_t(b)];
-      update(b0 + j, m, v);
+      m = codes_.code1[c1[j]] * absmax1_[size_t(b)];
+      v = codes_.code2[c2[j]] * absmax2_[size_t(b)];
+      update(float(g[b0 + j]), m, v, w[b0 + j]);
       max1 = std::max(max1, std::fabs(m));
       max2 = std::max(max2, std::fabs(v));
     }
     absmax1_[size_t(b)] = max1;
     absmax2_[size_t(b)] = max2;
     for (int64_t j = 0; j < n; ++j) {
-      c1[j] = quantize_signed(m_[size_t(j)], max1);
-      c2[j] = nearest_code(code2_, max2 > 0.0f ? v_[size_t(j)] / max2 : 0.0f);
+      c1[j] = codes_.quantize_signed(m_[size_t(j)], max1);
+      c2[j] = codes_.quantize_unsigned(v_[size_t(j)], max2);
     }
   }
 }
@@ -203,18 +203,79 @@ namespace {
 template <typename T>
 class Adam8bit : public ZooOptimizer<T> {
  public:
-  Adam8bit(const OptimizerConfig& config, const ParameterSet<T>& params)
+  Adam8bit(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
-        moments_(config, sizes(params)),
+        block_(config.zoo.adam8bit_block_size),
         infos_(params.infos()),
-        size_(params.size()) {}
+        layout_(layout) {
+    OMNI_REQUIRE(block_ > 0, "[adam8bit] the block size must be positive");
+    // Blocks are the whole (unsplit) tensor's, so every layout quantises the same way.
+    for (const ParamInfo& p : infos_) {
+      Tensor8 t;
+      t.quantized = global_numel(p) >= config.zoo.adam8bit_min_8bit_size;
+      t.block_start = blocks_;
+      if (t.quantized) blocks_ += (global_numel(p) + block_ - 1) / block_;
+      ParameterSet<T>::for_each_run(p, [&](int64_t l, int64_t g, int64_t n) {
+        t.runs.push_back({l, g, n});
+      });
+      tensors_.push_back(std::move(t));
+    }
+    absmax1_.assign(size_t(blocks_), 0.0f);
+    absmax2_.assign(size_t(blocks_), 0.0f);
+    for (const ZooPiece& piece : layout_.pieces) {
+      const int64_t n = piece.end - piece.begin;
+      if (tensors_[piece.param].quantized) {
+        starts_.push_back(int64_t(q1_.size()));
+        q1_.resize(q1_.size() + size_t(n), 0);
+      } else {
+        starts_.push_back(int64_t(s1_.size()));
+        s1_.resize(s1_.size() + size_t(n), 0.0f);
+      }
+    }
+    q2_.resize(q1_.size(), 0);
+    m_.resize(q1_.size());
+    v_.resize(q1_.size());
+    s2_.resize(s1_.size(), 0.0f);
+  }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
-    if (!views_.empty()) import_views(params);
-    for (size_t pi = 0; pi < infos_.size(); ++pi) {
-      const ParamInfo& p = infos_[pi];
-      moments_.step(pi, params.values() + p.offset, params.grads() + p.offset, lr,
-                    p.weight_decay ? cfg_.weight_decay : 0.0, step);
+    if (!views_.empty()) import_views();
+    std::vector<float> max1(size_t(blocks_), 0.0f), max2(size_t(blocks_), 0.0f);
+    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
+      const ZooPiece& piece = layout_.pieces[k];
+      const ParamInfo& p = infos_[piece.param];
+      const Adam8bitUpdate update(cfg_, lr, p.weight_decay ? cfg_.weight_decay : 0.0, step);
+      T* w = params.values() + piece.begin;
+      const T* g = params.grads() + piece.begin;
+      const size_t at = size_t(starts_[k]);
+      if (!tensors_[piece.param].quantized) {
+        for (int64_t i = 0; i < piece.end - piece.begin; ++i)
+          update(float(g[i]), s1_[at + size_t(i)], s2_[at + size_t(i)], w[i]);
+        continue;
+      }
+      // Dequantise against the blocks' maxima, update, and note the blocks' new maxima.
+      for_each_element(piece, [&](int64_t i, int64_t b) {
+        float& m = m_[at + size_t(i)];
+        float& v = v_[at + size_t(i)];
+        m = codes_.code1[q1_[at + size_t(i)]] * absmax1_[size_t(b)];
+        v = codes_.code2[q2_[at + size_t(i)]] * absmax2_[size_t(b)];
+        update(float(g[i]), m, v, w[i]);
+        max1[size_t(b)] = std::max(max1[size_t(b)], std::fabs(m));
+        max2[size_t(b)] = std::max(max2[size_t(b)], std::fabs(v));
+      });
+    }
+    max_over_parts(max1);
+    max_over_parts(max2);
+    absmax1_ = std::move(max1);
+    absmax2_ = std::move(max2);
+    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
+      const ZooPiece& piece = layout_.pieces[k];
+      if (!tensors_[piece.param].quantized) continue;
+      const size_t at = size_t(starts_[k]);
+      for_each_element(piece, [&](int64_t i, int64_t b) {
+        q1_[at + size_t(i)] = codes_.quantize_signed(m_[at + size_t(i)], absmax1_[size_t(b)]);
+        q2_[at + size_t(i)] = codes_.quantize_unsigned(v_[at + size_t(i)], absmax2_[size_t(b)]);
+      });
     }
   }
 
@@ -222,14 +283,7 @@ class Adam8bit : public ZooOptimizer<T> {
     return {"state1", "state2", "absmax1", "absmax2"};
   }
   T* state_buffer(const std::string& name) override {
-    if (views_.empty()) {
-      views_.assign(4, std::vector<T>(size_t(size_), T(0)));
-      for (size_t pi = 0; pi < infos_.size(); ++pi) {
-        const int64_t o = infos_[pi].offset;
-        moments_.save<T>(pi, {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o,
-                              views_[3].data() + o});
-      }
-    }
+    if (views_.empty()) export_views();
     const auto names = state_names();
     for (size_t i = 0; i < names.size(); ++i)
       if (names[i] == name) return views_[i].data();
@@ -237,28 +291,120 @@ class Adam8bit : public ZooOptimizer<T> {
   }
 
  private:
-  static std::vector<int64_t> sizes(const ParameterSet<T>& params) {
-    std::vector<int64_t> out;
-    for (const ParamInfo& p : params.infos()) out.push_back(p.numel);
-    return out;
+  struct Run {
+    int64_t local, global, count;  // ParameterSet::for_each_run's
+  };
+  struct Tensor8 {
+    bool quantized = false;
+    int64_t block_start = 0;  // into absmax1_/absmax2_
+    std::vector<Run> runs;    // where this rank's elements sit in the whole tensor
+  };
+
+  // f(i, block) for the elements i (from the piece's start) of a quantised piece, with the
+  // index into absmax of the whole tensor's block each belongs to.
+  template <typename F>
+  void for_each_element(const ZooPiece& piece, F&& f) const {
+    const ParamInfo& p = infos_[piece.param];
+    const Tensor8& t = tensors_[piece.param];
+    const int64_t begin = piece.begin - p.offset, end = piece.end - p.offset;
+    for (const Run& r : t.runs) {
+      const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
+      for (int64_t l = lo; l < hi; ++l)
+        f(l - begin, t.block_start + (r.global + (l - r.local)) / block_);
+    }
   }
 
-  void import_views(const ParameterSet<T>& params) {
-    OMNI_REQUIRE(params.size() == size_, "[adam8bit] the parameters changed size");
-    for (size_t pi = 0; pi < infos_.size(); ++pi) {
-      const int64_t o = infos_[pi].offset;
-      moments_.load<T>(
-          pi,
-          {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o, views_[3].data() + o},
-          infos_[pi].name);
+  // Block maxima over every rank that holds part of a block (its pieces over the
+  // data-parallel group, its slices over the tensor-parallel group): exact, as max is.
+  void max_over_parts(std::vector<float>& maxima) const {
+    if (maxima.empty()) return;
+    if (layout_.data_parallel && layout_.data_parallel->size() > 1)
+      layout_.data_parallel->all_reduce(maxima.data(), maxima.size(), ReduceOp::Max);
+    if (layout_.tensor_parallel && layout_.tensor_parallel->size() > 1)
+      layout_.tensor_parallel->all_reduce(maxima.data(), maxima.size(), ReduceOp::Max);
+  }
+
+  // The checkpoint's view: state1 and state2 per element as the file's comment says; absmax1
+  // and absmax2 at the element that starts each block of the whole tensor (on the rank that
+  // holds it).
+  void export_views() {
+    views_.assign(4, std::vector<T>(size_t(layout_.state_size), T(0)));
+    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
+      const ZooPiece& piece = layout_.pieces[k];
+      const size_t at = size_t(starts_[k]), state = size_t(piece.state);
+      if (!tensors_[piece.param].quantized) {
+        for (int64_t i = 0; i < piece.end - piece.begin; ++i) {
+          views_[0][state + size_t(i)] = T(s1_[at + size_t(i)]);
+          views_[1][state + size_t(i)] = T(s2_[at + size_t(i)]);
+        }
+        continue;
+      }
+      const Tensor8& t = tensors_[piece.param];
+      for_each_element(piece, [&](int64_t i, int64_t b) {
+        views_[0][state + size_t(i)] = T(q1_[at + size_t(i)]);
+        views_[1][state + size_t(i)] = T(q2_[at + size_t(i)]);
+        if (block_first(piece, i, b, t)) {
+          views_[2][state + size_t(i)] = T(absmax1_[size_t(b)]);
+          views_[3][state + size_t(i)] = T(absmax2_[size_t(b)]);
+        }
+      });
     }
+  }
+
+  // Whether element i of the piece is the first of block b of its whole tensor.
+  bool block_first(const ZooPiece& piece, int64_t i, int64_t b, const Tensor8& t) const {
+    const int64_t local = piece.begin - infos_[piece.param].offset + i;
+    for (const Run& r : t.runs)
+      if (local >= r.local && local < r.local + r.count)
+        return r.global + (local - r.local) == (b - t.block_start) * block_;
+    return false;
+  }
+
+  void import_views() {
+    std::fill(absmax1_.begin(), absmax1_.end(), 0.0f);
+    std::fill(absmax2_.begin(), absmax2_.end(), 0.0f);
+    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
+      const ZooPiece& piece = layout_.pieces[k];
+      const ParamInfo& p = infos_[piece.param];
+      const size_t at = size_t(starts_[k]), state = size_t(piece.state);
+      const T* s1 = views_[0].data() + state;
+      const T* s2 = views_[1].data() + state;
+      if (!tensors_[piece.param].quantized) {
+        for (int64_t i = 0; i < piece.end - piece.begin; ++i) {
+          s1_[at + size_t(i)] = float(s1[i]);
+          s2_[at + size_t(i)] = float(s2[i]);
+        }
+        continue;
+      }
+      const Tensor8& t = tensors_[piece.param];
+      for_each_element(piece, [&](int64_t i, int64_t b) {
+        OMNI_REQUIRE(s1[i] >= 0 && s1[i] <= 255 && s2[i] >= 0 && s2[i] <= 255 &&
+                         s1[i] == std::floor(s1[i]) && s2[i] == std::floor(s2[i]),
+                     "[adam8bit] the state of ", p.name, " holds ", s1[i], " and ", s2[i],
+                     " where code indices 0..255 belong (a checkpoint of another optimizer?)");
+        q1_[at + size_t(i)] = uint8_t(s1[i]);
+        q2_[at + size_t(i)] = uint8_t(s2[i]);
+        if (block_first(piece, i, b, t)) {
+          absmax1_[size_t(b)] = float(views_[2][state + size_t(i)]);
+          absmax2_[size_t(b)] = float(views_[3][state + size_t(i)]);
+        }
+      });
+    }
+    max_over_parts(absmax1_);  // the blocks whose first element another rank holds
+    max_over_parts(absmax2_);
     views_.clear();
   }
 
   OptimizerConfig cfg_;
-  Adam8bitMoments moments_;
+  Adam8bitCodes codes_;
+  int64_t block_ = 256, blocks_ = 0;
   std::vector<ParamInfo> infos_;
-  int64_t size_ = 0;
+  ZooLayout<T> layout_;
+  std::vector<Tensor8> tensors_;
+  std::vector<int64_t> starts_;  // per piece, into q1_/q2_ (quantised tensors) or s1_/s2_
+  std::vector<uint8_t> q1_, q2_;
+  std::vector<float> m_, v_;  // the quantised pieces' moments during a step
+  std::vector<float> absmax1_, absmax2_, s1_, s2_;
   std::vector<std::vector<T>> views_;  // the checkpoint's state1, state2, absmax1, absmax2
 };
 
@@ -266,13 +412,16 @@ class Adam8bit : public ZooOptimizer<T> {
 
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
-                                               const ParameterSet<T>& params) {
-  return std::make_shared<Adam8bit<T>>(config, params);
+                                               const ParameterSet<T>& params,
+                                               const ZooLayout<T>& layout) {
+  return std::make_shared<Adam8bit<T>>(config, params, layout);
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_adam8bit(const OptimizerConfig&,
-                                                            const ParameterSet<float>&);
+                                                            const ParameterSet<float>&,
+                                                            const ZooLayout<float>&);
 template std::shared_ptr<ZooOptimizer<double>> make_adam8bit(const OptimizerConfig&,
-                                                             const ParameterSet<double>&);
+                                                             const ParameterSet<double>&,
+                                                             const ZooLayout<double>&);
 
 }  // namespace omni

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,37 @@
 #include "optim/optimizer.h"
 
 namespace omni {
+
+// bitsandbytes' two dynamic codes (signed for the first moment, unsigned for the second) and
+// its rounding onto them, shared by Adam8bitMoments and adam8bit's sharded layout.
+struct Adam8bitCodes {
+  Adam8bitCodes();
+  // The code of x / absmax (a first moment whose nearest code has the other sign moves one
+  // code toward its own); the code of 0 where absmax is 0.
+  uint8_t quantize_signed(float x, float absmax) const;
+  uint8_t quantize_unsigned(float x, float absmax) const;
+  std::array<float, 256> code1, code2;
+};
+
+// bitsandbytes' Adam update of one element in fp32: m and v by Adam's recurrences, then
+// w += -lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps * sqrt(1 - b2^t)), then
+// w *= 1 - lr * wd; a gradient that is not finite zeroes the moments and skips the element.
+struct Adam8bitUpdate {
+  Adam8bitUpdate(const OptimizerConfig& config, double lr, double wd, int64_t step);
+  template <typename T>
+  void operator()(float grad, float& m, float& v, T& w) const {
+    if (!std::isfinite(grad)) {
+      m = v = 0.0f;
+      return;
+    }
+    m = m * b1 + (1.0f - b1) * grad;
+    v = v * b2 + (1.0f - b2) * (grad * grad);
+    float x = float(w) + step_size * (m / (std::sqrt(v) + eps * correction2));
+    if (wd > 0.0f) x = x * (1.0f - lr * wd);
+    w = T(x);
+  }
+  float b1, b2, eps, lr, wd, correction2, step_size;
+};
 
 class Adam8bitMoments {
  public:
@@ -40,10 +72,8 @@ class Adam8bitMoments {
     int64_t start = 0;        // into q1_/q2_ (quantized) or s1_/s2_
     int64_t block_start = 0;  // into absmax1_/absmax2_
   };
-  uint8_t quantize_signed(float x, float absmax) const;
-
-  float b1_, b2_, eps_;
-  std::array<float, 256> code1_, code2_;
+  OptimizerConfig cfg_;
+  Adam8bitCodes codes_;
   int64_t block_;
   std::vector<Segment> segments_;
   std::vector<uint8_t> q1_, q2_;

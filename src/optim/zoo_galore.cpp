@@ -211,7 +211,9 @@ class GaLore : public ZooOptimizer<T> {
 
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
-                                             const ParameterSet<T>& params) {
+                                             const ParameterSet<T>& params,
+                                             const ZooLayout<T>& layout) {
+  require_whole_layout(config.kind, params, layout);
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.galore_rank >= 1, "--galore-rank must be at least 1 (got ", z.galore_rank, ")");
   OMNI_REQUIRE(z.galore_update_proj_gap >= 1, "--galore-update-proj-gap must be at least 1 (got ",
@@ -220,8 +222,10 @@ std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_galore(const OptimizerConfig&,
-                                                          const ParameterSet<float>&);
+                                                          const ParameterSet<float>&,
+                                                          const ZooLayout<float>&);
 template std::shared_ptr<ZooOptimizer<double>> make_galore(const OptimizerConfig&,
-                                                           const ParameterSet<double>&);
+                                                           const ParameterSet<double>&,
+                                                           const ZooLayout<double>&);
 
 }  // namespace omni

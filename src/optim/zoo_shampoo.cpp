@@ -238,7 +238,9 @@ class Shampoo : public ZooOptimizer<T> {
 
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
-                                              const ParameterSet<T>& params) {
+                                              const ParameterSet<T>& params,
+                                              const ZooLayout<T>& layout) {
+  require_whole_layout(config.kind, params, layout);
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.shampoo_update_freq >= 1, "--shampoo-update-freq must be at least 1 (got ",
                z.shampoo_update_freq, ")");
@@ -250,8 +252,10 @@ std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_shampoo(const OptimizerConfig&,
-                                                           const ParameterSet<float>&);
+                                                           const ParameterSet<float>&,
+                                                           const ZooLayout<float>&);
 template std::shared_ptr<ZooOptimizer<double>> make_shampoo(const OptimizerConfig&,
-                                                            const ParameterSet<double>&);
+                                                            const ParameterSet<double>&,
+                                                            const ZooLayout<double>&);
 
 }  // namespace omni

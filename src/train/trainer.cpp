@@ -196,12 +196,13 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
   }
   if (opts.use_distributed_optimizer) {
-    dist_optimizer_ =
-        std::make_unique<DistributedOptimizer<float>>(opts.optim, *ddp_, optimizer_params(), exec_);
+    dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(
+        opts.optim, *ddp_, optimizer_params(), exec_, &grid_->tp());
     if (expert_grads_) expert_grads_->make_optimizer(opts.optim, optimizer_params());
     dist_optimizer_->set_gather_params(opts.zero_stage < 3);
   } else
-    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_);
+    optimizer_ =
+        std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_, &grid_->tp());
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
   batch_schedule_ = opts.batch_schedule;
@@ -344,6 +345,8 @@ void Trainer::load(const std::string& dir) {
       } else {
         dist_optimizer_->set_steps(reader.optimizer().steps);
         if (expert_grads_) expert_grads_->optimizer()->set_steps(reader.optimizer().steps);
+        for (const std::string& name : dist_optimizer_->scalar_names())
+          dist_optimizer_->scalar(name) = reader.optimizer_scalar(name);
       }
     }
     p = reader.progress();
@@ -375,9 +378,10 @@ std::string Trainer::save(MetricsSink& sink) {
     optimizer.name =
         checkpoint_optimizer_name(optimizer_ ? optimizer_->kind() : dist_optimizer_->kind());
     optimizer.steps = optimizer_ ? optimizer_->steps() : dist_optimizer_->steps();
-    if (optimizer_)  // the zoo's scalars (optimizer_zoo.h)
-      for (const std::string& name : optimizer_->scalar_names())
-        optimizer.scalars.emplace_back(name, optimizer_->scalar(name));
+    for (const std::string& name :  // the zoo's scalars (optimizer_zoo.h)
+         optimizer_ ? optimizer_->scalar_names() : dist_optimizer_->scalar_names())
+      optimizer.scalars.emplace_back(
+          name, optimizer_ ? optimizer_->scalar(name) : dist_optimizer_->scalar(name));
   }
   // Every rank writes its part at once (--async-save: from a copy, in the background).
   if (!checkpoint_writer_) checkpoint_writer_ = std::make_unique<CheckpointWriter>(grid_->world());

@@ -105,12 +105,22 @@ void expect_one_line_error(const ProcessResult& r, const std::string& needle) {
 
 TEST(CliOptimizerZoo, SettingsItCannotCombineWithAreRefusedInOneLine) {
   const std::string run = tiny("lamb", "1e-2") + "--train-iters 1 ";
-  expect_one_line_error(run_omnitron(run + "--use-distributed-optimizer"),
-                        "--optimizer lamb does not run with --use-distributed-optimizer yet");
+  expect_one_line_error(run_omnitron(tiny("muon", "1e-2") + "--muon-scalar-optimizer sgd"),
+                        "--muon-scalar-optimizer sgd");
   expect_one_line_error(run_omnitron(tiny("ds.onebitlamb", "1e-2") + "--train-iters 1"),
                         "--optimizer ds.onebitlamb: not built yet");
   expect_one_line_error(run_omnitron(tiny("galoreadamw", "1e-2") + "--galore-proj-type up"),
                         "--galore-proj-type: 'up' is not one of std, reverse_std, left, right");
+  // GaLore and Shampoo keep per-matrix states whole: refused where they would be split.
+  expect_one_line_error(
+      run_omnitron(tiny("shampoo", "1e-2") + "--train-iters 1 --use-distributed-optimizer"),
+      "--optimizer shampoo with --use-distributed-optimizer: not built yet");
+  expect_one_line_error(
+      run_omnitron(tiny("galoreadamw8bit", "1e-2") + "--train-iters 1 --zero-stage 2"),
+      "--optimizer galoreadamw8bit with --zero-stage 2: not built yet");
+  expect_one_line_error(
+      run_omnitron(tiny("galoreadamw", "1e-2") + "--train-iters 1 --tensor-model-parallel-size 2"),
+      "--optimizer galoreadamw with --tensor-model-parallel-size 2: not built yet");
   expect_one_line_error(run_omnitron(tiny("adagrad", "1e-2") + "--train-iters 1"),
                         "is not one of adam (adamw), sgd, lamb, ds.fusedlamb");
 }

@@ -1,5 +1,6 @@
 // The optimizer zoo under mpirun: with data parallelism (every rank steps the whole model on
-// the all-reduced gradients) and pipeline parallelism (each stage steps whole tensors) the
+// the all-reduced gradients, or with --use-distributed-optimizer its shard of it) and
+// pipeline parallelism (each stage steps whole tensors) the
 // losses equal the one-rank run's within 1e-5 relative, and a multi-rank run stopped after 3
 // steps and resumed from its checkpoint (the one-rank model's, with the optimizer's state
 // buffers and schedule-free's scalar state) ends with the weights of the run that was not
@@ -96,14 +97,15 @@ TEST_P(ZooLayouts, LossesMatchOneRankAndResumeIsBitExact) {
   EXPECT_TRUE(a == b) << name_of(c) << ": the resumed run's weights differ";
 }
 
-INSTANTIATE_TEST_SUITE_P(Mpi, ZooLayouts,
-                         ::testing::Values(Case{"adamwschedulefree",
-                                                "--pipeline-model-parallel-size 2"},
-                                           Case{"adam8bit", "--pipeline-model-parallel-size 2"},
-                                           Case{"muon", "--pipeline-model-parallel-size 2"},
-                                           Case{"shampoo", "--pipeline-model-parallel-size 2"},
-                                           Case{"adamwschedulefree", ""}, Case{"lamb", ""}),
-                         [](const auto& info) { return name_of(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Mpi, ZooLayouts,
+    ::testing::Values(Case{"adamwschedulefree", "--pipeline-model-parallel-size 2"},
+                      Case{"adam8bit", "--pipeline-model-parallel-size 2"},
+                      Case{"muon", "--pipeline-model-parallel-size 2"},
+                      Case{"shampoo", "--pipeline-model-parallel-size 2"},
+                      Case{"adamwschedulefree", ""}, Case{"lamb", ""},
+                      Case{"adamwschedulefree", "--use-distributed-optimizer"}),
+    [](const auto& info) { return name_of(info.param); });
 
 }  // namespace
 

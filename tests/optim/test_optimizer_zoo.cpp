@@ -197,7 +197,8 @@ class ZooAgainstTorch : public ::testing::TestWithParam<ZooRun> {};
 TEST_P(ZooAgainstTorch, ParametersAfterOneAndTwentyStepsMatch) {
   const ZooRun& run = GetParam();
   ParameterSet<float> params = tiny_layer();
-  auto optimizer = make_zoo_optimizer(run.config, params);
+  auto optimizer =
+      make_zoo_optimizer(run.config, params, ZooLayout<float>::whole(params.infos(), nullptr));
   for (int step = 1; step <= kSteps; ++step) {
     set_gradients(params, step);
     optimizer->step(params, lr_at(run, step), step);

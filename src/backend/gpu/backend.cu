@@ -215,6 +215,14 @@ class Backend final : public GpuBackend {
     gpu::sgd_update(w, g, m, n, static_cast<float>(lr), static_cast<float>(momentum),
                     static_cast<float>(weight_decay));
   }
+  void zoo_update(const ops::ZooStep& step, float* w, const float* g, float* s0, float* s1,
+                  float* s2, size_t n) const override {
+    gpu::zoo_update(step, w, g, s0, s1, s2, n);
+  }
+  void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
+    gpu::gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
   double count_zeros(const float* x, size_t n) const override { return gpu::count_zeros(x, n); }
   double sum_squares(const float* x, size_t n) const override {
     return gpu::sum_squares(&x, &n, 1);

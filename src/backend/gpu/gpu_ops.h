@@ -229,6 +229,14 @@ void adamw_update(float* params, T* model_copy, const float* grads, float* exp_a
 void sgd_update(float* params, const float* grads, float* momentum_buf, size_t n, float lr,
                 float momentum, float weight_decay, Stream stream = nullptr);
 
+// One element-wise step of the optimizer zoo (backend/op_types.h's ZooStep), fp32.
+void zoo_update(const ops::ZooStep& step, float* w, const float* g, float* s0, float* s1, float* s2,
+                size_t n, Stream stream = nullptr);
+// C[M,N] = alpha op(A) op(B) + beta C in float, row-major (ops::gemm's convention), through
+// blas::gemm (Muon's Newton-Schulz iteration).
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc, Stream stream = nullptr);
+
 // The op seam's GPU half (backend/gpu_backend.h) over these ops, on the default stream.
 const ::omni::GpuBackend& backend();
 

@@ -1,0 +1,93 @@
+// The optimizer zoo on the GPU (backend/gpu/zoo_optimizer.cu; Muon's Newton-Schulz through
+// the GPU's GEMM) against the same Optimizer<float> on the CPU, the reference: three steps with
+// new gradients each step on tensors with and without weight decay, every parameter and state
+// within 1e-5 (relative) plus 1e-7. LAMB's norms and Muon's products are sums in another
+// order there; the element-wise updates are the same float arithmetic.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "gpu/gpu_test.h"
+#include "optim/optimizer.h"
+#include "optim/optimizer_zoo.h"
+
+namespace omni::gpu_test {
+namespace {
+
+// Muon orthogonalises the wide QKV (three parts) and the tall fc1; the rest take AdamW.
+std::vector<ParamInfo> infos() {
+  return {{"decoder.layers.0.self_attention.linear_qkv.weight", {16, 20}},
+          {"decoder.layers.0.mlp.linear_fc1.weight", {24, 10}},
+          {"decoder.layers.0.mlp.linear_fc1.bias", {24}, ParamInit::Zeros, false},
+          {"decoder.final_layernorm.weight", {37}, ParamInit::Ones, false}};
+}
+
+std::vector<float> device_to_host(const ops::Exec& x, const float* p, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  ops::download(x, out.data(), p, out.size());
+  return out;
+}
+
+TEST(GpuOptimizerZoo, ElementwiseStepsMatchCpu) {
+  OMNI_REQUIRE_GPU();
+  const ops::Exec gpu{&gpu::backend()};
+  for (OptimizerKind kind :
+       {OptimizerKind::Lamb, OptimizerKind::Lion, OptimizerKind::SophiaG,
+        OptimizerKind::AdamWScheduleFree, OptimizerKind::SGDScheduleFree, OptimizerKind::Muon}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    c.weight_decay = 0.1;
+    c.zoo.schedulefree_warmup_steps = 2;
+    c.zoo.qkv_split_shapes = {4, 2, 2};  // Muon: the QKV matrix's query, key and value rows
+    ParameterSet<float> cpu(infos()),
+        dev(infos(), ::omni::Device{DeviceKind::CUDA, 0}, gpu.memory());
+    const std::vector<float> start = random_vector(size_t(cpu.size()), 7, -0.5f, 0.5f);
+    std::copy(start.begin(), start.end(), cpu.values());
+    ops::upload(gpu, dev.values(), start.data(), start.size());
+    Optimizer<float> on_cpu(c, cpu), on_gpu(c, dev, gpu);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> g = random_vector(size_t(cpu.size()), 100 + step, -0.1f, 0.1f);
+      std::copy(g.begin(), g.end(), cpu.grads());
+      ops::upload(gpu, dev.grads(), g.data(), g.size());
+      on_cpu.step(cpu, 1e-2);
+      on_gpu.step(dev, 1e-2);
+    }
+    const std::string name = zoo_optimizer_name(kind);
+    const std::vector<float> want(cpu.values(), cpu.values() + cpu.size());
+    EXPECT_TRUE(close(device_to_host(gpu, dev.values(), dev.size()), want, 1e-5, 1e-7)) << name;
+    for (const std::string& s : on_cpu.state_names()) {
+      const float* w = on_cpu.state_buffer(s);
+      EXPECT_TRUE(close(device_to_host(gpu, on_gpu.state_buffer(s), dev.size()),
+                        std::vector<float>(w, w + cpu.size()), 1e-5, 1e-7))
+          << name << " " << s;
+    }
+    for (const std::string& s : on_cpu.scalar_names())
+      EXPECT_EQ(on_gpu.scalar(s), on_cpu.scalar(s)) << name << " " << s;
+  }
+}
+
+TEST(GpuOptimizerZoo, Adam8bitGaLoreAndShampooAreRefusedOnTheGpuInOneLine) {
+  OMNI_REQUIRE_GPU();
+  const ops::Exec gpu{&gpu::backend()};
+  ParameterSet<float> dev(infos(), ::omni::Device{DeviceKind::CUDA, 0}, gpu.memory());
+  for (OptimizerKind kind : {OptimizerKind::Adam8bit, OptimizerKind::GaLoreAdamW,
+                             OptimizerKind::GaLoreAdamW8bit, OptimizerKind::Shampoo}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    try {
+      Optimizer<float> opt(c, dev, gpu);
+      ADD_FAILURE() << zoo_optimizer_name(kind) << " was not refused";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("--optimizer ") + zoo_optimizer_name(kind) +
+                          " runs on the CPU only in this version; use --device cpu"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace omni::gpu_test
