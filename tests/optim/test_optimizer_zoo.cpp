@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "config/options.h"
 #include "optim/optimizer.h"
 #include "optim/optimizer_zoo.h"
 
@@ -316,6 +317,33 @@ TEST(Adam8bit, QuantisedFirstMomentKeepsItsSign) {
   EXPECT_EQ(code[size_t(state1[2])], 0.0f);
   EXPECT_EQ(code[size_t(state1[3])], 0.0f);
   EXPECT_EQ(optimizer.state_buffer("absmax1")[0], 1.0f - 0.9f);  // (1 - beta1) * 1, in float
+}
+
+// GaLore and Shampoo keep per-matrix states whole: tensor parallelism (which a single process
+// cannot start through the binary) is refused at option time, naming both.
+TEST(OptimizerZoo, GaLoreAndShampooRefuseTensorParallelismInOneLine) {
+  for (const char* opt : {"galoreadamw", "galoreadamw8bitperlayer", "shampoo"}) {
+    Options o;
+    try {
+      parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", opt,
+                     "--tensor-model-parallel-size", "2"},
+                    o);
+      finalize(o);
+      ADD_FAILURE() << opt << " with TP 2 was not refused";
+    } catch (const NotBuiltError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("--optimizer ") + opt +
+                          " with --tensor-model-parallel-size 2: not built yet"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+  Options lamb;  // the rest of the zoo runs with it
+  parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", "lamb",
+                 "--tensor-model-parallel-size", "2"},
+                lamb);
+  EXPECT_NO_THROW(finalize(lamb));
 }
 
 TEST(OptimizerZoo, NamesAndAliasesParse) {
