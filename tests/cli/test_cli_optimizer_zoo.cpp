@@ -3,6 +3,7 @@
 // same weights, bit for bit, as the run that was not stopped; settings the zoo cannot combine
 // with are refused in one line that names the optimizer.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,10 +14,16 @@
 
 namespace {
 
+// Written under this process's own name and renamed, so that tests running in parallel
+// (ctest -j) never read another's half-written file.
 std::string text_file() {
   const std::string path = ::testing::TempDir() + "omnitron_zoo_text.txt";
-  std::ofstream out(path);
-  for (int i = 0; i < 300; ++i) out << "In the beginning was the Word. ";
+  const std::string mine = path + "." + std::to_string(::getpid());
+  {
+    std::ofstream out(mine);
+    for (int i = 0; i < 300; ++i) out << "In the beginning was the Word. ";
+  }
+  std::filesystem::rename(mine, path);
   return path;
 }
 
