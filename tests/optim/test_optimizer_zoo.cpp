@@ -320,8 +320,9 @@ TEST(Adam8bit, QuantisedFirstMomentKeepsItsSign) {
 }
 
 // GaLore and Shampoo keep per-matrix states whole: tensor parallelism (which a single process
-// cannot start through the binary) is refused at option time, naming both.
-TEST(OptimizerZoo, GaLoreAndShampooRefuseTensorParallelismInOneLine) {
+// cannot start through the binary) is refused at option time, naming both; so is expert
+// parallelism for every zoo optimizer with per-tensor state.
+TEST(OptimizerZoo, TensorAndExpertParallelismTheyCannotMatchAreRefusedInOneLine) {
   for (const char* opt : {"galoreadamw", "galoreadamw8bitperlayer", "shampoo"}) {
     Options o;
     try {
@@ -339,6 +340,27 @@ TEST(OptimizerZoo, GaLoreAndShampooRefuseTensorParallelismInOneLine) {
       EXPECT_EQ(what.find('\n'), std::string::npos) << what;
     }
   }
+  // Expert parallelism: only the per-element ones run with it.
+  for (const char* opt : {"lamb", "muon", "adam8bit", "shampoo"}) {
+    Options o;
+    parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", opt, "--num-experts", "2",
+                   "--expert-model-parallel-size", "2"},
+                  o);
+    try {
+      finalize(o);
+      ADD_FAILURE() << opt << " with EP 2 was not refused";
+    } catch (const NotBuiltError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("--optimizer ") + opt +
+                                           " with --expert-model-parallel-size 2: not built yet"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Options lion;
+  parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", "lion", "--num-experts", "2",
+                 "--expert-model-parallel-size", "2"},
+                lion);
+  EXPECT_NO_THROW(finalize(lion));
   Options lamb;  // the rest of the zoo runs with it
   parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", "lamb",
                  "--tensor-model-parallel-size", "2"},
