@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "model/transformer_config.h"
 
 namespace omni::gradient_check {
 
@@ -177,6 +178,33 @@ inline void check_attention(const ops::AttentionDims& d, uint64_t seed) {
   EXPECT_TRUE(gradients_match("dq", dq, numerical_gradient(q, objective)));
   EXPECT_TRUE(gradients_match("dk", dk, numerical_gradient(k, objective)));
   EXPECT_TRUE(gradients_match("dv", dv, numerical_gradient(v, objective)));
+}
+
+// Small enough to check every tensor, large enough that every path carries gradient.
+inline TransformerConfig tiny_gpt2() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.ffn_hidden_size = 32;
+  c.seq_length = 5;
+  c.vocab_size = 11;
+  c.make_vocab_size_divisible_by = 8;  // padded to 16: five rows outside the softmax
+  c.init_method_std = 0.2;
+  return c;  // LayerNorm, learned positions, GELU, biases, tied output layer
+}
+
+inline TransformerConfig tiny_llama() {
+  TransformerConfig c = tiny_gpt2();
+  c.normalization = Normalization::RMSNorm;
+  c.position_embedding_type = PositionEmbedding::Rope;
+  c.swiglu = true;
+  c.ffn_hidden_size = 24;
+  c.group_query_attention = true;
+  c.num_query_groups = 2;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+  return c;
 }
 
 }  // namespace omni::gradient_check

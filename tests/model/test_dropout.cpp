@@ -151,26 +151,11 @@ TEST(AttentionDropout, BackwardMatchesFiniteDifferencesAcrossTheRowBlockBoundary
   check_attention_dropout({1, 70, 2, 1, 2}, 32);
 }
 
+// The gradient checks' tiny models (gradient_check.h), one sequence position longer, with
+// dropout on.
 TransformerConfig tiny(bool llama) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 32;
+  TransformerConfig c = llama ? gradient_check::tiny_llama() : gradient_check::tiny_gpt2();
   c.seq_length = 6;
-  c.vocab_size = 11;
-  c.make_vocab_size_divisible_by = 8;
-  c.init_method_std = 0.2;
-  if (llama) {
-    c.normalization = Normalization::RMSNorm;
-    c.position_embedding_type = PositionEmbedding::Rope;
-    c.swiglu = true;
-    c.ffn_hidden_size = 24;
-    c.group_query_attention = true;
-    c.num_query_groups = 2;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
-  }
   c.hidden_dropout = 0.2;
   c.attention_dropout = 0.3;
   return c;

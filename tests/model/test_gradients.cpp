@@ -27,6 +27,8 @@ using gradient_check::dot;
 using gradient_check::gradients_match;
 using gradient_check::numerical_gradient;
 using gradient_check::TestRng;
+using gradient_check::tiny_gpt2;
+using gradient_check::tiny_llama;
 using gradient_check::Vec;
 
 // What overwritten gradient buffers hold before the backward runs.
@@ -454,33 +456,6 @@ TEST(ClassifierCrossEntropyBackward, GivesMaskedRowsAndPaddedVocabularyNoGradien
 
 constexpr int kModelBatch = 2;
 constexpr uint64_t kModelSeed = 1234;
-
-// Small enough to check every tensor, large enough that every path carries gradient.
-TransformerConfig tiny_gpt2() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 32;
-  c.seq_length = 5;
-  c.vocab_size = 11;
-  c.make_vocab_size_divisible_by = 8;  // padded to 16: five rows outside the softmax
-  c.init_method_std = 0.2;
-  return c;  // LayerNorm, learned positions, GELU, biases, tied output layer
-}
-
-TransformerConfig tiny_llama() {
-  TransformerConfig c = tiny_gpt2();
-  c.normalization = Normalization::RMSNorm;
-  c.position_embedding_type = PositionEmbedding::Rope;
-  c.swiglu = true;
-  c.ffn_hidden_size = 24;
-  c.group_query_attention = true;
-  c.num_query_groups = 2;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  return c;
-}
 
 // The initialiser sets norm weights to 1 and biases to 0, where some gradient terms vanish or
 // cancel; move them off those points.
