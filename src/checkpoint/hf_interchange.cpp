@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/json.h"
+#include "checkpoint/checkpoint_format.h"
 #include "checkpoint/hf_families.h"
 #include "checkpoint/safetensors.h"
 
@@ -188,8 +189,7 @@ std::string shape_text(const HfPiece& p) {
 // shape the mapping expects.
 const ParamInfo& our_param(const TensorMapping& m, const ParamInfo& p, const std::string& source) {
   const Shape& whole = p.global_shape.empty() ? p.shape : p.global_shape;
-  int64_t numel = 1;
-  for (int64_t d : whole) numel *= d;
+  const int64_t numel = checkpoint_format::numel_of(whole);
   const int64_t rows = m.stacked_rows(), cols = m.pieces[0].cols;
   // Ours may stack more than two dimensions (the experts' [E, rows, cols]): rows are all
   // but the last.
@@ -198,8 +198,7 @@ const ParamInfo& our_param(const TensorMapping& m, const ParamInfo& p, const std
                                   (numel == rows * cols || (m.padded && numel >= rows * cols));
   OMNI_REQUIRE(ok, source, ": parameter ", m.ours, " has shape ", shape_str(whole), " but ",
                m.pieces[0].name, (m.pieces.size() > 1 ? " and the rest" : ""), " need ",
-               cols ? "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]"
-                    : "[" + std::to_string(rows) + "]");
+               shape_str(cols ? Shape{rows, cols} : Shape{rows}));
   return p;
 }
 const ParamInfo& our_param(const TensorMapping& m, const ParameterSet<float>& params,

@@ -118,8 +118,7 @@ void ZooLayout<T>::sum_over_parts(std::vector<double>& per_param,
 }
 
 template <typename T>
-void require_whole_layout(OptimizerKind kind, const ParameterSet<T>& params,
-                          const ZooLayout<T>& layout) {
+void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout) {
   const std::string what = std::string("--optimizer ") + zoo_optimizer_name(kind);
   OMNI_REQUIRE(!layout.data_parallel, what,
                " with --use-distributed-optimizer: not built yet: its states are per whole "
@@ -127,8 +126,6 @@ void require_whole_layout(OptimizerKind kind, const ParameterSet<T>& params,
   OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, what,
                " with --tensor-model-parallel-size ", layout.tensor_parallel->size(),
                ": not built yet: it needs every matrix whole; use --tensor-model-parallel-size 1");
-  OMNI_REQUIRE(params.memory() == nullptr && !layout.exec.on_gpu(), what,
-               " on the GPU: not built yet; use --device cpu");
 }
 
 template <typename T>
@@ -175,10 +172,8 @@ template class ZooStates<float>;
 template class ZooStates<double>;
 template struct ZooLayout<float>;
 template struct ZooLayout<double>;
-template void require_whole_layout(OptimizerKind, const ParameterSet<float>&,
-                                   const ZooLayout<float>&);
-template void require_whole_layout(OptimizerKind, const ParameterSet<double>&,
-                                   const ZooLayout<double>&);
+template void require_whole_layout(OptimizerKind, const ZooLayout<float>&);
+template void require_whole_layout(OptimizerKind, const ZooLayout<double>&);
 template std::shared_ptr<ZooOptimizer<float>> make_zoo_optimizer(const OptimizerConfig&,
                                                                  const ParameterSet<float>&,
                                                                  const ZooLayout<float>&);

@@ -106,7 +106,7 @@ class ZooOptimizer {
   // One update at step `step` (1-based) with learning rate `lr`.
   virtual void step(ParameterSet<T>& params, double lr, int64_t step) = 0;
   virtual std::vector<std::string> state_names() const = 0;
-  // A buffer of params.size() elements laid out like the parameters. What is written into
+  // A buffer of layout.state_size elements laid out like the parameters. What is written into
   // it is the state from the next step on.
   virtual T* state_buffer(const std::string& name) = 0;
   virtual std::vector<std::string> scalar_names() const { return {}; }
@@ -138,7 +138,7 @@ std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params,
                                                const ZooLayout<T>& layout);
 // GaLore and Shampoo run on a whole layout only (one rank's view of every tensor, on the
-// CPU): zoo_whole_layout_only says why another is refused.
+// CPU): require_whole_layout says why another is refused.
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
@@ -149,10 +149,10 @@ std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ZooLayout<T>& layout);
 
 // Refuses, in one line naming the optimizer and the setting, a layout that is not one rank's
-// whole model on the CPU (for the optimizers of zoo_whole_only).
+// whole model (for the optimizers of zoo_whole_only; make_zoo_optimizer refuses them on the
+// GPU).
 template <typename T>
-void require_whole_layout(OptimizerKind kind, const ParameterSet<T>& params,
-                          const ZooLayout<T>& layout);
+void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 
 // The 2-D weights of the hidden layers (not the word embeddings or the output layer): the
 // matrices Muon orthogonalises and GaLore projects.

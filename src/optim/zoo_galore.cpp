@@ -213,7 +213,7 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
                                              const ZooLayout<T>& layout) {
-  require_whole_layout(config.kind, params, layout);
+  require_whole_layout(config.kind, layout);
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.galore_rank >= 1, "--galore-rank must be at least 1 (got ", z.galore_rank, ")");
   OMNI_REQUIRE(z.galore_update_proj_gap >= 1, "--galore-update-proj-gap must be at least 1 (got ",

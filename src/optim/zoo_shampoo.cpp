@@ -240,7 +240,7 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ParameterSet<T>& params,
                                               const ZooLayout<T>& layout) {
-  require_whole_layout(config.kind, params, layout);
+  require_whole_layout(config.kind, layout);
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.shampoo_update_freq >= 1, "--shampoo-update-freq must be at least 1 (got ",
                z.shampoo_update_freq, ")");

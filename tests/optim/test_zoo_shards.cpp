@@ -30,7 +30,6 @@ const OptimizerKind kZoo[] = {OptimizerKind::Lamb,
                               OptimizerKind::Adam8bit,
                               OptimizerKind::SophiaG};
 
-// Whole tensors: two matrices Muon orthogonalises (one of them a fused QKV), a bias, a norm.
 // Whole tensors: matrices Muon orthogonalises (a fused QKV of four query groups, SwiGLU's
 // fused [gate; up], a row-parallel one), a bias, a norm.
 std::vector<ParamInfo> whole_infos() {
