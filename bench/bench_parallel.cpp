@@ -8,6 +8,9 @@
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --sp 2   (Ulysses, all-to-all)
 //   build/bench_parallel --moe                             the MoE model on one rank
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --ep 2   expert parallel
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --overlap [--dist-opt]
+//                       gradients reduced while the backward runs (--overlap-grad-reduce), with
+//                       the distributed optimizer (its all-gather overlapped too)
 //   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
@@ -235,6 +238,8 @@ struct Layout {
   int tp = 1, dp = 1, sp = 1;  // sp: Ulysses (--context-parallel-size with --cp-comm-type a2a)
   int ep = 1;
   bool moe = false;
+  bool overlap = false;   // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
+  bool dist_opt = false;  // --use-distributed-optimizer
 };
 
 // The bench's MoE layers (with Layout::moe).
@@ -325,8 +330,11 @@ Args parse_args(int argc, char** argv) {
   Args r;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--compare" || a == "--moe") {
-      (a == "--moe" ? r.layout.moe : r.compare) = true;
+    if (a == "--compare" || a == "--moe" || a == "--overlap" || a == "--dist-opt") {
+      (a == "--moe"        ? r.layout.moe
+       : a == "--overlap"  ? r.layout.overlap
+       : a == "--dist-opt" ? r.layout.dist_opt
+                           : r.compare) = true;
       continue;
     }
     OMNI_REQUIRE(i + 1 < argc, "bench_parallel: ", a, " needs a value");
@@ -345,7 +353,8 @@ Args parse_args(int argc, char** argv) {
       r.warmup = v;
     else
       OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
-                   " (expected --tp, --dp, --sp, --ep, --moe, --steps, --warmup, --compare)");
+                   " (expected --tp, --dp, --sp, --ep, --moe, --overlap, --dist-opt, --steps, "
+                   "--warmup, --compare)");
   }
   OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
                ") must exceed --warmup (", r.warmup, ")");
@@ -354,14 +363,15 @@ Args parse_args(int argc, char** argv) {
 
 // What --compare reads from each measuring run: its last line, printed by rank 0.
 constexpr const char* kResultFormat =
-    "bench_parallel result: median %lf ms, min %lf ms, %lf bytes, %lf analytical, busy %lf\n";
+    "bench_parallel result: median %lf ms, min %lf ms, %lf bytes, %lf analytical, busy %lf, "
+    "exposed %lf ms\n";
 
 // Trains args.steps steps in the layout the world and the arguments give; rank 0 prints.
 void measure(const Args& args) {
   const Layout& layout = args.layout;
   Communicator& world = omni::world_communicator();
-  const int dp = omni::data_parallel_size(world.size(),
-                                          {.tp = layout.tp, .cp = layout.sp, .ep = layout.ep});
+  const int dp =
+      omni::data_parallel_size(world.size(), {.tp = layout.tp, .cp = layout.sp, .ep = layout.ep});
   OMNI_REQUIRE(dp == layout.dp, "bench_parallel: ", world.size(), " ranks with --tp ", layout.tp,
                " and --sp ", layout.sp, " make data parallel ", dp, ", not --dp ", layout.dp);
 
@@ -406,6 +416,9 @@ void measure(const Args& args) {
          "--moe-ffn-hidden-size", "768", "--moe-token-dispatcher-type", "alltoall",
          "--expert-model-parallel-size", std::to_string(layout.ep)},
         o);
+  if (layout.overlap) omni::parse_options({"--overlap-grad-reduce"}, o);
+  if (layout.dist_opt) omni::parse_options({"--use-distributed-optimizer"}, o);
+  if (layout.overlap && layout.dist_opt) omni::parse_options({"--overlap-param-gather"}, o);
   o.data_parallel_size = dp;
   omni::finalize(o);
   const omni::TransformerConfig& m = o.model;
@@ -423,6 +436,11 @@ void measure(const Args& args) {
         "cpu: %s\n",
         world.size(), layout.tp, layout.sp, dp, omni::cpu_threads(),
         omni::cpu_model_name().c_str());
+    if (layout.overlap || layout.dist_opt)
+      std::printf(
+          "gradients: %s%s\n",
+          layout.dist_opt ? "distributed optimizer (reduce-scatter, all-gather)" : "all-reduced",
+          layout.overlap ? ", overlapped with the backward (--overlap-grad-reduce)" : "");
     if (layout.moe)
       std::printf("MoE: every MLP %d experts of width %d, top-%d; expert parallel %d\n",
                   m.num_moe_experts, m.moe_ffn_size(), m.moe_router_topk, layout.ep);
@@ -445,8 +463,10 @@ void measure(const Args& args) {
   for (double s : r.step_seconds) all_steps += s;
   // Every step runs the same calls, so the run's bytes divided by its steps are one step's.
   const double per_step = 1.0 / double(r.step_seconds.size());
+  // Exposed communication: the time spent inside communication calls and waits, per step.
+  const double exposed_ms = 1000 * tally.blocked_seconds * per_step;
   std::vector<double> mine = {tally.total_algorithmic() * per_step, step,
-                              tally.blocked_seconds / all_steps, cpu / all_steps};
+                              tally.blocked_seconds / all_steps, cpu / all_steps, exposed_ms};
   std::vector<double> ranks(mine.size() * world.size());
   world.all_gather(ranks.data(), mine.data(), mine.size());
   if (!lead) return;
@@ -470,22 +490,23 @@ void measure(const Args& args) {
     for (const auto& [key, e] : tally.entries)
       std::printf("%-6s %-15s %10.1f %16.0f %18.0f\n", key.first.c_str(), call_name(key.second),
                   double(e.calls) * per_step, e.payload * per_step, e.algorithmic * per_step);
-    std::printf("\n%-6s %18s %18s %12s %14s %9s %9s\n", "rank", "sent bytes/step", "analytical",
-                "difference", "median ms", "in comm", "busy");
+    std::printf("\n%-6s %18s %18s %12s %14s %9s %11s %9s\n", "rank", "sent bytes/step",
+                "analytical", "difference", "median ms", "in comm", "exposed ms", "busy");
     for (int k = 0; k < world.size(); ++k) {
       const double* v = ranks.data() + k * mine.size();
       most_sent = std::max(most_sent, v[0]);
-      std::printf("%-6d %18.0f %18.0f %12.0f %14.0f %8.0f%% %8.0f%%\n", k, v[0], expected,
-                  v[0] - expected, v[1] * 1000, 100 * v[2], 100 * v[3]);
+      std::printf("%-6d %18.0f %18.0f %12.0f %14.0f %8.0f%% %11.0f %8.0f%%\n", k, v[0], expected,
+                  v[0] - expected, v[1] * 1000, 100 * v[2], v[4], 100 * v[3]);
     }
     std::printf(
         "(in comm: share of all steps' time spent inside communication calls and waits, "
-        "waiting for the other ranks included;\n busy: the rank's CPU time over the same "
+        "waiting for the other ranks included;\n exposed ms: the same time per step;\n busy: the "
+        "rank's CPU time over the same "
         "steps' wall time, in cores: below 100%% per thread, the rank was waiting for a core "
         "or sleeping)\n");
   }
   std::printf(kResultFormat, step * 1000, *std::min_element(timed.begin(), timed.end()) * 1000,
-              most_sent, expected, mine[3]);
+              most_sent, expected, mine[3], exposed_ms);
 }
 
 // Runs the one-rank baseline at 2 and 1 OpenMP threads and DP 2, TP 2, SP 2 under mpirun (one
@@ -500,13 +521,15 @@ void compare(const Args& args) {
   struct Run {
     const char* name;
     std::string command;
-    double ms = 0, min_ms = 0, bytes = 0, analytical = 0, busy = 0;
+    double ms = 0, min_ms = 0, bytes = 0, analytical = 0, busy = 0, exposed = 0;
   };
   const std::string mpirun = "mpirun -np 2 -x OMP_NUM_THREADS=1 ";
   std::vector<Run> runs = {
       {"one rank, 2 threads", "OMP_NUM_THREADS=2 " + common},
       {"one rank, 1 thread", "OMP_NUM_THREADS=1 " + common},
       {"DP 2, 1 thread each", mpirun + common + " --dp 2"},
+      {"DP 2, overlapped", mpirun + common + " --dp 2 --overlap"},
+      {"DP 2, dist-opt, ovl", mpirun + common + " --dp 2 --dist-opt --overlap"},
       {"TP 2, 1 thread each", mpirun + common + " --tp 2"},
       {"SP 2 (Ulysses)", mpirun + common + " --sp 2"},
       {"MoE, one rank", "OMP_NUM_THREADS=1 " + common + " --moe"},
@@ -522,28 +545,30 @@ void compare(const Args& args) {
     while (std::fgets(line, sizeof line, out)) {
       std::fputs(line, stdout);
       found |= std::sscanf(line, kResultFormat, &run.ms, &run.min_ms, &run.bytes, &run.analytical,
-                           &run.busy) == 5;
+                           &run.busy, &run.exposed) == 6;
     }
     const int status = pclose(out);
     OMNI_CHECK(status == 0 && found, "[bench_parallel] ", run.command, " failed (status ", status,
                ")");
   }
-  std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %7s\n", "run", "median ms", "min ms",
-              "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "busy");
-  // The MoE rows (from index 4) against the MoE model on one rank at one thread.
+  std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %8s %7s\n", "run", "median ms", "min ms",
+              "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "exposed", "busy");
+  // The MoE rows against the MoE model on one rank at one thread.
+  const size_t moe_one = runs.size() - 2;
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
     const Run& two = runs[0];
-    const Run& one = i >= 4 ? runs[4] : runs[1];
-    std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %6.0f%%\n", run.name, run.ms,
-                run.min_ms, two.ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
-                100 * run.busy);
+    const Run& one = i >= moe_one ? runs[moe_one] : runs[1];
+    std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %8.0f %6.0f%%\n", run.name,
+                run.ms, run.min_ms, two.ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
+                run.exposed, 100 * run.busy);
   }
   std::printf(
       "(vs: one rank's median step time over this run's, on the same global batch, the MoE rows "
       "against the MoE model's one rank at 1 thread in the 'vs 1 thread' column; sent: the "
       "most any rank sends, algorithmic count (MoE: the analytical count assumes evenly spread "
-      "routing);\n busy: rank 0's CPU time over its wall time, "
+      "routing);\n exposed: ms per step rank 0 spent inside communication calls and waits; busy: "
+      "rank 0's CPU time over its wall time, "
       "in cores: under 100%% per thread, it was waiting for a core this machine's other work "
       "held)\n");
 }
