@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/dropout_words.h"
 #include "backend/cpu/reduce.h"
 #include "backend/dropout_mask.h"
 #include "backend/ops.h"
@@ -154,29 +155,38 @@ void row_block_probabilities(T* P, int ld, const T* qb, int ldq, const T* kb, in
   }
 }
 
-// Attention dropout's factor for each key of row i (head h, sequence b): 1/(1-p) where the
-// mask keeps the probability, else 0; calls f(j, factor) for keys [j0, j1].
-template <typename T, typename F>
-void for_each_dropout_factor(const AttentionDims& d, int b, int h, int i, int j0, int j1, F&& f) {
+// Attention dropout's Philox words for the keys [j0, j1] of row i (head h, sequence b): calls
+// f(j, count, words) for runs of keys j.. j + count - 1, words[m] being key j + m's word (a
+// probability is kept, and scaled by 1/(1-p), where its word is at least the threshold).
+// Under context parallelism the block's keys are two runs of consecutive positions.
+template <typename F>
+void for_each_dropout_run(const AttentionDims& d, int b, int h, int i, int j0, int j1, F&& f) {
   const DropoutKey& k = d.dropout;
-  const T scale = T(k.scale());
   const int64_t sample = k.first_sample + b;
-  dropout::Block blk{};
-  uint64_t loaded = ~uint64_t{0};
-  for (int j = j0; j <= j1; ++j) {
-    const uint64_t e = dropout::attention_element(k, d.seq, h, i, j);
-    if ((e >> 2) != loaded) loaded = e >> 2, blk = dropout::block(k, sample, loaded);
-    f(j, blk.w[e & 3] >= k.threshold ? scale : T(0));
+  const int half = k.cp > 1 ? d.seq / 2 : d.seq;
+  for (int a = j0; a <= j1;) {
+    const int stop = a < half ? std::min(j1 + 1, half) : j1 + 1;
+    dropout::for_each_word_run(
+        k, sample, dropout::attention_element(k, d.seq, h, i, a), stop - a,
+        [&](int64_t at, int64_t count, const uint32_t* w) { f(a + int(at), int(count), w); });
+    a = stop;
   }
 }
 
 // Rows [r0, r1) of probabilities P (leading dimension ld) times their dropout factors.
 template <typename T>
 void drop_probabilities(T* P, int ld, const AttentionDims& d, int b, int h, int r0, int r1) {
+  const T scale = T(d.dropout.scale());
+  const uint32_t threshold = d.dropout.threshold;
   for (int i = r0; i < r1; ++i) {
     T* row = P + static_cast<size_t>(i - r0) * ld;
-    for_each_dropout_factor<T>(d, b, h, i, first_key(d, b, i), last_key(d, b, i),
-                               [&](int j, T z) { row[j] *= z; });
+    for_each_dropout_run(d, b, h, i, first_key(d, b, i), last_key(d, b, i),
+                         [&](int j, int count, const uint32_t* w) {
+                           T* p = row + j;
+#pragma omp simd
+                           for (int m = 0; m < count; ++m)
+                             p[m] = w[m] >= threshold ? p[m] * scale : T(0);
+                         });
   }
 }
 
@@ -279,9 +289,16 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
             const int j0 = first_key(d, b, i), j1 = last_key(d, b, i);
             for (int j = 0; j < kend; ++j)
               if (j < j0 || j > j1) ds[j] = T(0);
-            for_each_dropout_factor<T>(d, b, h, i, j0, j1, [&](int j, T z) {
-              ds[j] = p[j] * (z * ds[j] - D);
-              p[j] *= z;
+            const T keep = T(d.dropout.scale());
+            const uint32_t threshold = d.dropout.threshold;
+            for_each_dropout_run(d, b, h, i, j0, j1, [&](int j, int count, const uint32_t* w) {
+              T *pj = p + j, *dsj = ds + j;
+#pragma omp simd
+              for (int m = 0; m < count; ++m) {
+                const T z = w[m] >= threshold ? keep : T(0);
+                dsj[m] = pj[m] * (z * dsj[m] - D);
+                pj[m] *= z;
+              }
             });
           }
           // dV[0:kend] += (P Z)^T dO

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/dropout_words.h"
 #include "backend/cpu/reduce.h"
 #include "backend/dropout_mask.h"
 #include "backend/ops.h"
@@ -33,15 +34,14 @@ void dropout(T* x, int rows, int width, int seq, const DropoutKey& k) {
     const int64_t n = k.first_row + r;
     const int64_t sample = k.first_sample + n / seq;
     const int64_t pos = dropout::sequence_position(int(n % seq), seq, k.cp, k.cp_rank);
-    const uint64_t first = uint64_t(pos) * uint64_t(width);
     T* row = x + size_t(r) * width;
-    dropout::Block blk{};
-    uint64_t loaded = ~uint64_t{0};
-    for (int c = 0; c < width; ++c) {
-      const uint64_t e = first + uint64_t(c);
-      if ((e >> 2) != loaded) loaded = e >> 2, blk = dropout::block(k, sample, loaded);
-      row[c] = blk.w[e & 3] >= k.threshold ? row[c] * scale : T(0);
-    }
+    dropout::for_each_word_run(k, sample, uint64_t(pos) * uint64_t(width), width,
+                               [&](int64_t at, int64_t count, const uint32_t* w) {
+                                 T* y = row + at;
+#pragma omp simd
+                                 for (int64_t c = 0; c < count; ++c)
+                                   y[c] = w[c] >= k.threshold ? y[c] * scale : T(0);
+                               });
   }
 }
 
