@@ -313,6 +313,25 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "Megatron's 24 B s h^2 L (1 + G/H + s/h + F'/h) + 6 B s h V split over TP x CP x DP, x 4/3 "
       "for recomputed layers, / (peak x efficiency)");
   const double tokens = double(l.micro_batch) * c.seq_length / l.cp;
+  // Dropout's masks, where the device draws them outside its matrix products: per layer and
+  // micro-batch the causal half of the attention probabilities of this rank's heads and
+  // queries, and the attention block's and MLP's outputs (each TP rank all its tokens'
+  // unless SP), drawn in the forward, again in the backward and in a recomputed forward.
+  const double attn_masks = c.attention_dropout > 0
+                                ? tokens * (c.num_attention_heads / l.tp) * (c.seq_length + 1) / 2.0
+                                : 0.0;
+  const double hidden_masks =
+      c.hidden_dropout > 0 ? 2 * tokens * c.hidden_size / (l.sequence_parallel ? l.tp : 1) : 0.0;
+  const double masks = double(M) * (2 * slow_layers + slow_rc) * (attn_masks + hidden_masks);
+  const bool drops = masks > 0 && d.dropout_gelems > 0;
+  tim("dropout", drops ? masks / (d.dropout_gelems * 1e9) : 0.0,
+      masks == 0 ? "none: --hidden-dropout and --attention-dropout 0"
+      : !drops   ? "fused into the attention and bias-dropout-add kernels: not counted"
+                 : sfmt("%.0fM mask elements (%d micro-batches x %d layers%s) at %.2f G/s",
+                        masks / 1e6, M, slow_layers,
+                      slow_rc ? sfmt(", %d recomputed", slow_rc).c_str() : "", d.dropout_gelems),
+      "per layer: b s/CP (H/TP) (s+1)/2 attention probabilities + 2 b s/CP h outputs (/TP under "
+      "SP), forward, backward and recomputed forward, at the measured mask rate");
   const double act_bytes = tokens * c.hidden_size * eb;
   std::string tp_link, cp_link, dp_link, pp_link;
   const double tp_bw = link_gbps(d, l.tp, &tp_link);

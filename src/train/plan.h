@@ -38,7 +38,10 @@ struct PlanDevice {
   double compute_efficiency = 0.55;
   double link_efficiency = 0.8;
   bool host_memory = false;  // cpu: ranks share the host; bf16 is stored and computed as fp32
-  std::string source;        // where the figures come from
+  // Dropout mask elements per second drawn outside fused kernels (billions); 0: the device
+  // applies dropout inside its attention and bias-dropout-add kernels, at no counted time.
+  double dropout_gelems = 0;
+  std::string source;  // where the figures come from
 };
 
 // The names plan_device() knows, for messages and --help.

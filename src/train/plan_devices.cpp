@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "backend/ops.h"
 #include "base/error.h"
 #include "train/plan.h"
 
@@ -86,6 +87,24 @@ double measure_copy_gbps() {
   return 2.0 * double(n) / best / 1e9;  // read and write
 }
 
+// Billions of dropout mask elements per second: the hidden dropout op on a 4M-element buffer
+// (the best of a few), which draws its Philox words as the CPU attention kernel draws those
+// of the attention probabilities.
+double measure_dropout_gelems() {
+  const int rows = 1024, width = 4096;
+  std::vector<float> x(size_t(rows) * width, 1.f);
+  const ops::DropoutKey k = ops::dropout_key(0.1, 1234, 0, 0, ops::DropoutSite::MlpOutput);
+  ops::dropout<float>(x.data(), rows, width, rows, k);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ops::dropout<float>(x.data(), rows, width, rows, k);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return double(rows) * width / best / 1e9;
+}
+
 double host_memory_gib() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -102,6 +121,7 @@ PlanDevice measured_cpu(int ranks_on_host) {
   const int ranks = std::max(1, ranks_on_host);
   const double gflops = measure_sgemm_gflops();
   const double copy = measure_copy_gbps();
+  const double masks = measure_dropout_gelems();
   d.name = "cpu";
   d.description = cpu_model_name() + ", " + std::to_string(cpu_threads()) + " threads";
   // The CPU backend stores and multiplies bf16 as fp32: one rate for both, shared by the
@@ -109,6 +129,7 @@ PlanDevice measured_cpu(int ranks_on_host) {
   d.bf16_tflops = d.fp32_tflops = gflops / 1000.0 / ranks;
   d.memory_gib = host_memory_gib() / ranks;
   d.hbm_gbps = copy / ranks;
+  d.dropout_gelems = masks / ranks;
   d.intra_gbps = copy / 4;  // MPI's shared memory copies into a segment and out of it
   d.inter_gbps = 12.5;      // an assumed 100 Gb/s Ethernet to another host
   d.ranks_per_node = ranks;
@@ -119,9 +140,10 @@ PlanDevice measured_cpu(int ranks_on_host) {
   d.host_memory = true;
   char text[256];
   std::snprintf(text, sizeof text,
-                "measured now: sgemm %.0f GFLOP/s (as omnitron info), copy %.1f GB/s, %.1f GiB "
-                "of memory, shared by %d rank%s; network assumed 100 Gb/s",
-                gflops, copy, host_memory_gib(), ranks, ranks == 1 ? "" : "s");
+                "measured now: sgemm %.0f GFLOP/s (as omnitron info), copy %.1f GB/s, dropout "
+                "masks %.2f G elements/s, %.1f GiB of memory, shared by %d rank%s; network "
+                "assumed 100 Gb/s",
+                gflops, copy, masks, host_memory_gib(), ranks, ranks == 1 ? "" : "s");
   d.source = text;
   return d;
 }
