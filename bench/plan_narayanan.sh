@@ -28,7 +28,8 @@ while read -r params heads hidden layers tp pp gpus batch published; do
     --num-attention-heads "$heads" --seq-length 2048 --max-position-embeddings 2048 \
     --vocab-size 51200 --machine A100 --gpus "$gpus" --tensor-model-parallel-size "$tp" \
     --pipeline-model-parallel-size "$pp" --micro-batch-size "$MICRO" \
-    --global-batch-size "$batch" --fp16 --recompute-granularity full 2>&1 || true)
+    --global-batch-size "$batch" --fp16 --recompute-granularity full \
+    --attention-backend local --scatter-gather-p2p 2>&1 || true)
   step_ms=$(awk '$1 == "step" && $2 + 0 > 0 { print $2 }' <<<"$out")
   gib=$(awk '$1 == "total" { print $2 }' <<<"$out")
   if [ -z "$step_ms" ]; then echo "$params B: $out"; continue; fi

@@ -31,7 +31,7 @@ struct PlanFlags {
   int gpus = 0;         // 0: TP x CP x PP (one data-parallel replica)
   int ranks_per_node = 0;
   double efficiency = 0;
-  bool search = false, explain = false;
+  bool search = false, explain = false, scatter_gather = false;
   int top = 10;
 };
 
@@ -79,6 +79,8 @@ PlanFlags take_plan_flags(std::vector<std::string>& args) {
       f.search = true;
     } else if (a == "--explain") {
       f.explain = true;
+    } else if (a == "--scatter-gather-p2p") {
+      f.scatter_gather = true;
     } else if (i == 0 && !a.empty() && a[0] != '-') {
       rest.insert(rest.end(), {"--model", a});
     } else {
@@ -157,7 +159,7 @@ int plan(const std::vector<std::string>& raw_args) {
     std::printf(
         "usage: omnitron plan [MODEL] [--model NAME|FILE.yaml] [--config FILE.yaml] "
         "[--machine NAME] [--gpus N] [--gpus-per-node N] [--search [--top K]] [--explain] "
-        "[--compute-efficiency F] [train's options]\n"
+        "[--compute-efficiency F] [--scatter-gather-p2p] [train's options]\n"
         "Predicts each rank's memory and the step time of a training run, each figure with "
         "where it comes from (--explain: its formula). The layout is train's flags "
         "(--tensor-model-parallel-size, --pipeline-model-parallel-size, "
@@ -166,6 +168,10 @@ int plan(const std::vector<std::string>& raw_args) {
         "--use-distributed-optimizer, --recompute-granularity, --bf16/--fp16); data parallelism "
         "takes the rest of --gpus.\n"
         "--search lists the fastest layouts of --gpus N that fit.\n"
+        "--compute-efficiency F: one fraction of peak for all the compute (no per-size curve, "
+        "no memory traffic). --scatter-gather-p2p: the pipeline's sends split over the TP "
+        "ranks' links (Megatron 2021). --attention-backend local|unfused: attention that "
+        "materialises its score matrix (Megatron 2021), counted as memory traffic.\n"
         "--machine: %s (default: this machine's GPU if listed, else cpu, measured now).\n"
         "docs/plan.md explains the model.\n",
         devices.c_str());
@@ -222,10 +228,14 @@ int plan(const std::vector<std::string>& raw_args) {
   const std::string machine = flags.machine.empty() ? detected_machine() : flags.machine;
   PlanDevice device = plan_device(machine, gpus);
   if (flags.ranks_per_node > 0) device.ranks_per_node = flags.ranks_per_node;
-  if (flags.efficiency > 0) device.compute_efficiency = flags.efficiency;
+  if (flags.efficiency > 0) {  // one fraction of peak for all the compute, as on the CPU
+    device.compute_efficiency = flags.efficiency;
+    device.gemm_efficiency.clear();
+  }
 
   // --search lays out the GPUs itself: the base layout keeps only the batch and precision.
   PlanLayout layout = plan_layout(o, flags.search ? model_ranks : gpus);
+  layout.scatter_gather_p2p = flags.scatter_gather;
   if (flags.search) {
     layout.gpus = gpus;
     const PlanSearch found = search_plans(o.model, layout, device, flags.top);

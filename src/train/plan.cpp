@@ -98,12 +98,18 @@ double gather_seconds(double bytes, int n, double gbps) {  // all-gather or redu
 }
 
 // The link a group uses: within a node when its ranks (the group's span in the rank order
-// tp-cp-dp-pp, leftmost fastest) fit in one, else the network.
-double link_gbps(const PlanDevice& d, int span, std::string* which) {
+// tp-cp-dp-pp, leftmost fastest, its members `stride` apart) fit in one, else the network. A
+// group with k members in each node crosses nodes over k NICs at once (NCCL and RCCL spread
+// a ring's channels over the node's NICs), up to the node's own links.
+double link_gbps(const PlanDevice& d, int span, int stride, std::string* which) {
   const bool intra = span <= d.ranks_per_node;
-  *which = intra ? sfmt("%.0f GB/s in the node", d.intra_gbps * d.link_efficiency)
-                 : sfmt("%.1f GB/s across nodes", d.inter_gbps * d.link_efficiency);
-  return (intra ? d.intra_gbps : d.inter_gbps) * d.link_efficiency;
+  const int k = std::max(1, std::min(span / stride, d.ranks_per_node / stride));
+  const double bw = intra ? d.intra_gbps : std::min(d.intra_gbps, k * d.inter_gbps);
+  *which = intra   ? sfmt("%.0f GB/s in the node", bw * d.link_efficiency)
+           : k > 1 ? sfmt("%.1f GB/s across nodes (%d NICs of the group's node)",
+                          bw * d.link_efficiency, k)
+                   : sfmt("%.1f GB/s across nodes", bw * d.link_efficiency);
+  return bw * d.link_efficiency;
 }
 
 int recomputed_layers(const PlanLayout& l, const std::vector<LayerRange>& chunks) {
@@ -114,6 +120,71 @@ int recomputed_layers(const PlanLayout& l, const std::vector<LayerRange>& chunks
   return n;
 }
 
+// Megatron's matrix products and memory-bound passes of one layer for one micro-batch on one
+// rank, on a GPU: the efficiency of each product by its size (the device's curve), and the
+// bytes that the elementwise kernels and a materialised attention move.
+struct LayerCost {
+  bool flat = true;  // one fraction of peak, no traffic (the CPU, --compute-efficiency)
+  double gemm_eff = 1, logits_eff = 1;
+  double elementwise_fwd = 0, scores_fwd = 0, scores_bwd = 0;  // bytes
+  std::string gemm_why, traffic_why;
+};
+
+double curve_efficiency(const PlanDevice& d, double flops) {
+  for (const auto& [gflop, eff] : d.gemm_efficiency)
+    if (flops >= gflop * 1e9) return eff;
+  return d.gemm_efficiency.back().second;
+}
+
+bool materialised_attention(const PlanLayout& l) {
+  return l.attention_backend == "local" || l.attention_backend == "unfused";
+}
+
+LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const PlanDevice& d, int eb) {
+  LayerCost k;
+  if (d.host_memory || d.gemm_efficiency.empty()) {
+    k.gemm_eff = k.logits_eff = d.compute_efficiency;
+    return k;
+  }
+  k.flat = false;
+  const double N = double(l.micro_batch) * c.seq_length / l.cp, h = c.hidden_size;
+  const double Hd = double(c.num_attention_heads / l.tp) * c.head_dim();
+  const double Gd = double(c.query_groups() / l.tp) * c.head_dim();
+  const double F = double(c.ffn_size()) / l.tp;
+  const double heads = c.num_attention_heads / l.tp;
+  const double score_elems = double(l.micro_batch) * heads * (c.seq_length / l.cp) * c.seq_length;
+  // Forward products: QKV, output projection, fc1 (twice as wide under SwiGLU), fc2, and the
+  // two attention products; the backward's have the same shapes.
+  const double f[] = {2 * N * h * (Hd + 2 * Gd),          2 * N * Hd * h,
+                      2 * N * h * F * (c.swiglu ? 2 : 1), 2 * N * F * h,
+                      2 * score_elems * c.head_dim(),     2 * score_elems * c.head_dim()};
+  double sum = 0, time = 0, largest = 0;
+  for (double x : f) sum += x, time += x / curve_efficiency(d, x), largest = std::max(largest, x);
+  k.gemm_eff = sum / time;
+  const double logit_f = 2 * N * h * c.padded_vocab_size() / l.tp;
+  k.logits_eff = curve_efficiency(d, logit_f);
+  k.gemm_why =
+      sfmt("FLOP-weighted over products of up to %.3g GFLOP per micro-batch", largest / 1e9);
+  // Elementwise, forward: two norms (read, write), two bias-dropout-adds (read the output and
+  // the residual, write; a 1-byte mask with dropout) over N h (N h / TP under SP), the
+  // activation over N F' (GELU reads and writes; SwiGLU reads two halves).
+  const double rows = N * h / (l.sequence_parallel ? l.tp : 1);
+  k.elementwise_fwd =
+      rows * (10.0 * eb + (c.hidden_dropout > 0 ? 2 : 0)) + N * F * eb * (c.swiglu ? 3 : 2);
+  k.traffic_why = "norms, bias-dropout-adds, activation";
+  if (materialised_attention(l)) {
+    // The QK^T product writes the scores; the fused scale-mask-softmax reads and writes them;
+    // dropout reads them and writes its output and a 1-byte mask; the PV product reads it.
+    // Backward: the PV product writes dP and reads P for dV; dropout's backward reads dP and
+    // the mask and writes; softmax's reads the gradient and P and writes dS; dQ and dK read it.
+    const bool drop = c.attention_dropout > 0;
+    k.scores_fwd = score_elems * (drop ? 6.0 * eb + 1 : 4.0 * eb);
+    k.scores_bwd = score_elems * (drop ? 9.0 * eb + 1 : 7.0 * eb);
+    k.traffic_why += sfmt(", the %s score matrix (--attention-backend %s)",
+                          millions(score_elems).c_str(), l.attention_backend.c_str());
+  }
+  return k;
+}
 }  // namespace
 
 std::string PlanLayout::describe() const {
@@ -163,6 +234,7 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   l.first_stage_layers = o.decoder_first_pipeline_num_layers;
   l.last_stage_layers = o.decoder_last_pipeline_num_layers;
   l.precision = o.bf16 ? "bf16" : o.fp16 ? "fp16" : "fp32";
+  l.attention_backend = o.attention_backend;
   return l;
 }
 
@@ -289,29 +361,53 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const double logits = 6.0 * l.global_batch * double(c.seq_length) * c.hidden_size * V;
   const double per_layer = (flops - logits) / c.num_layers;
   const double peak = (l.precision == "fp32" ? d.fp32_tflops : d.bf16_tflops) * 1e12;
-  const double rate = peak * d.compute_efficiency;
   const double split = double(l.tp) * l.cp * l.dp;
-  double slowest = 0;
+  const LayerCost lc = layer_cost(c, l, d, eb);
+  const double hbm = d.hbm_gbps * 1e9 * d.hbm_efficiency;
+  // One layer over the step's micro-batches on one rank: its matrix products and its memory
+  // traffic (forward, backward), and what a recomputed forward adds.
+  const double layer_s = per_layer / split / (peak * lc.gemm_eff) +
+                         M * (3 * lc.elementwise_fwd + lc.scores_fwd + lc.scores_bwd) / hbm;
+  const double recompute_s =
+      per_layer / split / 3 / (peak * lc.gemm_eff) + M * (lc.elementwise_fwd + lc.scores_fwd) / hbm;
+  const double logits_s = logits / split / (peak * lc.logits_eff);
+  double t_compute = 0, slowest = 0;
   int slow_stage = 0, slow_layers = 0, slow_rc = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
     const std::vector<LayerRange> ch = plan_stage_layers(c, l, stage);
     int n = 0;
     for (const LayerRange& r : ch) n += r.size();
     const int rcs = recomputed_layers(l, ch);
-    const double f = (per_layer * (n + rcs / 3.0) + (stage == l.pp - 1 ? logits : 0)) / split;
-    if (f > slowest) slowest = f, slow_stage = stage, slow_layers = n, slow_rc = rcs;
+    const bool last = stage == l.pp - 1;
+    const double t = n * layer_s + rcs * recompute_s + (last ? logits_s : 0);
+    if (t > t_compute) {
+      t_compute = t, slow_stage = stage, slow_layers = n, slow_rc = rcs;
+      slowest = (per_layer * (n + rcs / 3.0) + (last ? logits : 0)) / split;
+    }
   }
-  const double t_compute = slowest / rate;
+  const double traffic =
+      M * (slow_layers * (3 * lc.elementwise_fwd + lc.scores_fwd + lc.scores_bwd) +
+           slow_rc * (lc.elementwise_fwd + lc.scores_fwd));
   auto tim = [&](std::string name, double v, std::string why, std::string formula) {
     p.time.push_back({std::move(name), v, std::move(why), std::move(formula)});
   };
+  const std::string stage_what =
+      sfmt("%s on stage %d (%d layers%s%s)", flop(slowest).c_str(), slow_stage, slow_layers,
+           slow_rc ? sfmt(", %d recomputed", slow_rc).c_str() : "",
+           slow_stage == l.pp - 1 ? " + logits" : "");
   tim("compute", t_compute,
-      sfmt("%s on stage %d (%d layers%s%s) at %.0f%% of %s/s %s", flop(slowest).c_str(), slow_stage,
-           slow_layers, slow_rc ? sfmt(", %d recomputed", slow_rc).c_str() : "",
-           slow_stage == l.pp - 1 ? " + logits" : "", 100 * d.compute_efficiency,
-           flop(peak).c_str(), l.precision.c_str()),
+      lc.flat ? sfmt("%s at %.0f%% of %s/s %s", stage_what.c_str(), 100 * d.compute_efficiency,
+                     flop(peak).c_str(), l.precision.c_str())
+              : sfmt("%s at %.0f%% of %s/s %s (%s); + %s of memory-bound traffic (%s) at %.0f "
+                     "GB/s",
+                     stage_what.c_str(), 100 * lc.gemm_eff, flop(peak).c_str(), l.precision.c_str(),
+                     lc.gemm_why.c_str(), gib(traffic).c_str(), lc.traffic_why.c_str(), hbm / 1e9),
       "Megatron's 24 B s h^2 L (1 + G/H + s/h + F'/h) + 6 B s h V split over TP x CP x DP, x 4/3 "
-      "for recomputed layers, / (peak x efficiency)");
+      "for recomputed layers, at the matrix products' efficiency (GPUs: by each product's GFLOP "
+      "per micro-batch, FLOP-weighted; CPU: one measured fraction); GPUs add per layer and "
+      "micro-batch the elementwise passes (norms, bias-dropout-adds, activation: forward, x2 "
+      "backward, again when recomputed) and, with --attention-backend local/unfused, the b (H/TP) "
+      "s^2 score matrix's writes and reads, at the memory bandwidth");
   const double tokens = double(l.micro_batch) * c.seq_length / l.cp;
   // Dropout's masks, where the device draws them outside its matrix products: per layer and
   // micro-batch the causal half of the attention probabilities of this rank's heads and
@@ -334,7 +430,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "SP), forward, backward and recomputed forward, at the measured mask rate");
   const double act_bytes = tokens * c.hidden_size * eb;
   std::string tp_link, cp_link, dp_link, pp_link;
-  const double tp_bw = link_gbps(d, l.tp, &tp_link);
+  const double tp_bw = link_gbps(d, l.tp, 1, &tp_link);
   const int ar_per_layer = 4 + (slow_rc ? 2 : 0);
   const double t_tp =
       double(M) * slow_layers * ar_per_layer * all_reduce_seconds(act_bytes, l.tp, tp_bw);
@@ -348,7 +444,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "bytes) of b s/CP h, + 2 under full recompute; ring: 2 (TP-1)/TP x bytes / bandwidth; not "
       "overlapped");
   const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
-  const double cp_bw = link_gbps(d, l.tp * l.cp, &cp_link);
+  const double cp_bw = link_gbps(d, l.tp * l.cp, l.tp, &cp_link);
   const double t_cp = l.cp > 1 ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) * (l.cp - 1) *
                                      kv_bytes / (cp_bw * 1e9)
                                : 0.0;
@@ -360,7 +456,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                  M, slow_layers, 3 + (slow_rc ? 1 : 0), gib(kv_bytes).c_str(), cp_link.c_str()),
       "forward passes K,V (CP-1) times, backward K,V and their gradients; counted as exposed");
   const int dp_group = l.dp * l.cp;
-  const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, &dp_link);
+  const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp, &dp_link);
   const double grad_bytes = P * (d.host_memory ? 4.0 : sb.grad);
   const double param_bytes = P * (d.host_memory ? 4.0 : sb.param);
   const double t_dp_full = l.distributed_optimizer
@@ -380,14 +476,26 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "ring all-reduce 2 (n-1)/n x bytes / bandwidth, or (n-1)/n each for reduce-scatter and "
       "all-gather; --overlap-grad-reduce hides up to the last backward");
   const double p2p_bytes = act_bytes / (l.sequence_parallel ? l.tp : 1);
-  const double pp_bw = link_gbps(d, l.gpus, &pp_link);
-  const double t_pp = l.pp > 1 ? 2.0 * l.vp * (M + l.pp - 1) * p2p_bytes / (pp_bw * 1e9) : 0.0;
+  const double pp_bw = link_gbps(d, l.gpus, l.gpus, &pp_link);
+  // Megatron 2021's scatter/gather: each TP rank sends 1/TP over its own NIC, the next stage
+  // all-gathers the pieces in its node.
+  const bool sg = l.scatter_gather_p2p && l.tp > 1 && !l.sequence_parallel;
+  std::string tp_intra;
+  const double one_p2p = sg ? p2p_bytes / l.tp / (pp_bw * 1e9) +
+                                  gather_seconds(p2p_bytes, l.tp, link_gbps(d, 1, 1, &tp_intra))
+                            : p2p_bytes / (pp_bw * 1e9);
+  const double t_pp = l.pp > 1 ? 2.0 * l.vp * (M + l.pp - 1) * one_p2p : 0.0;
   tim("PP p2p", t_pp,
       l.pp == 1 ? "none: PP 1"
-                : sfmt("2 x %d chunk%s x (M + PP - 1 = %d) transfers of %s at %s", l.vp,
-                       l.vp > 1 ? "s" : "", M + l.pp - 1, gib(p2p_bytes).c_str(), pp_link.c_str()),
+                : sfmt("2 x %d chunk%s x (M + PP - 1 = %d) transfers of %s at %s%s", l.vp,
+                       l.vp > 1 ? "s" : "", M + l.pp - 1, gib(p2p_bytes).c_str(), pp_link.c_str(),
+                       sg ? sfmt(", scattered over the %d TP ranks' links and all-gathered at %s",
+                                 l.tp, tp_intra.c_str())
+                                .c_str()
+                          : ""),
       "each forward and backward step of the schedule waits for one activation or gradient "
-      "of b s/CP h (/TP under SP)");
+      "of b s/CP h (/TP under SP; with --scatter-gather-p2p 1/TP per link + an all-gather in "
+      "the node), not overlapped");
   const double t_bubble = double(l.pp - 1) / (l.vp * M) * t_compute;
   tim("bubble", t_bubble,
       l.pp == 1 ? "none: PP 1"

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/options.h"
@@ -35,8 +36,16 @@ struct PlanDevice {
   int ranks_per_node = 8;
   // The fraction of peak that training's matrix products sustain, and of the link bandwidth
   // that ring collectives reach (each row says why).
+  // On the CPU (and on a GPU given --compute-efficiency or without gemm_efficiency) one
+  // sustained fraction of peak for all the compute.
   double compute_efficiency = 0.55;
   double link_efficiency = 0.8;
+  // GPUs: the fraction of peak a matrix product of at least `first` GFLOP sustains (largest
+  // first; Calculon's A100/H100 curves, Isaev et al. SC'23), the elementwise and attention-score
+  // traffic at hbm_efficiency of hbm_gbps (their memory efficiency for transfers of 100 MB and
+  // more). Empty: compute_efficiency for everything, no traffic term.
+  std::vector<std::pair<double, double>> gemm_efficiency;
+  double hbm_efficiency = 0.9;
   bool host_memory = false;  // cpu: ranks share the host; bf16 is stored and computed as fp32
   // Dropout mask elements per second drawn outside fused kernels (billions); 0: the device
   // applies dropout inside its attention and bias-dropout-add kernels, at no counted time.
@@ -71,6 +80,14 @@ struct PlanLayout {
   int recompute_num_layers = 0;
   int first_stage_layers = 0, last_stage_layers = 0;  // uneven pipeline split; 0: even
   std::string precision = "fp32";                     // "bf16", "fp16" or "fp32"
+  // --attention-backend: "local" or "unfused" is Megatron's attention that materialises the
+  // b x heads x s x s scores (the 2021 runs'); anything else is flash-style (omnitron's GPU
+  // kernels, cuDNN), no score matrix. The CPU has one attention and ignores it.
+  std::string attention_backend = "auto";
+  // Megatron 2021's scatter/gather of the pipeline's sends (plan's --scatter-gather-p2p): each
+  // TP rank sends 1/TP of the activation over its own NIC, the receivers all-gather it in the
+  // node. omnitron's pipeline sends the whole tensor from every TP rank.
+  bool scatter_gather_p2p = false;
   int micro_batches() const { return global_batch / (micro_batch * dp); }
   std::string describe() const;  // "TP 2 x CP 1 x PP 2 x DP 2, micro-batch 1, ..."
 };
