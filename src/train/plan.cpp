@@ -190,6 +190,7 @@ LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const Plan
 std::string PlanLayout::describe() const {
   std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
   if (vp > 1) s += sfmt(" (VPP %d)", vp);
+  if (ep > 1) s += sfmt(" (EP %d)", ep);
   s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
             global_batch, micro_batches(), micro_batches() == 1 ? "" : "es", precision.c_str());
   if (sequence_parallel) s += ", SP";
@@ -221,6 +222,7 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   l.tp = o.tensor_model_parallel_size, l.cp = o.context_parallel_size;
   l.pp = o.pipeline_model_parallel_size;
   l.dp = data_parallel_size(gpus, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
+  l.ep = o.expert_model_parallel_size;
   l.vp = o.num_layers_per_virtual_pipeline_stage > 0
              ? o.model.num_layers / (l.pp * o.num_layers_per_virtual_pipeline_stage)
              : 1;
@@ -258,15 +260,27 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   OMNI_REQUIRE(l.vp == 1 || l.micro_batches() % l.pp == 0,
                "the interleaved schedule needs the micro-batches (", l.micro_batches(),
                ") to be a multiple of --pipeline-model-parallel-size (", l.pp, ")");
+  OMNI_REQUIRE(l.ep == 1 || (c.num_moe_experts > 0 && c.num_moe_experts % l.ep == 0 &&
+                             (l.dp * l.cp) % l.ep == 0),
+               "--expert-model-parallel-size (", l.ep, ") must divide --num-experts (",
+               c.num_moe_experts, ") and the data-parallel ranks (", l.dp * l.cp, ")");
   const StateBytes sb = state_bytes(l, d);
   const int eb = activation_element_bytes(l, d);
   const int M = l.micro_batches();
 
+  // The routed experts' optimizer states are sharded over the expert-data-parallel group
+  // (DP x CP / EP ranks) instead of DP x CP: what that adds per expert parameter.
+  const int edp = l.dp * l.cp / l.ep;
+  const double expert_extra =
+      l.distributed_optimizer && l.ep > 1
+          ? (d.host_memory ? 8.0 / (l.dp * l.cp) : sb.optim) * (double(l.dp) * l.cp / edp - 1)
+          : 0.0;
   // Memory: the pipeline rank that needs the most.
   double best = -1;
   for (int stage = 0; stage < l.pp; ++stage) {
     const double params = double(plan_rank_parameters(c, l, stage));
     const double total = params * (sb.param + sb.grad + sb.optim) +
+                         double(plan_rank_expert_parameters(c, l, stage)) * expert_extra +
                          double(plan_activation_bytes(c, l, stage, eb)) +
                          double(plan_workspace_bytes(c, l, stage, eb));
     if (total > best) best = total, p.stage = stage;
@@ -291,8 +305,16 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   mem("gradients", P * sb.grad,
       sfmt("%s x %g B (%s)", millions(P).c_str(), sb.grad, sb.grad_why.c_str()),
       "P_rank x bytes(grad)");
-  mem("optimizer", P * sb.optim,
-      sfmt("%s x %.3g B: %s", millions(P).c_str(), sb.optim, sb.optim_why.c_str()),
+  const double Pe = double(plan_rank_expert_parameters(c, l, s));
+  mem("optimizer", P * sb.optim + Pe * expert_extra,
+      sfmt("%s x %.3g B: %s%s", millions(P).c_str(), sb.optim, sb.optim_why.c_str(),
+           Pe > 0 && l.ep > 1
+               ? sfmt("; the experts' %s (E/EP %d of %d) over the %d expert-data-parallel "
+                      "ranks%s",
+                      millions(Pe).c_str(), c.num_moe_experts / l.ep, c.num_moe_experts, edp,
+                      l.distributed_optimizer ? "" : " (not sharded: no distributed optimizer)")
+                     .c_str()
+               : ""),
       "P_rank x (state bytes / (DP x CP) with --use-distributed-optimizer)");
   const std::vector<int> slots = plan_slots_in_flight(l, s);
   const double act = double(plan_activation_bytes(c, l, s, eb));
@@ -457,12 +479,21 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "forward passes K,V (CP-1) times, backward K,V and their gradients; counted as exposed");
   const int dp_group = l.dp * l.cp;
   const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp, &dp_link);
-  const double grad_bytes = P * (d.host_memory ? 4.0 : sb.grad);
-  const double param_bytes = P * (d.host_memory ? 4.0 : sb.param);
+  // The routed experts' gradients reduce over the expert-data-parallel group instead (each
+  // of its members EP ranks apart in the data-parallel order).
+  const double grad_bytes = (P - Pe) * (d.host_memory ? 4.0 : sb.grad);
+  const double param_bytes = (P - Pe) * (d.host_memory ? 4.0 : sb.param);
+  std::string edp_link;
+  const double edp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp * l.ep, &edp_link);
+  const double egrad = Pe * (d.host_memory ? 4.0 : sb.grad);
+  const double eparam = Pe * (d.host_memory ? 4.0 : sb.param);
   const double t_dp_full = l.distributed_optimizer
                                ? gather_seconds(grad_bytes, dp_group, dp_bw) +
-                                     gather_seconds(param_bytes, dp_group, dp_bw)
-                               : all_reduce_seconds(grad_bytes, dp_group, dp_bw);
+                                     gather_seconds(param_bytes, dp_group, dp_bw) +
+                                     gather_seconds(egrad, edp, edp_bw) +
+                                     gather_seconds(eparam, edp, edp_bw)
+                               : all_reduce_seconds(grad_bytes, dp_group, dp_bw) +
+                                     all_reduce_seconds(egrad, edp, edp_bw);
   const double backward_one = t_compute / M * 2.0 / 3.0;
   const double t_dp = l.overlap_grad_reduce ? std::max(0.0, t_dp_full - backward_one) : t_dp_full;
   tim("DP grad reduce", t_dp,
@@ -501,12 +532,36 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       l.pp == 1 ? "none: PP 1"
                 : sfmt("(PP-1)/(VPP x M) = %d/(%d x %d) of the compute", l.pp - 1, l.vp, M),
       "Narayanan et al. 2021: the 1F1B pipeline idles (p-1)/(v m) of the ideal time");
-  const double opt_elems = l.distributed_optimizer ? P / dp_group : P;
+  const double opt_elems = l.distributed_optimizer ? (P - Pe) / dp_group + Pe / edp : P;
   const double t_opt = opt_elems * 32.0 / (d.hbm_gbps * 1e9);
   tim("optimizer", t_opt,
       sfmt("AdamW over %s parameters, about 32 B read and written each at %.0f GB/s",
            millions(opt_elems).c_str(), d.hbm_gbps),
       "memory-bound: elements x 32 B / memory bandwidth");
+  // Expert parallelism: each MoE layer's dispatch and combine all-to-alls, forward and
+  // backward (and a recomputed forward's two), of the micro-batch's top-k rows, of which
+  // (EP-1)/EP leave the rank, over the expert-parallel group's link.
+  int moe_layers = 0;
+  {
+    const std::vector<int> moe = c.moe_layer_pattern();
+    for (const LayerRange& r : plan_stage_layers(c, l, slow_stage))
+      for (int i = r.begin; i < r.end; ++i) moe_layers += c.num_moe_experts > 0 && moe[i];
+  }
+  std::string ep_link;
+  const double ep_bw = link_gbps(d, l.tp * l.cp * l.ep, l.tp * l.cp, &ep_link);
+  const double a2a_bytes = tokens * c.moe_router_topk * c.hidden_size * eb;
+  const int a2a = 4 + (slow_rc ? 2 : 0);
+  const double t_ep =
+      l.ep > 1 ? double(M) * moe_layers * a2a * double(l.ep - 1) / l.ep * a2a_bytes / (ep_bw * 1e9)
+               : 0.0;
+  tim("EP all-to-all", t_ep,
+      l.ep == 1 ? "none: EP 1"
+                : sfmt("%d micro-batches x %d MoE layers x %d all-to-alls of %s (top-%d rows), "
+                       "%d/%d of it leaving the rank, at %s",
+                       M, moe_layers, a2a, gib(a2a_bytes).c_str(), c.moe_router_topk, l.ep - 1,
+                       l.ep, ep_link.c_str()),
+      "per MoE layer and micro-batch: dispatch and combine, forward and backward (+2 when "
+      "recomputed), of b s/CP x top-k x h x bytes, (EP-1)/EP of it sent; not overlapped");
   double step = 0;
   for (const PlanFigure& f : p.time) step += f.value;
   tim("step", step,

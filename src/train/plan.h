@@ -72,6 +72,7 @@ struct PlanFigure {
 // The layout of one plan (Options' names; `gpus` is the whole world).
 struct PlanLayout {
   int gpus = 1, tp = 1, cp = 1, pp = 1, vp = 1, dp = 1;
+  int ep = 1;  // --expert-model-parallel-size: MoE layers' experts split over EP of the DP ranks
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
   int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too (CPU, fp32)
@@ -113,6 +114,9 @@ PlanLayout plan_layout(const Options& opts, int gpus);
 // Per-rank parameter count of pipeline rank `stage` (each rank of a tensor-parallel group holds
 // as many), as GPTModel's parameter_layout lays them out.
 int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage);
+// Of those, the routed experts' (E/EP experts of each MoE layer): reduced and, with the
+// distributed optimizer, sharded over the expert-data-parallel group (DP x CP / EP ranks).
+int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout& l, int stage);
 // Activation bytes that GPTModel::activation_bytes() reports on pipeline rank `stage` after a
 // step: residual streams and the tensors each layer keeps, for every micro-batch the schedule
 // holds at once, and recompute's scratch layer. `element_bytes`: the storage type's size.

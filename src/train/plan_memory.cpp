@@ -78,6 +78,18 @@ std::vector<int> plan_slots_in_flight(const PlanLayout& l, int stage) {
   return most;
 }
 
+int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout& l, int stage) {
+  if (c.num_moe_experts == 0) return 0;
+  int64_t per_layer = 0;
+  for (const MoEParamInfo& p : moe_parameter_layout(c))
+    if (is_expert_parameter(p.name)) per_layer += (p.numel() / l.ep + 15) / 16 * 16;
+  const std::vector<int> moe = c.moe_layer_pattern();
+  int64_t n = 0;
+  for (const LayerRange& r : plan_stage_layers(c, l, stage))
+    for (int i = r.begin; i < r.end; ++i) n += moe[i] ? per_layer : 0;
+  return n;
+}
+
 int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage) {
   const int64_t tp = l.tp, C = c.hidden_size, hd = c.head_dim();
   const int64_t H = c.num_attention_heads, G = c.query_groups(), F = c.ffn_size();
@@ -102,7 +114,9 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   // An MoE layer holds its router and experts (and the expert bias) in place of the MLP.
   int64_t moe_instead = 0;
   if (c.num_moe_experts > 0) {
-    for (const MoEParamInfo& p : moe_parameter_layout(c)) moe_instead += tensor(p.numel());
+    // Under expert parallelism the routed experts' tensors hold E/EP experts.
+    for (const MoEParamInfo& p : moe_parameter_layout(c))
+      moe_instead += tensor(is_expert_parameter(p.name) ? p.numel() / l.ep : p.numel());
     if (c.moe_router_enable_expert_bias) moe_instead += tensor(c.num_moe_experts);
     moe_instead -= tensor(fc1_rows * C) + tensor(C * Fl);
     if (c.add_bias_linear) moe_instead -= tensor(C) + tensor(fc1_rows);

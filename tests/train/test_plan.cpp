@@ -14,6 +14,7 @@
 #include "comm/local_communicator.h"
 #include "comm/process_grid.h"
 #include "model/gpt_model.h"
+#include "model/moe_layer.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/layout_run.h"
@@ -158,6 +159,45 @@ TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
       }
     }
   }
+}
+
+// Expert parallelism 2 over two data-parallel ranks: each rank holds half of every MoE layer's
+// experts, as GPTModel allocates them, and the plan's optimizer figure shards the experts over
+// the expert-data-parallel group (1 rank here) and the rest over DP 2.
+TEST(Plan, ExpertParallelMemoryMatchesTheModel) {
+  const TransformerConfig cfg = tiny_moe();
+  PlanLayout l = layout(1, 1, 1, 1, 2, 1, false);
+  l.ep = 2;
+  std::vector<int64_t> params(2), experts(2);
+  run_ranks(2, [&](Communicator& world) {
+    ProcessGrid grid(world, ParallelLayout{.ep = 2});
+    ModelParallel mp;
+    mp.ep = &grid.ep();
+    mp.chunks.push_back({0, cfg.num_layers});
+    GPTModel<float> model(cfg, l.micro_batch, 5, mp);
+    params[world.rank()] = model.params().size();
+    for (const ParamInfo& p : model.params().infos()) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      if (is_expert_parameter(p.name)) experts[world.rank()] += (n + 15) / 16 * 16;
+    }
+  });
+  const int64_t planned = plan_rank_parameters(cfg, l, 0);
+  const int64_t planned_experts = plan_rank_expert_parameters(cfg, l, 0);
+  PlanLayout one = l;
+  one.ep = 1;
+  EXPECT_LT(planned, plan_rank_parameters(cfg, one, 0));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(params[r], planned) << "rank " << r;
+    EXPECT_EQ(experts[r], planned_experts) << "rank " << r;
+  }
+  // fp32 on a GPU row: 8 B of AdamW state per parameter, the dense over DP 2, the experts over
+  // the one expert-data-parallel rank.
+  const Plan p = make_plan(cfg, l, h100());
+  EXPECT_DOUBLE_EQ(p.memory[2].value,
+                   double(planned - planned_experts) * 8 / 2 + double(planned_experts) * 8);
+  EXPECT_GT(p.time[8].value, 0.0);  // the all-to-alls
+  EXPECT_EQ(p.time[8].name, "EP all-to-all");
 }
 
 // The pipeline holds min(PP - stage, M) micro-batches on each rank under 1F1B, and more on the
