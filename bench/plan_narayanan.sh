@@ -4,8 +4,11 @@
 # arXiv 2104.04473), Table 1: GPT models of 1.7 B to 1 T parameters on DGX A100 nodes
 # (8 x A100 80GB, 8 x 200 Gb/s HDR InfiniBand), sequence 2048, vocabulary 51200, fp16,
 # activation recomputation, no interleaving. Their teraFLOP/s per GPU count the recomputed
-# forward too: 96 B s l h^2 (1 + s/6h + V/16lh) per iteration. Prints the plan's figure
-# beside theirs; the issue asks for each within 15 %.
+# forward too: 96 B s l h^2 (1 + s/6h + V/16lh) per iteration. Two switches say how those
+# runs ran: --attention-backend local (Megatron 2021 materialised the attention scores; no
+# flash attention yet) and plan's --scatter-gather-p2p (the paper's section 4.1: each TP rank
+# sends 1/TP of a stage's output over its own NIC). Prints the plan's figure beside theirs;
+# the issue asks for each within 15 % (docs/plan.md has the table and what each part does).
 #   bench/plan_narayanan.sh [path/to/omnitron] [--micro-batch-size N]
 set -euo pipefail
 OMNITRON=${1:-$(dirname "$0")/../build/omnitron}

@@ -8,8 +8,9 @@
 // activations per micro-batch in flight, as the pipeline schedule keeps them), ParameterSet's
 // flat buffers and the optimizer's states, so tests/train/test_plan.cpp compares it with
 // what a small model really allocates. The time model is analytic: Megatron's FLOP formula
-// (train/flops.h) at a sustained fraction of the device's peak, ring collectives at the link
-// bandwidth, and the 1F1B bubble of Narayanan et al. 2021.
+// (train/flops.h) as matrix products at a per-size efficiency of the device's peak plus the
+// memory-bound passes at its memory bandwidth on GPUs (one measured fraction on the CPU), ring
+// collectives at the link bandwidth, and the 1F1B bubble of Narayanan et al. 2021.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +42,9 @@ struct PlanDevice {
   double compute_efficiency = 0.55;
   double link_efficiency = 0.8;
   // GPUs: the fraction of peak a matrix product of at least `first` GFLOP sustains (largest
-  // first; Calculon's A100/H100 curves, Isaev et al. SC'23), the elementwise and attention-score
-  // traffic at hbm_efficiency of hbm_gbps (their memory efficiency for transfers of 100 MB and
-  // more). Empty: compute_efficiency for everything, no traffic term.
+  // first; plan_devices.cpp says where each comes from), the elementwise and attention-score
+  // traffic at hbm_efficiency of hbm_gbps (Calculon's, Isaev et al. SC'23, for transfers of
+  // 100 MB and more). Empty: compute_efficiency for everything, no traffic term.
   std::vector<std::pair<double, double>> gemm_efficiency;
   double hbm_efficiency = 0.9;
   bool host_memory = false;  // cpu: ranks share the host; bf16 is stored and computed as fp32
