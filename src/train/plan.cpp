@@ -499,9 +499,14 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   tim("DP grad reduce", t_dp,
       dp_group == 1
           ? "none: DP x CP 1"
-          : sfmt("%s %s of %s over %d ranks at %s%s",
+          : sfmt("%s %s of %s over %d ranks at %s%s%s",
                  l.distributed_optimizer ? "reduce-scatter + parameter all-gather" : "all-reduce",
                  "of the gradients", gib(grad_bytes).c_str(), dp_group, dp_link.c_str(),
+                 Pe > 0 && l.ep > 1
+                     ? sfmt("; the experts' %s over the %d expert-data-parallel ranks at %s",
+                            gib(egrad).c_str(), edp, edp_link.c_str())
+                           .c_str()
+                     : "",
                  l.overlap_grad_reduce ? ", less the last micro-batch's backward it overlaps"
                                        : ", after the backward (no --overlap-grad-reduce)"),
       "ring all-reduce 2 (n-1)/n x bytes / bandwidth, or (n-1)/n each for reduce-scatter and "
