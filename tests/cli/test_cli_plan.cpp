@@ -71,6 +71,41 @@ TEST(CliPlan, RecomputeShrinksActivations) {
   EXPECT_LT(full, none / 10);
 }
 
+// Expert parallelism: the experts' share and their expert-data-parallel shard, the
+// all-to-alls; an EP that the data-parallel ranks cannot take is a one-line error.
+TEST(CliPlan, ExpertParallelism) {
+  const std::string moe =
+      "plan --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+      "--vocab-size 256 --num-experts 4 --machine H100 --bf16 --use-distributed-optimizer "
+      "--global-batch-size 4 ";
+  const ProcessResult r = run_omnitron(moe + "--gpus 4 --expert-model-parallel-size 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "(EP 2) x DP 4")) << r.output;
+  EXPECT_TRUE(has(r.output, "(E/EP 2 of 4) over the 2 expert-data-parallel ranks")) << r.output;
+  EXPECT_TRUE(has(r.output, "  EP all-to-all ")) << r.output;
+  expect_one_line_error(run_omnitron(moe + "--gpus 2 --expert-model-parallel-size 4"),
+                        "--expert-model-parallel-size (4) must divide --num-experts (4) and the "
+                        "data-parallel ranks (2)");
+}
+
+// How Megatron 2021 ran (bench/plan_narayanan.sh): attention that materialises its scores, and
+// the pipeline's sends scattered over the TP ranks' NICs; neither by default.
+TEST(CliPlan, MegatronTwentyTwentyOneSwitches) {
+  const std::string gpt =
+      "plan --num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+      "--vocab-size 51200 --machine A100 --gpus 32 --tensor-model-parallel-size 8 "
+      "--pipeline-model-parallel-size 4 --fp16 --global-batch-size 16 "
+      "--recompute-granularity full ";
+  const ProcessResult plain = run_omnitron(gpt);
+  EXPECT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_FALSE(has(plain.output, "score matrix")) << plain.output;
+  EXPECT_FALSE(has(plain.output, "scattered over")) << plain.output;
+  const ProcessResult r = run_omnitron(gpt + "--attention-backend local --scatter-gather-p2p");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "score matrix (--attention-backend local)")) << r.output;
+  EXPECT_TRUE(has(r.output, "scattered over the 8 TP ranks' links")) << r.output;
+}
+
 TEST(CliPlan, PrimusExperimentFile) {
   const std::string file =
       std::string(OMNITRON_PRIMUS_SPECS_DIR) + "/examples/megatron/configs/llama3_8B-pretrain.yaml";
