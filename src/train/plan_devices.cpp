@@ -24,9 +24,10 @@ std::string lower(std::string s) {
 // One rank per GPU (per GCD on MI250X, which its runtime shows as two devices). Link figures
 // are per direction: NVLink's and Infinity Fabric's "total bandwidth" is both directions
 // summed, so half of it; the network is the node's NICs shared by its ranks.
-// compute_efficiency 0.55: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 reaches 44-52 % of
-// A100 peak overall, with communication and the bubble included; link_efficiency 0.8: the bus
-// bandwidth nccl-tests and rccl-tests typically report against the link rate.
+// compute_efficiency 0.55 (the AMD rows' matrix products, and --compute-efficiency's default
+// meaning before this table had a curve): Narayanan et al. 2021 (arXiv 2104.04473) Table 1
+// reaches 44-52 % of A100 peak overall; link_efficiency 0.8: the bus bandwidth nccl-tests and
+// rccl-tests typically report against the link rate.
 std::vector<PlanDevice> gpu_table() {
   auto gpu = [](std::string name, std::string description, double bf16, double fp32,
                 double memory_gib, double hbm, double intra, double inter, int per_node,
@@ -44,8 +45,10 @@ std::vector<PlanDevice> gpu_table() {
   // a100_80g.json): 0.6 from 1 GFLOP, 0.1 below. Above, 0.7: the rate that, with the memory
   // traffic and communication counted separately, fits both the smallest and the largest row
   // of Narayanan et al. 2021, Table 1 (1.7 B and 1 T on A100s; docs/plan.md) -- the one
-  // figure here fitted to published throughput, not taken from a data sheet. The AMD rows keep
-  // one fraction (compute_efficiency) for every size.
+  // figure here fitted to published throughput, not taken from a data sheet. H100, H200 and
+  // B200 take the A100's curve unchanged (an extrapolation: no published row checks it), also
+  // for flash attention's products. The AMD rows keep one fraction (compute_efficiency) for
+  // every size.
   const std::vector<std::pair<double, double>> nvidia = {{16, 0.7}, {1, 0.6}, {0, 0.1}};
   auto curved = [&](PlanDevice d) {
     d.gemm_efficiency = nvidia;
