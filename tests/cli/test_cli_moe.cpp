@@ -132,7 +132,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
             "the world of 1 ranks is not divisible by --tensor-model-parallel-size (1) x "
             "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
-            "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism"},
+            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
+            "expert tensor parallelism of another size than tensor parallelism"},
            {"--device cuda",
             "--num-experts 4 with --device cuda: not built yet: mixture of experts on the GPU"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
