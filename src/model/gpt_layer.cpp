@@ -180,7 +180,8 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     if (cfg_.swiglu)
       ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
     else
-      ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
+      ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F,
+                         gelu_form(cfg_));
     dln2 = tp_.column_backward(d_rows, partial, gp.fc1_w, gp.fc1_b, dfc1,
                                a.ln2_full.template data<T>(), p.fc1_w, fc1_out, N);
   }

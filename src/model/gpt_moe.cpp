@@ -11,8 +11,11 @@
 //
 // Context parallelism: the layer sums its balancing losses' token counts over the cp group
 // (MoELayer); the trainer sums what the layers report over dp x cp (train/moe_step.cpp).
-// One rank of tensor parallelism, CPU, float or double (MoELayer's ops run on the host); the
-// constructor refuses the rest.
+// Tensor parallelism (expert tensor parallelism of the same size): every tp rank routes the
+// gathered tokens with the replicated router and holds its slice of each expert's width;
+// layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
+// parallelism), layer_backward their input gradients. CPU, float or double (MoELayer's ops run
+// on the host); the constructor refuses the rest.
 #include <algorithm>
 #include <string>
 #include <type_traits>
