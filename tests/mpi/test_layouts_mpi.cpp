@@ -36,6 +36,7 @@ constexpr int kSteps = 20;
 struct Trained {
   std::vector<double> losses;
   std::vector<float> params;
+  std::vector<double> moe_losses;  // load_balancing_loss and z_loss per step (MoE models)
 };
 
 std::vector<float> params_of(const std::string& model_flags, const fs::path& ckpt) {
@@ -73,7 +74,10 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
         mpirun(ranks, std::string(OMNITRON_BINARY) + " " + args, "-x OMP_NUM_THREADS=1 " + env);
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
-  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt")};
+  std::vector<double> moe = losses_of(dir / "metrics.jsonl", "load_balancing_loss");
+  for (double z : losses_of(dir / "metrics.jsonl", "z_loss")) moe.push_back(z);
+  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt"),
+          moe};
 }
 
 const Trained& reference(const std::string& model) {
@@ -110,6 +114,10 @@ TEST_P(Layouts, MatchTheSingleProcessRun) {
               model.c_str(), c.name, worst_loss, worst_param, largest);
   EXPECT_LE(worst_loss, 1e-5);
   EXPECT_LE(worst_param, 1e-4 * largest);
+  // The balancing losses as logged: each layout's ranks' parts summed to the one-rank values.
+  ASSERT_EQ(got.moe_losses.size(), ref.moe_losses.size());
+  for (size_t i = 0; i < ref.moe_losses.size(); ++i)
+    EXPECT_NEAR(got.moe_losses[i], ref.moe_losses[i], 1e-5 * std::abs(ref.moe_losses[i])) << i;
 }
 
 const Case kCases[] = {
