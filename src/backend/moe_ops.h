@@ -45,6 +45,10 @@ void moe_topk_routing_backward(T* dlogits, const T* dprobs, const T* logits, con
 // grad_scale (its main_loss_backward_scale: the loss scale over the micro-batches).
 template <typename T>
 double moe_aux_loss(T* dlogits, const T* logits, const MoEAuxLossArgs& a, double grad_scale);
+// The counts of moe_aux_loss [sequences (1 for AuxLoss), E]: each sequence's tokens whose
+// top-K scores include e.
+template <typename T>
+std::vector<double> moe_aux_loss_counts(const T* logits, const MoEAuxLossArgs& a);
 // The router z-loss (z_loss_func): coeff * mean_t logsumexp(logits[t])^2; with dlogits
 // non-null adds grad_scale * its gradient.
 template <typename T>

@@ -76,6 +76,7 @@ std::vector<Box> boxes_of(const ParamInfo& p, const Shape& global) {
     Box b{zeros, zeros, p.shape};
     const int d = p.shard_dim;
     b.local_offset[d] = s.local_start, b.global_offset[d] = s.global_start;
+    if (d > 0) b.global_offset[0] = p.dim0_start;
     b.shape[d] = std::clamp<int64_t>(global[d] - s.global_start, 0, s.length);
     if (b.shape[d] > 0) boxes.push_back(std::move(b));
   }

@@ -154,6 +154,8 @@ struct Options {
   // DeepSpeed-Ulysses' all-to-all over heads.
   std::string cp_comm_type = "p2p";
   int expert_model_parallel_size = 1;  // splits each MoE layer's experts (model/moe_layer.h)
+  // Splits each expert's width (0: Megatron's default, --tensor-model-parallel-size).
+  int expert_tensor_parallel_size = 0;
   int num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int num_virtual_stages_per_pipeline_rank = 0;   // the same, as a count (finalize() converts)
   // Uneven pipeline split: the first (last) stage's layers; 0: an even split.

@@ -107,12 +107,16 @@ void finalize_moe(Options& o) {
         throw NotBuiltError(std::string(v.flag) + " with --num-experts", v.feature);
   }
   const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
-  OMNI_REQUIRE(o.tensor_model_parallel_size == 1, experts, " with --tensor-model-parallel-size ",
-               o.tensor_model_parallel_size,
-               ": not built yet: mixture of experts under tensor parallelism");
-  OMNI_REQUIRE(o.context_parallel_size == 1, experts, " with --context-parallel-size ",
-               o.context_parallel_size,
-               ": not built yet: mixture of experts under context parallelism");
+  const int tp = o.tensor_model_parallel_size, etp = o.expert_tensor_parallel_size;
+  OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
+  if (etp != 0 && etp != tp)
+    throw NotBuiltError("--expert-tensor-parallel-size " + std::to_string(etp) +
+                            " with --tensor-model-parallel-size " + std::to_string(tp),
+                        "expert tensor parallelism of another size than tensor parallelism");
+  OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
+               tp,
+               " needs --disable-bias-linear (the experts' biases under tensor parallelism "
+               "are not built yet)");
   OMNI_REQUIRE(o.device != "cuda" && o.device != "hip", experts, " with --device ", o.device,
                ": not built yet: mixture of experts on the GPU (--device cpu trains it)");
 }
@@ -213,7 +217,10 @@ void add_moe_options(std::vector<OptionDef>& t) {
                           "ranks that split each MoE layer's experts, carved out of the "
                           "data-parallel ranks (each keeps its own micro-batches)",
                           [](Options& o) -> int& { return o.expert_model_parallel_size; }));
-  t.push_back(not_built("--expert-tensor-parallel-size", "N", "1", "expert tensor parallelism"));
+  t.push_back(number<int>("--expert-tensor-parallel-size", "N", "parallelism",
+                          "ranks that split each expert's width (default: "
+                          "--tensor-model-parallel-size; only that size is built)",
+                          [](Options& o) -> int& { return o.expert_tensor_parallel_size; }));
   // Router and expert variants that change the numbers: Megatron's defaults are accepted;
   // other values of these are refused at once.
   t.push_back(not_built("--moe-router-dtype", "fp32|fp64", "fp32", kRouterVariants));

@@ -126,7 +126,10 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid,
                p.ln2_w, p.ln2_b, R, C);
   if (cfg_.is_moe_layer(layer)) {  // routed experts in place of the MLP (gpt_moe.cpp)
-    moe_forward(layer, a, tp_.gather_rows(a.ln2_full.template data<T>(), ln2, N), out, mb, g);
+    // Each tensor-parallel rank's part of every token's output, summed as the dense fc2's.
+    T* part = tp_.partial_rows(out, full_.template data<T>());
+    moe_forward(layer, a, tp_.gather_rows(a.ln2_full.template data<T>(), ln2, N), part, mb, g);
+    tp_.reduce_rows(out, part, N);
     hidden_dropout(out, mb, in, g, layer, ops::DropoutSite::MlpOutput);
     ops::add(x_, out, out, mid, size_t(R) * C);
     return;
@@ -164,7 +167,7 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
   const T* dln2 = nullptr;
-  if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp (one tensor-parallel rank)
+  if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp; dx: this tensor-parallel rank's part
     moe_backward(layer, a,
                  tp_.gather_rows(d_full_.template data<T>(),
                                  through_dropout(ops::DropoutSite::MlpOutput), N),

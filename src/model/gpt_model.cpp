@@ -149,10 +149,6 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
     OMNI_REQUIRE(!x_.on_gpu() && (std::is_same_v<T, float> || std::is_same_v<T, double>),
                  "--num-experts: mixture-of-experts layers run on --device cpu in fp32 only "
                  "(not built yet on the GPU or in bf16/fp16)");
-    OMNI_REQUIRE(tp == 1, "--num-experts with --tensor-model-parallel-size ", tp,
-                 ": mixture-of-experts layers under tensor parallelism are not built yet");
-    OMNI_REQUIRE(cp == 1, "--num-experts with --context-parallel-size ", cp,
-                 ": mixture-of-experts layers under context parallelism are not built yet");
     expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
   }
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;

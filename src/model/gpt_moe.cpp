@@ -9,8 +9,13 @@
 // no gradient and no weight decay, so optimizers leave it as it is, and only
 // update_expert_bias changes it, once per global batch.
 //
-// One rank of tensor and context parallelism, CPU, float or double (MoELayer's ops run on the
-// host); the constructor refuses the rest.
+// Context parallelism: the layer sums its balancing losses' token counts over the cp group
+// (MoELayer); the trainer sums what the layers report over dp x cp (train/moe_step.cpp).
+// Tensor parallelism (expert tensor parallelism of the same size): every tp rank routes the
+// gathered tokens with the replicated router and holds its slice of each expert's width;
+// layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
+// parallelism), layer_backward their input gradients. CPU, float or double (MoELayer's ops run
+// on the host); the constructor refuses the rest.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -55,7 +60,8 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 template <typename T>
 struct GPTModel<T>::MoEState {
-  MoEState(const TransformerConfig& c, Communicator* ep) : layer(c, ep) {}
+  MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp)
+      : layer(c, ep, cp, tp) {}
   MoELayer<moe_scalar<T>> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
@@ -64,29 +70,60 @@ template <typename T>
 void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::string& mlp) const {
   // Megatron's inits: output projections (fc2) scaled by 1/sqrt(2 layers), biases zero.
   // Under expert parallelism the experts' tensors hold this rank's experts, a split of the
-  // first dimension (initialised, saved and resharded as the one-rank tensor's slice).
-  const int ranks = parallel_.ep ? parallel_.ep->size() : 1;
+  // first dimension; under tensor parallelism (expert tensor parallelism of the same size,
+  // Megatron's default) each expert's and the shared expert's fc1 are split by output rows
+  // (SwiGLU: this rank's gate rows, then its up rows) and fc2 by input columns, as the dense
+  // MLP's, while the router is replicated (initialised, saved and resharded as the one-rank
+  // tensor's slices).
+  const int ranks = parallel_.ep ? parallel_.ep->size() : 1, tp = tp_.size(), r = tp_.rank();
   OMNI_REQUIRE(cfg_.num_moe_experts % ranks == 0, "--num-experts (", cfg_.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
   const int64_t local = cfg_.num_moe_experts / ranks;
   const int64_t first = local * (parallel_.ep ? parallel_.ep->rank() : 0);
+  // The width F of an fc1 ([.., F1, C]) or fc2 ([.., C, F]) split over the tp ranks.
+  auto split = [&](ParamInfo& e, int dim, int64_t F, bool fc1) {
+    const int64_t Fl = F / tp;
+    if (e.global_shape.empty()) e.global_shape = e.shape;
+    e.shard_dim = dim;
+    e.segments = {{0, r * Fl, Fl}};
+    if (fc1 && cfg_.swiglu) e.segments.push_back({Fl, F + r * Fl, Fl});
+    e.shape[dim] = fc1 && cfg_.swiglu ? 2 * Fl : Fl;
+  };
+  const int64_t F = cfg_.moe_ffn_size(), Fs = cfg_.moe_shared_expert_intermediate_size;
   for (const MoEParamInfo& m : moe_parameter_layout(cfg_)) {
     const bool bias = ends_with(m.name, "bias");
     const ParamInit init = bias                                     ? ParamInit::Zeros
                            : ends_with(m.name, "linear_fc2.weight") ? ParamInit::ScaledNormal
                                                                     : ParamInit::Normal;
     p.emplace_back(mlp + m.name, Shape(m.shape.begin(), m.shape.end()), init, !bias);
-    if (ranks > 1 && is_expert_parameter(p.back().name)) {
-      ParamInfo& e = p.back();
+    ParamInfo& e = p.back();
+    const bool expert = is_expert_parameter(e.name);
+    if (ranks > 1 && expert) {
       e.global_shape = e.shape;
       e.shape[0] = local;
       e.shard_dim = 0;
       e.segments = {{0, first, local}};
     }
+    if (tp == 1) continue;
+    if (expert && ends_with(m.name, "linear_fc1.weight"))
+      split(e, 1, F, true);
+    else if (expert && ends_with(m.name, "linear_fc1.bias"))
+      split(e, 1, F, true);
+    else if (expert && ends_with(m.name, "linear_fc2.weight"))
+      split(e, 2, F, false);
+    else if (ends_with(m.name, "shared_experts.linear_fc1.weight"))
+      split(e, 0, Fs, true);
+    else if (ends_with(m.name, "shared_experts.linear_fc2.weight"))
+      split(e, 1, Fs, false);
+    else  // the router, the shared expert's gate: each rank's gradient is its part's
+      e.tp_replicated = e.tp_partial_grad = true;
+    if (e.shard_dim > 0 && ranks > 1 && expert) e.dim0_start = first;
   }
-  if (cfg_.moe_router_enable_expert_bias)
+  if (cfg_.moe_router_enable_expert_bias) {
     p.emplace_back(mlp + "router.expert_bias", Shape{cfg_.num_moe_experts}, ParamInit::Zeros,
                    false);
+    p.back().tp_replicated = tp > 1;
+  }
 }
 
 template <typename T>
@@ -96,7 +133,7 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
     (void)layer, (void)a, (void)x, (void)out, (void)mb, (void)g;
     OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
   } else {
-    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep);
+    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp);
     MoELayer<T>& m = a.moe->layer;
     const int E = cfg_.num_moe_experts;
     const std::string mlp = layer_prefix(layer) + "mlp.";

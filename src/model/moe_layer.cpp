@@ -162,7 +162,13 @@ MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c) {
 }
 
 template <typename T>
-MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep) : cfg_(config), ep_(ep) {
+MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communicator* cp,
+                      Communicator* tp)
+    : cfg_(config),
+      ep_(ep),
+      cp_(cp && cp->size() > 1 ? cp : nullptr),
+      tp_size_(tp ? tp->size() : 1),
+      tp_rank_(tp ? tp->rank() : 0) {
   validate_moe_config(cfg_);
   E_ = cfg_.num_moe_experts;
   const int ranks = ep ? ep->size() : 1;
@@ -171,9 +177,22 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep) : cfg_(
   local_experts_ = E_ / ranks;
   first_expert_ = (ep ? ep->rank() : 0) * local_experts_;
   C_ = cfg_.hidden_size;
-  F_ = cfg_.moe_ffn_size();
+  const int tp_ranks = tp_size_;
+  OMNI_REQUIRE(cfg_.moe_ffn_size() % tp_ranks == 0 &&
+                   cfg_.moe_shared_expert_intermediate_size % tp_ranks == 0,
+               "--moe-ffn-hidden-size (", cfg_.moe_ffn_size(),
+               ") and --moe-shared-expert-intermediate-size (",
+               cfg_.moe_shared_expert_intermediate_size,
+               ") must be divisible by --tensor-model-parallel-size (", tp_ranks, ")");
+  OMNI_REQUIRE(tp_ranks == 1 || !cfg_.add_bias_linear,
+               "--num-experts with "
+               "--tensor-model-parallel-size ",
+               tp_ranks,
+               " needs --disable-bias-linear (the "
+               "experts' biases under tensor parallelism are not built yet)");
+  F_ = cfg_.moe_ffn_size() / tp_ranks;
   F1_ = cfg_.swiglu ? 2 * F_ : F_;
-  Fs_ = cfg_.moe_shared_expert_intermediate_size;
+  Fs_ = cfg_.moe_shared_expert_intermediate_size / tp_ranks;
   Fs1_ = cfg_.swiglu ? 2 * Fs_ : Fs_;
   K_ = cfg_.moe_router_topk;
   routing_.experts = E_;
@@ -221,11 +240,20 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
       OMNI_REQUIRE(
           a.type != MoELoadBalancing::SeqAuxLoss || (seq_length > 0 && tokens % seq_length == 0),
           "seq_aux_loss: ", tokens, " tokens are not whole sequences of ", seq_length);
+      std::vector<double> counts;
+      if (cp_) {  // the whole sequences' counts
+        counts = ops::moe_aux_loss_counts(logits_.data(), a);
+        cp_->all_reduce(counts.data(), counts.size());
+        a.shards = cp_->size();
+        a.counts = counts.data();
+      }
       stats_.aux_loss = ops::moe_aux_loss(aux_dlogits_.data(), logits_.data(), a, 1.0);
     }
+    // Under context parallelism this rank's part of the mean over the whole sequences
+    // (Megatron divides the coefficient by the tp_cp size; the ranks' tokens are equal).
     if (cfg_.moe_z_loss_coeff > 0)
       stats_.z_loss = ops::moe_z_loss(aux_dlogits_.data(), logits_.data(), tokens, E,
-                                      cfg_.moe_z_loss_coeff, 1.0);
+                                      cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() : 1), 1.0);
   }
 
   // Dispatch, experts, combine.
@@ -378,7 +406,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   }
   ops::moe_topk_routing_backward(dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
                                  routing_);
-  if (!aux_dlogits_.empty()) {
+  if (!aux_dlogits_.empty() && tp_rank_ == 0) {  // once over the tensor-parallel ranks
     const T s = T(aux_loss_grad_scale);
     for (size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s * aux_dlogits_[i];
   }

@@ -98,8 +98,21 @@ template <typename T>
 class MoELayer {
  public:
   // `ep`: the expert-parallel group (null or one rank: every expert here); it must outlive
-  // the layer. UsageError when its size does not divide the experts.
-  explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr);
+  // the layer. UsageError when its size does not divide the experts. `cp`: the
+  // context-parallel group, whose ranks hold the other parts of this rank's sequences (null
+  // or one rank: whole sequences): the load-balancing losses' token counts are summed over
+  // it, and this rank's aux and z losses are its part of the whole sequences' (Megatron's
+  // tp_cp reductions), so the ranks' losses and gradients sum to the one-rank layer's.
+  //
+  // `tp`: the tensor-parallel group (expert tensor parallelism of the same size, Megatron's
+  // default). Every rank routes the micro-batch's whole tokens (x as gathered under sequence
+  // parallelism) with the replicated router, and holds 1/tp of each expert's and the shared
+  // expert's width (fc1 split by rows, fc2 by columns; the parameters' views are this rank's
+  // slices): y and dx are then this rank's parts, for the caller to sum over the group, and
+  // so are the router's and the shared gate's gradients (the balancing losses' gradients
+  // enter on rank 0 only).
+  explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
+                    Communicator* cp = nullptr, Communicator* tp = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -146,6 +159,8 @@ class MoELayer {
   TransformerConfig cfg_;
   int E_, C_, F_, F1_, Fs_, Fs1_, K_;
   Communicator* ep_ = nullptr;
+  Communicator* cp_ = nullptr;
+  int tp_size_ = 1, tp_rank_ = 0;
   int local_experts_ = 0, first_expert_ = 0;  // this rank's experts
   ops::MoERoutingArgs routing_;
   std::vector<T> expert_bias_;

@@ -18,7 +18,8 @@ ParameterSet<T>::ParameterSet(std::vector<ParamInfo> infos, Device device,
     p.numel = 1;
     for (int64_t d : p.shape) p.numel *= d;
     if (p.global_shape.empty()) p.global_shape = p.shape;
-    OMNI_CHECK(p.shard_dim < 2 && p.global_shape.size() == p.shape.size(),
+    OMNI_CHECK(p.shard_dim < int(p.shape.size()) && p.global_shape.size() == p.shape.size() &&
+                   (p.dim0_start == 0 || p.shard_dim > 0),
                "[parameters] bad shard of ", p.name);
     p.offset = offset;
     offset += (p.numel + 15) / 16 * 16;

@@ -33,6 +33,10 @@ struct ParamInfo {
   Shape global_shape;
   int shard_dim = -1;
   std::vector<ShardSegment> segments;
+  // Where this rank's rows of dimension 0 start in the full tensor when dimension 0 is split
+  // too, in one contiguous block (an MoE layer's experts under expert and tensor parallelism:
+  // experts along dimension 0, their widths along shard_dim > 0).
+  int64_t dim0_start = 0;
   // Replicated across tensor-parallel ranks (not split): the gradient norm counts it once.
   // tp_partial_grad: each rank computes only part of its gradient (sequence-parallel norms,
   // per-head qk-norms), so the ranks' gradients are summed before use.
@@ -94,14 +98,17 @@ void ParameterSet<T>::for_each_run(const ParamInfo& p, F&& f) {
     f(int64_t(0), int64_t(0), p.numel);
     return;
   }
-  // Elements per row of the split dimension, and (for columns) the rows above it.
-  int64_t inner = 1;
+  // Elements per row of the split dimension, the rows above it, and those of them in one
+  // row of dimension 0 (the unit of dim0_start).
+  int64_t inner = 1, outer = 1, middle = 1;
   for (size_t d = p.shard_dim + 1; d < p.shape.size(); ++d) inner *= p.shape[d];
-  const int64_t outer = p.shard_dim == 0 ? 1 : p.shape[0];
+  for (int d = 0; d < p.shard_dim; ++d) outer *= p.shape[d];
+  for (int d = 1; d < p.shard_dim; ++d) middle *= p.shape[d];
+  const int64_t first = p.shard_dim == 0 ? 0 : p.dim0_start * middle;
   const int64_t local_n = p.shape[p.shard_dim], global_n = p.global_shape[p.shard_dim];
   for (int64_t o = 0; o < outer; ++o)
     for (const ShardSegment& s : p.segments)
-      f((o * local_n + s.local_start) * inner, (o * global_n + s.global_start) * inner,
+      f((o * local_n + s.local_start) * inner, ((first + o) * global_n + s.global_start) * inner,
         s.length * inner);
 }
 

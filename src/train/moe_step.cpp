@@ -29,7 +29,8 @@ MoEStepMetrics finish_moe_step(GPTModel<T>& model, const ProcessGrid& grid, int 
   std::vector<double> all(r.load_balancing_loss);
   all.insert(all.end(), r.z_loss.begin(), r.z_loss.end());
   all.insert(all.end(), r.tokens_per_expert.begin(), r.tokens_per_expert.end());
-  grid.dp().all_reduce(all.data(), all.size());
+  // Context-parallel ranks report their parts of the same sequences: summed with the rest.
+  grid.dp_cp().all_reduce(all.data(), all.size());
   grid.pp().all_reduce(all.data(), all.size());
   const std::vector<int> pattern = c.moe_layer_pattern();
   const double moe_layers = double(std::count(pattern.begin(), pattern.end(), 1));

@@ -120,10 +120,9 @@ TEST(CliConfig, PrintConfigChecksValuesAsTrainDoes) {
   EXPECT_NE(bad.output.find("--num-layers must be at least 1"), std::string::npos) << bad.output;
   ProcessResult refused = run_omnitron(
       "train --print-config --mock-data --vocab-size 64 "
-      "--expert-tensor-parallel-size 8");
+      "--sample-rate 0.5");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find(
-                "--expert-tensor-parallel-size 8: not built yet: expert tensor parallelism"),
+  EXPECT_NE(refused.output.find("--sample-rate 0.5: not built yet: sub-sampling the training data"),
             std::string::npos)
       << refused.output;
   ProcessResult good = run_omnitron(

@@ -76,7 +76,9 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
   expect_usage_error(kTiny + "--num-experts 8 --expert-tensor-parallel-size 2",
-                     "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism");
+                     "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not "
+                     "built yet: expert tensor parallelism of another size than tensor "
+                     "parallelism");
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -132,7 +133,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
             "the world of 1 ranks is not divisible by --tensor-model-parallel-size (1) x "
             "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
-            "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism"},
+            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
+            "expert tensor parallelism of another size than tensor parallelism"},
            {"--device cuda",
             "--num-experts 4 with --device cuda: not built yet: mixture of experts on the GPU"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
@@ -146,23 +148,33 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
 }
 
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
-TEST(CliMoE, TensorAndContextParallelLayoutsAreRefusedByFinalize) {
-  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
-           {"--tensor-model-parallel-size",
-            "--num-experts 4 with --tensor-model-parallel-size 2: not built yet: mixture of "
-            "experts under tensor parallelism"},
-           {"--context-parallel-size",
-            "--num-experts 4 with --context-parallel-size 2: not built yet: mixture of experts "
-            "under context parallelism"}}) {
+// Context parallelism and tensor parallelism with expert tensor parallelism of the same size
+// are built; other expert tensor-parallel sizes and the experts' biases under tensor
+// parallelism are refused by finalize, in one line naming the flags.
+TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--context-parallel-size 2", ""},
+           {"--tensor-model-parallel-size 2 --disable-bias-linear", ""},
+           {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 2",
+            ""},
+           {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 1",
+            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 2: not built yet: "
+            "expert tensor parallelism of another size than tensor parallelism"},
+           {"--tensor-model-parallel-size 2",
+            "--num-experts 4 with --tensor-model-parallel-size 2 needs --disable-bias-linear (the "
+            "experts' biases under tensor parallelism are not built yet)"}}) {
     Options o;
-    parse_options({"--num-experts", "4", "--mock-data", "--vocab-size", "64", flag, "2"}, o);
+    std::vector<std::string> args = {"--num-experts", "4", "--mock-data", "--vocab-size", "64"};
+    std::istringstream in(flags);
+    for (std::string a; in >> a;) args.push_back(a);
+    parse_options(args, o);
     std::string error;
     try {
       finalize(o);
     } catch (const UsageError& e) {
       error = e.what();
     }
-    EXPECT_EQ(error, message);
+    EXPECT_EQ(error, message) << flags;
   }
 }
 

@@ -100,7 +100,7 @@ TEST(MegatronFlags, EveryRefusedFlagSaysNotBuiltYetAndNamesItsFeature) {
   EXPECT_GT(checked, 200);
 }
 
-TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuiltExpertTensorParallelismRefused) {
+TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuilt) {
   Options o;
   EXPECT_EQ(parse_error({"--num-experts", "8", "--moe-router-topk", "2", "--moe-aux-loss-coeff",
                          "0.01", "--moe-token-dispatcher-type", "alltoall"},
@@ -111,8 +111,8 @@ TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuiltExpertTensorPara
   EXPECT_TRUE(o.notes.empty());
   EXPECT_EQ(parse_error({"--expert-model-parallel-size", "2"}, o), "");
   EXPECT_EQ(o.expert_model_parallel_size, 2);
-  EXPECT_EQ(parse_error({"--expert-tensor-parallel-size", "2"}, o),
-            "--expert-tensor-parallel-size 2: not built yet: expert tensor parallelism");
+  EXPECT_EQ(parse_error({"--expert-tensor-parallel-size", "2"}, o), "");  // finalize checks it
+  EXPECT_EQ(o.expert_tensor_parallel_size, 2);
   EXPECT_EQ(parse_error({"--moe-token-dispatcher-type", "flex"}, o),
             "--moe-token-dispatcher-type flex: not built yet: the flex token dispatcher (DeepEP, "
             "HybridEP)");
@@ -131,13 +131,12 @@ TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuiltExpertTensorPara
 
 TEST(MegatronFlags, AllRefusedFeaturesOfACommandLineAreNamedInOneError) {
   Options o;
-  EXPECT_EQ(
-      parse_error({"--expert-tensor-parallel-size", "8", "--fp8-format", "hybrid", "--seed", "3",
-                   "--multi-latent-attention"},
-                  o),
-      "--expert-tensor-parallel-size 8: not built yet: expert tensor parallelism; --fp8-format "
-      "hybrid: not built yet: fp8 training; --multi-latent-attention: not built yet: "
-      "multi-latent attention (MLA)");
+  EXPECT_EQ(parse_error({"--sample-rate", "0.5", "--fp8-format", "hybrid", "--seed", "3",
+                         "--multi-latent-attention"},
+                        o),
+            "--sample-rate 0.5: not built yet: sub-sampling the training data; --fp8-format "
+            "hybrid: not built yet: fp8 training; --multi-latent-attention: not built yet: "
+            "multi-latent attention (MLA)");
   // An unknown flag is still reported at once, by name.
   EXPECT_NE(parse_error({"--num-experts", "8", "--num-layer", "2"}, o)
                 .find("unknown option "
@@ -168,8 +167,7 @@ TEST(MegatronFlags, TheTableHasOneRowPerFlag) {
 TEST(MegatronFlags, HelpListsNotedAndRefusedFlagsByReason) {
   const std::string help = options_help();
   EXPECT_NE(help.find("Megatron flags accepted with a note"), std::string::npos);
-  EXPECT_NE(help.find("  expert tensor parallelism:\n    --expert-tensor-parallel-size 1"),
-            std::string::npos);
+  EXPECT_NE(help.find("  sub-sampling the training data:\n    --sample-rate 1"), std::string::npos);
   // Readable: no line wider than 100 columns but the built rows' own help.
   std::istringstream in(help.substr(help.find("Megatron flags accepted with a note")));
   for (std::string line; std::getline(in, line);)

@@ -48,7 +48,7 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
 
 TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
   for (const std::vector<std::string>& flag : std::vector<std::vector<std::string>>{
-           {"--multi-latent-attention"}, {"--expert-tensor-parallel-size", "2"}}) {
+           {"--multi-latent-attention"}, {"--sample-rate", "0.5"}}) {
     Options o;
     try {
       parse_options(flag, o);
@@ -62,8 +62,7 @@ TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
 // A YAML file's refused value overridden later on the command line is not refused.
 TEST(MegatronFlags, ALaterValueReplacesAnEarlierRefusedOne) {
   Options o;
-  EXPECT_NO_THROW(parse_options(
-      {"--expert-tensor-parallel-size", "2", "--expert-tensor-parallel-size", "1"}, o));
+  EXPECT_NO_THROW(parse_options({"--sample-rate", "0.5", "--sample-rate", "1"}, o));
   EXPECT_THROW(parse_options({"--dataloader-type", "single", "--dataloader-type", "external"}, o),
                UsageError);
 }

@@ -30,12 +30,14 @@ inline MpiRun mpirun(int ranks, const std::string& program_and_args,
 }
 
 // The training losses a run logged to its metrics file (JSON lines with "lm_loss").
-inline std::vector<double> losses_of(const std::filesystem::path& metrics) {
+inline std::vector<double> losses_of(const std::filesystem::path& metrics,
+                                     const std::string& key = "lm_loss") {
   std::vector<double> losses;
   std::ifstream in(metrics);
+  const std::string field = "\"" + key + "\":";
   for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find("\"lm_loss\":");
-    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 10)));
+    const size_t at = line.find(field);
+    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + field.size())));
   }
   return losses;
 }

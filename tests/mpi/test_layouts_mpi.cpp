@@ -36,6 +36,7 @@ constexpr int kSteps = 20;
 struct Trained {
   std::vector<double> losses;
   std::vector<float> params;
+  std::vector<double> moe_losses;  // load_balancing_loss and z_loss per step (MoE models)
 };
 
 std::vector<float> params_of(const std::string& model_flags, const fs::path& ckpt) {
@@ -73,7 +74,10 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
         mpirun(ranks, std::string(OMNITRON_BINARY) + " " + args, "-x OMP_NUM_THREADS=1 " + env);
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
-  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt")};
+  std::vector<double> moe = losses_of(dir / "metrics.jsonl", "load_balancing_loss");
+  for (double z : losses_of(dir / "metrics.jsonl", "z_loss")) moe.push_back(z);
+  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt"),
+          moe};
 }
 
 const Trained& reference(const std::string& model) {
@@ -110,6 +114,10 @@ TEST_P(Layouts, MatchTheSingleProcessRun) {
               model.c_str(), c.name, worst_loss, worst_param, largest);
   EXPECT_LE(worst_loss, 1e-5);
   EXPECT_LE(worst_param, 1e-4 * largest);
+  // The balancing losses as logged: each layout's ranks' parts summed to the one-rank values.
+  ASSERT_EQ(got.moe_losses.size(), ref.moe_losses.size());
+  for (size_t i = 0; i < ref.moe_losses.size(); ++i)
+    EXPECT_NEAR(got.moe_losses[i], ref.moe_losses[i], 1e-5 * std::abs(ref.moe_losses[i])) << i;
 }
 
 const Case kCases[] = {
@@ -147,6 +155,14 @@ const Case kMoeCases[] = {
     {"ep2_pp2_alltoall_distributed_optimizer", 4,
      "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
      "--moe-token-dispatcher-type alltoall --use-distributed-optimizer"},
+    // Context parallelism (the balancing losses' token counts summed over the cp ranks) and
+    // tensor parallelism with sequence parallelism (each expert's width split over tp ranks).
+    {"ep2_cp2_allgather", 4,
+     "--expert-model-parallel-size 2 --context-parallel-size 2 --moe-token-dispatcher-type "
+     "allgather"},
+    {"ep2_tp2_sequence_parallel_alltoall", 4,
+     "--expert-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel "
+     "--moe-token-dispatcher-type alltoall"},
 };
 
 INSTANTIATE_TEST_SUITE_P(

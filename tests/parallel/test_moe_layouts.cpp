@@ -1,12 +1,14 @@
-// Pipeline layouts of a mixture-of-experts model against the one-rank model, in float64 on
-// in-process ranks (parallel/layout_run.h): MoE layers on several stages, micro-batches in
-// flight through 1F1B and the interleaved schedule (each keeps its own routing for its
-// backward), with and without full recompute. The parameters must be the one-rank model's
+// Pipeline, context- and tensor-parallel layouts of a mixture-of-experts model against the
+// one-rank model, in float64 on in-process ranks (parallel/layout_run.h): MoE layers on
+// several stages, micro-batches in flight through 1F1B and the interleaved schedule (each
+// keeps its own routing for its backward), with and without full recompute; sequences split
+// over cp ranks; experts split by width over tp ranks. The parameters must be the one-rank model's
 // values, and the gradients (the aux and z losses' included) and the loss equal to rounding.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,8 +37,7 @@ TransformerConfig tiny_moe() {
   return c;
 }
 
-void check_moe_layout(const Layout& layout) {
-  const TransformerConfig cfg = tiny_moe();
+void check_moe_layout(const Layout& layout, const TransformerConfig& cfg = tiny_moe()) {
   const Data data = make_data(cfg, false);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
@@ -45,22 +46,42 @@ void check_moe_layout(const Layout& layout) {
   const std::vector<RankResult<double>> ranks =
       run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; });
   double loss = NAN, worst_grad = 0;
-  size_t seen = 0;
+  size_t seen = 0;  // elements compared
+  std::map<std::string, std::vector<bool>> held_by;
   for (const RankResult<double>& r : ranks) {
     if (r.last_stage) loss = r.loss;
     for (const ParamInfo& p : r.infos) {
       const ParamInfo& full = ref.params().info(p.name);
-      ASSERT_EQ(p.numel, full.numel) << p.name;
-      for (int64_t i = 0; i < p.numel; ++i) {
-        ASSERT_EQ(r.values[p.offset + i], ref.params().values()[full.offset + i]) << p.name;
-        const double g = ref.params().grads()[full.offset + i];
-        worst_grad =
-            std::max(worst_grad, std::abs(r.grads[p.offset + i] - g) / (std::abs(g) + 1e-3));
-      }
-      ++seen;
+      // The vocabulary's padding rows differ between layouts: compared up to the real rows.
+      const int64_t real =
+          p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight"
+              ? int64_t(cfg.vocab_size) * cfg.hidden_size
+              : full.numel;
+      // This rank's slices (tensor parallelism) of the one-rank tensor.
+      ParameterSet<double>::for_each_run(p, [&](int64_t local, int64_t global, int64_t run) {
+        const int64_t n = std::clamp<int64_t>(real - global, 0, run);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(r.values[p.offset + local + i], ref.params().values()[full.offset + global + i])
+              << p.name;
+          const double g = ref.params().grads()[full.offset + global + i];
+          worst_grad = std::max(worst_grad,
+                                std::abs(r.grads[p.offset + local + i] - g) / (std::abs(g) + 1e-3));
+        }
+        seen += size_t(n);
+        std::vector<bool>& h = held_by[p.name];
+        h.resize(size_t(full.numel));
+        std::fill_n(h.begin() + global, n, true);
+      });
     }
   }
-  EXPECT_EQ(seen, ref.params().infos().size());
+  EXPECT_GT(seen, 0u);
+  for (const ParamInfo& p : ref.params().infos())
+    EXPECT_EQ(size_t(std::count(held_by[p.name].begin(), held_by[p.name].end(), true)),
+              size_t(std::min<int64_t>(p.numel, p.name.find("embedding") != std::string::npos ||
+                                                        p.name == "output_layer.weight"
+                                                    ? int64_t(cfg.vocab_size) * cfg.hidden_size
+                                                    : p.numel)))
+        << p.name << ": not every element held";
   EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
   EXPECT_LT(worst_grad, 1e-9);
 }
@@ -75,20 +96,46 @@ TEST(MoELayouts, Pipeline2FullRecompute) {
   check_moe_layout({.pp = 2, .recompute = Recompute::Full});
 }
 
-TEST(MoELayouts, TensorAndContextParallelAreRefusedByName) {
-  const TransformerConfig cfg = tiny_moe();
+// Context parallelism: each rank routes its chunks of every sequence; the balancing losses'
+// token counts are the whole sequences' (summed over the cp ranks), per sequence for
+// seq_aux_loss, and the z-loss is each rank's part of the mean.
+TEST(MoELayouts, Context2) {
+  check_moe_layout({.cp = 2});
+}
+TEST(MoELayouts, Context2SequenceAuxLoss) {
+  TransformerConfig cfg = tiny_moe();
+  cfg.moe_router_load_balancing_type = MoELoadBalancing::SeqAuxLoss;
+  cfg.moe_router_score_function = MoEScoreFunction::Softmax;
+  cfg.moe_router_enable_expert_bias = false;
+  check_moe_layout({.cp = 2}, cfg);
+}
+
+// Tensor parallelism (expert tensor parallelism of the same size): the router replicated,
+// each expert's and the shared expert's width split, with and without sequence parallelism;
+// the gated shared expert's gate and the router get each rank's part of their gradients.
+TEST(MoELayouts, Tensor2SequenceParallel) {
+  TransformerConfig cfg = tiny_moe();
+  cfg.moe_shared_expert_gate = true;
+  check_moe_layout({.tp = 2, .sp = true}, cfg);
+}
+TEST(MoELayouts, Tensor2Context2) {
+  check_moe_layout({.tp = 2, .cp = 2});
+}
+
+TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
+  TransformerConfig cfg = tiny_moe();
+  cfg.moe_shared_expert_intermediate_size = 0;
+  cfg.add_bias_linear = true;
   const Data data = make_data(cfg, false);
-  for (const Layout& l : {Layout{.tp = 2}, Layout{.cp = 2}}) {
-    std::string error;
-    try {
-      run_layout<double>(cfg, l, data, [](int) { return ops::Exec{}; });
-    } catch (const UsageError& e) {
-      error = e.what();
-    }
-    EXPECT_NE(error.find(l.tp > 1 ? "--tensor-model-parallel-size 2" : "--context-parallel-size 2"),
-              std::string::npos)
-        << error;
+  std::string error;
+  try {
+    run_layout<double>(cfg, Layout{.tp = 2}, data, [](int) { return ops::Exec{}; });
+  } catch (const UsageError& e) {
+    error = e.what();
   }
+  EXPECT_NE(error.find("--tensor-model-parallel-size 2 needs --disable-bias-linear"),
+            std::string::npos)
+      << error;
 }
 
 }  // namespace

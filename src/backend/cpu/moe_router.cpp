@@ -189,20 +189,13 @@ void moe_topk_routing_backward(T* dlogits, const T* dprobs, const T* logits, con
   }
 }
 
+namespace {
+// The load-balancing scores of every row: the softmax over all E (sigmoid: normalised).
 template <typename T>
-double moe_aux_loss(T* dlogits, const T* logits, const MoEAuxLossArgs& a, double grad_scale) {
-  const int E = a.experts, K = a.topk;
-  const bool per_sequence = a.type == MoELoadBalancing::SeqAuxLoss;
-  const int seq = per_sequence ? a.seq_length : a.tokens;
-  OMNI_CHECK(seq > 0 && a.tokens % seq == 0, "[moe_aux_loss] ", a.tokens,
-             " tokens in sequences of ", seq);
-  OMNI_CHECK(K >= 1 && K <= E, "[moe_aux_loss] top-k ", K, " of ", E, " experts");
-  const int batches = a.tokens / seq;
+std::vector<double> aux_loss_scores(const T* logits, const MoEAuxLossArgs& a) {
+  const int E = a.experts;
   const bool softmax = a.score_function == MoEScoreFunction::Softmax;
-
-  // Scores over all experts, and each sequence's tokens per expert among their top K.
   std::vector<double> scores(static_cast<size_t>(a.tokens) * E);
-  std::vector<double> counts(static_cast<size_t>(batches) * E, 0.0);
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < a.tokens; ++t) {
     double* s = scores.data() + static_cast<size_t>(t) * E;
@@ -215,19 +208,57 @@ double moe_aux_loss(T* dlogits, const T* logits, const MoEAuxLossArgs& a, double
       for (int e = 0; e < E; ++e) s[e] /= sum + kSigmoidSumEps;
     }
   }
-  {
-    std::vector<int32_t> idx(K), scratch;
-    for (int t = 0; t < a.tokens; ++t) {
-      top_k(idx.data(), scores.data() + static_cast<size_t>(t) * E, E, K, nullptr, scratch);
-      for (int32_t e : idx) counts[static_cast<size_t>(t / seq) * E + e] += 1;
-    }
+  return scores;
+}
+
+int aux_loss_sequence(const MoEAuxLossArgs& a) {
+  const int seq = a.type == MoELoadBalancing::SeqAuxLoss ? a.seq_length : a.tokens;
+  OMNI_CHECK(seq > 0 && a.tokens % seq == 0, "[moe_aux_loss] ", a.tokens,
+             " tokens in sequences of ", seq);
+  OMNI_CHECK(a.topk >= 1 && a.topk <= a.experts, "[moe_aux_loss] top-k ", a.topk, " of ", a.experts,
+             " experts");
+  OMNI_CHECK(a.shards >= 1, "[moe_aux_loss] ", a.shards, " shards");
+  return seq;
+}
+
+std::vector<double> counts_of(const std::vector<double>& scores, const MoEAuxLossArgs& a, int seq) {
+  const int E = a.experts, K = a.topk;
+  std::vector<double> counts(static_cast<size_t>(a.tokens / seq) * E, 0.0);
+  std::vector<int32_t> idx(K), scratch;
+  for (int t = 0; t < a.tokens; ++t) {
+    top_k(idx.data(), scores.data() + static_cast<size_t>(t) * E, E, K, nullptr, scratch);
+    for (int32_t e : idx) counts[static_cast<size_t>(t / seq) * E + e] += 1;
   }
+  return counts;
+}
+}  // namespace
+
+template <typename T>
+std::vector<double> moe_aux_loss_counts(const T* logits, const MoEAuxLossArgs& a) {
+  const int seq = aux_loss_sequence(a);
+  return counts_of(aux_loss_scores(logits, a), a, seq);
+}
+
+template <typename T>
+double moe_aux_loss(T* dlogits, const T* logits, const MoEAuxLossArgs& a, double grad_scale) {
+  const int E = a.experts, K = a.topk;
+  const int seq = aux_loss_sequence(a);
+  const int batches = a.tokens / seq;
+  const bool softmax = a.score_function == MoEScoreFunction::Softmax;
+
+  // Scores over all experts, and each sequence's tokens per expert among their top K (over
+  // every shard of the sequence when given).
+  const std::vector<double> scores = aux_loss_scores(logits, a);
+  std::vector<double> own;
+  if (!a.counts) own = counts_of(scores, a, seq);
+  const double* counts = a.counts ? a.counts : own.data();
+  const double whole = double(seq) * a.shards;  // tokens of a whole sequence (or batch)
   // loss = factor sum_b sum_e count[b, e] sum_{t in b} scores[t, e].
-  const double factor = double(E) * a.coeff / (double(K) * seq * seq) / batches;
+  const double factor = double(E) * a.coeff / (double(K) * whole * whole) / batches;
   double loss = 0;
   for (int t = 0; t < a.tokens; ++t) {
     const double* s = scores.data() + static_cast<size_t>(t) * E;
-    const double* c = counts.data() + static_cast<size_t>(t / seq) * E;
+    const double* c = counts + static_cast<size_t>(t / seq) * E;
     for (int e = 0; e < E; ++e) loss += s[e] * c[e];
   }
   loss *= factor;
@@ -236,7 +267,7 @@ double moe_aux_loss(T* dlogits, const T* logits, const MoEAuxLossArgs& a, double
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < a.tokens; ++t) {
     const double* s = scores.data() + static_cast<size_t>(t) * E;
-    const double* c = counts.data() + static_cast<size_t>(t / seq) * E;
+    const double* c = counts + static_cast<size_t>(t / seq) * E;
     T* d = dlogits + static_cast<size_t>(t) * E;
     const double g = grad_scale * factor;  // d loss / d scores[t, e] = g c[e]
     double dot = 0;
@@ -298,13 +329,14 @@ void moe_expert_bias_update(T* expert_bias, const double* tokens_per_expert, int
   }
 }
 
-#define INSTANTIATE(T)                                                               \
-  template void moe_topk_routing_forward<T>(T*, int32_t*, const T*, const T*,        \
-                                            const MoERoutingArgs&);                  \
-  template void moe_topk_routing_backward<T>(T*, const T*, const T*, const int32_t*, \
-                                             const MoERoutingArgs&);                 \
-  template double moe_aux_loss<T>(T*, const T*, const MoEAuxLossArgs&, double);      \
-  template double moe_z_loss<T>(T*, const T*, int, int, double, double);             \
+#define INSTANTIATE(T)                                                                  \
+  template void moe_topk_routing_forward<T>(T*, int32_t*, const T*, const T*,           \
+                                            const MoERoutingArgs&);                     \
+  template void moe_topk_routing_backward<T>(T*, const T*, const T*, const int32_t*,    \
+                                             const MoERoutingArgs&);                    \
+  template double moe_aux_loss<T>(T*, const T*, const MoEAuxLossArgs&, double);         \
+  template std::vector<double> moe_aux_loss_counts<T>(const T*, const MoEAuxLossArgs&); \
+  template double moe_z_loss<T>(T*, const T*, int, int, double, double);                \
   template void moe_expert_bias_update<T>(T*, const double*, int, double);
 OMNI_INSTANTIATE_FLOAT_DOUBLE(INSTANTIATE)
 
