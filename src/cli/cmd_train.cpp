@@ -37,7 +37,7 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU half of the seam supports (one rank per process, not adam8bit, GaLore or Shampoo:
+// GPU half of the seam supports (one rank per process, not Shampoo:
 // zoo_runs_on_gpu); auto falls back to the CPU and says why. `note` is printed with the
 // run's set-up lines, so that earlier errors stay one line.
 struct DeviceChoice {

@@ -55,7 +55,7 @@ bool zoo_whole_only(OptimizerKind kind) {
 }
 
 bool zoo_runs_on_gpu(OptimizerKind kind) {
-  return kind != OptimizerKind::Adam8bit && !zoo_whole_only(kind);
+  return kind != OptimizerKind::Shampoo;
 }
 
 const char* zoo_optimizer_name(OptimizerKind kind) {
