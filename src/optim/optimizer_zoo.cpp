@@ -54,10 +54,6 @@ bool zoo_whole_only(OptimizerKind kind) {
          kind == OptimizerKind::GaLoreAdamW8bitPerLayer || kind == OptimizerKind::Shampoo;
 }
 
-bool zoo_runs_on_gpu(OptimizerKind kind) {
-  return kind != OptimizerKind::Shampoo;
-}
-
 const char* zoo_optimizer_name(OptimizerKind kind) {
   for (const auto& [n, k] : kNames)
     if (k == kind) return n;
@@ -132,9 +128,6 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
                                                     const ParameterSet<T>& params,
                                                     const ZooLayout<T>& layout) {
-  OMNI_REQUIRE(params.memory() == nullptr || zoo_runs_on_gpu(config.kind), "--optimizer ",
-               zoo_optimizer_name(config.kind),
-               " runs on the CPU only in this version; use --device cpu");
   switch (config.kind) {
     case OptimizerKind::Muon:
       return make_muon(config, params, layout);

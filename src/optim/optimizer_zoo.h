@@ -1,6 +1,6 @@
 // The optimizer zoo: the optimizers of Megatron-DeepSpeed's OPT list beyond Adam and SGD,
 // and the Lion and Muon that Megatron offers, on the flat parameter buffers of a rank's
-// ParameterSet, on the CPU or (all but Shampoo) the GPU. Optimizer<T> (optim/optimizer.h)
+// ParameterSet, on the CPU or the GPU. Optimizer<T> (optim/optimizer.h)
 // and DistributedOptimizer<T> hold one of these for the zoo's kinds and forward step() and
 // its state to it.
 //
@@ -56,8 +56,6 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
-// Whether the zoo's kind has a GPU implementation (all but Shampoo).
-bool zoo_runs_on_gpu(OptimizerKind kind);
 // Whether the zoo's kind runs only where one rank holds every tensor whole (GaLore, Shampoo:
 // no distributed optimizer or tensor parallelism yet).
 bool zoo_whole_only(OptimizerKind kind);
@@ -137,8 +135,8 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params,
                                                const ZooLayout<T>& layout);
-// GaLore and Shampoo run on a whole layout only (one rank's view of every tensor; Shampoo on
-// the CPU only): require_whole_layout says why another is refused.
+// GaLore and Shampoo run on a whole layout only (one rank's view of every tensor):
+// require_whole_layout says why another is refused.
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
