@@ -145,7 +145,7 @@ class GaLore : public ZooOptimizer<T> {
         ops::ZooStep c;
         c.kind = ops::ZooUpdate::GaLoreApply;
         c.scale = float(step_scale), c.wd = float(wd), c.decay = float(decay);
-        gpu_update(c, w, nullptr, const_cast<T*>(u), nullptr, nullptr, p.numel);
+        gpu_update(c, w, u, const_cast<T*>(u), nullptr, nullptr, p.numel);
         continue;
       }
       for (int64_t i = 0; i < p.numel; ++i) {

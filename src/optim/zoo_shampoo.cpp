@@ -250,7 +250,7 @@ class Shampoo : public ZooOptimizer<T> {
       ops::ZooStep apply;
       apply.kind = ops::ZooUpdate::ShampooApply;
       apply.lr = float(T(lr)), apply.wd = float(T(b.decay)), apply.scale = float(graft);
-      e.gpu->zoo_update(apply, w, nullptr, direction, nullptr, nullptr, size_t(n));
+      e.gpu->zoo_update(apply, w, direction, direction, nullptr, nullptr, size_t(n));
       store(w, params.values());
     }
   }
