@@ -117,11 +117,12 @@ template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout) {
   const std::string what = std::string("--optimizer ") + zoo_optimizer_name(kind);
   OMNI_REQUIRE(!layout.data_parallel, what,
-               " with --use-distributed-optimizer: not built yet: its states are per whole "
-               "matrix; leave the distributed optimizer off");
+               " with --use-distributed-optimizer: not built yet: its preconditioners are one "
+               "stream over the model's elements, which the shards cut; leave it off");
   OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, what,
                " with --tensor-model-parallel-size ", layout.tensor_parallel->size(),
-               ": not built yet: it needs every matrix whole; use --tensor-model-parallel-size 1");
+               ": not built yet: a slice's preconditioners are not a slice of the whole matrix's; "
+               "use --tensor-model-parallel-size 1");
 }
 
 template <typename T>

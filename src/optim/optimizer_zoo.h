@@ -56,8 +56,8 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
-// Whether the zoo's kind runs only where one rank holds every tensor whole (GaLore, Shampoo:
-// no distributed optimizer or tensor parallelism yet).
+// Whether the zoo's kind needs every matrix whole on a rank: GaLore and Shampoo refuse tensor
+// parallelism; Shampoo the distributed optimizer too (GaLore shards by whole tensors).
 bool zoo_whole_only(OptimizerKind kind);
 
 // A run of one parameter's elements that this rank updates, and where its states start.
@@ -135,8 +135,8 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params,
                                                const ZooLayout<T>& layout);
-// GaLore and Shampoo run on a whole layout only (one rank's view of every tensor):
-// require_whole_layout says why another is refused.
+// Shampoo runs on a whole layout only (one rank's view of every tensor), GaLore on one or on
+// the distributed optimizer's: require_whole_layout says why another is refused.
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
@@ -147,7 +147,7 @@ std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ZooLayout<T>& layout);
 
 // Refuses, in one line naming the optimizer and the setting, a layout that is not one rank's
-// whole model (for the optimizers of zoo_whole_only).
+// whole model (Shampoo's).
 template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 

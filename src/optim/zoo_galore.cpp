@@ -28,6 +28,7 @@
 // adam8bit's state1, state2, absmax1 and absmax2 (the 8-bit variants).
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -73,6 +74,7 @@ class GaLore : public ZooOptimizer<T> {
  public:
   GaLore(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
+        layout_(layout),
         eight_bit_(config.kind != OptimizerKind::GaLoreAdamW),
         infos_(params.infos()),
         size_(params.size()),
@@ -88,15 +90,20 @@ class GaLore : public ZooOptimizer<T> {
       sizes.push_back(plans_.back().low_size(p.numel));
     }
     if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes, exec_, device_);
+    held_.assign(infos_.size(), false);
+    for (const ZooPiece& piece : layout.pieces) held_[piece.param] = true;
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    const T* grads = params.grads();
+    if (sharded()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      if (!held_[pi]) continue;
       const ParamInfo& p = infos_[pi];
       const Projection& pr = plans_[pi];
       T* w = params.values() + p.offset;
-      const T* g = params.grads() + p.offset;
+      const T* g = grads + p.offset;
       const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
       if (!pr.galore && eight_bit_) {  // bitsandbytes' Adam8bit, its decay included
         moments_->step(pi, w, g, lr, wd, step);
@@ -160,6 +167,49 @@ class GaLore : public ZooOptimizer<T> {
     return {"projection", "state1", "state2", "absmax1", "absmax2"};
   }
   T* state_buffer(const std::string& name) override {
+    if (!sharded()) return whole_state(name);
+    // The distributed optimizer's view: this rank's pieces of the whole-layout state.
+    const T* whole = whole_state(name);
+    T* view = buffer(shard_views_[name], layout_.state_size);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, view + piece.state, whole + piece.begin, size_t(piece.end - piece.begin));
+    return view;
+  }
+
+ private:
+  // Under the distributed optimizer (a layout of pieces over data-parallel ranks) each rank
+  // steps every tensor it holds a piece of whole, from the whole reduced gradient (gathered
+  // from the ranks' pieces), with that tensor's whole state: the one-rank arithmetic on the
+  // same inputs, so the ranks holding pieces of one tensor compute the same values and the
+  // distributed optimizer's all-gather of the parameters keeps each rank's pieces. A tensor's
+  // state (its projection and low-rank moments, which start at its first element) thus lives
+  // on the ranks holding its pieces: sharded by whole tensors, the ones a shard boundary cuts
+  // held by both ranks. Checkpoints see this rank's pieces of the one-rank layout.
+  bool sharded() const { return layout_.data_parallel != nullptr; }
+
+  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
+  // first, a checkpoint's pieces of the state written into the views are gathered likewise.
+  const T* gather_gradients(const ParameterSet<T>& params) {
+    T* full = buffer(full_, size_);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, full + piece.begin, params.grads() + piece.begin,
+                size_t(piece.end - piece.begin));
+    layout_.gather_pieces(full);
+    if (shard_views_.empty()) return full;
+    T* state = buffer(gathered_, size_);
+    for (auto& [name, view] : shard_views_) {
+      for (const ZooPiece& piece : layout_.pieces)
+        ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
+                  size_t(piece.end - piece.begin));
+      layout_.gather_pieces(state);
+      ops::copy(exec_, whole_state(name), state, size_t(size_));  // (8-bit: import_views reads it)
+    }
+    shard_views_.clear();
+    return full;
+  }
+
+  // The state laid out like the whole flat buffer.
+  T* whole_state(const std::string& name) {
     if (!eight_bit_ || name == "projection") return states_.get(name);
     if (views_.empty()) export_views();
     const auto names = state_names();
@@ -169,7 +219,6 @@ class GaLore : public ZooOptimizer<T> {
     throw InternalError("[galore] no state buffer '" + name + "'");
   }
 
- private:
   // transformers' AdamW: M, V updated in place; u = M / (sqrt(V) + eps).
   void adam_direction(const T* g, T* m, T* v, T* u, int64_t n) {
     const T b1 = T(cfg_.adam_beta1), b2 = T(cfg_.adam_beta2), eps = T(cfg_.adam_eps);
@@ -258,6 +307,10 @@ class GaLore : public ZooOptimizer<T> {
   }
 
   OptimizerConfig cfg_;
+  ZooLayout<T> layout_;
+  std::vector<bool> held_;                     // the tensors this rank steps
+  std::map<std::string, Tensor> shard_views_;  // the distributed optimizer's, while asked for
+  Tensor full_, gathered_;
   bool eight_bit_;
   std::vector<ParamInfo> infos_;
   int64_t size_;
@@ -277,7 +330,11 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
                                              const ZooLayout<T>& layout) {
-  require_whole_layout(config.kind, layout);
+  OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, "--optimizer ",
+               zoo_optimizer_name(config.kind), " with --tensor-model-parallel-size ",
+               layout.tensor_parallel ? layout.tensor_parallel->size() : 1,
+               ": not built yet: the top singular vectors of a slice's gradient are not a slice of "
+               "the whole matrix's; use --tensor-model-parallel-size 1");
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.galore_rank >= 1, "--galore-rank must be at least 1 (got ", z.galore_rank, ")");
   OMNI_REQUIRE(z.galore_update_proj_gap >= 1, "--galore-update-proj-gap must be at least 1 (got ",
