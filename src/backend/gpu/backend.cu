@@ -1,6 +1,6 @@
 // The op seam's GPU half (backend/gpu_backend.h): each op of ops.h's dispatching form, for
-// float, bf16 and f16 storage, through this folder's kernels on the default stream. Built as CUDA,
-// as HIP and on the emulator, like every source here.
+// float, bf16 and f16 storage, through this folder's kernels on the default stream. Built as CUDA, as HIP
+// and on the emulator, like every source here.
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -22,12 +22,11 @@ class Ops final : public GpuOps<T> {
                       int N) const override {
     gpu::linear_forward(y, x, w, bias, M, K, N);
   }
-  void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w, int M,
-                       int K, int N, bool accumulate_dx) const override {
+  void linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w, int M, int K, int N, bool accumulate_dx) const override {
     gpu::linear_backward(dx, dw, dbias, dy, x, w, M, K, N, accumulate_dx);
   }
-  void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int N, int seq,
-                         int C, const int32_t* positions, int vocab_start,
+  void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                         int N, int seq, int C, const int32_t* positions, int vocab_start,
                          int vocab_end) const override {
     gpu::embedding_forward(out, tokens, wte, wpe, N, seq, C, positions, vocab_start, vocab_end);
   }
@@ -40,26 +39,26 @@ class Ops final : public GpuOps<T> {
                               const int32_t* positions) const override {
     gpu::position_embedding_add(out, wpe, N, seq, C, positions);
   }
-  void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b,
-                         int N, int C, double eps) const override {
+  void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int N, int C, double eps) const override {
     gpu::layernorm_forward(out, mean, rstd, x, w, b, N, C, static_cast<float>(eps));
   }
-  void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w,
-                          const float* mean, const float* rstd, int N, int C) const override {
+  void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean, const float* rstd, int N,
+                          int C) const override {
     gpu::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
   }
   void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C,
                        double eps) const override {
     gpu::rmsnorm_forward(out, rstd, x, w, N, C, static_cast<float>(eps));
   }
-  void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
-                        int N, int C) const override {
+  void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w,
+                        const float* rstd, int N, int C) const override {
     gpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
   }
   void gelu_forward(T* out, const T* x, size_t n, GeluForm form) const override {
     gpu::gelu_forward(out, x, n, form);
   }
-  void gelu_backward(T* dx, const T* dout, const T* x, size_t n, GeluForm form) const override {
+  void gelu_backward(T* dx, const T* dout, const T* x, size_t n,
+                     GeluForm form) const override {
     gpu::gelu_backward(dx, dout, x, n, form);
   }
   void swiglu_forward(T* out, const T* x, int N, int F) const override {
@@ -68,9 +67,14 @@ class Ops final : public GpuOps<T> {
   void swiglu_backward(T* dx, const T* dout, const T* x, int N, int F) const override {
     gpu::swiglu_backward(dx, dout, x, N, F);
   }
-  void add(T* out, const T* a, const T* b, size_t n) const override { gpu::add(out, a, b, n); }
-  void add_bias(T* y, const T* bias, int M, int N) const override { gpu::add_bias(y, bias, M, N); }
-  void qkv_split(T* q, T* k, T* v, const T* qkv, const ops::AttentionDims& d) const override {
+  void add(T* out, const T* a, const T* b, size_t n) const override {
+    gpu::add(out, a, b, n);
+  }
+  void add_bias(T* y, const T* bias, int M, int N) const override {
+    gpu::add_bias(y, bias, M, N);
+  }
+  void qkv_split(T* q, T* k, T* v, const T* qkv,
+                 const ops::AttentionDims& d) const override {
     gpu::qkv_split(q, k, v, qkv, d);
   }
   void qkv_merge(T* qkv, const T* q, const T* k, const T* v,
@@ -104,12 +108,13 @@ class Ops final : public GpuOps<T> {
                        const ops::AttentionDims& d) const override {
     gpu::attention_merge(out, lse, block_out, block_lse, d);
   }
-  double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, const T* w,
-                                  const int32_t* targets, const float* mask,
+  double classifier_cross_entropy(float* losses, T* dh, float* dw, const T* h, const T* w, const int32_t* targets, const float* mask,
                                   const ops::ClassifierLossArgs& a) const override {
     return gpu::classifier_cross_entropy(losses, dh, dw, h, w, targets, mask, a);
   }
-  void scale(T* x, double s, size_t n) const override { gpu::scale(x, static_cast<float>(s), n); }
+  void scale(T* x, double s, size_t n) const override {
+    gpu::scale(x, static_cast<float>(s), n);
+  }
   void dropout(T* x, int rows, int width, int seq, const ops::DropoutKey& k) const override {
     gpu::dropout(x, rows, width, seq, k);
   }
@@ -221,9 +226,7 @@ class Backend final : public GpuBackend {
                 int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     gpu::gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  double count_zeros(const float* x, size_t n) const override {
-    return gpu::count_zeros(x, n);
-  }
+  double count_zeros(const float* x, size_t n) const override { return gpu::count_zeros(x, n); }
   double sum_squares(const float* x, size_t n) const override {
     return gpu::sum_squares(&x, &n, 1);
   }
