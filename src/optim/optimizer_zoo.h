@@ -35,6 +35,8 @@
 //    ranks that hold other slices of it;
 //  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
 //    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
+//  - GaLore (under the distributed optimizer) steps every tensor it holds a piece of whole,
+//    from the gathered gradient, with that tensor's whole state: sharded by whole tensors.
 #pragma once
 
 #include <array>
