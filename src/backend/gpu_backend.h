@@ -17,6 +17,10 @@
 #include "base/device_memory.h"
 #include "base/dtype.h"
 
+namespace omni::adam8bit {
+struct Step;  // backend/zoo_adam8bit_math.h
+}  // namespace omni::adam8bit
+
 namespace omni {
 
 // The ops of one storage type T (float, bf16 or f16): activations and weights are T;
@@ -116,6 +120,8 @@ class GpuBackend : public DeviceMemory {
   // One element-wise step of the optimizer zoo (ops::ZooStep says which states s0..s2 are).
   virtual void zoo_update(const ops::ZooStep& step, float* w, const float* g, float* s0, float* s1,
                           float* s2, size_t n) const = 0;
+  // One pass of adam8bit's step (backend/zoo_adam8bit_math.h).
+  virtual void adam8bit_update(const adam8bit::Step& step) const = 0;
   // C[M,N] = alpha op(A) op(B) + beta C in float (ops::gemm's convention): Muon's iteration.
   virtual void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                         const float* A, int lda, const float* B, int ldb, float beta, float* C,

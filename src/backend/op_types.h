@@ -36,7 +36,12 @@ enum class ZooUpdate {
   LambMoments,        // s0 exp_avg, s1 exp_avg_sq; s2 := the update u (for its norm)
   LambApply,          // s0 exp_avg, s1 exp_avg_sq: w -= scale * u
   MuonMomentum,       // s0 exp_avg; s2 := the momentum to orthogonalise (zoo_muon.cpp)
-  MuonApply           // s0 the orthogonalised update: w -= lr * s0
+  MuonApply,          // s0 the orthogonalised update: w -= lr * s0
+  GaLoreAdam,         // s0 exp_avg, s1 exp_avg_sq of the projected g; s2 := m / (sqrt(v) + eps)
+  GaLoreApply,        // s0 the projected-back update: w += scale * s0, then w += decay * w
+  Ema,                // s0 := beta2 * s0 + scale * g (Shampoo's factors; w unused)
+  ShampooMoments,     // s0 exp_avg, s1 exp_avg_sq, s2 := m * bc1 (M^); w := Adam's direction
+  ShampooApply        // s0 the direction: w -= lr * (s0 * scale + wd * w)
 };
 struct ZooStep {
   ZooUpdate kind = ZooUpdate::Lion;
@@ -44,9 +49,11 @@ struct ZooStep {
   // (schedule-free SGD's momentum in beta1); eps; scale (LAMB's step size x trust ratio);
   // ckp1 (schedule-free's averaging weight); bc2 (1 - beta2^t); rho_bs (SophiaG's rho x bs).
   // Muon's momentum: decay = -lr wd, beta1 = momentum, beta2 = 1 - momentum, scale = 1 for
-  // Nesterov's form (else 0).
+  // Nesterov's form (else 0). GaLoreAdam: beta1, beta2, eps, with ckp1 = 1 - beta1 and
+  // rho_bs = 1 - beta2 as the CPU rounds them; ShampooMoments the same and bc1 = 1 / (1 -
+  // beta1^t), bc2 = 1 / (1 - beta2^t).
   float lr = 0, decay = 1, wd = 0, beta1 = 0, beta2 = 0, eps = 0, scale = 0, ckp1 = 0, bc2 = 1,
-        rho_bs = 0;
+        rho_bs = 0, bc1 = 1;
 };
 
 // Dropout (Megatron's --hidden-dropout and --attention-dropout): what makes one call's mask,

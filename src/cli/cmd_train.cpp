@@ -27,7 +27,6 @@
 #include "data/datasets/indexed_dataset.h"
 #include "data/datasets/prefetch.h"
 #include "generate/sampler.h"
-#include "optim/optimizer_zoo.h"
 #include "train/downstream_eval.h"
 #include "train/run_options.h"
 #include "train/trainer.h"
@@ -37,9 +36,8 @@ namespace omni::cli {
 namespace {
 
 // --device: the GPU trains when one is asked for, or (auto) present, and the run is one the
-// GPU half of the seam supports (one rank per process, not adam8bit, GaLore or Shampoo:
-// zoo_runs_on_gpu); auto falls back to the CPU and says why. `note` is printed with the
-// run's set-up lines, so that earlier errors stay one line.
+// GPU half of the seam supports (one rank per process); auto falls back to the CPU and says why.
+// `note` is printed with the run's set-up lines, so that earlier errors stay one line.
 struct DeviceChoice {
   std::string device;  // "cpu", "cuda" or "hip"
   std::string note;
@@ -62,9 +60,6 @@ DeviceChoice choose_device(const Options& o, int world_size) {
 #else
   (void)world_size;
 #endif
-  if (why_not.empty() && is_zoo_optimizer(o.optim.kind) && !zoo_runs_on_gpu(o.optim.kind))
-    why_not = std::string("but training on the GPU does not support --optimizer ") +
-              zoo_optimizer_name(o.optim.kind) + " yet in this version";
   if (why_not.empty()) return {name, "", d.device.index};
   OMNI_REQUIRE(o.device == "auto", "--device ", o.device, ": ", gpus, ", ", why_not,
                "; use --device cpu");

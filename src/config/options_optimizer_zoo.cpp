@@ -118,16 +118,27 @@ void finalize_optimizer_zoo(Options& o) {
   if (!is_zoo_optimizer(kind)) return;
   const std::string opt = "--optimizer " + o.optimizer;
   if (zoo_whole_only(kind)) {  // GaLore and Shampoo keep per-matrix states whole
-    if (o.use_distributed_optimizer)
+    // GaLore shards by whole tensors under the distributed optimizer (zoo_galore.cpp); with
+    // ZeRO's sharded gradients and parameters it is not built.
+    const bool shampoo = kind == OptimizerKind::Shampoo;
+    if (o.use_distributed_optimizer && (shampoo || o.zero_stage >= 2))
       throw NotBuiltError(opt + " with " +
                               (o.zero_stage > 0 ? "--zero-stage " + std::to_string(o.zero_stage)
                                                 : std::string("--use-distributed-optimizer")),
-                          "its states belong to whole matrices, which the distributed optimizer "
-                          "splits; leave it off");
+                          shampoo ? "its preconditioners are one stream over the model's "
+                                    "elements, which the distributed optimizer's shards cut; "
+                                    "leave it off"
+                                  : "its whole-matrix steps are not built on ZeRO's sharded "
+                                    "gradients and parameters; use --zero-stage 1 (the "
+                                    "distributed optimizer)");
     if (o.tensor_model_parallel_size > 1)
       throw NotBuiltError(opt + " with --tensor-model-parallel-size " +
                               std::to_string(o.tensor_model_parallel_size),
-                          "its update needs whole matrices; use --tensor-model-parallel-size 1");
+                          shampoo ? "a slice's preconditioners are not a slice of the whole "
+                                    "matrix's; use --tensor-model-parallel-size 1"
+                                  : "the top singular vectors of a slice's gradient are not a "
+                                    "slice of the whole matrix's; use "
+                                    "--tensor-model-parallel-size 1");
   }
   // Expert parallelism splits the stacked expert tensors over ranks outside the groups the
   // zoo reduces over: per-tensor quantities (LAMB's norms, Muon's and GaLore's matrices,

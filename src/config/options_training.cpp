@@ -98,8 +98,8 @@ void add_training_options(std::vector<OptionDef>& t) {
   t.push_back(OptionDef{
       "--optimizer", "NAME", O,
       "adam: Adam with decoupled weight decay (AdamW, as Megatron's; adamw is the same); sgd: "
-      "SGD with momentum and L2 weight decay; the zoo (with tensor parallelism and the distributed "
-      "optimizer; on the GPU too, but adam8bit): "
+      "SGD with momentum and L2 weight decay; the zoo (on the GPU too; with tensor parallelism and "
+      "the distributed optimizer, but the galore kinds and shampoo): "
       "lamb (ds.fusedlamb, ipex.lamb, ipex.fusedlamb), lion, muon, adamwschedulefree, "
       "sgdschedulefree, adam8bit, sophiag (with its Hessian estimate at 0, as Megatron-DeepSpeed "
       "runs it), galoreadamw, galoreadamw8bit, galoreadamw8bitperlayer (the same math as "

@@ -54,10 +54,6 @@ bool zoo_whole_only(OptimizerKind kind) {
          kind == OptimizerKind::GaLoreAdamW8bitPerLayer || kind == OptimizerKind::Shampoo;
 }
 
-bool zoo_runs_on_gpu(OptimizerKind kind) {
-  return kind != OptimizerKind::Adam8bit && !zoo_whole_only(kind);
-}
-
 const char* zoo_optimizer_name(OptimizerKind kind) {
   for (const auto& [n, k] : kNames)
     if (k == kind) return n;
@@ -121,20 +117,18 @@ template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout) {
   const std::string what = std::string("--optimizer ") + zoo_optimizer_name(kind);
   OMNI_REQUIRE(!layout.data_parallel, what,
-               " with --use-distributed-optimizer: not built yet: its states are per whole "
-               "matrix; leave the distributed optimizer off");
+               " with --use-distributed-optimizer: not built yet: its preconditioners are one "
+               "stream over the model's elements, which the shards cut; leave it off");
   OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, what,
                " with --tensor-model-parallel-size ", layout.tensor_parallel->size(),
-               ": not built yet: it needs every matrix whole; use --tensor-model-parallel-size 1");
+               ": not built yet: a slice's preconditioners are not a slice of the whole matrix's; "
+               "use --tensor-model-parallel-size 1");
 }
 
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
                                                     const ParameterSet<T>& params,
                                                     const ZooLayout<T>& layout) {
-  OMNI_REQUIRE(params.memory() == nullptr || zoo_runs_on_gpu(config.kind), "--optimizer ",
-               zoo_optimizer_name(config.kind),
-               " runs on the CPU only in this version; use --device cpu");
   switch (config.kind) {
     case OptimizerKind::Muon:
       return make_muon(config, params, layout);

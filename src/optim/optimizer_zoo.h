@@ -1,6 +1,6 @@
 // The optimizer zoo: the optimizers of Megatron-DeepSpeed's OPT list beyond Adam and SGD,
 // and the Lion and Muon that Megatron offers, on the flat parameter buffers of a rank's
-// ParameterSet, on the CPU or (all but adam8bit) the GPU. Optimizer<T> (optim/optimizer.h)
+// ParameterSet, on the CPU or the GPU. Optimizer<T> (optim/optimizer.h)
 // and DistributedOptimizer<T> hold one of these for the zoo's kinds and forward step() and
 // its state to it.
 //
@@ -35,6 +35,8 @@
 //    ranks that hold other slices of it;
 //  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
 //    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
+//  - GaLore (under the distributed optimizer) steps every tensor it holds a piece of whole,
+//    from the gathered gradient, with that tensor's whole state: sharded by whole tensors.
 #pragma once
 
 #include <array>
@@ -56,10 +58,8 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
-// Whether the zoo's kind has a GPU implementation (all but adam8bit).
-bool zoo_runs_on_gpu(OptimizerKind kind);
-// Whether the zoo's kind runs only where one rank holds every tensor whole on the CPU (GaLore,
-// Shampoo: no distributed optimizer, tensor parallelism or GPU yet).
+// Whether the zoo's kind needs every matrix whole on a rank: GaLore and Shampoo refuse tensor
+// parallelism; Shampoo the distributed optimizer too (GaLore shards by whole tensors).
 bool zoo_whole_only(OptimizerKind kind);
 
 // A run of one parameter's elements that this rank updates, and where its states start.
@@ -137,8 +137,8 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params,
                                                const ZooLayout<T>& layout);
-// GaLore and Shampoo run on a whole layout only (one rank's view of every tensor, on the
-// CPU): require_whole_layout says why another is refused.
+// Shampoo runs on a whole layout only (one rank's view of every tensor), GaLore on one or on
+// the distributed optimizer's: require_whole_layout says why another is refused.
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
@@ -149,8 +149,7 @@ std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ZooLayout<T>& layout);
 
 // Refuses, in one line naming the optimizer and the setting, a layout that is not one rank's
-// whole model (for the optimizers of zoo_whole_only; make_zoo_optimizer refuses them on the
-// GPU).
+// whole model (Shampoo's).
 template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 

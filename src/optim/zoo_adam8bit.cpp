@@ -17,6 +17,13 @@
 // a sharded or split run quantises exactly as one rank does: each rank updates its elements,
 // and the blocks' new maxima are reduced (max) over the ranks holding parts of them.
 //
+// The per-element arithmetic is backend/zoo_adam8bit_math.h's, which the CPU's loop and the
+// GPU's kernel (backend/gpu/zoo_adam8bit.cu) both run, in two passes so that no fp32 copy of
+// the moments is kept (2 bytes per element for the 8-bit moments): pass 0 computes each
+// element's new moments only for its block's new maxima; after they are reduced over ranks,
+// pass 1 computes the same moments again, steps the weight and quantises them.
+// GaLore's 8-bit variant steps its projected gradients with the same passes (Adam8bitMoments).
+//
 // Checkpoint state, laid out like the parameters (so resume is bit-exact): state1 and state2
 // hold each element's code index (0..255) for 8-bit tensors and the fp32 moment otherwise;
 // absmax1 and absmax2 hold block b's absolute maximum at the block's first element (zeros
@@ -25,8 +32,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "backend/ops.h"
 #include "base/error.h"
 #include "optim/optimizer_zoo.h"
 #include "optim/zoo_adam8bit.h"
@@ -58,44 +67,51 @@ std::array<float, 256> dynamic_quantization_map(bool is_signed) {
   return out;
 }
 
-namespace {
-
-// The nearest code to x in the sorted map (the lower one on a tie).
-uint8_t nearest_code(const std::array<float, 256>& code, float x) {
-  const auto it = std::lower_bound(code.begin(), code.end(), x);
-  if (it == code.begin()) return 0;
-  if (it == code.end()) return 255;
-  const int hi = int(it - code.begin()), lo = hi - 1;
-  return uint8_t(x - code[size_t(lo)] <= code[size_t(hi)] - x ? lo : hi);
-}
-
-}  // namespace
-
 Adam8bitCodes::Adam8bitCodes()
     : code1(dynamic_quantization_map(true)), code2(dynamic_quantization_map(false)) {}
 
 uint8_t Adam8bitCodes::quantize_signed(float x, float absmax) const {
-  if (absmax == 0.0f) return nearest_code(code1, 0.0f);
-  uint8_t c = nearest_code(code1, x / absmax);
-  if (std::signbit(code1[c]) != std::signbit(x)) c = uint8_t(x > 0.0f ? c + 1 : c - 1);
-  return c;
+  return adam8bit::quantize_signed(code1.data(), x, absmax);
 }
 
 uint8_t Adam8bitCodes::quantize_unsigned(float x, float absmax) const {
-  return nearest_code(code2, absmax > 0.0f ? x / absmax : 0.0f);
+  return adam8bit::quantize_unsigned(code2.data(), x, absmax);
 }
 
-Adam8bitUpdate::Adam8bitUpdate(const OptimizerConfig& config, double lr_, double wd_, int64_t step)
-    : b1(float(config.adam_beta1)),
-      b2(float(config.adam_beta2)),
-      eps(float(config.adam_eps)),
-      lr(float(lr_)),
-      wd(float(wd_)),
-      correction2(std::sqrt(1.0f - float(std::pow(double(b2), double(step))))),
-      step_size(-float(lr_) * correction2 / (1.0f - float(std::pow(double(b1), double(step))))) {}
+Adam8bitUpdate::Adam8bitUpdate(const OptimizerConfig& config, double lr_, double wd_,
+                               int64_t step) {
+  b1 = float(config.adam_beta1), b2 = float(config.adam_beta2), eps = float(config.adam_eps);
+  lr = float(lr_), wd = float(wd_);
+  correction2 = std::sqrt(1.0f - float(std::pow(double(b2), double(step))));
+  step_size = -float(lr_) * correction2 / (1.0f - float(std::pow(double(b1), double(step))));
+}
 
-Adam8bitMoments::Adam8bitMoments(const OptimizerConfig& config, const std::vector<int64_t>& sizes)
-    : cfg_(config), block_(config.zoo.adam8bit_block_size) {
+namespace {
+
+// adam8bit's two passes on the CPU over s.runs (backend/zoo_adam8bit_math.h's step_element,
+// which the GPU's kernel runs too): the blocks' new maxima into s.max1/s.max2 (zeros at the
+// start), then `reduce` (over the ranks holding other parts of a block), then the weights'
+// step and the moments quantised against those maxima. The moments are recomputed in the
+// second pass rather than kept in fp32.
+template <typename T, typename Reduce>
+void step_on_cpu(adam8bit::Step& s, T* w, const T* g, Reduce&& reduce) {
+  auto raise = [&](int64_t b, float am, float av) {
+    s.max1[b] = std::max(s.max1[b], am);
+    s.max2[b] = std::max(s.max2[b], av);
+  };
+  for (s.pass = 0; s.pass < 2; ++s.pass) {
+    if (s.pass == 1) reduce();
+    for (int64_t k = 0; k < s.run_count; ++k)
+      for (int64_t i = 0; i < s.runs[k].count; ++i)
+        adam8bit::step_element(s, w, g, s.runs[k], i, raise);
+  }
+}
+
+}  // namespace
+
+Adam8bitMoments::Adam8bitMoments(const OptimizerConfig& config, const std::vector<int64_t>& sizes,
+                                 const ops::Exec& exec, Device device)
+    : cfg_(config), block_(config.zoo.adam8bit_block_size), exec_(exec) {
   OMNI_REQUIRE(block_ > 0, "[adam8bit] the block size must be positive");
   for (int64_t n : sizes) {
     Segment l;
@@ -116,40 +132,95 @@ Adam8bitMoments::Adam8bitMoments(const OptimizerConfig& config, const std::vecto
     }
     segments_.push_back(l);
   }
-  m_.resize(size_t(block_));
-  v_.resize(size_t(block_));
+  if (!exec_.on_gpu()) return;
+  auto floats = [&](size_t n) {
+    return Tensor::zeros({std::max<int64_t>(int64_t(n), 1)}, DType::F32, device, exec_.memory());
+  };
+  codes_gpu_ = floats((2 * q1_.size() + 3) / 4);
+  fp32_gpu_ = floats(2 * s1_.size());
+  maxima_gpu_ = floats(4 * absmax1_.size());
+  std::vector<adam8bit::Run> runs;
+  for (const Segment& l : segments_)
+    runs.push_back({0, 0, l.start, 0, l.block_start, l.size, l.quantized ? 1 : 0, 1});
+  tables_gpu_ = floats(512 + runs.size() * sizeof(adam8bit::Run) / sizeof(float));
+  float* tables = tables_gpu_.data<float>();
+  ops::upload(exec_, tables, codes_.code1.data(), 256);
+  ops::upload(exec_, tables + 256, codes_.code2.data(), 256);
+  ops::upload(exec_, reinterpret_cast<adam8bit::Run*>(tables + 512), runs.data(), runs.size());
+}
+
+// The GPU's states to the host copy, and back.
+void Adam8bitMoments::download() {
+  if (!exec_.on_gpu()) return;
+  const uint8_t* codes = reinterpret_cast<const uint8_t*>(codes_gpu_.data<float>());
+  const float* fp32 = fp32_gpu_.data<float>();
+  const float* maxima = maxima_gpu_.data<float>();
+  ops::download(exec_, q1_.data(), codes, q1_.size());
+  ops::download(exec_, q2_.data(), codes + q1_.size(), q2_.size());
+  ops::download(exec_, s1_.data(), fp32, s1_.size());
+  ops::download(exec_, s2_.data(), fp32 + s1_.size(), s2_.size());
+  ops::download(exec_, absmax1_.data(), maxima, absmax1_.size());
+  ops::download(exec_, absmax2_.data(), maxima + absmax1_.size(), absmax2_.size());
+}
+
+void Adam8bitMoments::upload() {
+  if (!exec_.on_gpu()) return;
+  uint8_t* codes = reinterpret_cast<uint8_t*>(codes_gpu_.data<float>());
+  float* fp32 = fp32_gpu_.data<float>();
+  float* maxima = maxima_gpu_.data<float>();
+  ops::upload(exec_, codes, q1_.data(), q1_.size());
+  ops::upload(exec_, codes + q1_.size(), q2_.data(), q2_.size());
+  ops::upload(exec_, fp32, s1_.data(), s1_.size());
+  ops::upload(exec_, fp32 + s1_.size(), s2_.data(), s2_.size());
+  ops::upload(exec_, maxima, absmax1_.data(), absmax1_.size());
+  ops::upload(exec_, maxima + absmax1_.size(), absmax2_.data(), absmax2_.size());
 }
 
 template <typename T>
 void Adam8bitMoments::step(size_t s, T* w, const T* g, double lr, double wd, int64_t step) {
-  const Adam8bitUpdate update(cfg_, lr, wd, step);
   const Segment& l = segments_[s];
-  if (!l.quantized) {
-    for (int64_t i = 0; i < l.size; ++i)
-      update(float(g[i]), s1_[size_t(l.start + i)], s2_[size_t(l.start + i)], w[i]);
+  const int64_t blocks = l.quantized ? (l.size + block_ - 1) / block_ : 0;
+  if (exec_.on_gpu()) {
+    if constexpr (std::is_same_v<T, float>) {
+      // The GPU's two passes (backend/gpu/zoo_adam8bit.cu) on the segment's run; its blocks'
+      // new maxima in the second pair, then copied over the first.
+      const size_t total = absmax1_.size();
+      float* maxima = maxima_gpu_.data<float>();
+      uint8_t* codes = reinterpret_cast<uint8_t*>(codes_gpu_.data<float>());
+      float* fp32 = fp32_gpu_.data<float>();
+      const float* tables = tables_gpu_.data<float>();
+      adam8bit::Step st;
+      st.with_decay = Adam8bitUpdate(cfg_, lr, wd, step);
+      st.block = block_, st.run_count = 1, st.n = l.size;
+      st.runs = reinterpret_cast<const adam8bit::Run*>(tables + 512) + s;
+      st.code1 = tables, st.code2 = tables + 256;
+      st.w = w, st.g = g;
+      st.q1 = codes, st.q2 = codes + q1_.size(), st.s1 = fp32, st.s2 = fp32 + s1_.size();
+      st.absmax1 = maxima, st.absmax2 = maxima + total;
+      st.max1 = maxima + 2 * total, st.max2 = maxima + 3 * total;
+      const size_t b0 = size_t(l.block_start), nb = size_t(blocks);
+      ops::zero(exec_, st.max1 + b0, nb);
+      ops::zero(exec_, st.max2 + b0, nb);
+      for (st.pass = 0; st.pass < 2; ++st.pass) exec_.gpu->adam8bit_update(st);
+      ops::copy(exec_, maxima + b0, st.max1 + b0, nb);
+      ops::copy(exec_, maxima + total + b0, st.max2 + b0, nb);
+    } else {
+      ops::detail::gpu_has_no_double("galoreadamw8bit");
+    }
     return;
   }
-  for (int64_t b0 = 0, b = l.block_start; b0 < l.size; b0 += block_, ++b) {
-    const int64_t n = std::min(block_, l.size - b0);
-    uint8_t* c1 = q1_.data() + l.start + b0;
-    uint8_t* c2 = q2_.data() + l.start + b0;
-    float max1 = 0.0f, max2 = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      float& m = m_[size_t(j)];
-      float& v = v_[size_t(j)];
-      m = codes_.code1[c1[j]] * absmax1_[size_t(b)];
-      v = codes_.code2[c2[j]] * absmax2_[size_t(b)];
-      update(float(g[b0 + j]), m, v, w[b0 + j]);
-      max1 = std::max(max1, std::fabs(m));
-      max2 = std::max(max2, std::fabs(v));
-    }
-    absmax1_[size_t(b)] = max1;
-    absmax2_[size_t(b)] = max2;
-    for (int64_t j = 0; j < n; ++j) {
-      c1[j] = codes_.quantize_signed(m_[size_t(j)], max1);
-      c2[j] = codes_.quantize_unsigned(v_[size_t(j)], max2);
-    }
-  }
+  const adam8bit::Run run{0, 0, l.start, 0, 0, l.size, l.quantized ? 1 : 0, 1};
+  std::vector<float> max1(size_t(blocks), 0.0f), max2(size_t(blocks), 0.0f);
+  adam8bit::Step st;
+  st.with_decay = Adam8bitUpdate(cfg_, lr, wd, step);
+  st.block = block_, st.runs = &run, st.run_count = 1, st.n = l.size;
+  st.q1 = q1_.data(), st.q2 = q2_.data(), st.s1 = s1_.data(), st.s2 = s2_.data();
+  st.absmax1 = absmax1_.data() + l.block_start, st.absmax2 = absmax2_.data() + l.block_start;
+  st.max1 = max1.data(), st.max2 = max2.data();
+  st.code1 = codes_.code1.data(), st.code2 = codes_.code2.data();
+  step_on_cpu(st, w, g, [] {});
+  std::copy(max1.begin(), max1.end(), absmax1_.begin() + l.block_start);
+  std::copy(max2.begin(), max2.end(), absmax2_.begin() + l.block_start);
 }
 
 template <typename T>
@@ -220,63 +291,56 @@ class Adam8bit : public ZooOptimizer<T> {
       });
       tensors_.push_back(std::move(t));
     }
-    absmax1_.assign(size_t(blocks_), 0.0f);
-    absmax2_.assign(size_t(blocks_), 0.0f);
-    for (const ZooPiece& piece : layout_.pieces) {
-      const int64_t n = piece.end - piece.begin;
-      if (tensors_[piece.param].quantized) {
-        starts_.push_back(int64_t(q1_.size()));
-        q1_.resize(q1_.size() + size_t(n), 0);
-      } else {
-        starts_.push_back(int64_t(s1_.size()));
-        s1_.resize(s1_.size() + size_t(n), 0.0f);
-      }
+    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
+      const ZooPiece& piece = layout_.pieces[k];
+      const bool quantized = tensors_[piece.param].quantized;
+      int64_t& size = quantized ? codes_size_ : fp32_size_;
+      starts_.push_back(size);
+      add_runs(piece, size);
+      size += piece.end - piece.begin;
     }
-    q2_.resize(q1_.size(), 0);
-    m_.resize(q1_.size());
-    v_.resize(q1_.size());
-    s2_.resize(s1_.size(), 0.0f);
+    if (!layout_.exec.on_gpu()) {
+      allocate_host();
+      return;
+    }
+    OMNI_REQUIRE((std::is_same_v<T, float>), "[adam8bit] the GPU steps float parameters");
+    const Device device = params.values_tensor().device();
+    auto floats = [&](int64_t n) {
+      return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, device, layout_.exec.memory());
+    };
+    gpu_codes_ = floats((2 * codes_size_ + 3) / 4);  // q1 then q2, one byte each
+    gpu_fp32_ = floats(2 * fp32_size_);
+    gpu_maxima_ = floats(4 * blocks_);  // absmax1, absmax2, then the next step's two
+    gpu_tables_ = floats(512 + int64_t(runs_.size() * sizeof(adam8bit::Run) / sizeof(float)));
+    float* tables = gpu_tables_.template data<float>();
+    ops::upload(layout_.exec, tables, codes_.code1.data(), 256);
+    ops::upload(layout_.exec, tables + 256, codes_.code2.data(), 256);
+    ops::upload(layout_.exec, reinterpret_cast<adam8bit::Run*>(tables + 512), runs_.data(),
+                runs_.size());
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     if (!views_.empty()) import_views();
+    adam8bit::Step s;
+    s.with_decay = Adam8bitUpdate(cfg_, lr, cfg_.weight_decay, step);
+    s.without_decay = Adam8bitUpdate(cfg_, lr, 0.0, step);
+    s.block = block_;
+    s.run_count = int64_t(runs_.size());
+    s.n = runs_.empty() ? 0 : runs_.back().first + runs_.back().count;
+    if (layout_.exec.on_gpu()) return gpu_step(s, params);
+    // Two passes, so that no fp32 copy of the moments is kept: the blocks' new maxima, then
+    // the same moments again, the weights' step and the moments quantised against them.
     std::vector<float> max1(size_t(blocks_), 0.0f), max2(size_t(blocks_), 0.0f);
-    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
-      const ZooPiece& piece = layout_.pieces[k];
-      const ParamInfo& p = infos_[piece.param];
-      const Adam8bitUpdate update(cfg_, lr, p.weight_decay ? cfg_.weight_decay : 0.0, step);
-      T* w = params.values() + piece.begin;
-      const T* g = params.grads() + piece.begin;
-      const size_t at = size_t(starts_[k]);
-      if (!tensors_[piece.param].quantized) {
-        for (int64_t i = 0; i < piece.end - piece.begin; ++i)
-          update(float(g[i]), s1_[at + size_t(i)], s2_[at + size_t(i)], w[i]);
-        continue;
-      }
-      // Dequantise against the blocks' maxima, update, and note the blocks' new maxima.
-      for_each_element(piece, [&](int64_t i, int64_t b) {
-        float& m = m_[at + size_t(i)];
-        float& v = v_[at + size_t(i)];
-        m = codes_.code1[q1_[at + size_t(i)]] * absmax1_[size_t(b)];
-        v = codes_.code2[q2_[at + size_t(i)]] * absmax2_[size_t(b)];
-        update(float(g[i]), m, v, w[i]);
-        max1[size_t(b)] = std::max(max1[size_t(b)], std::fabs(m));
-        max2[size_t(b)] = std::max(max2[size_t(b)], std::fabs(v));
-      });
-    }
-    max_over_parts(max1);
-    max_over_parts(max2);
+    s.runs = runs_.data(), s.code1 = codes_.code1.data(), s.code2 = codes_.code2.data();
+    s.q1 = q1_.data(), s.q2 = q2_.data(), s.s1 = s1_.data(), s.s2 = s2_.data();
+    s.absmax1 = absmax1_.data(), s.absmax2 = absmax2_.data();
+    s.max1 = max1.data(), s.max2 = max2.data();
+    step_on_cpu(s, params.values(), params.grads(), [&] {
+      max_over_parts(max1);
+      max_over_parts(max2);
+    });
     absmax1_ = std::move(max1);
     absmax2_ = std::move(max2);
-    for (size_t k = 0; k < layout_.pieces.size(); ++k) {
-      const ZooPiece& piece = layout_.pieces[k];
-      if (!tensors_[piece.param].quantized) continue;
-      const size_t at = size_t(starts_[k]);
-      for_each_element(piece, [&](int64_t i, int64_t b) {
-        q1_[at + size_t(i)] = codes_.quantize_signed(m_[at + size_t(i)], absmax1_[size_t(b)]);
-        q2_[at + size_t(i)] = codes_.quantize_unsigned(v_[at + size_t(i)], absmax2_[size_t(b)]);
-      });
-    }
   }
 
   std::vector<std::string> state_names() const override {
@@ -286,7 +350,7 @@ class Adam8bit : public ZooOptimizer<T> {
     if (views_.empty()) export_views();
     const auto names = state_names();
     for (size_t i = 0; i < names.size(); ++i)
-      if (names[i] == name) return views_[i].data();
+      if (names[i] == name) return view(i);
     throw InternalError("[adam8bit] no state buffer '" + name + "'");
   }
 
@@ -299,6 +363,78 @@ class Adam8bit : public ZooOptimizer<T> {
     int64_t block_start = 0;  // into absmax1_/absmax2_
     std::vector<Run> runs;    // where this rank's elements sit in the whole tensor
   };
+
+  // The step's runs of the piece whose states start at `state`: the piece whole (fp32
+  // moments), or where it meets each run of its whole tensor (8-bit moments).
+  void add_runs(const ZooPiece& piece, int64_t state) {
+    const ParamInfo& p = infos_[piece.param];
+    const Tensor8& t = tensors_[piece.param];
+    const int32_t decay = p.weight_decay && cfg_.weight_decay != 0.0 ? 1 : 0;
+    const int64_t first = runs_.empty() ? 0 : runs_.back().first + runs_.back().count;
+    if (!t.quantized) {
+      if (piece.end > piece.begin)
+        runs_.push_back({first, piece.begin, state, 0, 0, piece.end - piece.begin, 0, decay});
+      return;
+    }
+    const int64_t begin = piece.begin - p.offset, end = piece.end - p.offset;
+    for (const Run& r : t.runs) {
+      const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
+      if (lo >= hi) continue;
+      const int64_t at = runs_.empty() ? 0 : runs_.back().first + runs_.back().count;
+      runs_.push_back({at, p.offset + lo, state + (lo - begin), r.global + (lo - r.local),
+                       t.block_start, hi - lo, 1, decay});
+    }
+  }
+
+  void allocate_host() {
+    q1_.assign(size_t(codes_size_), 0);
+    q2_.assign(size_t(codes_size_), 0);
+    s1_.assign(size_t(fp32_size_), 0.0f);
+    s2_.assign(size_t(fp32_size_), 0.0f);
+    absmax1_.assign(size_t(blocks_), 0.0f);
+    absmax2_.assign(size_t(blocks_), 0.0f);
+  }
+
+  // The GPU's step (backend/gpu/zoo_adam8bit.cu): the same two passes; the blocks' maxima
+  // are reduced over the ranks on the host between them.
+  void gpu_step(adam8bit::Step& s, ParameterSet<T>& params) {
+    if constexpr (!std::is_same_v<T, float>) {
+      ops::detail::gpu_has_no_double("adam8bit");
+    } else {
+      const ops::Exec& x = layout_.exec;
+      float* maxima = gpu_maxima_.template data<float>();
+      const size_t blocks = size_t(blocks_);
+      float* old_max = maxima + (flip_ ? 2 * blocks : 0);
+      float* new_max = maxima + (flip_ ? 0 : 2 * blocks);
+      uint8_t* codes = reinterpret_cast<uint8_t*>(gpu_codes_.template data<float>());
+      float* fp32 = gpu_fp32_.template data<float>();
+      const float* tables = gpu_tables_.template data<float>();
+      s.runs = reinterpret_cast<const adam8bit::Run*>(tables + 512);
+      s.code1 = tables, s.code2 = tables + 256;
+      s.w = params.values(), s.g = params.grads();
+      s.q1 = codes, s.q2 = codes + codes_size_;
+      s.s1 = fp32, s.s2 = fp32 + fp32_size_;
+      s.absmax1 = old_max, s.absmax2 = old_max + blocks;
+      s.max1 = new_max, s.max2 = new_max + blocks;
+      ops::zero(x, new_max, 2 * blocks);
+      s.pass = 0;
+      x.gpu->adam8bit_update(s);
+      if (parts_elsewhere() && blocks > 0) {
+        std::vector<float> host(2 * blocks);
+        ops::download(x, host.data(), new_max, host.size());
+        max_over_parts(host);
+        ops::upload(x, new_max, host.data(), host.size());
+      }
+      s.pass = 1;
+      x.gpu->adam8bit_update(s);
+      flip_ = !flip_;
+    }
+  }
+
+  bool parts_elsewhere() const {
+    return (layout_.data_parallel && layout_.data_parallel->size() > 1) ||
+           (layout_.tensor_parallel && layout_.tensor_parallel->size() > 1);
+  }
 
   // f(i, block) for the elements i (from the piece's start) of a quantised piece, with the
   // index into absmax of the whole tensor's block each belongs to.
@@ -324,10 +460,45 @@ class Adam8bit : public ZooOptimizer<T> {
       layout_.tensor_parallel->all_reduce(maxima.data(), maxima.size(), ReduceOp::Max);
   }
 
+  // The GPU's states into the host arrays that export_views and import_views read and write
+  // (only while a checkpoint is saved or loaded), and back.
+  void download_states() {
+    const ops::Exec& x = layout_.exec;
+    allocate_host();
+    const uint8_t* codes = reinterpret_cast<const uint8_t*>(gpu_codes_.template data<float>());
+    const float* fp32 = gpu_fp32_.template data<float>();
+    const float* maxima = gpu_maxima_.template data<float>() + (flip_ ? 2 * blocks_ : 0);
+    ops::download(x, q1_.data(), codes, q1_.size());
+    ops::download(x, q2_.data(), codes + codes_size_, q2_.size());
+    ops::download(x, s1_.data(), fp32, s1_.size());
+    ops::download(x, s2_.data(), fp32 + fp32_size_, s2_.size());
+    ops::download(x, absmax1_.data(), maxima, absmax1_.size());
+    ops::download(x, absmax2_.data(), maxima + blocks_, absmax2_.size());
+  }
+  void upload_states() {
+    const ops::Exec& x = layout_.exec;
+    uint8_t* codes = reinterpret_cast<uint8_t*>(gpu_codes_.template data<float>());
+    float* fp32 = gpu_fp32_.template data<float>();
+    float* maxima = gpu_maxima_.template data<float>() + (flip_ ? 2 * blocks_ : 0);
+    ops::upload(x, codes, q1_.data(), q1_.size());
+    ops::upload(x, codes + codes_size_, q2_.data(), q2_.size());
+    ops::upload(x, fp32, s1_.data(), s1_.size());
+    ops::upload(x, fp32 + fp32_size_, s2_.data(), s2_.size());
+    ops::upload(x, maxima, absmax1_.data(), absmax1_.size());
+    ops::upload(x, maxima + blocks_, absmax2_.data(), absmax2_.size());
+    for (auto* v : {&q1_, &q2_}) std::vector<uint8_t>().swap(*v);
+    for (auto* v : {&s1_, &s2_, &absmax1_, &absmax2_}) std::vector<float>().swap(*v);
+  }
+
+  T* view(size_t i) {
+    return layout_.exec.on_gpu() ? gpu_views_[i].template data<T>() : views_[i].data();
+  }
+
   // The checkpoint's view: state1 and state2 per element as the file's comment says; absmax1
   // and absmax2 at the element that starts each block of the whole tensor (on the rank that
-  // holds it).
+  // holds it). On the GPU it is made on the host and uploaded.
   void export_views() {
+    if (layout_.exec.on_gpu()) download_states();
     views_.assign(4, std::vector<T>(size_t(layout_.state_size), T(0)));
     for (size_t k = 0; k < layout_.pieces.size(); ++k) {
       const ZooPiece& piece = layout_.pieces[k];
@@ -349,6 +520,14 @@ class Adam8bit : public ZooOptimizer<T> {
         }
       });
     }
+    if (!layout_.exec.on_gpu()) return;
+    gpu_views_.clear();
+    for (const std::vector<T>& v : views_) {
+      gpu_views_.push_back(Tensor::zeros({std::max<int64_t>(layout_.state_size, 1)}, dtype_of<T>(),
+                                         gpu_codes_.device(), layout_.exec.memory()));
+      ops::upload(layout_.exec, gpu_views_.back().template data<T>(), v.data(), v.size());
+    }
+    upload_states();  // (frees the host arrays)
   }
 
   // Whether element i of the piece is the first of block b of its whole tensor.
@@ -361,6 +540,13 @@ class Adam8bit : public ZooOptimizer<T> {
   }
 
   void import_views() {
+    const bool gpu = layout_.exec.on_gpu();
+    if (gpu) {
+      allocate_host();
+      for (size_t i = 0; i < views_.size(); ++i)
+        ops::download(layout_.exec, views_[i].data(), gpu_views_[i].template data<T>(),
+                      views_[i].size());
+    }
     std::fill(absmax1_.begin(), absmax1_.end(), 0.0f);
     std::fill(absmax2_.begin(), absmax2_.end(), 0.0f);
     for (size_t k = 0; k < layout_.pieces.size(); ++k) {
@@ -393,6 +579,9 @@ class Adam8bit : public ZooOptimizer<T> {
     max_over_parts(absmax1_);  // the blocks whose first element another rank holds
     max_over_parts(absmax2_);
     views_.clear();
+    if (!gpu) return;
+    gpu_views_.clear();
+    upload_states();
   }
 
   OptimizerConfig cfg_;
@@ -401,11 +590,18 @@ class Adam8bit : public ZooOptimizer<T> {
   std::vector<ParamInfo> infos_;
   ZooLayout<T> layout_;
   std::vector<Tensor8> tensors_;
-  std::vector<int64_t> starts_;  // per piece, into q1_/q2_ (quantised tensors) or s1_/s2_
+  std::vector<int64_t> starts_;  // per piece, into the codes (quantised tensors) or fp32 moments
+  int64_t codes_size_ = 0, fp32_size_ = 0;
+  std::vector<adam8bit::Run> runs_;  // the step's, in the launch's element order
+  // The states on the CPU (on the GPU only while a checkpoint is saved or loaded).
   std::vector<uint8_t> q1_, q2_;
-  std::vector<float> m_, v_;  // the quantised pieces' moments during a step
   std::vector<float> absmax1_, absmax2_, s1_, s2_;
   std::vector<std::vector<T>> views_;  // the checkpoint's state1, state2, absmax1, absmax2
+  // On the GPU: the codes, the fp32 moments, the blocks' maxima (two pairs, `flip_` says
+  // which is the current one), the codes' values then the runs, and the checkpoint's views.
+  Tensor gpu_codes_, gpu_fp32_, gpu_maxima_, gpu_tables_;
+  std::vector<Tensor> gpu_views_;
+  bool flip_ = false;
 };
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
+#include "backend/zoo_adam8bit_math.h"
 #include "optim/optimizer.h"
 
 namespace omni {
@@ -24,36 +26,33 @@ struct Adam8bitCodes {
   std::array<float, 256> code1, code2;
 };
 
-// bitsandbytes' Adam update of one element in fp32: m and v by Adam's recurrences, then
-// w += -lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps * sqrt(1 - b2^t)), then
-// w *= 1 - lr * wd; a gradient that is not finite zeroes the moments and skips the element.
-struct Adam8bitUpdate {
+// bitsandbytes' Adam update of one element in fp32 (backend/zoo_adam8bit_math.h): m and v by
+// Adam's recurrences, then w += -lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps *
+// sqrt(1 - b2^t)), then w *= 1 - lr * wd; a gradient that is not finite zeroes the moments and
+// skips the element.
+struct Adam8bitUpdate : adam8bit::Constants {
   Adam8bitUpdate(const OptimizerConfig& config, double lr, double wd, int64_t step);
   template <typename T>
   void operator()(float grad, float& m, float& v, T& w) const {
-    if (!std::isfinite(grad)) {
-      m = v = 0.0f;
-      return;
-    }
-    m = m * b1 + (1.0f - b1) * grad;
-    v = v * b2 + (1.0f - b2) * (grad * grad);
-    float x = float(w) + step_size * (m / (std::sqrt(v) + eps * correction2));
-    if (wd > 0.0f) x = x * (1.0f - lr * wd);
-    w = T(x);
+    if (adam8bit::update_moments(*this, grad, m, v)) w = T(adam8bit::apply(*this, m, v, float(w)));
   }
-  float b1, b2, eps, lr, wd, correction2, step_size;
 };
 
 class Adam8bitMoments {
  public:
   // One segment per size: 8-bit where it has at least config.zoo.adam8bit_min_8bit_size
-  // elements, fp32 otherwise.
-  Adam8bitMoments(const OptimizerConfig& config, const std::vector<int64_t>& sizes);
+  // elements, fp32 otherwise. With a GPU `exec` the moments live on `device` and step() takes
+  // device pointers (float); save() and load() read the host copy that download() fills and
+  // upload() sends back.
+  Adam8bitMoments(const OptimizerConfig& config, const std::vector<int64_t>& sizes,
+                  const ops::Exec& exec = {}, Device device = {});
 
   // bitsandbytes' Adam step on segment s (n elements): w += -lr * sqrt(1 - b2^t) / (1 - b1^t)
   // * m / (sqrt(v) + eps * sqrt(1 - b2^t)), then w *= 1 - lr * wd.
   template <typename T>
   void step(size_t s, T* w, const T* g, double lr, double wd, int64_t step);
+  void download();
+  void upload();
 
   // The checkpoint's view of segment s: state1/state2 hold code indices (8-bit) or the fp32
   // moments; absmax1/absmax2 each block's absolute maximum at the block's first element.
@@ -78,7 +77,10 @@ class Adam8bitMoments {
   std::vector<Segment> segments_;
   std::vector<uint8_t> q1_, q2_;
   std::vector<float> absmax1_, absmax2_, s1_, s2_;
-  std::vector<float> m_, v_;  // scratch of one block
+  // On the GPU: the codes (q1 then q2), the fp32 moments (s1 then s2), the blocks' maxima
+  // (absmax1, absmax2, then the step's new ones), the code values then each segment's run.
+  ops::Exec exec_;
+  Tensor codes_gpu_, fp32_gpu_, maxima_gpu_, tables_gpu_;
 };
 
 }  // namespace omni

@@ -28,7 +28,9 @@
 // adam8bit's state1, state2, absmax1 and absmax2 (the 8-bit variants).
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
@@ -70,29 +72,38 @@ Projection plan(const ParamInfo& p, const ZooConfig& z) {
 template <typename T>
 class GaLore : public ZooOptimizer<T> {
  public:
-  GaLore(const OptimizerConfig& config, const ParameterSet<T>& params)
+  GaLore(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
+        layout_(layout),
         eight_bit_(config.kind != OptimizerKind::GaLoreAdamW),
         infos_(params.infos()),
         size_(params.size()),
+        exec_(layout.exec),
+        device_(params.values_tensor().device()),
         states_(eight_bit_ ? std::vector<std::string>{"projection"}
                            : std::vector<std::string>{"projection", "exp_avg", "exp_avg_sq"},
-                params.size()) {
+                params.size(), device_, exec_.memory()) {
+    OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[galore] the GPU steps float");
     std::vector<int64_t> sizes;
     for (const ParamInfo& p : infos_) {
       plans_.push_back(plan(p, config.zoo));
       sizes.push_back(plans_.back().low_size(p.numel));
     }
-    if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes);
+    if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes, exec_, device_);
+    held_.assign(infos_.size(), false);
+    for (const ZooPiece& piece : layout.pieces) held_[piece.param] = true;
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    const T* grads = params.grads();
+    if (sharded()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      if (!held_[pi]) continue;
       const ParamInfo& p = infos_[pi];
       const Projection& pr = plans_[pi];
       T* w = params.values() + p.offset;
-      const T* g = params.grads() + p.offset;
+      const T* g = grads + p.offset;
       const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
       if (!pr.galore && eight_bit_) {  // bitsandbytes' Adam8bit, its decay included
         moments_->step(pi, w, g, lr, wd, step);
@@ -103,40 +114,47 @@ class GaLore : public ZooOptimizer<T> {
       const T* r = g;
       if (pr.galore) {
         if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, g, P);
-        low_.resize(size_t(n));
+        T* low = buffer(low_, n);
         if (pr.left)  // R = P^T G
-          ops::gemm<T>(true, false, int(pr.rank), int(pr.cols), int(pr.rows), T(1), P, int(pr.rank),
-                       g, int(pr.cols), T(0), low_.data(), int(pr.cols));
+          gemm(true, false, pr.rank, pr.cols, pr.rows, P, pr.rank, g, pr.cols, low, pr.cols);
         else  // R = G P^T
-          ops::gemm<T>(false, true, int(pr.rows), int(pr.rank), int(pr.cols), T(1), g, int(pr.cols),
-                       P, int(pr.cols), T(0), low_.data(), int(pr.rank));
-        r = low_.data();
+          gemm(false, true, pr.rows, pr.rank, pr.cols, g, pr.cols, P, pr.cols, low, pr.rank);
+        r = low;
       }
-      update_.assign(size_t(n), T(0));
+      T* update = buffer(update_, n);
+      ops::zero(exec_, update, size_t(n));
       T step_scale = T(1);
       if (eight_bit_) {
-        moments_->step(pi, update_.data(), r, lr, 0.0, step);
+        moments_->step(pi, update, r, lr, 0.0, step);
       } else {
         adam_direction(r, states_.get("exp_avg") + p.offset, states_.get("exp_avg_sq") + p.offset,
-                       n);
+                       update, n);
         const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
         step_scale = T(-lr * std::sqrt(1.0 - std::pow(b2, double(step))) /
                        (1.0 - std::pow(b1, double(step))));
       }
-      const T* u = update_.data();
+      const T* u = update;
       if (pr.galore) {
-        back_.resize(size_t(p.numel));
+        T* back = buffer(back_, p.numel);
         if (pr.left)  // P N
-          ops::gemm<T>(false, false, int(pr.rows), int(pr.cols), int(pr.rank), T(1), P,
-                       int(pr.rank), u, int(pr.cols), T(0), back_.data(), int(pr.cols));
+          gemm(false, false, pr.rows, pr.cols, pr.rank, P, pr.rank, u, pr.cols, back, pr.cols);
         else  // N P
-          ops::gemm<T>(false, false, int(pr.rows), int(pr.cols), int(pr.rank), T(1), u,
-                       int(pr.rank), P, int(pr.cols), T(0), back_.data(), int(pr.cols));
+          gemm(false, false, pr.rows, pr.cols, pr.rank, u, pr.rank, P, pr.cols, back, pr.cols);
         const T scale = T(cfg_.zoo.galore_scale);
-        for (T& x : back_) x *= scale;
-        u = back_.data();
+        if (exec_.on_gpu())
+          ops::scale(exec_, back, double(scale), size_t(p.numel));
+        else
+          for (int64_t i = 0; i < p.numel; ++i) back[i] *= scale;
+        u = back;
       }
       const T decay = T(-lr * wd);
+      if (exec_.on_gpu()) {
+        ops::ZooStep c;
+        c.kind = ops::ZooUpdate::GaLoreApply;
+        c.scale = float(step_scale), c.wd = float(wd), c.decay = float(decay);
+        gpu_update(c, w, u, const_cast<T*>(u), nullptr, nullptr, p.numel);
+        continue;
+      }
       for (int64_t i = 0; i < p.numel; ++i) {
         w[i] += step_scale * u[i];
         if (wd > 0) w[i] += decay * w[i];
@@ -149,43 +167,134 @@ class GaLore : public ZooOptimizer<T> {
     return {"projection", "state1", "state2", "absmax1", "absmax2"};
   }
   T* state_buffer(const std::string& name) override {
+    if (!sharded()) return whole_state(name);
+    // The distributed optimizer's view: this rank's pieces of the whole-layout state.
+    const T* whole = whole_state(name);
+    T* view = buffer(shard_views_[name], layout_.state_size);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, view + piece.state, whole + piece.begin, size_t(piece.end - piece.begin));
+    return view;
+  }
+
+ private:
+  // Under the distributed optimizer (a layout of pieces over data-parallel ranks) each rank
+  // steps every tensor it holds a piece of whole, from the whole reduced gradient (gathered
+  // from the ranks' pieces), with that tensor's whole state: the one-rank arithmetic on the
+  // same inputs, so the ranks holding pieces of one tensor compute the same values and the
+  // distributed optimizer's all-gather of the parameters keeps each rank's pieces. A tensor's
+  // state (its projection and low-rank moments, which start at its first element) thus lives
+  // on the ranks holding its pieces: sharded by whole tensors, the ones a shard boundary cuts
+  // held by both ranks. Checkpoints see this rank's pieces of the one-rank layout.
+  bool sharded() const { return layout_.data_parallel != nullptr; }
+
+  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
+  // first, a checkpoint's pieces of the state written into the views are gathered likewise.
+  const T* gather_gradients(const ParameterSet<T>& params) {
+    T* full = buffer(full_, size_);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, full + piece.begin, params.grads() + piece.begin,
+                size_t(piece.end - piece.begin));
+    layout_.gather_pieces(full);
+    if (shard_views_.empty()) return full;
+    T* state = buffer(gathered_, size_);
+    for (auto& [name, view] : shard_views_) {
+      for (const ZooPiece& piece : layout_.pieces)
+        ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
+                  size_t(piece.end - piece.begin));
+      layout_.gather_pieces(state);
+      ops::copy(exec_, whole_state(name), state, size_t(size_));  // (8-bit: import_views reads it)
+    }
+    shard_views_.clear();
+    return full;
+  }
+
+  // The state laid out like the whole flat buffer.
+  T* whole_state(const std::string& name) {
     if (!eight_bit_ || name == "projection") return states_.get(name);
     if (views_.empty()) export_views();
     const auto names = state_names();
     for (size_t i = 1; i < names.size(); ++i)
-      if (names[i] == name) return views_[i - 1].data();
+      if (names[i] == name)
+        return exec_.on_gpu() ? gpu_views_[i - 1].template data<T>() : views_[i - 1].data();
     throw InternalError("[galore] no state buffer '" + name + "'");
   }
 
- private:
-  // transformers' AdamW: M, V updated in place; update_ = M / (sqrt(V) + eps).
-  void adam_direction(const T* g, T* m, T* v, int64_t n) {
+  // transformers' AdamW: M, V updated in place; u = M / (sqrt(V) + eps).
+  void adam_direction(const T* g, T* m, T* v, T* u, int64_t n) {
     const T b1 = T(cfg_.adam_beta1), b2 = T(cfg_.adam_beta2), eps = T(cfg_.adam_eps);
     const T c1 = T(1.0 - cfg_.adam_beta1), c2 = T(1.0 - cfg_.adam_beta2);
+    if (exec_.on_gpu()) {
+      ops::ZooStep c;
+      c.kind = ops::ZooUpdate::GaLoreAdam;
+      c.beta1 = float(b1), c.beta2 = float(b2), c.eps = float(eps);
+      c.ckp1 = float(c1), c.rho_bs = float(c2);
+      return gpu_update(c, u, g, m, v, u, n);
+    }
     for (int64_t i = 0; i < n; ++i) {
       m[i] = m[i] * b1 + c1 * g[i];
       v[i] = v[i] * b2 + c2 * g[i] * g[i];
-      update_[size_t(i)] = m[i] / (std::sqrt(v[i]) + eps);
+      u[i] = m[i] / (std::sqrt(v[i]) + eps);
     }
   }
 
-  // P from the float64 SVD of G.
-  void project_from(const Projection& pr, const T* g, T* P) {
-    std::vector<double> a(g, g + pr.rows * pr.cols);
-    std::vector<double> out(size_t(pr.left ? pr.rows : pr.cols) * size_t(pr.rank));
-    linalg::top_singular_vectors(a.data(), pr.rows, pr.cols, pr.rank, pr.left, out.data());
-    for (size_t i = 0; i < out.size(); ++i) P[i] = T(out[i]);
+  void gpu_update(const ops::ZooStep& c, T* w, const T* g, T* s0, T* s1, T* s2, int64_t n) {
+    if constexpr (std::is_same_v<T, float>)
+      exec_.gpu->zoo_update(c, w, g, s0, s1, s2, size_t(n));
+    else
+      ops::detail::gpu_has_no_double("galore");
   }
 
+  // C = op(A) op(B), row-major (ops::gemm's convention), where the parameters live.
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+            int64_t ldb, T* C, int64_t ldc) {
+    if constexpr (std::is_same_v<T, float>)
+      if (exec_.on_gpu())
+        return exec_.gpu->gemm_f32(ta, tb, int(M), int(N), int(K), 1.0f, A, int(lda), B, int(ldb),
+                                   0.0f, C, int(ldc));
+    ops::gemm<T>(ta, tb, int(M), int(N), int(K), T(1), A, int(lda), B, int(ldb), T(0), C, int(ldc));
+  }
+
+  // A scratch buffer of at least n elements where the parameters live.
+  T* buffer(Tensor& t, int64_t n) {
+    if (!t.defined() || t.numel() < n)
+      t = Tensor::zeros({std::max<int64_t>(n, 1)}, dtype_of<T>(), device_, exec_.memory());
+    return t.template data<T>();
+  }
+
+  // P from the float64 SVD of G. On the GPU, G is copied to the host and P back: the SVD runs
+  // on the host's LAPACK every update_proj_gap steps (as galore_torch's torch.linalg.svd
+  // does on many builds); the projections and Adam's steps stay on the device.
+  void project_from(const Projection& pr, const T* g, T* P) {
+    std::vector<T> host(size_t(pr.rows * pr.cols));
+    ops::download(exec_, host.data(), g, host.size());
+    std::vector<double> a(host.begin(), host.end());
+    std::vector<double> out(size_t(pr.left ? pr.rows : pr.cols) * size_t(pr.rank));
+    linalg::top_singular_vectors(a.data(), pr.rows, pr.cols, pr.rank, pr.left, out.data());
+    std::vector<T> p(out.begin(), out.end());
+    ops::upload(exec_, P, p.data(), p.size());
+  }
+
+  // The 8-bit moments' checkpoint views, made on the host (and uploaded, on the GPU).
   void export_views() {
+    moments_->download();
     views_.assign(4, std::vector<T>(size_t(size_), T(0)));
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
       const int64_t o = infos_[pi].offset;
       moments_->save<T>(pi, {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o,
                              views_[3].data() + o});
     }
+    if (!exec_.on_gpu()) return;
+    gpu_views_.clear();
+    for (const std::vector<T>& v : views_) {
+      gpu_views_.push_back(
+          Tensor::zeros({std::max<int64_t>(size_, 1)}, dtype_of<T>(), device_, exec_.memory()));
+      ops::upload(exec_, gpu_views_.back().template data<T>(), v.data(), v.size());
+    }
   }
   void import_views() {
+    for (size_t i = 0; i < gpu_views_.size(); ++i)
+      ops::download(exec_, views_[i].data(), gpu_views_[i].template data<T>(), views_[i].size());
+    gpu_views_.clear();
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
       const int64_t o = infos_[pi].offset;
       moments_->load<T>(
@@ -194,17 +303,25 @@ class GaLore : public ZooOptimizer<T> {
           infos_[pi].name);
     }
     views_.clear();
+    moments_->upload();
   }
 
   OptimizerConfig cfg_;
+  ZooLayout<T> layout_;
+  std::vector<bool> held_;                     // the tensors this rank steps
+  std::map<std::string, Tensor> shard_views_;  // the distributed optimizer's, while asked for
+  Tensor full_, gathered_;
   bool eight_bit_;
   std::vector<ParamInfo> infos_;
   int64_t size_;
+  ops::Exec exec_;
+  Device device_;
   std::vector<Projection> plans_;
   ZooStates<T> states_;
   std::unique_ptr<Adam8bitMoments> moments_;
-  std::vector<std::vector<T>> views_;   // 8-bit: the checkpoint's state1, state2, absmax1, absmax2
-  std::vector<T> low_, update_, back_;  // scratch
+  std::vector<std::vector<T>> views_;  // 8-bit: the checkpoint's state1, state2, absmax1, absmax2
+  std::vector<Tensor> gpu_views_;      // on the GPU, views_ uploaded
+  Tensor low_, update_, back_;         // scratch where the parameters live
 };
 
 }  // namespace
@@ -213,12 +330,16 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
                                              const ZooLayout<T>& layout) {
-  require_whole_layout(config.kind, layout);
+  OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, "--optimizer ",
+               zoo_optimizer_name(config.kind), " with --tensor-model-parallel-size ",
+               layout.tensor_parallel ? layout.tensor_parallel->size() : 1,
+               ": not built yet: the top singular vectors of a slice's gradient are not a slice of "
+               "the whole matrix's; use --tensor-model-parallel-size 1");
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.galore_rank >= 1, "--galore-rank must be at least 1 (got ", z.galore_rank, ")");
   OMNI_REQUIRE(z.galore_update_proj_gap >= 1, "--galore-update-proj-gap must be at least 1 (got ",
                z.galore_update_proj_gap, ")");
-  return std::make_shared<GaLore<T>>(config, params);
+  return std::make_shared<GaLore<T>>(config, params, layout);
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_galore(const OptimizerConfig&,

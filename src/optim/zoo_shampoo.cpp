@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
@@ -55,8 +56,13 @@ struct Block {
 template <typename T>
 class Shampoo : public ZooOptimizer<T> {
  public:
-  Shampoo(const OptimizerConfig& config, const ParameterSet<T>& params)
-      : cfg_(config), size_(params.size()), states_({"exp_avg", "exp_avg_sq"}, params.size()) {
+  Shampoo(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
+      : cfg_(config),
+        size_(params.size()),
+        exec_(layout.exec),
+        device_(params.values_tensor().device()),
+        states_({"exp_avg", "exp_avg_sq"}, params.size(), device_, exec_.memory()) {
+    OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[shampoo] the GPU steps float");
     const int64_t dmax = config.zoo.shampoo_max_preconditioner_dim;
     int64_t pool = 0;
     uint64_t hash = 1469598103934665603ull;
@@ -85,7 +91,12 @@ class Shampoo : public ZooOptimizer<T> {
     fingerprint_ = T(double(hash % (1u << 23)) + 1);  // exact in float
     const int64_t per_buffer = int64_t(saved_.size());
     buffers_ = per_buffer > 0 ? (pool + 1 + per_buffer - 1) / per_buffer : 0;
-    pool_.assign(size_t(pool), T(0));
+    pool_size_ = pool;
+    if (exec_.on_gpu())
+      pool_gpu_ =
+          Tensor::zeros({std::max<int64_t>(pool, 1)}, dtype_of<T>(), device_, exec_.memory());
+    else
+      pool_.assign(size_t(pool), T(0));
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
@@ -94,6 +105,10 @@ class Shampoo : public ZooOptimizer<T> {
     const double c1 = 1.0 - std::pow(b1, double(step)), c2 = 1.0 - std::pow(b2, double(step));
     const int64_t freq = cfg_.zoo.shampoo_update_freq;
     const bool roots = step % freq == 0, precondition = step >= freq;
+    if (exec_.on_gpu()) {
+      for (const Block& b : blocks_) gpu_step(b, params, lr, c1, c2, roots, precondition);
+      return;
+    }
     for (const Block& b : blocks_) {
       load_block(b, params.grads(), g_);
       const int64_t n = b.rows * b.cols;
@@ -157,10 +172,103 @@ class Shampoo : public ZooOptimizer<T> {
     const std::string prefix = "preconditioners.";
     if (name.rfind(prefix, 0) != 0) return states_.get(name);
     if (views_.empty()) export_views();
-    return views_.at(size_t(std::stoll(name.substr(prefix.size())))).data();
+    const size_t k = size_t(std::stoll(name.substr(prefix.size())));
+    return exec_.on_gpu() ? gpu_views_.at(k).template data<T>() : views_.at(k).data();
   }
 
  private:
+  // One block's step on the GPU: the same operations, the element-wise ones in the zoo's
+  // kernels (backend/gpu/zoo_optimizer.cu), the products through the GPU's GEMM. The inverse
+  // roots copy the factor to the host, decompose it there in float64 (zoo_linalg.cpp) and copy
+  // the root back, every update_freq steps.
+  void gpu_step(const Block& b, ParameterSet<T>& params, double lr, double c1, double c2,
+                bool roots, bool precondition) {
+    if constexpr (!std::is_same_v<T, float>) {
+      ops::detail::gpu_has_no_double("shampoo");
+    } else {
+      const ops::Exec& e = exec_;
+      const int64_t n = b.rows * b.cols;
+      const int rows = int(b.rows), cols = int(b.cols);
+      auto block_of = [&](const T* flat, Tensor& t) {  // the block's elements, contiguous
+        T* out = buffer(t, n);
+        ops::copy_rows(e, out, size_t(b.cols), flat + b.offset + b.r0 * b.ld + b.c0, size_t(b.ld),
+                       size_t(b.cols), size_t(b.rows));
+        return out;
+      };
+      auto store = [&](const T* in, T* flat) {
+        ops::copy_rows(e, flat + b.offset + b.r0 * b.ld + b.c0, size_t(b.ld), in, size_t(b.cols),
+                       size_t(b.cols), size_t(b.rows));
+      };
+      T* L = pool_gpu_.template data<T>() + b.pool;
+      T* R = b.matrix ? L + b.rows * b.rows : L;
+      T* QL = R + b.cols * b.cols;
+      T* QR = b.matrix ? QL + b.rows * b.rows : QL;
+      const T* g = block_of(params.grads(), gb_);
+      ops::ZooStep ema;
+      ema.kind = ops::ZooUpdate::Ema;
+      ema.beta2 = float(T(cfg_.adam_beta2)), ema.scale = float(T(1.0 - cfg_.adam_beta2));
+      T* outer = buffer(outerb_, std::max(b.rows * b.rows, b.cols * b.cols));
+      if (b.matrix) {
+        e.gpu->gemm_f32(false, true, rows, rows, cols, 1.0f, g, cols, g, cols, 0.0f, outer, rows);
+        e.gpu->zoo_update(ema, nullptr, outer, L, nullptr, nullptr, size_t(b.rows * b.rows));
+      }
+      e.gpu->gemm_f32(true, false, cols, cols, rows, 1.0f, g, cols, g, cols, 0.0f, outer, cols);
+      e.gpu->zoo_update(ema, nullptr, outer, R, nullptr, nullptr, size_t(b.cols * b.cols));
+      T* m = block_of(states_.get("exp_avg"), mb_);
+      T* v = block_of(states_.get("exp_avg_sq"), vb_);
+      T* mhat = buffer(mhatb_, n);
+      T* adam = buffer(adamb_, n);
+      ops::ZooStep mom;
+      mom.kind = ops::ZooUpdate::ShampooMoments;
+      mom.beta1 = float(T(cfg_.adam_beta1)), mom.beta2 = float(T(cfg_.adam_beta2));
+      mom.ckp1 = float(T(1.0 - cfg_.adam_beta1)), mom.rho_bs = float(T(1.0 - cfg_.adam_beta2));
+      mom.bc1 = float(T(1.0 / c1)), mom.bc2 = float(T(1.0 / c2)), mom.eps = float(T(cfg_.adam_eps));
+      e.gpu->zoo_update(mom, adam, g, m, v, mhat, size_t(n));
+      store(m, states_.get("exp_avg"));
+      store(v, states_.get("exp_avg_sq"));
+      if (roots) {
+        if (b.matrix) gpu_inverse_root(L, QL, b.rows, 4.0, c2);
+        gpu_inverse_root(R, QR, b.cols, b.matrix ? 4.0 : 2.0, c2);
+      }
+      T* direction = adam;
+      double graft = 1.0;
+      if (precondition) {
+        T* tmp = buffer(tmpb_, n);
+        e.gpu->gemm_f32(false, false, rows, cols, cols, 1.0f, mhat, cols, QR, cols, 0.0f, tmp,
+                        cols);
+        T* s = tmp;
+        if (b.matrix) {
+          s = buffer(sb_, n);
+          e.gpu->gemm_f32(false, false, rows, cols, rows, 1.0f, QL, rows, tmp, cols, 0.0f, s, cols);
+        }
+        const double adam_norm = ops::sum_squares(e, adam, size_t(n));
+        const double s_norm = ops::sum_squares(e, s, size_t(n));
+        graft = double(T(std::sqrt(adam_norm) / (std::sqrt(s_norm) + 1e-16)));
+        direction = s;
+      }
+      T* w = block_of(params.values(), wb_);
+      ops::ZooStep apply;
+      apply.kind = ops::ZooUpdate::ShampooApply;
+      apply.lr = float(T(lr)), apply.wd = float(T(b.decay)), apply.scale = float(graft);
+      e.gpu->zoo_update(apply, w, direction, direction, nullptr, nullptr, size_t(n));
+      store(w, params.values());
+    }
+  }
+
+  void gpu_inverse_root(const T* F, T* Q, int64_t n, double root, double c2) {
+    std::vector<T> f(size_t(n * n)), q(size_t(n * n));
+    ops::download(exec_, f.data(), F, f.size());
+    inverse_root(f.data(), q.data(), n, root, c2);
+    ops::upload(exec_, Q, q.data(), q.size());
+  }
+
+  // A scratch buffer of at least n elements where the parameters live.
+  T* buffer(Tensor& t, int64_t n) {
+    if (!t.defined() || t.numel() < n)
+      t = Tensor::zeros({std::max<int64_t>(n, 1)}, dtype_of<T>(), device_, exec_.memory());
+    return t.template data<T>();
+  }
+
   void load_block(const Block& b, const T* flat, std::vector<T>& out) const {
     out.resize(size_t(b.rows * b.cols));
     for (int64_t i = 0; i < b.rows; ++i)
@@ -188,20 +296,41 @@ class Shampoo : public ZooOptimizer<T> {
 
   // The pool as the checkpoint's buffers: element j of the stream at saved_[j % n] of
   // buffer j / n; the fingerprint last.
+  // On the GPU the pool and the views pass through the host while a checkpoint is saved or
+  // loaded.
   void export_views() {
     const size_t n = saved_.size();
+    if (exec_.on_gpu()) {
+      pool_.resize(size_t(pool_size_));
+      ops::download(exec_, pool_.data(), pool_gpu_.template data<T>(), pool_.size());
+    }
     views_.assign(size_t(buffers_), std::vector<T>(size_t(size_), T(0)));
     for (size_t j = 0; j < pool_.size(); ++j) views_[j / n][size_t(saved_[j % n])] = pool_[j];
     views_.back()[size_t(saved_.back())] = fingerprint_;
+    if (!exec_.on_gpu()) return;
+    std::vector<T>().swap(pool_);
+    gpu_views_.clear();
+    for (const std::vector<T>& v : views_) {
+      gpu_views_.push_back(
+          Tensor::zeros({std::max<int64_t>(size_, 1)}, dtype_of<T>(), device_, exec_.memory()));
+      ops::upload(exec_, gpu_views_.back().template data<T>(), v.data(), v.size());
+    }
   }
   void import_views() {
     const size_t n = saved_.size();
+    for (size_t i = 0; i < gpu_views_.size(); ++i)
+      ops::download(exec_, views_[i].data(), gpu_views_[i].template data<T>(), views_[i].size());
+    gpu_views_.clear();
+    if (exec_.on_gpu()) pool_.resize(size_t(pool_size_));
     OMNI_REQUIRE(views_.back()[size_t(saved_.back())] == fingerprint_,
                  "--optimizer shampoo: the checkpoint's preconditioners were laid out for other "
                  "tensors (another model or pipeline layout); resume with the layout that saved "
                  "them, or with --no-load-optim");
     for (size_t j = 0; j < pool_.size(); ++j) pool_[j] = views_[j / n][size_t(saved_[j % n])];
     views_.clear();
+    if (!exec_.on_gpu()) return;
+    ops::upload(exec_, pool_gpu_.template data<T>(), pool_.data(), pool_.size());
+    std::vector<T>().swap(pool_);
   }
 
   // Q = (F / c2 + eps I)^(-1/root), in float64.
@@ -224,9 +353,15 @@ class Shampoo : public ZooOptimizer<T> {
 
   OptimizerConfig cfg_;
   int64_t size_;
+  ops::Exec exec_;
+  Device device_;
   ZooStates<T> states_;
   std::vector<Block> blocks_;
-  std::vector<T> pool_;
+  std::vector<T> pool_;  // on the GPU only while a checkpoint is saved or loaded
+  int64_t pool_size_ = 0;
+  Tensor pool_gpu_;
+  std::vector<Tensor> gpu_views_;
+  Tensor gb_, mb_, vb_, mhatb_, adamb_, sb_, tmpb_, outerb_, wb_;  // the GPU's scratch
   std::vector<int64_t> saved_;  // the flat buffer's positions that hold parameters
   int64_t buffers_ = 0;
   T fingerprint_ = T(0);
@@ -248,7 +383,7 @@ std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                "--shampoo-max-preconditioner-dim must be at least 1 (got ",
                z.shampoo_max_preconditioner_dim, ")");
   OMNI_REQUIRE(z.shampoo_eps >= 0, "--shampoo-eps must be 0 or more (got ", z.shampoo_eps, ")");
-  return std::make_shared<Shampoo<T>>(config, params);
+  return std::make_shared<Shampoo<T>>(config, params, layout);
 }
 
 template std::shared_ptr<ZooOptimizer<float>> make_shampoo(const OptimizerConfig&,

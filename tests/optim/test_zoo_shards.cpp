@@ -1,6 +1,7 @@
 // The optimizer zoo on a rank's part of the model equals the zoo on one rank holding it all:
 //  - under the distributed optimizer (each data-parallel rank updates its shard, whose ranges
-//    cut tensors and adam8bit's blocks apart), at 2 ranks, parameters and gathered state;
+//    cut tensors and adam8bit's blocks apart; GaLore steps the tensors it holds pieces of
+//    whole), at 2 ranks, parameters and gathered state;
 //  - under tensor parallelism (each rank holds row or column slices of the matrices), at 2
 //    ranks, the slices of the one-rank parameters.
 // LAMB's norms may be sums in another order (within 1e-6); every other optimizer matches bit
@@ -65,6 +66,7 @@ OptimizerConfig config(OptimizerKind kind) {
   c.zoo.adam8bit_min_8bit_size = 32;   // the matrices take 8-bit states
   c.zoo.adam8bit_block_size = 16;      // blocks that shards and slices cut
   c.zoo.qkv_split_shapes = {2, 1, 1};  // four query groups of one key and value head
+  c.zoo.galore_rank = 3, c.zoo.galore_update_proj_gap = 2;  // new projections at steps 1, 3, 5
   return c;
 }
 
@@ -208,7 +210,11 @@ TEST(ZooShards, TensorParallelSlicesMatchOneRank) {
 }
 
 TEST(ZooShards, DistributedOptimizerMatchesOneRankAndResumesAtAnotherSize) {
-  for (OptimizerKind kind : kZoo) {
+  std::vector<OptimizerKind> kinds(std::begin(kZoo), std::end(kZoo));
+  // GaLore shards by whole tensors: each rank steps the tensors it holds pieces of whole.
+  for (OptimizerKind kind : {OptimizerKind::GaLoreAdamW, OptimizerKind::GaLoreAdamW8bit})
+    kinds.push_back(kind);
+  for (OptimizerKind kind : kinds) {
     const char* name = zoo_optimizer_name(kind);
     Reference ref(kind);
     ref.steps(0, 3, 2);

@@ -219,6 +219,9 @@ class Backend final : public GpuBackend {
                   float* s2, size_t n) const override {
     gpu::zoo_update(step, w, g, s0, s1, s2, n);
   }
+  void adam8bit_update(const adam8bit::Step& step) const override {
+    gpu::adam8bit_update(step);
+  }
   void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                 int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     gpu::gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -23,6 +23,7 @@
 #include "backend/gpu/gpu_types.h"
 #include "backend/gpu_backend.h"
 #include "backend/op_types.h"
+#include "backend/zoo_adam8bit_math.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
 
@@ -232,6 +233,8 @@ void sgd_update(float* params, const float* grads, float* momentum_buf, size_t n
 // One element-wise step of the optimizer zoo (backend/op_types.h's ZooStep), fp32.
 void zoo_update(const ops::ZooStep& step, float* w, const float* g, float* s0, float* s1, float* s2,
                 size_t n, Stream stream = nullptr);
+// One pass of adam8bit's step (backend/zoo_adam8bit_math.h's Step), fp32 weights.
+void adam8bit_update(const adam8bit::Step& step, Stream stream = nullptr);
 // C[M,N] = alpha op(A) op(B) + beta C in float, row-major (ops::gemm's convention), through
 // blas::gemm (Muon's Newton-Schulz iteration).
 void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

@@ -1,7 +1,8 @@
 // The optimizer zoo's element-wise steps (Lion, SophiaG, schedule-free AdamW and SGD, LAMB's
 // two passes, Muon's momentum and update): per element the float arithmetic of
 // optim/zoo_elementwise.cpp and zoo_muon.cpp, which cite each algorithm's paper and reference
-// implementation; and the float GEMM of Muon's Newton-Schulz iteration. One grid-stride kernel; the
+// implementation; GaLore's and Shampoo's element-wise parts (zoo_galore.cpp, zoo_shampoo.cpp);
+// and the float GEMM of Muon's Newton-Schulz iteration. One grid-stride kernel; the
 // kind is uniform over the launch, so the switch does not diverge.
 #include "backend/gpu/blas.h"
 #include "backend/gpu/gpu_ops.h"
@@ -76,6 +77,32 @@ __global__ void zoo_kernel(ops::ZooStep c, float* w, const float* g, float* s0, 
       }
       case ops::ZooUpdate::MuonApply:  // s0: the orthogonalised update
         w[i] -= c.lr * s0[i];
+        break;
+      case ops::ZooUpdate::GaLoreAdam: {  // s0: exp_avg, s1: exp_avg_sq, s2 := the direction
+        const float m = s0[i] * c.beta1 + c.ckp1 * grad;
+        const float v = s1[i] * c.beta2 + c.rho_bs * grad * grad;
+        s0[i] = m, s1[i] = v;
+        s2[i] = m / (sqrtf(v) + c.eps);
+        break;
+      }
+      case ops::ZooUpdate::GaLoreApply:  // s0: the update projected back
+        w[i] += c.scale * s0[i];
+        if (c.wd > 0.0f) w[i] += c.decay * w[i];
+        break;
+      case ops::ZooUpdate::Ema:  // s0: a Shampoo factor, g: this step's G G^T or G^T G
+        s0[i] = c.beta2 * s0[i] + c.scale * grad;
+        break;
+      case ops::ZooUpdate::ShampooMoments: {  // s0: exp_avg, s1: exp_avg_sq, s2 := M^, w := A
+        const float m = c.beta1 * s0[i] + c.ckp1 * grad;
+        const float v = c.beta2 * s1[i] + c.rho_bs * grad * grad;
+        s0[i] = m, s1[i] = v;
+        const float mhat = m * c.bc1;
+        s2[i] = mhat;
+        w[i] = mhat / (sqrtf(v * c.bc2) + c.eps);
+        break;
+      }
+      case ops::ZooUpdate::ShampooApply:  // s0: the direction (times scale: grafting)
+        w[i] -= c.lr * (s0[i] * c.scale + c.wd * w[i]);
         break;
     }
   }
