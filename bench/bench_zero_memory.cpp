@@ -71,6 +71,7 @@ Row measure(int ranks, int stage, const std::string& seq) {
     omni::Trainer t(o, omni::make_mock_data(o.model.vocab_size, uint64_t(o.seed)), 0, std::nullopt,
                     &world);
     omni::MetricsSink sink("", false, nullptr);
+    t.track_memory_peak();
     t.run(sink);
     const omni::Trainer::HeldMemory h = t.held_memory();
     std::lock_guard<std::mutex> lock(m);

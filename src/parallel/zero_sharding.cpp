@@ -345,6 +345,7 @@ ZeroSharding::Bytes ZeroSharding::resident() const {
 }
 
 void ZeroSharding::sample() {
+  if (!track_peak_) return;  // mincore over the buffers: only when a measurement asks
   const Bytes now = resident();
   peak_.params = std::max(peak_.params, now.params);
   peak_.grads = std::max(peak_.grads, now.grads);

@@ -79,13 +79,18 @@ class ZeroSharding {
   void params_updated();
 
   // Resident bytes of the parameter buffer, and of the gradient buffer with the accumulator,
-  // measured now; peak(): the largest seen at the calls above since reset_peak().
+  // measured now; peak(): the largest seen at the calls above since reset_peak(), sampled
+  // only after set_track_peak(true) (bench/bench_zero_memory.cpp).
   struct Bytes {
     int64_t params = 0, grads = 0;
   };
   Bytes resident() const;
   Bytes peak() const { return peak_; }
   void reset_peak() { peak_ = resident(); }
+  void set_track_peak(bool on) {
+    track_peak_ = on;
+    reset_peak();
+  }
 
  private:
   void reduce(size_t bucket);
@@ -124,7 +129,7 @@ class ZeroSharding {
   Tensor accum_, piece_;
   std::vector<int64_t> accum_offset_;
   Bytes peak_;
-  bool prefetching_ = true, backward_ = false;
+  bool prefetching_ = true, backward_ = false, track_peak_ = false;
   size_t prefetched_ = kNone;
   int in_use_ = 0;  // units whose use_params(.., true) has not been ended
   std::unique_ptr<CommRequest> prefetch_;

@@ -31,7 +31,7 @@ namespace {
 using Handle = uintptr_t;  // nonzero: mapped
 
 size_t min_granularity() {
-  return size_t(sysconf(_SC_PAGESIZE)) * 16;
+  return size_t(sysconf(_SC_PAGESIZE));
 }
 void* reserve(size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
