@@ -730,10 +730,13 @@ Trainer::HeldMemory Trainer::held_memory(bool reset_peak) {
     const ZeroSharding::Bytes peak = zero_->peak();
     m.params = peak.params, m.grads = peak.grads;
     if (reset_peak) zero_->reset_peak();
-  } else {
-    m.params = resident_bytes(params.values(), bytes);
-    m.grads = resident_bytes(params.grads(), bytes);
+  } else {  // the model's buffers (the CPU's: float, also under --bf16/--fp16)
+    m.params = resident_bytes(
+        with_model([](auto& s) { return s.model.params().values_tensor().raw(); }), bytes);
+    m.grads = resident_bytes(model_grads().raw(), bytes);
   }
+  if (mixed_)  // the fp32 master copy counts with the optimizer's states, as ZeRO's K does
+    m.optimizer += resident_bytes(params.values(), bytes) + resident_bytes(params.grads(), bytes);
   if (optimizer_ && !is_zoo_optimizer(optimizer_->kind()))  // AdamW's or SGD's float states
     for (const std::string& name : optimizer_->state_names())
       m.optimizer += resident_bytes(optimizer_->state_buffer(name), bytes);
