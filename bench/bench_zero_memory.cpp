@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
       "GPT-2 124M, AdamW %s, peak MiB per rank of its buffers (measured) beside "
       "ZeRO's prediction\n",
       bf16 ? "--bf16 (the CPU's model: float values rounded to bf16; the fp32 master with the "
-             "optimizer; predicted: fp32's plus the master's 2P/d, 3P/d under stage 0)"
+             "optimizer; predicted: fp32's plus the master and its gradients, 2P at stages 0-1, "
+             "2P/d at 2-3)"
            : "fp32");
   std::printf("%3s %5s %9s %9s %9s %9s %10s\n", "DP", "stage", "params", "grads", "optimizer",
               "total", "predicted");

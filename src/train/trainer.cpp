@@ -199,7 +199,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
         mixed_ = std::make_unique<MixedPrecision>(m.model.params(), exec_);
     });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
-    if (zero_) mixed_->keep_only(ddp_->shard());  // the master's ranges this rank steps
+    if (zero_) {  // the master's ranges this rank steps; the model's rounding touched them all
+      mixed_->keep_only(ddp_->shard());
+      zero_->release_params();
+    }
   }
   if (opts.use_distributed_optimizer) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(
