@@ -7,7 +7,7 @@
 // P + 3P/d (2), 4P/d (3), plus under stage 3 the largest layer gathered whole and under
 // stages 2 and 3 a layer's gradients before their reduce-scatter.
 //
-//   OMP_NUM_THREADS=1 build/bench_zero_memory [--ranks 1,2,4] [--seq-length 8]
+//   OMP_NUM_THREADS=1 build/bench_zero_memory [--ranks 1,2,4] [--seq-length 8] [--bf16]
 //
 // Prints figures; never passes or fails. Each configuration runs in its own process.
 #include <sys/wait.h>
@@ -32,7 +32,7 @@ struct Row {
   double params = 0, grads = 0, optimizer = 0;  // MiB, the largest over the ranks
 };
 
-Row measure(int ranks, int stage, const std::string& seq) {
+Row measure(int ranks, int stage, const std::string& seq, bool bf16) {
   Row row;
   std::mutex m;
   omni::run_ranks(ranks, [&](omni::Communicator& world) {
@@ -65,12 +65,14 @@ Row measure(int ranks, int stage, const std::string& seq) {
                                      "100",
                                      "--zero-stage",
                                      std::to_string(stage)};
+    if (bf16) args.push_back("--bf16");
     omni::parse_options(args, o);
     o.data_parallel_size = ranks;
     omni::finalize(o);
     omni::Trainer t(o, omni::make_mock_data(o.model.vocab_size, uint64_t(o.seed)), 0, std::nullopt,
                     &world);
     omni::MetricsSink sink("", false, nullptr);
+    t.track_memory_peak();
     t.run(sink);
     const omni::Trainer::HeldMemory h = t.held_memory();
     std::lock_guard<std::mutex> lock(m);
@@ -83,14 +85,14 @@ Row measure(int ranks, int stage, const std::string& seq) {
 
 // The measurement in a child process (so each configuration's memory is its own), its row
 // handed back through a pipe.
-Row in_child(int ranks, int stage, const std::string& seq) {
+Row in_child(int ranks, int stage, const std::string& seq, bool bf16) {
   int fds[2];
   if (pipe(fds) != 0) return {};
   std::fflush(stdout);
   const pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    const Row r = measure(ranks, stage, seq);
+    const Row r = measure(ranks, stage, seq, bf16);
     if (write(fds[1], &r, sizeof r) != ssize_t(sizeof r)) _exit(1);
     _exit(0);
   }
@@ -107,8 +109,14 @@ Row in_child(int ranks, int stage, const std::string& seq) {
 int main(int argc, char** argv) {
   std::vector<int> dp = {1, 2, 4};
   std::string seq = "8";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool bf16 = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--bf16") {
+      bf16 = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (flag == "--ranks") {
       dp.clear();
       for (const char* p = argv[i + 1]; *p; ++p)
@@ -116,21 +124,29 @@ int main(int argc, char** argv) {
     } else if (flag == "--seq-length") {
       seq = argv[i + 1];
     }
+    ++i;
   }
   std::printf(
-      "GPT-2 124M, AdamW fp32, peak MiB per rank of its buffers (measured) beside "
-      "ZeRO's prediction\n");
+      "GPT-2 124M, AdamW %s, peak MiB per rank of its buffers (measured) beside "
+      "ZeRO's prediction\n",
+      bf16 ? "--bf16 (the CPU's model: float values rounded to bf16; the fp32 master with the "
+             "optimizer; predicted: fp32's plus the master and its gradients, 2P at stages 0-1, "
+             "2P/d at 2-3)"
+           : "fp32");
   std::printf("%3s %5s %9s %9s %9s %9s %10s\n", "DP", "stage", "params", "grads", "optimizer",
               "total", "predicted");
   double P = 0;
   for (int d : dp)
     for (int stage = 0; stage <= 3; ++stage) {
-      const Row r = in_child(d, stage, seq);
+      const Row r = in_child(d, stage, seq, bf16);
       if (d == 1 && stage == 0) P = r.params;
-      const double predicted = stage == 0   ? 4 * P
-                               : stage == 1 ? 2 * P + 2 * P / d
-                               : stage == 2 ? P + 3 * P / d
-                                            : 4 * P / d;
+      // --bf16: an fp32 master and its gradients beside the model, whole at stages 0 and 1
+      // (Megatron's Float16Optimizer), this rank's shard at stages 2 and 3.
+      const double master = !bf16 ? 0 : stage < 2 ? 2 * P : 2 * P / d;
+      const double predicted = master + (stage == 0   ? 4 * P
+                                         : stage == 1 ? 2 * P + 2 * P / d
+                                         : stage == 2 ? P + 3 * P / d
+                                                      : 4 * P / d);
       std::printf("%3d %5d %9.1f %9.1f %9.1f %9.1f %10.1f\n", d, stage, r.params, r.grads,
                   r.optimizer, r.params + r.grads + r.optimizer, predicted);
       std::fflush(stdout);

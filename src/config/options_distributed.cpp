@@ -157,16 +157,16 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> double& { return o.hang_report_seconds; }));
 }
 
-// ZeRO stages 2 and 3 train an fp32 model, one pipeline stage, dense layers; the FSDP flags
+// ZeRO stages 2 and 3 train one pipeline stage of dense layers; the FSDP flags
 // ask for stage 3 and settle for stage 1 where it is not built.
 void finalize_zero(Options& o) {
   std::string with;  // the setting stages 2 and 3 do not combine with yet
   if (o.pipeline_model_parallel_size > 1)
     with = "--pipeline-model-parallel-size " + std::to_string(o.pipeline_model_parallel_size);
-  else if (o.bf16 || o.fp16)
-    with = o.bf16 ? "--bf16" : "--fp16";
   else if (o.model.num_moe_experts > 0)
     with = "--num-experts " + std::to_string(o.model.num_moe_experts);
+  else if ((o.bf16 || o.fp16) && (o.device == "cuda" || o.device == "hip"))  // 16-bit on a GPU
+    with = std::string(o.bf16 ? "--bf16" : "--fp16") + " on --device " + o.device;
   if (!o.fsdp_flag.empty() && o.zero_stage == 0) {
     const int stage = o.fsdp_flag == "--use-megatron-fsdp" ? std::max(1, o.fsdp_sharding_stage) : 3;
     if (with.empty() || stage == 1) {
@@ -183,7 +183,12 @@ void finalize_zero(Options& o) {
   }
   if (o.zero_stage >= 2 && !with.empty())
     throw NotBuiltError("--zero-stage " + std::to_string(o.zero_stage) + " with " + with,
-                        "ZeRO stages 2 and 3 with pipeline parallelism, 16-bit training or MoE");
+                        o.pipeline_model_parallel_size > 1
+                            ? "ZeRO stages 2 and 3 with pipeline parallelism (DeepSpeed, too, "
+                              "combines only stage 1 with it)"
+                        : o.model.num_moe_experts > 0
+                            ? "ZeRO stages 2 and 3 with MoE"
+                            : "ZeRO stages 2 and 3 of a GPU's 16-bit model (fp32, or the CPU)");
 }
 
 }  // namespace omni::option_rows

@@ -159,7 +159,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
     OMNI_CHECK(first >= 0 && first < end && end <= cfg_.num_layers, "[gpt] bad layer range ", first,
                "..", end);
 
-  params_ = ParameterSet<T>(parameter_layout(tp_.rank()), device_, x_.memory());
+  params_ = ParameterSet<T>(parameter_layout(tp_.rank()), device_,
+                            parallel_.params_memory ? parallel_.params_memory : x_.memory());
   params_.initialize(seed, cfg_.init_method_std,
                      cfg_.init_method_std / std::sqrt(2.0 * cfg_.num_layers));
   // Flat ranges of each layer, of the embedding and of the head, for the grads-ready hook.

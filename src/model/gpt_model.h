@@ -69,6 +69,9 @@ struct ModelParallel {
   std::vector<std::pair<int, int>> chunks;
   bool pre_process = true;   // chunk 0 begins with the embedding (the first stage)
   bool post_process = true;  // the last chunk ends with the final norm and the loss
+  // Where the flat parameter buffers live, if not in the device's ordinary memory (ZeRO 2/3's
+  // releasable memory, base/releasable_memory.h).
+  const DeviceMemory* params_memory = nullptr;
 };
 
 // Activation recompute (Megatron's --recompute-granularity): Selective recomputes the

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/error.h"
+#include "base/releasable_memory.h"
 
 namespace omni {
 
@@ -54,6 +55,7 @@ MixedPrecision::MixedPrecision(ParameterSet<float>& model, DType dtype, DType gr
   OMNI_CHECK(master_.size() == model.size(), "[mixed precision] master layout differs");
   round_to_dtype(model.values(), model.values(), model.size(), dtype_);
   std::copy_n(model.values(), model.size(), master_.values());
+  ranges_ = {{0, master_.size()}};
 }
 
 namespace {
@@ -76,37 +78,71 @@ MixedPrecision::MixedPrecision(const Stored& model, std::vector<ParamInfo> infos
     ops::to_float(stored_.exec, master_.values(), static_cast<const T*>(stored_.values),
                   size_t(master_.size()));
   });
+  ranges_ = {{0, master_.size()}};
 }
 
 bool MixedPrecision::unscale_and_check(float loss_scale) {
   OMNI_CHECK(loss_scale > 0 && finite_bits(loss_scale), "[mixed precision] loss scale ",
              loss_scale);
   const auto inv_scale = static_cast<float>(1.0 / double(loss_scale));
-  float* master_g = master_.grads();
-  if (!model_) {  // float gradients on the device: scaled into the master's, then checked
-    const size_t n = size_t(master_.size());
-    ops::copy(stored_.exec, master_g, stored_.grads, n);
-    ops::scale(stored_.exec, master_g, double(inv_scale), n);
-    return !std::isfinite(ops::sum_squares(stored_.exec, master_g, n));
-  }
-  const int64_t n = model_->size();
-  float* g = model_->grads();
-  const bool found_inf = round_to_dtype(g, g, n, grad_dtype_);
+  bool found_inf = false;
+  for (const ShardRange& r : ranges_) {
+    float* master_g = master_.grads() + r.begin;
+    const int64_t n = r.end - r.begin;
+    if (!model_) {  // float gradients on the device: scaled into the master's, then checked
+      ops::copy(stored_.exec, master_g, stored_.grads + r.begin, size_t(n));
+      ops::scale(stored_.exec, master_g, double(inv_scale), size_t(n));
+      found_inf = !std::isfinite(ops::sum_squares(stored_.exec, master_g, size_t(n))) || found_inf;
+      continue;
+    }
+    float* g = model_->grads() + r.begin;
+    found_inf = round_to_dtype(g, g, n, grad_dtype_) || found_inf;
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) master_g[i] = g[i] * inv_scale;
+    for (int64_t i = 0; i < n; ++i) master_g[i] = g[i] * inv_scale;
+  }
   return found_inf;
 }
 
 void MixedPrecision::copy_master_to_model() {
-  if (model_) {
-    round_to_dtype(master_.values(), model_->values(), model_->size(), dtype_);
-    return;
+  for (const ShardRange& r : ranges_) {
+    const int64_t n = r.end - r.begin;
+    if (model_) {
+      round_to_dtype(master_.values() + r.begin, model_->values() + r.begin, n, dtype_);
+      continue;
+    }
+    with_storage(dtype_, [&](auto t) {
+      using T = decltype(t);
+      ops::from_float(stored_.exec, static_cast<T*>(stored_.values) + r.begin,
+                      master_.values() + r.begin, size_t(n));
+    });
   }
-  with_storage(dtype_, [&](auto t) {
-    using T = decltype(t);
-    ops::from_float(stored_.exec, static_cast<T*>(stored_.values), master_.values(),
-                    size_t(master_.size()));
-  });
+}
+
+void MixedPrecision::keep_only(std::vector<ShardRange> ranges) {
+  if (ranges.empty()) ranges = {{0, master_.size()}};
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ShardRange& a, const ShardRange& b) { return a.begin < b.begin; });
+  for (size_t i = 0; i < ranges.size(); ++i)
+    OMNI_CHECK(ranges[i].begin <= ranges[i].end && ranges[i].end <= master_.size() &&
+                   (i == 0 || ranges[i - 1].end <= ranges[i].begin),
+               "[mixed precision] kept range [", ranges[i].begin, ", ", ranges[i].end,
+               ") overlaps another or leaves the master's ", master_.size());
+  ranges_ = std::move(ranges);
+  release_rest();
+}
+
+void MixedPrecision::release_rest() {
+  if (ranges_.size() == 1 && ranges_[0].begin == 0 && ranges_[0].end == master_.size()) return;
+  // The GPU's 16-bit model does not combine with ZeRO 2/3 yet (the trainer refuses it).
+  OMNI_CHECK(model_, "[mixed precision] a GPU master copy cannot be released yet");
+  int64_t at = 0;
+  auto release = [&](int64_t end) {
+    if (end <= at) return;
+    discard_memory(master_.values() + at, size_t(end - at) * sizeof(float));
+    discard_memory(master_.grads() + at, size_t(end - at) * sizeof(float));
+  };
+  for (const ShardRange& r : ranges_) release(r.begin), at = r.end;
+  release(master_.size());
 }
 
 }  // namespace omni

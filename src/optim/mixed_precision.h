@@ -27,12 +27,18 @@
 // copy_master_to_model(). The distributed optimizer works on mp.master() unchanged: its
 // buckets reduce the model's gradients, and checking the whole gradient buffer is safe, as
 // an inf in a rank's unreduced part is an inf in the reduced sum too.
+// ZeRO 2 and 3 (parallel/zero_sharding.h): mp.keep_only(ddp.shard()) releases the master
+// outside the rank's ranges, and both calls above then touch those ranges alone; the caller
+// all-gathers the model's values (stage 2) or keeps them sharded (stage 3). found_inf then
+// covers the rank's shard only: OR it over the data-parallel group.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/ops.h"
 #include "base/dtype.h"
+#include "parallel/data_parallel.h"
 #include "tensor/parameters.h"
 
 namespace omni {
@@ -70,6 +76,12 @@ class MixedPrecision {
   bool unscale_and_check(float loss_scale);
   // After the optimizer step: the model's values := the master's, rounded to dtype.
   void copy_master_to_model();
+  // From now on only `ranges` (sorted, disjoint) of the master's values and gradients are
+  // kept, the rest released (base/releasable_memory.h) and never read or written by the calls
+  // above. Empty ranges: the whole master again.
+  void keep_only(std::vector<ShardRange> ranges);
+  // The master outside the kept ranges released again (after a load wrote all of it).
+  void release_rest();
 
  private:
   // A 16-bit model on a GPU: its values, their type, and its float gradients.
@@ -83,8 +95,12 @@ class MixedPrecision {
 
   ParameterSet<float>* model_ = nullptr;  // the CPU's: float values rounded to dtype_
   Stored stored_{};                       // else the GPU's
+  // The kept ranges: the whole master, or keep_only's.
+  const std::vector<ShardRange>& ranges() const { return ranges_; }
+
   ParameterSet<float> master_;
   DType dtype_, grad_dtype_;
+  std::vector<ShardRange> ranges_;
 };
 
 }  // namespace omni

@@ -1,8 +1,5 @@
 #include "parallel/zero_sharding.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -10,45 +7,6 @@
 #include "base/trace.h"
 
 namespace omni {
-
-namespace {
-
-uintptr_t page_size() {
-  static const uintptr_t size = uintptr_t(sysconf(_SC_PAGESIZE));
-  return size;
-}
-
-// Hands the whole pages inside [p, p + bytes) back; they read as zeros afterwards.
-void release_pages(void* p, size_t bytes) {
-  const uintptr_t page = page_size(), a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t begin = (a + page - 1) / page * page, end = (a + bytes) / page * page;
-  if (end > begin)
-    OMNI_CHECK(madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0,
-               "[zero] madvise of ", end - begin, " bytes failed");
-}
-
-}  // namespace
-
-void discard_memory(void* p, size_t bytes) {
-  const uintptr_t page = page_size(), a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t begin = std::min((a + page - 1) / page * page, a + bytes);
-  const uintptr_t end = std::max((a + bytes) / page * page, begin);
-  std::memset(p, 0, begin - a);
-  std::memset(reinterpret_cast<void*>(end), 0, a + bytes - end);
-  release_pages(p, bytes);
-}
-
-int64_t resident_bytes(const void* p, size_t bytes) {
-  if (bytes == 0) return 0;
-  const uintptr_t page = page_size(), a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t begin = a / page * page, end = (a + bytes + page - 1) / page * page;
-  std::vector<unsigned char> in_core((end - begin) / page);
-  OMNI_CHECK(mincore(reinterpret_cast<void*>(begin), end - begin, in_core.data()) == 0,
-             "[zero] mincore failed");
-  int64_t resident = 0;
-  for (unsigned char c : in_core) resident += (c & 1) ? int64_t(page) : 0;
-  return resident;
-}
 
 std::vector<int64_t> zero_bucket_boundaries(const std::vector<ParamInfo>& infos) {
   // A parameter's unit: the embedding, decoder layer N, or the output layer with the final norm.
@@ -70,8 +28,14 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
   OMNI_CHECK(stage == 2 || stage == 3, "[zero] stage ", stage, " is not 2 or 3");
   OMNI_CHECK(buckets.mode() == GradReduce::ReduceScatter,
              "[zero] needs data-parallel buckets in reduce-scatter mode");
-  OMNI_CHECK(!exec.gpu || exec.gpu->memory_is_host_memory(),
-             "[zero] stages 2 and 3 release host memory; this device's is not");
+  if (exec.gpu) {
+    std::string why;
+    memory_ = releasable_memory(exec.gpu, &why);
+    OMNI_REQUIRE(memory_, "ZeRO stage ", stage, " on the ", exec.gpu->name(), " GPU: not built (",
+                 why, ")");
+    OMNI_CHECK(params.memory() == memory_,
+               "[zero] the flat parameter buffers are not in the device's releasable memory");
+  }
   const std::vector<GradBucket>& bs = buckets.buckets();
   const std::vector<ParamInfo>& infos = params.infos();
   bucket_of_param_.resize(infos.size());
@@ -87,6 +51,17 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
   pending_ = params_in_bucket_;
   param_ready_.assign(infos.size(), false);
   reduced_once_.assign(bs.size(), false);
+  // The units (layers, embedding, head) the buckets close at, in buffer order.
+  std::vector<int64_t> starts = zero_bucket_boundaries(infos);
+  starts.insert(starts.begin(), 0);
+  starts.push_back(params.size());
+  for (size_t u = 0; u + 1 < starts.size(); ++u)
+    if (starts[u] < starts[u + 1]) units_.push_back({starts[u], starts[u + 1]});
+  for (const GradBucket& b : bs) {
+    size_t u = 0;
+    while (u + 1 < units_.size() && units_[u].second <= b.begin) ++u;
+    unit_of_bucket_.push_back(u);
+  }
   int64_t accum = 0, largest = 0;
   for (size_t b = 0; b < bs.size(); ++b) {
     accum_offset_.push_back(accum);
@@ -96,18 +71,55 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
   const Device device = params.grads_tensor().device();
   // Both are backed only while used: the accumulator during a step, the piece during a
   // reduce-scatter.
-  accum_ = Tensor::zeros({accum}, DType::F32, device, x_.memory());
-  piece_ = Tensor::zeros({ddp_.group().size() > 1 ? largest : 0}, DType::F32, device, x_.memory());
-  discard_memory(accum_.data<float>(), size_t(accum) * sizeof(float));
-  if (piece_.numel() > 0) discard_memory(piece_.data<float>(), size_t(largest) * sizeof(float));
+  const DeviceMemory* memory = memory_ ? memory_ : x_.memory();
+  accum_ = Tensor::zeros({accum}, DType::F32, device, memory);
+  piece_ = Tensor::zeros({ddp_.group().size() > 1 ? largest : 0}, DType::F32, device, memory);
+  drop(accum_.data<float>(), size_t(accum) * sizeof(float), true);
+  if (piece_.numel() > 0) drop(piece_.data<float>(), size_t(largest) * sizeof(float), true);
   begin_step();
   if (stage_ == 3) release_params();
   reset_peak();
 }
 
+void ZeroSharding::drop(void* p, size_t bytes, bool zero_ends) const {
+  if (!memory_) {
+    if (zero_ends)
+      discard_memory(p, bytes);
+    else
+      release_pages(p, bytes);
+    return;
+  }
+  if (bytes == 0) return;
+  if (zero_ends) {  // the partial granules at the ends
+    const uintptr_t g = memory_->granularity(), a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t begin = std::min((a + g - 1) / g * g, a + bytes);
+    const uintptr_t end = std::max((a + bytes) / g * g, begin);
+    memory_->zero(p, begin - a);
+    memory_->zero(reinterpret_cast<void*>(end), a + bytes - end);
+  }
+  memory_->release(p, bytes);
+}
+
+void ZeroSharding::need(void* p, size_t bytes) const {
+  if (memory_ && bytes > 0) memory_->commit(p, bytes);
+}
+
+int64_t ZeroSharding::backed(const void* p, size_t bytes) const {
+  return memory_ ? memory_->committed_bytes(p, bytes) : resident_bytes(p, bytes);
+}
+
+void ZeroSharding::need_grads(size_t unit) {
+  if (!memory_ || unit >= units_.size()) return;
+  const auto [begin, end] = units_[unit];
+  need(params_.grads() + begin, size_t(end - begin) * sizeof(float));
+}
+
 void ZeroSharding::begin_step() {
-  discard_memory(params_.grads(), size_t(params_.size()) * sizeof(float));
-  discard_memory(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float));
+  drop(params_.grads(), size_t(params_.size()) * sizeof(float), true);
+  drop(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float), true);
+  need(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float));
+  // A backward pass starts with the head (and the tied embedding's gradient).
+  need_grads(units_.size() - 1), need_grads(0);
   std::fill(reduced_once_.begin(), reduced_once_.end(), false);
   sample();
 }
@@ -134,24 +146,35 @@ void ZeroSharding::reduce(size_t index) {
   float* g = params_.grads() + b.begin;
   const int64_t n = b.end - b.begin;
   float* acc = accum_.data<float>() + accum_offset_[index];
+  need(g, size_t(n) * sizeof(float));  // committed already unless the hooks skipped it
   // As DataParallelBuckets: scale by 1/size, then sum (so one micro-batch's shard is the
   // distributed optimizer's, bit for bit); this rank's piece is added to what earlier
   // micro-batches left.
   if (p > 1) ops::scale(x_, g, 1.0 / p, size_t(n));
   if (b.piece > 0) {
     float* piece = piece_.data<float>();
-    if (p > 1)
+    if (p > 1) {
+      need(piece, size_t(b.piece) * sizeof(float));
       comm.reduce_scatter(piece, g, size_t(b.piece));
-    else
+    } else {
       piece = g;
+    }
     ops::add(x_, acc, acc, piece, size_t(b.piece));
-    if (p > 1) release_pages(piece, size_t(b.piece) * sizeof(float));
+    if (p > 1) drop(piece, size_t(b.piece) * sizeof(float), false);
   }
   if (const int64_t rest = n - p * b.piece; rest > 0) {
     comm.all_reduce(g + p * b.piece, size_t(rest));
     if (r == p - 1) ops::add(x_, acc + b.piece, acc + b.piece, g + p * b.piece, size_t(rest));
   }
-  discard_memory(g, size_t(n) * sizeof(float));
+  drop(g, size_t(n) * sizeof(float), true);
+  // The backward pass goes on with the unit before this one; after the embedding, the next
+  // micro-batch starts with the head again.
+  const size_t unit = unit_of_bucket_[index];
+  if (unit > 0) {
+    need_grads(unit - 1);
+  } else {
+    need_grads(units_.size() - 1), need_grads(0);
+  }
   reduced_once_[index] = true;
   pending_[index] = params_in_bucket_[index];
   const std::vector<ParamInfo>& infos = params_.infos();
@@ -162,16 +185,23 @@ void ZeroSharding::reduce(size_t index) {
 void ZeroSharding::finish() {
   // A bucket left partly marked, or not at all (gradients accumulated in place), is reduced
   // now, in bucket order on every rank.
+  end_prefetch(false);  // a guess past the last layer's backward
   for (size_t b = 0; b < ddp_.buckets().size(); ++b)
     if (pending_[b] != params_in_bucket_[b] || !reduced_once_[b]) reduce(b);
   sample();
   float* grads = params_.grads();
+  // Only this rank's ranges are read from here on: the rest released.
+  drop(grads, size_t(params_.size()) * sizeof(float), true);
   for (size_t b = 0; b < ddp_.buckets().size(); ++b) {
     const ShardRange& s = ddp_.shard()[b];
     float* acc = accum_.data<float>() + accum_offset_[b];
+    need(grads + s.begin, size_t(s.end - s.begin) * sizeof(float));
     ops::copy(x_, grads + s.begin, acc, size_t(s.end - s.begin));
-    release_pages(acc, size_t(s.end - s.begin) * sizeof(float));
+    drop(acc, size_t(s.end - s.begin) * sizeof(float), false);
   }
+  // Tensors whose gradient each tensor-parallel rank holds part of are all-reduced whole.
+  for (const ParamInfo& p : params_.infos())
+    if (p.tp_partial_grad) need(grads + p.offset, size_t(p.numel) * sizeof(float));
   sample();
 }
 
@@ -187,39 +217,135 @@ std::pair<size_t, size_t> ZeroSharding::buckets_in(int64_t begin, int64_t end) c
   return {first, std::max(first, last)};
 }
 
+std::pair<int64_t, int64_t> ZeroSharding::span_of(size_t first, size_t last) const {
+  int64_t b = params_.size(), e = 0;
+  for (size_t k = first; k < last; ++k)
+    b = std::min(b, ddp_.buckets()[k].begin), e = std::max(e, ddp_.buckets()[k].end);
+  return {b, std::max(b, e)};
+}
+
+size_t ZeroSharding::unit_of(int64_t begin, int64_t end) const {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].first == begin && units_[u].second == end) return u;
+  return kNone;
+}
+
+void ZeroSharding::start_prefetch(size_t unit) {
+  if (unit >= units_.size() || ddp_.group().size() == 1) return;
+  TraceSpan span("zero-params-prefetch", "unit", int(unit));
+  const auto [first, last] = buckets_in(units_[unit].first, units_[unit].second);
+  if (first >= last) return;
+  float* values = params_.values();
+  const auto [b, e] = span_of(first, last);
+  need(values + b, size_t(e - b) * sizeof(float));
+  // An all-gather as a sum: every rank contributes its ranges and zeros elsewhere (x + 0 is
+  // x exactly), so the result is the blocking all-gather's.
+  for (size_t k = first; k < last; ++k) {
+    const GradBucket& g = ddp_.buckets()[k];
+    const ShardRange& r = ddp_.shard()[k];
+    ops::zero(x_, values + g.begin, size_t(r.begin - g.begin));
+    ops::zero(x_, values + r.end, size_t(g.end - r.end));
+  }
+  prefetch_ = ddp_.group().iall_reduce(values + b, size_t(e - b), DType::F32);
+  prefetched_ = unit;
+}
+
+void ZeroSharding::end_prefetch(bool use) {
+  if (prefetched_ == kNone) return;
+  prefetch_->wait();
+  prefetch_.reset();
+  const size_t unit = prefetched_;
+  prefetched_ = kNone;
+  if (use) {
+    ++prefetch_hits_;
+  } else {  // a guess the model did not follow: given back
+    const auto [first, last] = buckets_in(units_[unit].first, units_[unit].second);
+    give_back(first, last);
+  }
+}
+
+void ZeroSharding::give_back(size_t first, size_t last) {
+  float* values = params_.values();
+  for (size_t b = first; b < last; ++b) {
+    const GradBucket& k = ddp_.buckets()[b];
+    const ShardRange& s = ddp_.shard()[b];
+    drop(values + k.begin, size_t(s.begin - k.begin) * sizeof(float), false);
+    drop(values + s.end, size_t(k.end - s.end) * sizeof(float), false);
+  }
+}
+
 void ZeroSharding::use_params(int64_t begin, int64_t end, bool use) {
   if (stage_ < 3) return;
   const auto [first, last] = buckets_in(begin, end);
   float* values = params_.values();
   if (use) {
-    TraceSpan span("zero-params-all-gather");
-    ddp_.all_gather(values, first, last);
+    // Forward runs the units in buffer order up to the head, the backward pass back down
+    // (the tied embedding inside the head's use); while this unit computes, the next one's
+    // all-gather is in flight.
+    const size_t unit = unit_of(begin, end), head = units_.size() - 1;
+    if (unit == kNone) end_prefetch(false);  // a range that may overlap the one in flight
+    if (unit != kNone && unit == prefetched_) {
+      TraceSpan span("zero-params-prefetch-wait");
+      end_prefetch(true);
+    } else {
+      TraceSpan span("zero-params-all-gather");
+      if (first < last) {
+        const auto [b, e] = span_of(first, last);
+        need(values + b, size_t(e - b) * sizeof(float));
+      }
+      ddp_.all_gather(values, first, last);
+    }
+    size_t next = kNone;
+    if (unit == head) {
+      backward_ = true, next = head - 1;
+    } else if (unit == 0) {
+      if (in_use_ == 0) backward_ = false, next = 1;  // else the head's tied weight
+    } else if (unit != kNone) {
+      next = backward_ ? unit - 1 : unit + 1;
+      if (next == 0) next = kNone;  // the backward pass ends without the embedding's values
+    }
+    ++in_use_;
+    if (prefetching_ && next != kNone && next != prefetched_ && next < units_.size()) {
+      end_prefetch(false);
+      start_prefetch(next);
+    }
     sample();
     return;
   }
-  for (size_t b = first; b < last; ++b) {
-    const GradBucket& k = ddp_.buckets()[b];
-    const ShardRange& s = ddp_.shard()[b];
-    release_pages(values + k.begin, size_t(s.begin - k.begin) * sizeof(float));
-    release_pages(values + s.end, size_t(k.end - s.end) * sizeof(float));
-  }
+  in_use_ = std::max(in_use_ - 1, 0);
+  give_back(first, last);
 }
 
 void ZeroSharding::release_params() {
   if (stage_ < 3) return;
-  use_params(0, params_.size(), false);
+  end_prefetch(false);
+  in_use_ = 0;
+  const auto [first, last] = buckets_in(0, params_.size());
+  give_back(first, last);
+}
+
+void ZeroSharding::commit_params() {
+  need(params_.values(), size_t(params_.size()) * sizeof(float));
+}
+
+void ZeroSharding::params_updated() {
+  if (stage_ == 2) {
+    TraceSpan span("zero-params-all-gather");
+    ddp_.all_gather(params_.values());
+  }
 }
 
 ZeroSharding::Bytes ZeroSharding::resident() const {
   Bytes b;
-  b.params = resident_bytes(params_.values(), size_t(params_.size()) * sizeof(float));
-  b.grads = resident_bytes(params_.grads(), size_t(params_.size()) * sizeof(float)) +
-            resident_bytes(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float)) +
-            resident_bytes(piece_.data<float>(), size_t(piece_.numel()) * sizeof(float));
+  b.params = backed(params_.values(), size_t(params_.size()) * sizeof(float));
+  b.grads = backed(params_.grads(), size_t(params_.size()) * sizeof(float)) +
+            backed(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float)) +
+            backed(piece_.data<float>(), size_t(piece_.numel()) * sizeof(float));
   return b;
 }
 
 void ZeroSharding::sample() {
+  if (!track_peak_) return;  // mincore over the buffers: only when a measurement asks
   const Bytes now = resident();
   peak_.params = std::max(peak_.params, now.params);
   peak_.grads = std::max(peak_.grads, now.grads);

@@ -10,7 +10,10 @@
 //   ... every micro-batch's backward: zero.grads_ready(begin, end) as a layer finishes;
 //   ... stage 3: zero.use_params(range, true) before a layer runs, (range, false) after;
 //   zero.finish();  // this rank's ranges of params.grads() hold the averaged gradients
-//   dist_optimizer.step(params, lr) (without its all-gather under stage 3)
+//   dist_optimizer.step(params, lr) (without its all-gather: set_gather_params(false))
+//   zero.params_updated();  // stage 2: all-gathered; stage 3: this rank's ranges only
+// With --bf16/--fp16 `params` is the model's (16-bit values, its gradients) and the fp32
+// master copy keeps only this rank's ranges (MixedPrecision::keep_only(buckets.shard())).
 //
 // Stage 2: a bucket is reduce-scattered as soon as one micro-batch's backward has finished
 // it; this rank's piece is added to a shard-sized accumulator and the bucket's part of the
@@ -20,27 +23,26 @@
 // all-gathered before its forward, again before its backward, and released after each.
 //
 // The flat buffers keep their addresses, so every view the model, the optimizer and the
-// checkpoint writer hold stays valid: "released" memory is handed back to the operating
-// system (madvise, MADV_DONTNEED) and reads as zeros until written again, so only the pages
-// in use are backed. That needs host memory: the CPU, or the emulated GPU whose device memory
-// is host memory.
+// checkpoint writer hold stays valid: "released" memory is handed back (base/
+// releasable_memory.h). On the CPU it reads as zeros until written again. On a GPU the flat
+// buffers come from the device's releasable memory (ModelParallel::params_memory) and a
+// released granule is committed again before it is touched: a parameter range before its
+// all-gather; the gradients of the head and the embedding at a micro-batch's start and each
+// layer's as the backward pass reduces the one after it (layers run backward in the
+// buffer's reverse order), so about two layers' gradients are backed at a time.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "backend/ops.h"
+#include "base/releasable_memory.h"
 #include "parallel/data_parallel.h"
 #include "tensor/parameters.h"
 
 namespace omni {
-
-// The contents of [p, p + bytes) are no longer needed: the whole pages inside go back to the
-// operating system, the partial pages at the ends are zeroed; the range then reads as zeros.
-void discard_memory(void* p, size_t bytes);
-// Bytes of the pages overlapping [p, p + bytes) that are backed by memory (mincore).
-int64_t resident_bytes(const void* p, size_t bytes);
 
 // Where stage 2 and 3 buckets must close: the start of each layer's (and the embedding's and
 // output layer's) range of the flat buffer, so a layer is a run of whole buckets.
@@ -66,19 +68,50 @@ class ZeroSharding {
   void use_params(int64_t begin, int64_t end, bool use);
   // Stage 3: every parameter outside this rank's ranges released (after initialisation, a load).
   void release_params();
+  // Before a load writes the whole parameter buffer: all of it backed.
+  void commit_params();
+  // Stage 3: whether the next layer's all-gather starts while this one computes (default),
+  // and how many uses found their parameters prefetched.
+  void set_prefetch(bool on) { prefetching_ = on; }
+  int64_t prefetch_hits() const { return prefetch_hits_; }
+  // The optimizer step (or a load) wrote this rank's ranges of the values: stage 2
+  // all-gathers the rest (collective), stage 3 keeps only them.
+  void params_updated();
 
   // Resident bytes of the parameter buffer, and of the gradient buffer with the accumulator,
-  // measured now; peak(): the largest seen at the calls above since reset_peak().
+  // measured now; peak(): the largest seen at the calls above since reset_peak(), sampled
+  // only after set_track_peak(true) (bench/bench_zero_memory.cpp).
   struct Bytes {
     int64_t params = 0, grads = 0;
   };
   Bytes resident() const;
   Bytes peak() const { return peak_; }
   void reset_peak() { peak_ = resident(); }
+  void set_track_peak(bool on) {
+    track_peak_ = on;
+    reset_peak();
+  }
 
  private:
   void reduce(size_t bucket);
   void sample();
+  // Memory no longer needed: released (host: read as zeros; `zero_ends`: the partial pages or
+  // granules at the ends zeroed, else kept). need(): about to be touched (a GPU: committed).
+  void drop(void* p, size_t bytes, bool zero_ends) const;
+  void need(void* p, size_t bytes) const;
+  int64_t backed(const void* p, size_t bytes) const;
+  // A GPU: the gradients of units[u] (a layer, the embedding or the head) committed.
+  void need_grads(size_t unit);
+  // Stage 3's prefetch: units_ index of exactly [begin, end) (else kNone); start the unit's
+  // all-gather; complete the one in flight, `use`d or given back.
+  static constexpr size_t kNone = size_t(-1);
+  size_t unit_of(int64_t begin, int64_t end) const;
+  void start_prefetch(size_t unit);
+  void end_prefetch(bool use);
+  // Stage 3: the values of buckets [first, last) outside this rank's ranges released.
+  void give_back(size_t first, size_t last);
+  // The elements buckets [first, last) cover (a layer's buckets are contiguous).
+  std::pair<int64_t, int64_t> span_of(size_t first, size_t last) const;
   // The buckets inside [begin, end).
   std::pair<size_t, size_t> buckets_in(int64_t begin, int64_t end) const;
 
@@ -86,6 +119,9 @@ class ZeroSharding {
   DataParallelBuckets<float>& ddp_;
   ParameterSet<float>& params_;
   ops::Exec x_;
+  const ReleasableMemory* memory_ = nullptr;  // a GPU's; null: host memory
+  std::vector<std::pair<int64_t, int64_t>> units_;
+  std::vector<size_t> unit_of_bucket_;
   std::vector<size_t> bucket_of_param_;
   std::vector<int> params_in_bucket_, pending_;
   std::vector<bool> param_ready_, reduced_once_;
@@ -93,6 +129,11 @@ class ZeroSharding {
   Tensor accum_, piece_;
   std::vector<int64_t> accum_offset_;
   Bytes peak_;
+  bool prefetching_ = true, backward_ = false, track_peak_ = false;
+  size_t prefetched_ = kNone;
+  int in_use_ = 0;  // units whose use_params(.., true) has not been ended
+  std::unique_ptr<CommRequest> prefetch_;
+  int64_t prefetch_hits_ = 0;
 };
 
 }  // namespace omni

@@ -105,6 +105,14 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                "[trainer] ", world->size(), " GPU ranks over the '", world->name(),
                "' communicator, which moves host memory only");
     exec_ = ops::Exec{gpu};
+    if (opts.zero_stage >= 2) {  // ZeRO 2/3 release and recommit parts of the flat buffers
+      OMNI_REQUIRE(!opts.bf16 && !opts.fp16, "--zero-stage ", opts.zero_stage, " with --",
+                   opts.bf16 ? "bf16" : "fp16", " on a GPU: not built yet (its 16-bit model)");
+      std::string why;
+      mp.params_memory = releasable_memory(gpu, &why);
+      OMNI_REQUIRE(mp.params_memory, "--zero-stage ", opts.zero_stage, " on --device ", opts.device,
+                   ": not built yet (", why, ")");
+    }
   }
   // On a GPU, --bf16 and --fp16 store weights and activations in 16 bits (fp32 gradients
   // and master weights); the CPU computes in float with values rounded to them (below).
@@ -169,9 +177,6 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     ddp_->mark_ready(begin, end);
   };
   if (opts.zero_stage >= 2) {  // every micro-batch's gradients reduced as they are final
-    OMNI_REQUIRE(!exec_.gpu || exec_.gpu->memory_is_host_memory(), "--zero-stage ", opts.zero_stage,
-                 " on --device ", opts.device,
-                 ": not built yet (ZeRO 2/3 release host memory; this GPU's is its own)");
     zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, *ddp_, optimizer_params(), exec_);
     with_model([&](auto& m) {
       m.pipeline.set_grads_ready_hook([this](int64_t b, int64_t e) { zero_->grads_ready(b, e); },
@@ -194,12 +199,16 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
         mixed_ = std::make_unique<MixedPrecision>(m.model.params(), exec_);
     });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
+    if (zero_) {  // the master's ranges this rank steps; the model's rounding touched them all
+      mixed_->keep_only(ddp_->shard());
+      zero_->release_params();
+    }
   }
   if (opts.use_distributed_optimizer) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(
         opts.optim, *ddp_, optimizer_params(), exec_, &grid_->tp());
     if (expert_grads_) expert_grads_->make_optimizer(opts.optim, optimizer_params());
-    dist_optimizer_->set_gather_params(opts.zero_stage < 3);
+    dist_optimizer_->set_gather_params(!zero_);  // zero_->params_updated() gathers
   } else
     optimizer_ =
         std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_, &grid_->tp());
@@ -271,7 +280,7 @@ RankState Trainer::rank_state(bool with_optimizer) {
   state.infos = params.infos();
   state.padded_vocab = opts_.model.padded_vocab_size();
   state.exec = exec_;
-  if (zero_ && zero_->stage() == 3) {  // each rank holds and writes its shard of the values
+  if (zero_) {  // each rank holds (stage 3, a sharded master) and writes its shard of the values
     StateBuffer values{"", {}, true};
     for (const ShardRange& r : ddp_->shard())
       values.spans.push_back({r.begin, r.end, params.values() + r.begin});
@@ -326,6 +335,7 @@ void Trainer::load(const std::string& dir) {
   // optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
   ParameterSet<float>& params = optimizer_params();
+  if (zero_) zero_->commit_params();  // the read writes the whole buffer
   TrainingProgress p;
   if (is_hf_model_dir(dir)) {  // each rank reads only its part's elements
     std::vector<float> local(size_t(params.size()));
@@ -351,8 +361,11 @@ void Trainer::load(const std::string& dir) {
     }
     p = reader.progress();
   }
-  if (mixed_) mixed_->copy_master_to_model();
-  if (zero_) zero_->release_params();
+  if (mixed_) {
+    mixed_->release_rest();  // under ZeRO 2/3 the load wrote the whole master
+    mixed_->copy_master_to_model();
+  }
+  if (zero_) zero_->params_updated(), zero_->release_params();
   if (resume) {
     iteration_ = p.iteration;
     lr_steps_ = p.lr_schedule_iteration >= 0 ? p.lr_schedule_iteration : p.iteration;
@@ -555,7 +568,12 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
   if (opts_.optim.clip_grad > 0) {
     const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
-    if (coeff < 1.0) scale_gradients(master, coeff, exec_);
+    if (coeff < 1.0) {
+      if (zero_)  // only this rank's shard of the gradients is held
+        dist_optimizer_->scale_gradients(master, coeff);
+      else
+        scale_gradients(master, coeff, exec_);
+    }
   }
   if (dist_optimizer_) {
     dist_optimizer_->step(master, step.lr);
@@ -563,6 +581,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   } else
     optimizer_->step(master, step.lr);
   if (mixed_) mixed_->copy_master_to_model();
+  if (zero_) zero_->params_updated();
   ++lr_steps_;
   lr_samples_ += samples;
   return step;
@@ -714,10 +733,13 @@ Trainer::HeldMemory Trainer::held_memory(bool reset_peak) {
     const ZeroSharding::Bytes peak = zero_->peak();
     m.params = peak.params, m.grads = peak.grads;
     if (reset_peak) zero_->reset_peak();
-  } else {
-    m.params = resident_bytes(params.values(), bytes);
-    m.grads = resident_bytes(params.grads(), bytes);
+  } else {  // the model's buffers (the CPU's: float, also under --bf16/--fp16)
+    m.params = resident_bytes(
+        with_model([](auto& s) { return s.model.params().values_tensor().raw(); }), bytes);
+    m.grads = resident_bytes(model_grads().raw(), bytes);
   }
+  if (mixed_)  // the fp32 master copy counts with the optimizer's states, as ZeRO's K does
+    m.optimizer += resident_bytes(params.values(), bytes) + resident_bytes(params.grads(), bytes);
   if (optimizer_ && !is_zoo_optimizer(optimizer_->kind()))  // AdamW's or SGD's float states
     for (const std::string& name : optimizer_->state_names())
       m.optimizer += resident_bytes(optimizer_->state_buffer(name), bytes);

@@ -92,6 +92,9 @@ class Trainer {
     int64_t params = 0, grads = 0, optimizer = 0;
   };
   HeldMemory held_memory(bool reset_peak = false);
+  void track_memory_peak() {  // before run(): ZeRO 2/3 sample their buffers at every change
+    if (zero_) zero_->set_track_peak(true);
+  }
   int64_t consumed_samples() const { return consumed_samples_; }
 
  private:

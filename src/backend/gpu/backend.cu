@@ -240,8 +240,12 @@ class Backend final : public GpuBackend {
 
 }  // namespace
 
+void register_releasable(const DeviceMemory& device);  // releasable.cu
+
 const GpuBackend& backend() {
   static const Backend instance;
+  static const bool releasable = (register_releasable(instance), true);
+  (void)releasable;
   return instance;
 }
 
