@@ -48,7 +48,7 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
 
 TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
   for (const std::vector<std::string>& flag : std::vector<std::vector<std::string>>{
-           {"--multi-latent-attention"}, {"--expert-tensor-parallel-size", "2"}}) {
+           {"--mtp-num-layers", "1"}, {"--expert-tensor-parallel-size", "2"}}) {
     Options o;
     try {
       parse_options(flag, o);
