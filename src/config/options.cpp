@@ -189,6 +189,7 @@ void finalize_data(Options& o) {
 void finalize_model(Options& o) {
   o.model.validate();
   option_rows::finalize_moe(o);
+  option_rows::finalize_mla(o);
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   const std::string& rg = o.recompute_granularity;
   OMNI_REQUIRE(rg.empty() || rg == "full" || rg == "selective",

@@ -1,9 +1,17 @@
 // Multi-latent attention's rows (Megatron's --multi-latent-attention and its mla group;
 // model/mla.h builds it): the latent ranks and head dims, and its rope (--rope-type, YaRN's
 // --rotary-scaling-factor and mscales). Stored with a checkpoint's weights (group "model").
+#include "base/error.h"
 #include "config/option_rows.h"
 
 namespace omni::option_rows {
+
+void finalize_mla(Options& o) {
+  if (!o.model.multi_latent_attention) return;
+  OMNI_REQUIRE(o.context_parallel_size == 1,
+               "--multi-latent-attention with --context-parallel-size ", o.context_parallel_size,
+               ": not built yet: multi-latent attention under context parallelism");
+}
 
 void add_mla_options(std::vector<OptionDef>& t) {
   const std::string M = "model";

@@ -163,11 +163,10 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                "--multi-latent-attention with "
                "--context-parallel-size ",
                cp, ": not built yet");
-  OMNI_REQUIRE(!cfg_.multi_latent_attention || !x_.on_gpu() ||
-                   (cfg_.v_head_dim == cfg_.head_dim() && cfg_.mscale_all_dim == 0),
-               "--multi-latent-attention on the GPU: the attention kernels take --v-head-dim equal "
-               "to --qk-head-dim + --qk-pos-emb-head-dim and the plain softmax scale only (not "
-               "built yet for others)");
+  OMNI_REQUIRE(!cfg_.multi_latent_attention || !x_.on_gpu() || cfg_.v_head_dim <= cfg_.head_dim(),
+               "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
+               ") above --qk-head-dim + --qk-pos-emb-head-dim (", cfg_.head_dim(),
+               ") is not built yet");
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;

@@ -367,6 +367,17 @@ TEST_F(PrimusFiles, MoeModelFilesAreThePublishedModels) {
   EXPECT_EQ(lite.moe_layer_pattern(), pattern);
   EXPECT_EQ(lite.num_moe_experts, 64);
   EXPECT_EQ(lite.moe_shared_expert_intermediate_size, 2816);
+  // Multi-latent attention, as configs/models/deepseek_*.yaml (test_yaml_config.cpp) count it.
+  EXPECT_TRUE(lite.multi_latent_attention);
+  EXPECT_EQ(lite.q_lora_rank, 0);
+  EXPECT_EQ(lite.head_dim(), 192);
+  EXPECT_NEAR(double(lite.num_parameters()), 15.7e9, 0.01 * 15.7e9);
+  const TransformerConfig v3 = model_file("deepseek_v3.yaml", 129280).model;
+  EXPECT_TRUE(v3.multi_latent_attention);
+  EXPECT_EQ(v3.q_lora_rank, 1536);
+  EXPECT_EQ(v3.mscale_all_dim, 1.0);
+  EXPECT_NEAR(double(v3.num_parameters()), 671e9, 0.01 * 671e9);
+  EXPECT_NEAR(double(v3.num_active_parameters() - int64_t(129280) * 7168), 37e9, 0.015 * 37e9);
 }
 
 }  // namespace
