@@ -201,6 +201,7 @@ void TransformerConfig::validate() const {
   OMNI_REQUIRE(norm_epsilon > 0, "--norm-epsilon must be positive (got ", norm_epsilon, ")");
   OMNI_REQUIRE(init_method_std > 0, "--init-method-std must be positive (got ", init_method_std,
                ")");
+  if (multi_latent_attention) validate_mla_config(*this);  // before rope's checks of head_dim()
   if (position_embedding_type == PositionEmbedding::Rope) {
     OMNI_REQUIRE(head_dim() % 2 == 0, "rope needs an even head dimension (got ", head_dim(),
                  " = --hidden-size / --num-attention-heads)");
@@ -217,7 +218,6 @@ void TransformerConfig::validate() const {
     validate_moe_config(*this);
     (void)moe_layer_pattern();  // throws naming --moe-layer-freq
   }
-  if (multi_latent_attention) validate_mla_config(*this);
 }
 
 int64_t TransformerConfig::num_parameters() const {

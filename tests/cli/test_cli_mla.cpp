@@ -29,9 +29,6 @@ TEST(CliMla, BadInputIsOneLineNamingTheFlags) {
             "key; got learned_absolute)"},
            {"--kv-lora-rank 0", "--multi-latent-attention needs a positive --kv-lora-rank (got 0)"},
            {"--rope-type ntk", "--rope-type: 'ntk' is not one of rope, yarn"},
-           {"--context-parallel-size 2",
-            "--multi-latent-attention with --context-parallel-size 2: not built yet: multi-latent "
-            "attention under context parallelism"},
        }) {
     const ProcessResult r = run_omnitron(kTiny + "--print-config " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
