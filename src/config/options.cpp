@@ -17,10 +17,10 @@ const std::vector<OptionDef>& option_table() {
     using namespace option_rows;
     std::vector<OptionDef> t;
     for (auto add :
-         {add_model_options, add_mla_options, add_moe_options, add_training_options,
-          add_learning_rate_options, add_data_options, add_logging_options, add_evaluation_options,
-          add_command_options, add_checkpointing_options, add_distributed_options,
-          add_mixed_precision_options, add_noted_options, add_refused_options, add_primus_options})
+         {add_model_options, add_moe_options, add_training_options, add_learning_rate_options, add_data_options,
+          add_logging_options, add_evaluation_options, add_command_options,
+          add_checkpointing_options, add_distributed_options, add_mixed_precision_options,
+          add_noted_options, add_refused_options, add_primus_options, add_mla_options})
       add(t);
     return t;
   }();
