@@ -7,6 +7,11 @@
 namespace omni::option_rows {
 
 void finalize_mla(Options& o) {
+  // Primus's llama_base.yaml sets 40 for every Llama, where Megatron ignores it too.
+  if (!o.model.multi_latent_attention && o.model.rotary_scaling_factor != 1.0)
+    o.notes.push_back(
+        "note: --rotary-scaling-factor has no effect here: only multi-latent attention reads it "
+        "(YaRN's factor); Llama 3.1's scaling is --use-rope-scaling");
   if (!o.model.multi_latent_attention) return;
   OMNI_REQUIRE(o.context_parallel_size == 1,
                "--multi-latent-attention with --context-parallel-size ", o.context_parallel_size,
@@ -40,8 +45,7 @@ void add_mla_options(std::vector<OptionDef>& t) {
         o.model.yarn = v == "yarn";
       },
       [](const Options& o) { return std::string(o.model.yarn ? "yarn" : "rope"); }});
-  // Megatron reads it for YaRN and MLA's softmax scale only; Primus's llama_base.yaml sets 40
-  // for every Llama, where it changes nothing.
+  // Megatron reads it for YaRN and MLA's softmax scale only (finalize_mla notes it elsewhere).
   t.push_back(number<double>("--rotary-scaling-factor", "X", M,
                              "MLA: YaRN's scaling factor (also in its softmax scale)",
                              [](Options& o) -> double& { return o.model.rotary_scaling_factor; }));
