@@ -86,8 +86,15 @@ struct AttentionDims {
   const int32_t* q_index = nullptr;
   // Dropout on the probabilities (inactive by default); the backward draws the same mask.
   DropoutKey dropout = {};
+  // Multi-latent attention: the values' (and so the output's) head dim when it is not the
+  // queries' and keys' (0: head_dim), and the softmax scale when it is not 1/sqrt(head_dim)
+  // (0: that; YaRN's mscale changes it).
+  int v_head_dim = 0;
+  double softmax_scale = 0;
   int heads_per_group() const { return heads / groups; }
   int qkv_width() const { return (heads + 2 * groups) * head_dim; }
+  int v_dim() const { return v_head_dim ? v_head_dim : head_dim; }
+  bool plain_shape() const { return v_dim() == head_dim && softmax_scale == 0; }
 };
 
 // The vocabulary-parallel cross-entropy's arguments (ops::classifier_cross_entropy).

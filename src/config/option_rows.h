@@ -108,6 +108,8 @@ void finalize_optimizer_zoo(Options& o);
 // The groups, in the order --help lists them.
 void add_model_options(std::vector<OptionDef>& t);
 void add_moe_options(std::vector<OptionDef>& t);  // options_moe.cpp
+void add_mla_options(std::vector<OptionDef>& t);  // options_mla.cpp
+void finalize_mla(Options& o);  // options_mla.cpp: the layouts MLA refuses
 // With --num-experts: refuses what the MoE layers do not build (options_moe.cpp).
 void finalize_moe(Options& o);
 // --zero-stage 2 and 3: the settings they do not combine with yet (options_distributed.cpp).

@@ -20,7 +20,7 @@ const std::vector<OptionDef>& option_table() {
          {add_model_options, add_moe_options, add_training_options, add_learning_rate_options, add_data_options,
           add_logging_options, add_evaluation_options, add_command_options,
           add_checkpointing_options, add_distributed_options, add_mixed_precision_options,
-          add_noted_options, add_refused_options, add_primus_options})
+          add_noted_options, add_refused_options, add_primus_options, add_mla_options})
       add(t);
     return t;
   }();
@@ -189,6 +189,7 @@ void finalize_data(Options& o) {
 void finalize_model(Options& o) {
   o.model.validate();
   option_rows::finalize_moe(o);
+  option_rows::finalize_mla(o);
   OMNI_REQUIRE(!(o.bf16 && o.fp16), "choose one of --bf16 and --fp16");
   const std::string& rg = o.recompute_granularity;
   OMNI_REQUIRE(rg.empty() || rg == "full" || rg == "selective",

@@ -94,13 +94,6 @@ void add_model_options(std::vector<OptionDef>& t) {
   t.push_back(number<double>("--rope-scaling-factor", "X", M,
                              "Llama 3.1 scaling's factor (with --use-rope-scaling)",
                              [](Options& o) -> double& { return o.model.rope_scaling_factor; }));
-  // Megatron reads --rotary-scaling-factor only for YaRN (--position-embedding-type yarn)
-  // and multi-latent attention, both refused here; it is not Llama 3.1's scaling. Primus's
-  // llama_base.yaml sets it to 40 for every Llama, where Megatron ignores it too.
-  t.push_back(plumbing("--rotary-scaling-factor", "X",
-                       "only YaRN (--position-embedding-type yarn) and multi-latent attention "
-                       "read it, and neither is built; Llama 3.1's scaling is "
-                       "--use-rope-scaling"));
   // Megatron: deprecated; with rope (or none) there is no position table to drop, and with
   // learned_absolute it is an error pointing at --position-embedding-type.
   t.push_back(OptionDef{"--no-position-embedding", "", M,

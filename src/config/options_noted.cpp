@@ -532,9 +532,7 @@ void add_tuning_of_precision_and_other_features(std::vector<OptionDef>& t) {
               {"--yarn-beta-fast", "X"},
               {"--yarn-beta-slow", "X"},
               {"--yarn-correction-range-round-to-int", ""},
-              {"--no-yarn-correction-range-round-to-int", ""},
-              {"--mscale", "X"},
-              {"--mscale-all-dim", "X"}});
+              {"--no-yarn-correction-range-round-to-int", ""}});
   add_tuning(
       t, "relative position buckets (T5)", "--position-embedding-type relative",
       {{"--relative-attention-num-buckets", "N"}, {"--relative-attention-max-distance", "N"}});
@@ -565,14 +563,6 @@ void add_tuning_of_precision_and_other_features(std::vector<OptionDef>& t) {
               {"--fim-suffix-token", "V"},
               {"--fim-pad-token", "V"},
               {"--fim-eod-token", "V"}});
-  add_tuning(t, "multi-latent attention", "--multi-latent-attention",
-             {{"--q-lora-rank", "N"},
-              {"--kv-lora-rank", "N"},
-              {"--qk-head-dim", "N"},
-              {"--qk-pos-emb-head-dim", "N"},
-              {"--v-head-dim", "N"},
-              {"--cache-mla-latents", ""},
-              {"--mla-down-proj-fusion", ""}});
 }
 
 }  // namespace

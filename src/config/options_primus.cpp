@@ -122,8 +122,8 @@ void add_primus_options(std::vector<OptionDef>& t) {
               {"--disable-primus-topk-router", ""},
               {"--use-deprecated-20241209-moe-layer", ""},
               {"--moe-use-legacy-grouped-gemm", ""}});
-  add_tuning(t, "multi-latent attention (MLA)", "--multi-latent-attention",
-             {{"--fused-padded-mla-attention", ""}});
+  add_noted(t, "a fused kernel choice for MLA's attention; the attention computed is the same",
+            {{"--fused-padded-mla-attention", ""}});
   add_tuning(t, "fp8 training", "--fp8-format", {{"--no-fp8-weight-transpose-cache", ""}});
   add_refused(t, "fp8 training",
               {{"--enable-turbo-attention-float8", ""}, {"--enable-turbo-gemm-float8", ""}});

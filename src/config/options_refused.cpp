@@ -25,7 +25,6 @@ void add_refused_model_features(std::vector<OptionDef>& t) {
               "attention variants beyond qk-layernorm (qk L2 norm, qk-clip, output gates, "
               "off-by-one softmax)",
               {{"--qk-l2-norm", ""}, {"--qk-clip", ""}, {"--attention-output-gate", ""}});
-  add_refused(t, "multi-latent attention (MLA)", {{"--multi-latent-attention", ""}});
   add_refused(t, "experimental attention variants (gated delta net, DeepSeek sparse attention)",
               {{"--experimental-attention-variant", "gdn|gdn2|dsa|gated_delta_net"},
                {"--linear-attention-freq", "V"}});
@@ -287,7 +286,6 @@ void add_refused_other_models(std::vector<OptionDef>& t) {
   t.push_back(not_built(
       "--rotary-seq-len-interpolation-factor", "N", "1",
       "rotary variants (interleaved, mRoPE, layers without RoPE, sequence-length interpolation)"));
-  t.push_back(not_built("--rope-type", "rope|yarn", "rope", "YaRN rotary scaling"));
   t.push_back(not_built("--sample-rate", "X", "1", "sub-sampling the training data"));
   t.push_back(not_built("--vocab-extra-ids", "N", "0",
                         "extra vocabulary ids (T5) and tokenizer special-token files"));

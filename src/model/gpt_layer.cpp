@@ -90,23 +90,28 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   T* ln1 = a.ln1.template data<T>();
   norm_forward(ln1, a.ln1_mean.template data<Grad>(), a.ln1_rstd.template data<Grad>(), x, p.ln1_w,
                p.ln1_b, R, C);
-  T* qkv = qkv_.template data<T>();
-  tp_.column_forward(qkv, a.ln1_full.template data<T>(), ln1, p.qkv_w, p.qkv_b, ad.qkv_width(), N);
   T *q = a.q.template data<T>(), *k = a.k.template data<T>(), *v = a.v.template data<T>();
-  if (cfg_.qk_layernorm) {
-    T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
-    ops::qkv_split(x_, q_raw, k_raw, v, qkv, ad);
-    norm_forward(q, a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), q_raw,
-                 p.qln_w, p.qln_b, N * H, hd);
-    norm_forward(k, a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), k_raw,
-                 p.kln_w, p.kln_b, N * G, hd);
+  if (cfg_.multi_latent_attention) {  // gpt_mla.cpp: q, k, v from the latents
+    mla_forward(layer, a, tp_.gather_rows(a.ln1_full.template data<T>(), ln1, N), g, in);
   } else {
-    ops::qkv_split(x_, q, k, v, qkv, ad);
-  }
-  if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
-    const int rd = cfg_.rotary_dim();
-    ops::rope_forward(x_, q, rope_, N, g.seq, H, hd, in.positions, rd);
-    ops::rope_forward(x_, k, rope_, N, g.seq, G, hd, in.positions, rd);
+    T* qkv = qkv_.template data<T>();
+    tp_.column_forward(qkv, a.ln1_full.template data<T>(), ln1, p.qkv_w, p.qkv_b, ad.qkv_width(),
+                       N);
+    if (cfg_.qk_layernorm) {
+      T *q_raw = a.q_raw.template data<T>(), *k_raw = a.k_raw.template data<T>();
+      ops::qkv_split(x_, q_raw, k_raw, v, qkv, ad);
+      norm_forward(q, a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), q_raw,
+                   p.qln_w, p.qln_b, N * H, hd);
+      norm_forward(k, a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), k_raw,
+                   p.kln_w, p.kln_b, N * G, hd);
+    } else {
+      ops::qkv_split(x_, q, k, v, qkv, ad);
+    }
+    if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
+      const int rd = cfg_.rotary_dim();
+      ops::rope_forward(x_, q, rope_, N, g.seq, H, hd, in.positions, rd);
+      ops::rope_forward(x_, k, rope_, N, g.seq, G, hd, in.positions, rd);
+    }
   }
   T* attn = a.attn.template data<T>();
   if (cp_->size() > 1 && parallel_.ulysses)
@@ -118,7 +123,7 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   else
     ops::attention_forward(x_, attn, a.lse.template data<Grad>(), q, k, v, ad);
   T* mid = a.mid.template data<T>();
-  tp_.row_forward(mid, full_.template data<T>(), attn, p.proj_w, p.proj_b, H * hd, N);
+  tp_.row_forward(mid, full_.template data<T>(), attn, p.proj_w, p.proj_b, H * ad.v_dim(), N);
   hidden_dropout(mid, mb, in, g, layer, ops::DropoutSite::AttentionOutput);
   ops::add(x_, mid, mid, x, size_t(R) * C);
 
@@ -180,8 +185,7 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     if (cfg_.swiglu)
       ops::swiglu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), N, F);
     else
-      ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F,
-                         gelu_form(cfg_));
+      ops::gelu_backward(x_, dfc1, dffn, a.fc1.template data<T>(), size_t(N) * F, gelu_form(cfg_));
     dln2 = tp_.column_backward(d_rows, partial, gp.fc1_w, gp.fc1_b, dfc1,
                                a.ln2_full.template data<T>(), p.fc1_w, fc1_out, N);
   }
@@ -191,7 +195,7 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   T* dattn = d_attn_.template data<T>();
   tp_.row_backward(dattn, gp.proj_w, gp.proj_b, d_full_.template data<T>(),
                    through_dropout(ops::DropoutSite::AttentionOutput), a.attn.template data<T>(),
-                   p.proj_w, H * hd, N);
+                   p.proj_w, H * ad.v_dim(), N);
   T *dq = dq_.template data<T>(), *dk = dk_.template data<T>(), *dv = dv_.template data<T>();
   if (cp_->size() > 1 && parallel_.ulysses)
     ulysses_.backward(dq, dk, dv, dattn, ulysses_whole<T>(a.q_all, a.k_all, a.v_all, a.out_all),
@@ -204,25 +208,30 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
     ops::attention_backward(x_, dq, dk, dv, dattn, a.attn.template data<T>(),
                             a.lse.template data<Grad>(), a.q.template data<T>(),
                             a.k.template data<T>(), a.v.template data<T>(), ad);
-  if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
-    const int rd = cfg_.rotary_dim();
-    ops::rope_backward(x_, dq, rope_, N, g.seq, H, hd, in.positions, rd);
-    ops::rope_backward(x_, dk, rope_, N, g.seq, G, hd, in.positions, rd);
+  const T* dln1 = nullptr;
+  if (cfg_.multi_latent_attention) {  // gpt_mla.cpp
+    dln1 = mla_backward(layer, a, dq, dk, dv, partial, d_rows, g, in);
+  } else {
+    if (cfg_.position_embedding_type == PositionEmbedding::Rope) {
+      const int rd = cfg_.rotary_dim();
+      ops::rope_backward(x_, dq, rope_, N, g.seq, H, hd, in.positions, rd);
+      ops::rope_backward(x_, dk, rope_, N, g.seq, G, hd, in.positions, rd);
+    }
+    if (cfg_.qk_layernorm) {
+      T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
+      ops::zero(x_, dq_raw, size_t(N) * H * hd);
+      ops::zero(x_, dk_raw, size_t(N) * G * hd);
+      norm_backward(dq_raw, gp.qln_w, gp.qln_b, dq, a.q_raw.template data<T>(), p.qln_w,
+                    a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), N * H, hd);
+      norm_backward(dk_raw, gp.kln_w, gp.kln_b, dk, a.k_raw.template data<T>(), p.kln_w,
+                    a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), N * G, hd);
+      dq = dq_raw, dk = dk_raw;
+    }
+    T* dqkv = qkv_.template data<T>();
+    ops::qkv_merge(x_, dqkv, dq, dk, dv, ad);
+    dln1 = tp_.column_backward(d_rows, partial, gp.qkv_w, gp.qkv_b, dqkv,
+                               a.ln1_full.template data<T>(), p.qkv_w, ad.qkv_width(), N);
   }
-  if (cfg_.qk_layernorm) {
-    T *dq_raw = dq_raw_.template data<T>(), *dk_raw = dk_raw_.template data<T>();
-    ops::zero(x_, dq_raw, size_t(N) * H * hd);
-    ops::zero(x_, dk_raw, size_t(N) * G * hd);
-    norm_backward(dq_raw, gp.qln_w, gp.qln_b, dq, a.q_raw.template data<T>(), p.qln_w,
-                  a.qn_mean.template data<Grad>(), a.qn_rstd.template data<Grad>(), N * H, hd);
-    norm_backward(dk_raw, gp.kln_w, gp.kln_b, dk, a.k_raw.template data<T>(), p.kln_w,
-                  a.kn_mean.template data<Grad>(), a.kn_rstd.template data<Grad>(), N * G, hd);
-    dq = dq_raw, dk = dk_raw;
-  }
-  T* dqkv = qkv_.template data<T>();
-  ops::qkv_merge(x_, dqkv, dq, dk, dv, ad);
-  const T* dln1 = tp_.column_backward(d_rows, partial, gp.qkv_w, gp.qkv_b, dqkv,
-                                      a.ln1_full.template data<T>(), p.qkv_w, ad.qkv_width(), N);
   norm_backward(dres, gp.ln1_w, gp.ln1_b, dln1, x, p.ln1_w, a.ln1_mean.template data<Grad>(),
                 a.ln1_rstd.template data<Grad>(), R, C);
 }

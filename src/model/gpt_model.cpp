@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/trace.h"
+#include "model/mla.h"
 #include "parallel/context_parallel.h"
 
 namespace omni {
@@ -34,7 +35,7 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
   const int64_t C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
   const int64_t G = cfg_.query_groups(), F = cfg_.ffn_size(), hpg = H / G;
   const int64_t Gl = G / tp, Hl = H / tp, Fl = F / tp, Vl = vocab_.rows;
-  const int64_t qkv_rows = Gl * (hpg + 2) * hd;
+  const int64_t qkv_rows = Gl * (hpg + 2) * hd, vd = cfg_.value_head_dim();
   std::vector<ParamInfo> p;
   // A tensor every tensor-parallel rank holds whole.
   auto replicated = [&](std::string name, Shape shape, ParamInit init, bool decay, bool partial) {
@@ -81,17 +82,20 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
     for (int layer = first; layer < end; ++layer) {
       const std::string l = layer_prefix(layer);
       norm(l + "input_layernorm", C, sp_);
-      rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp, ParamInit::Normal,
-           true);
-      if (cfg_.qkv_bias())
+      if (cfg_.multi_latent_attention)  // gpt_mla.cpp
+        add_mla_parameters(l + "self_attention.", replicated, rows);
+      else
+        rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp,
+             ParamInit::Normal, true);
+      if (cfg_.qkv_bias() && !cfg_.multi_latent_attention)
         rows(l + "self_attention.linear_qkv.bias", {qkv_rows}, qkv_rows * tp, ParamInit::Zeros,
              false);
-      if (cfg_.qk_layernorm) {  // shared by the heads, which the ranks divide
+      if (cfg_.qk_layernorm && !cfg_.multi_latent_attention) {  // shared by the heads
         norm(l + "self_attention.q_layernorm", hd, true);
         norm(l + "self_attention.k_layernorm", hd, true);
       }
-      split(l + "self_attention.linear_proj.weight", {C, Hl * hd}, 1, H * hd,
-            {{0, r * Hl * hd, Hl * hd}}, ParamInit::ScaledNormal, true);
+      split(l + "self_attention.linear_proj.weight", {C, Hl * vd}, 1, H * vd,
+            {{0, r * Hl * vd, Hl * vd}}, ParamInit::ScaledNormal, true);
       if (cfg_.add_bias_linear)
         replicated(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false, false);
       norm(l + "pre_mlp_layernorm", C, sp_);
@@ -151,6 +155,14 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                  "(not built yet on the GPU or in bf16/fp16)");
     expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
   }
+  OMNI_REQUIRE(!cfg_.multi_latent_attention || cp == 1,
+               "--multi-latent-attention with "
+               "--context-parallel-size ",
+               cp, ": not built yet");
+  OMNI_REQUIRE(!cfg_.multi_latent_attention || !x_.on_gpu() || cfg_.v_head_dim <= cfg_.head_dim(),
+               "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
+               ") above --qk-head-dim + --qk-pos-emb-head-dim (", cfg_.head_dim(),
+               ") is not built yet");
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;
@@ -212,8 +224,9 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   qkv_ = buf({N, (heads_ + 2 * groups_) * hd});
   full_ = buf({N, C}), d_full_ = buf({N, C}), d_resid_ = buf({R, C}), d_rows_ = buf({R, C});
   d_ffn_ = buf({N, ffn_}), d_fc1_ = buf({N, fc1_out});
-  d_attn_ = buf({N, heads_ * hd}), dq_ = buf({N, heads_ * hd});
-  dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * hd});
+  const int64_t vd = cfg_.value_head_dim();
+  d_attn_ = buf({N, heads_ * vd}), dq_ = buf({N, heads_ * hd});
+  dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * vd});
   if (cfg_.qk_layernorm) dq_raw_ = buf({N, heads_ * hd}), dk_raw_ = buf({N, groups_ * hd});
   if (cp > 1 && parallel_.ulysses)
     ulysses_ =
@@ -242,7 +255,9 @@ void GPTModel<T>::allocate_layer(LayerActivations& l) {
   auto stat = [&](Shape s) { return stat_buffer(std::move(s)); };
   l.ln1 = buf({R, C}), l.ln1_mean = stat({R}), l.ln1_rstd = stat({R});
   l.ln1_full = sp_ ? buf({N, C}) : l.ln1;
-  l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * hd});
+  const int64_t vd = cfg_.value_head_dim();
+  l.q = buf({N, H * hd}), l.k = buf({N, G * hd}), l.v = buf({N, G * vd});
+  if (cfg_.multi_latent_attention) allocate_mla(l);  // gpt_mla.cpp
   if (cfg_.qk_layernorm) {
     l.q_raw = buf({N, H * hd}), l.k_raw = buf({N, G * hd});
     l.qn_mean = stat({N * H}), l.qn_rstd = stat({N * H});
@@ -255,7 +270,7 @@ void GPTModel<T>::allocate_layer(LayerActivations& l) {
     l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
   }
   l.lse = stat({int64_t(max_batch_) * H * Sl});
-  l.attn = buf({N, H * hd});
+  l.attn = buf({N, H * vd});
   l.mid = buf({R, C});
   l.ln2 = buf({R, C}), l.ln2_mean = stat({R}), l.ln2_rstd = stat({R});
   l.ln2_full = sp_ ? buf({N, C}) : l.ln2;
@@ -312,7 +327,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
         &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act,   &l.q_all, &l.out_all})
     if (t->defined()) b += int64_t(t->bytes());
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
-  return b + moe_activation_bytes(l);
+  return b + moe_activation_bytes(l) + mla_activation_bytes(l);
 }
 
 template <typename T>
@@ -356,7 +371,10 @@ typename GPTModel<T>::Geometry GPTModel<T>::geometry(const MicroBatch& mb) const
 
 template <typename T>
 ops::AttentionDims GPTModel<T>::attention_dims(const MicroBatch& mb, const Inputs& in) const {
-  return {mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), in.key_start};
+  ops::AttentionDims d{mb.batch, mb.seq, heads_, groups_, cfg_.head_dim(), in.key_start};
+  if (cfg_.multi_latent_attention)
+    d.v_head_dim = cfg_.v_head_dim, d.softmax_scale = mla_softmax_scale(cfg_);
+  return d;
 }
 
 template <typename T>

@@ -171,6 +171,7 @@ class GPTModel final : public PipelineChunks<T> {
 
  private:
   struct MoEState;  // gpt_moe.cpp
+  struct MLAState;  // gpt_mla.cpp
   struct LayerActivations {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full;  // ln1_full: all rows (sequence parallel)
     Tensor q, k, v;                            // after qk-layernorm and rope
@@ -184,6 +185,7 @@ class GPTModel final : public PipelineChunks<T> {
     Tensor ln2, ln2_mean, ln2_rstd, ln2_full;
     Tensor fc1, act;
     std::shared_ptr<MoEState> moe;  // an MoE layer's routing and experts (gpt_moe.cpp)
+    std::shared_ptr<MLAState> mla;  // multi-latent attention's latents (gpt_mla.cpp)
   };
   // The micro-batch's arrays where the ops read them: copies in the model's device memory
   // (mask and key_start null when the micro-batch has none).
@@ -219,6 +221,21 @@ class GPTModel final : public PipelineChunks<T> {
                    const Geometry& g);
   void moe_backward(int layer, LayerActivations& a, const T* dy, T* dx);
   int64_t moe_activation_bytes(const LayerActivations& a) const;
+  // Multi-latent attention (gpt_mla.cpp, model/mla.h): its parameters (named after "<layer
+  // prefix>self_attention."), through the layout's `replicated` and `rows` makers; the forward
+  // from the input norm's rows (all of them) into a.q, a.k, a.v; the backward from dq, dk, dv
+  // (overwritten) to this rank's part of d(input norm rows) in `partial`, which it returns
+  // summed over the group (tp_.reduce_rows into d_rows).
+  using AddReplicated = std::function<void(std::string, Shape, ParamInit, bool, bool)>;
+  using AddRows = std::function<void(std::string, Shape, int64_t, ParamInit, bool)>;
+  void add_mla_parameters(const std::string& attn, const AddReplicated& replicated,
+                          const AddRows& rows) const;
+  void allocate_mla(LayerActivations& l) const;
+  int64_t mla_activation_bytes(const LayerActivations& l) const;
+  void mla_forward(int layer, LayerActivations& a, const T* ln1_full, const Geometry& g,
+                   const Inputs& in);
+  const T* mla_backward(int layer, LayerActivations& a, T* dq, T* dk, T* dv, T* partial, T* d_rows,
+                        const Geometry& g, const Inputs& in);
   // "decoder.layers.<layer>.": the names of a layer's parameters begin with it.
   static std::string layer_prefix(int layer);
   LayerTensors<T> layer_params(int layer) const;
@@ -322,6 +339,7 @@ class GPTModel final : public PipelineChunks<T> {
   double moe_grad_scale_ = 0;
   MoEReport moe_report_;
   std::vector<double> expert_tokens_;
+  std::shared_ptr<MLAState> mla_scratch_;  // multi-latent attention's backward scratch
 };
 
 }  // namespace omni

@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "base/error.h"
+#include "model/mla.h"
 #include "model/moe_layer.h"
 
 namespace omni {
@@ -29,11 +30,13 @@ const char* to_string(PositionEmbedding p) {
 // below 1, inverse frequencies base^(-i/dim) for i = 0, 2, ... < dim (so an odd dim rotates
 // dim + 1 channels).
 int TransformerConfig::rotary_dim() const {
+  if (multi_latent_attention) return qk_pos_emb_head_dim;
   const int dim = rotary_percent < 1.0 ? static_cast<int>(head_dim() * rotary_percent) : head_dim();
   return 2 * ((dim + 1) / 2);
 }
 
 std::vector<double> TransformerConfig::rotary_inv_freq() const {
+  if (multi_latent_attention) return mla_rotary_inv_freq(*this);
   const int dim = rotary_percent < 1.0 ? static_cast<int>(head_dim() * rotary_percent) : head_dim();
   std::vector<double> inv_freq;
   for (int i = 0; i < dim; i += 2) inv_freq.push_back(std::pow(rotary_base, -double(i) / dim));
@@ -198,6 +201,7 @@ void TransformerConfig::validate() const {
   OMNI_REQUIRE(norm_epsilon > 0, "--norm-epsilon must be positive (got ", norm_epsilon, ")");
   OMNI_REQUIRE(init_method_std > 0, "--init-method-std must be positive (got ", init_method_std,
                ")");
+  if (multi_latent_attention) validate_mla_config(*this);  // before rope's checks of head_dim()
   if (position_embedding_type == PositionEmbedding::Rope) {
     OMNI_REQUIRE(head_dim() % 2 == 0, "rope needs an even head dimension (got ", head_dim(),
                  " = --hidden-size / --num-attention-heads)");
@@ -224,6 +228,10 @@ int64_t TransformerConfig::num_parameters() const {
                   H * hd * C + (swiglu ? 3 : 2) * C * F;
   if (add_bias_linear) layer += C + (swiglu ? 2 * F : F) + C;
   if (qk_layernorm) layer += 2 * (norm_has_bias() ? 2 * hd : hd);
+  if (multi_latent_attention)  // MLA's projections in place of QKV's and the q/k norms
+    layer += mla_attention_parameter_count(*this) -
+             (C * (H + 2 * G) * hd + (qkv_bias() ? (H + 2 * G) * hd : 0) + H * hd * C +
+              (qk_layernorm ? 2 * (norm_has_bias() ? 2 * hd : hd) : 0));
   int64_t total = num_layers * layer + norm + V * C;
   if (position_embedding_type == PositionEmbedding::LearnedAbsolute) total += max_positions() * C;
   if (untie_embeddings_and_output_weights) total += V * C;

@@ -88,10 +88,34 @@ struct TransformerConfig {
   int moe_shared_expert_intermediate_size = 0;          // 0: no shared expert
   bool moe_shared_expert_gate = false;
 
+  // Multi-latent attention (DeepSeek-V2/V3; Megatron's --multi-latent-attention and its flags;
+  // model/mla.h). Queries from a q_lora_rank latent (0: Megatron's None, from the hidden
+  // state), keys and values from a kv_lora_rank latent; each head's query and key are
+  // qk_head_dim channels without rope and qk_pos_emb_head_dim with it (one rope key per token,
+  // shared by the heads); values are v_head_dim wide. With qk_layernorm the latents are normed.
+  bool multi_latent_attention = false;
+  int q_lora_rank = 0;
+  int kv_lora_rank = 32;
+  int qk_head_dim = 128;
+  int qk_pos_emb_head_dim = 64;
+  int v_head_dim = 128;
+  // Its rope (Megatron's --rope-type: yarn, MLA's default, or rope) and YaRN's parameters.
+  bool yarn = true;
+  double rotary_scaling_factor = 1.0;
+  double mscale = 1.0, mscale_all_dim = 0.0;
+  int original_max_position_embeddings = 4096;
+  double beta_fast = 32.0, beta_slow = 1.0;
+
   // Derived values; valid after validate().
-  int head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
-  int query_groups() const {
-    return group_query_attention ? num_query_groups : num_attention_heads;
+  // The queries' and keys' head dim (MLA: qk_head_dim + qk_pos_emb_head_dim), and the values'.
+  int head_dim() const {
+    if (multi_latent_attention) return qk_head_dim + qk_pos_emb_head_dim;
+    return kv_channels ? kv_channels : hidden_size / num_attention_heads;
+  }
+  int value_head_dim() const { return multi_latent_attention ? v_head_dim : head_dim(); }
+  int query_groups() const {  // MLA: every head has its own key and value
+    return group_query_attention && !multi_latent_attention ? num_query_groups
+                                                            : num_attention_heads;
   }
   // Megatron's default MLP width: 4h, or with SwiGLU's two projections 8h/3 rounded down to a
   // multiple of 64 (its int((4 * h * 2 / 3) / 64) * 64).

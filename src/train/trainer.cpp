@@ -145,6 +145,8 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     if (gpu_device && support.fused_unsupported.empty() &&
         (opts.reset_attention_mask || layout.cp > 1))
       support.fused_unsupported = "packed documents and context-parallel key blocks run our kernel";
+    if (gpu_device && m.multi_latent_attention)  // backend/gpu/backend.cu's padded path
+      support.fused_unsupported = "multi-latent attention runs our kernel (values zero-padded)";
     std::string why;
     const AttentionBackend backend =
         choose_attention_backend(opts.attention_backend, support, &why);

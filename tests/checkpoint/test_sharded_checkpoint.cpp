@@ -185,6 +185,33 @@ TEST(ShardedCheckpoint, StateSavedAtOneLayoutIsLoadedAtAnotherBitForBit) {
   EXPECT_TRUE(fs::exists(distopt + "/iter_0000003/optimizer_rank00001.bin"));
 }
 
+// Multi-latent attention's tensors (model/mla.h): the up-projections split by heads, the
+// down-projections and latent norms replicated; saved at two tensor-parallel ranks, loaded at one.
+TEST(ShardedCheckpoint, MultiLatentAttentionSavedAtTensorParallel2LoadsAtOneRank) {
+  const std::vector<std::string> mla = {"--multi-latent-attention",
+                                        "--q-lora-rank",
+                                        "8",
+                                        "--kv-lora-rank",
+                                        "8",
+                                        "--qk-head-dim",
+                                        "4",
+                                        "--qk-pos-emb-head-dim",
+                                        "4",
+                                        "--v-head-dim",
+                                        "6",
+                                        "--qk-layernorm",
+                                        "--normalization",
+                                        "RMSNorm",
+                                        "--swiglu",
+                                        "--disable-bias-linear",
+                                        "--position-embedding-type",
+                                        "rope"};
+  const std::string tp2 = fresh_dir("mla_tp2"), one = fresh_dir("mla_one");
+  run_layout(2, with(mla, {"--tensor-model-parallel-size", "2", "--save", tp2}), true);
+  run_layout(1, with(mla, {"--load", tp2, "--save", one}), true);
+  expect_same_state(tp2, one);
+}
+
 // omnitron convert reads a checkpoint four ranks wrote: a one-rank copy (one model.bin of
 // whole tensors, the same values) and a Hugging Face directory.
 TEST(ShardedCheckpoint, ConvertMakesAOneRankOrHuggingFaceCopy) {

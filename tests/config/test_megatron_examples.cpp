@@ -114,9 +114,9 @@ TEST(MegatronExamples, Mixtral8x7bStopsAtNothingNotBuilt) {
 
 // Its --use-megatron-fsdp trains with the distributed optimizer (a note says what is not
 // sharded), so it stops only at the features not built.
-TEST(MegatronExamples, DeepSeekV3StopsOnlyAtMlaMtpAndDeepEP) {
+TEST(MegatronExamples, DeepSeekV3StopsOnlyAtMtpAndDeepEP) {
   EXPECT_EQ(refusals_of("deepseek_v3"),
-            (std::set<std::string>{"multi-latent attention (MLA)", "multi-token prediction (MTP)",
+            (std::set<std::string>{"multi-token prediction (MTP)",
                                    "the flex token dispatcher (DeepEP, HybridEP)"}));
   // Less those, its forced load balancing (Megatron's benchmarking mode, random routing
   // scores) stops it, and only with experts.

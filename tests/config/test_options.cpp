@@ -48,7 +48,7 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
 
 TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
   for (const std::vector<std::string>& flag : std::vector<std::vector<std::string>>{
-           {"--multi-latent-attention"}, {"--sample-rate", "0.5"}}) {
+           {"--mtp-num-layers", "1"}, {"--sample-rate", "0.5"}}) {
     Options o;
     try {
       parse_options(flag, o);

@@ -139,7 +139,6 @@ const std::vector<std::string> kLlama3 = {"llama3_8B-pretrain",     "llama3_70B-
 const std::vector<std::string> kNoTokenizer = {"llama2_7B-pretrain", "llama2_70B-pretrain",
                                                "qwen2.5_7B-pretrain", "qwen2.5_72B-pretrain",
                                                "exp_pretrain"};
-const std::string kMla = "multi-latent attention (MLA)";
 const std::string kMtp = "multi-token prediction (MTP)";
 
 TEST_F(PrimusFiles, EveryExperimentIsChecked) {
@@ -181,7 +180,7 @@ TEST_F(PrimusFiles, DenseExperimentsPassValidationGivenAVocabulary) {
   }
 }
 
-// As written, each experiment stops only at features not built yet, each named: MLA and MTP
+// As written, each experiment stops only at features not built yet, each named: MTP
 // (expert parallelism is built). The cyclic data loader that Primus's pre_trainer.yaml sets for
 // every experiment, and the torch FSDP2 of the 70B and 72B experiments (trained with the sharded
 // optimizer state), are accepted with a note.
@@ -190,7 +189,7 @@ TEST_F(PrimusFiles, AsWrittenEachStopsOnlyAtFeaturesNotBuilt) {
       {"mixtral_8x7B_v0.1-pretrain", {}}, {"mixtral_8x22B_v0.1-pretrain", {}},
       {"llama4_17B16E-pretrain", {}},     {"llama4_17B128E-pretrain", {}},
       {"deepseek_v2_lite-pretrain", {}},  // its experiment turns MLA off
-      {"deepseek_v2-pretrain", {kMla}},   {"deepseek_v3-pretrain", {kMla, kMtp}},
+      {"deepseek_v2-pretrain", {}},       {"deepseek_v3-pretrain", {kMtp}},
       {"llama2_70B-pretrain", {}},        {"llama3_70B-pretrain", {}},
       {"llama3.1_70B-pretrain", {}},      {"llama3.3_70B-pretrain", {}},
       {"qwen2.5_72B-pretrain", {}},
@@ -368,6 +367,17 @@ TEST_F(PrimusFiles, MoeModelFilesAreThePublishedModels) {
   EXPECT_EQ(lite.moe_layer_pattern(), pattern);
   EXPECT_EQ(lite.num_moe_experts, 64);
   EXPECT_EQ(lite.moe_shared_expert_intermediate_size, 2816);
+  // Multi-latent attention, as configs/models/deepseek_*.yaml (test_yaml_config.cpp) count it.
+  EXPECT_TRUE(lite.multi_latent_attention);
+  EXPECT_EQ(lite.q_lora_rank, 0);
+  EXPECT_EQ(lite.head_dim(), 192);
+  EXPECT_NEAR(double(lite.num_parameters()), 15.7e9, 0.01 * 15.7e9);
+  const TransformerConfig v3 = model_file("deepseek_v3.yaml", 129280).model;
+  EXPECT_TRUE(v3.multi_latent_attention);
+  EXPECT_EQ(v3.q_lora_rank, 1536);
+  EXPECT_EQ(v3.mscale_all_dim, 1.0);
+  EXPECT_NEAR(double(v3.num_parameters()), 671e9, 0.01 * 671e9);
+  EXPECT_NEAR(double(v3.num_active_parameters() - int64_t(129280) * 7168), 37e9, 0.015 * 37e9);
 }
 
 }  // namespace

@@ -220,7 +220,7 @@ TEST(ModelZoo, ExamplesResolveAndParse) {
 }
 
 TEST(ModelZoo, TinyModelsBuildAndRun) {
-  for (const std::string name : {"tiny_gpt2", "tiny_llama", "tiny_mixtral"}) {
+  for (const std::string name : {"tiny_gpt2", "tiny_llama", "tiny_mixtral", "tiny_deepseek"}) {
     SCOPED_TRACE(name);
     const TransformerConfig cfg = zoo_model(name, 256);
     GPTModel<float> model(cfg, 1, 1234);
@@ -335,8 +335,27 @@ TEST(ModelZoo, MoeSizesMatchThePublishedModels) {
   EXPECT_LT(double(scout.num_parameters()), 109e9);
   EXPECT_GT(double(scout.num_parameters()), 105e9);
   EXPECT_NEAR(double(maverick.num_parameters()), 400e9, 2e9);
-  for (const auto& [name, c] : {std::pair{"Mixtral 8x22B", m22}, {"Qwen3-235B-A22B", q235},
-                                {"Llama 4 Scout", scout}, {"Llama 4 Maverick", maverick}})
+  for (const auto& [name, c] : {std::pair{"Mixtral 8x22B", m22},
+                                {"Qwen3-235B-A22B", q235},
+                                {"Llama 4 Scout", scout},
+                                {"Llama 4 Maverick", maverick}})
+    std::printf("%s: %.4gB total, %.4gB active\n", name, double(c.num_parameters()) / 1e9,
+                double(c.num_active_parameters()) / 1e9);
+  // DeepSeek-V3 (671B total, 37B activated: its paper's abstract) and DeepSeek-V2-Lite (15.7B,
+  // 2.4B: the DeepSeek-V2 paper, appendix B), the MTP module left out. Their active figures fit
+  // the parameters a token meets less the input embedding (a lookup): 36.6B and 2.45B; with
+  // it, 37.6B and 2.66B.
+  const TransformerConfig v3 = zoo_model("deepseek_v3", 129280);
+  const TransformerConfig lite = zoo_model("deepseek_v2_lite", 102400);
+  EXPECT_EQ(v3.head_dim(), 192);
+  EXPECT_EQ(v3.value_head_dim(), 128);
+  EXPECT_EQ(v3.moe_layer_pattern()[2], 0);
+  EXPECT_EQ(v3.moe_layer_pattern()[3], 1);
+  EXPECT_NEAR(double(v3.num_parameters()), 671e9, 0.01 * 671e9);
+  EXPECT_NEAR(double(v3.num_active_parameters() - int64_t(129280) * 7168), 37e9, 0.015 * 37e9);
+  EXPECT_NEAR(double(lite.num_parameters()), 15.7e9, 0.01 * 15.7e9);
+  EXPECT_NEAR(double(lite.num_active_parameters() - int64_t(102400) * 2048), 2.4e9, 0.025 * 2.4e9);
+  for (const auto& [name, c] : {std::pair{"DeepSeek-V3", v3}, {"DeepSeek-V2-Lite", lite}})
     std::printf("%s: %.4gB total, %.4gB active\n", name, double(c.num_parameters()) / 1e9,
                 double(c.num_active_parameters()) / 1e9);
   // A dense model's active parameters are all of them.

@@ -176,6 +176,20 @@ TEST(GpuModel, PartialRotaryMatchesTheCpuModel) {
   expect_matches_cpu<bf16>(partial, 1e-2, 8e-2);
 }
 
+// Multi-latent attention (model/mla.h) through the same seam: latents, rope on the decoupled
+// channels (offset rows), and attention with value heads narrower than the query heads and a
+// YaRN softmax scale, which the GPU runs by zero-padding the values (backend/gpu/backend.cu).
+TEST(GpuModel, MultiLatentAttentionMatchesTheCpuModel) {
+  OMNI_REQUIRE_GPU();
+  TransformerConfig c = tiny_llama();
+  c.multi_latent_attention = true, c.qk_layernorm = true;
+  c.q_lora_rank = 24, c.kv_lora_rank = 16, c.qk_head_dim = 16, c.qk_pos_emb_head_dim = 8;
+  c.v_head_dim = 12;
+  c.rotary_scaling_factor = 40, c.mscale = c.mscale_all_dim = 1;
+  expect_matches_cpu<float>(c, 1e-5, 2e-4);
+  expect_matches_cpu<bf16>(c, 1e-2, 8e-2);
+}
+
 TEST(GpuModel, Gpt2Bf16IsCloseToTheFloat32CpuModel) {
   OMNI_REQUIRE_GPU();
   // bf16 keeps 8 significant bits: weights and every activation are rounded (2^-9 relative

@@ -163,9 +163,9 @@ inline void check_attention(const ops::AttentionDims& d, uint64_t seed) {
   const size_t N = size_t(d.batch) * d.seq;
   TestRng rng(seed);
   Vec q = rng.normal(N * d.heads * d.head_dim), k = rng.normal(N * d.groups * d.head_dim),
-      v = rng.normal(k.size());
-  const Vec dout = rng.normal(q.size());
-  Vec out(q.size()), lse(size_t(d.batch) * d.heads * d.seq);
+      v = rng.normal(N * d.groups * d.v_dim());
+  const Vec dout = rng.normal(N * d.heads * d.v_dim());
+  Vec out(dout.size()), lse(size_t(d.batch) * d.heads * d.seq);
   auto objective = [&] {
     ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
     return dot(dout, out);

@@ -319,6 +319,16 @@ TEST(AttentionBackward, MatchesFiniteDifferencesAcrossTheRowBlockBoundary) {
   check_attention({2, 70, 2, 1, 2}, 25);
 }
 
+// Multi-latent attention's shapes: value heads narrower (and wider) than the query heads, and
+// a softmax scale of its own.
+TEST(AttentionBackward, MatchesFiniteDifferencesWithValueHeadDimAndScaleOfTheirOwn) {
+  ops::AttentionDims d{1, 5, 2, 2, 4};
+  d.v_head_dim = 3, d.softmax_scale = 0.9;
+  check_attention(d, 26);
+  d.v_head_dim = 6;
+  check_attention(d, 27);
+}
+
 // Ring attention's per-block form: rows see keys [first, last] of a block (possibly none),
 // and the log-sum-exp of their scaled scores is returned for merging blocks.
 TEST(AttentionForward, GivesLogSumExpAndZeroForRowsWithoutKeys) {
@@ -546,6 +556,29 @@ TEST(GPTModelGradient, MatchesFiniteDifferencesWithQkvBiasAndQkLayerNorm) {
 TEST(GPTModelGradient, MatchesFiniteDifferencesWithQkLayerNormUnderLayerNorm) {
   TransformerConfig c = tiny_gpt2();
   c.qk_layernorm = true;  // q/k LayerNorms with biases
+  check_model_gradients(c);
+}
+
+// Multi-latent attention (model/mla.h): query and key/value latents with RMSNorm, YaRN rope
+// with a softmax scale that is not 1/sqrt(head dim), value heads narrower than query heads.
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiLatentAttention) {
+  TransformerConfig c = tiny_llama();
+  c.multi_latent_attention = true;
+  c.qk_layernorm = true;
+  c.q_lora_rank = 6, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 6;
+  c.rotary_scaling_factor = 4, c.mscale = c.mscale_all_dim = 0.7;
+  check_model_gradients(c);
+}
+
+// Without a query latent or latent norms, LayerNorm elsewhere, plain rope, values wider than
+// the query heads.
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiLatentAttentionWithoutQueryLatent) {
+  TransformerConfig c = tiny_llama();
+  c.normalization = Normalization::LayerNorm;
+  c.multi_latent_attention = true;
+  c.kv_lora_rank = 5, c.qk_head_dim = 2, c.qk_pos_emb_head_dim = 2, c.v_head_dim = 7;
+  c.yarn = false;
   check_model_gradients(c);
 }
 

@@ -27,18 +27,19 @@ double compare(const ParamInfo& p, const double* local, const std::vector<double
   ParameterSet<double>::for_each_run(p, [&](int64_t l, int64_t g, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
       if (g + i >= int64_t(full.size())) continue;  // padded vocabulary rows beyond one rank's
-      worst = std::max(worst, std::abs(local[l + i] - full[g + i]) / (std::abs(full[g + i]) + 1e-3));
+      worst =
+          std::max(worst, std::abs(local[l + i] - full[g + i]) / (std::abs(full[g + i]) + 1e-3));
     }
   });
   return worst;
 }
 
-void check_layout(bool llama, const Layout& layout) {
-  const TransformerConfig cfg = layout_config(llama, layout);
+void check_layout_of(const TransformerConfig& cfg, const Layout& layout) {
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
-  for (const MicroBatch& mb : data.batches) ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
+  for (const MicroBatch& mb : data.batches)
+    ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
   auto full = [&](const std::string& name, bool grad) {
     const ParamInfo& info = ref.params().info(name);
     const double* p = (grad ? ref.params().grads() : ref.params().values()) + info.offset;
@@ -51,7 +52,8 @@ void check_layout(bool llama, const Layout& layout) {
        run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; })) {
     if (r.last_stage) loss = r.loss;
     for (const ParamInfo& p : r.infos) {
-      worst_value = std::max(worst_value, compare(p, r.values.data() + p.offset, full(p.name, false)));
+      worst_value =
+          std::max(worst_value, compare(p, r.values.data() + p.offset, full(p.name, false)));
       const double e = compare(p, r.grads.data() + p.offset, full(p.name, true));
       EXPECT_LT(e, 1e-9) << p.name << " on rank " << r.rank;
       worst_grad = std::max(worst_grad, e);
@@ -66,21 +68,33 @@ void check_layout(bool llama, const Layout& layout) {
     EXPECT_NE(std::find(seen.begin(), seen.end(), p.name), seen.end()) << p.name;
 }
 
+void check_layout(bool llama, const Layout& layout) {
+  check_layout_of(layout_config(llama, layout), layout);
+}
+
 class ModelParallel : public ::testing::TestWithParam<bool> {};
 
-TEST_P(ModelParallel, TensorParallel2) { check_layout(GetParam(), {.tp = 2}); }
-TEST_P(ModelParallel, TensorParallel4) { check_layout(GetParam(), {.tp = 4}); }
+TEST_P(ModelParallel, TensorParallel2) {
+  check_layout(GetParam(), {.tp = 2});
+}
+TEST_P(ModelParallel, TensorParallel4) {
+  check_layout(GetParam(), {.tp = 4});
+}
 TEST_P(ModelParallel, TensorParallel2SequenceParallel) {
   check_layout(GetParam(), {.tp = 2, .sp = true});
 }
-TEST_P(ModelParallel, ContextParallel2) { check_layout(GetParam(), {.cp = 2}); }
+TEST_P(ModelParallel, ContextParallel2) {
+  check_layout(GetParam(), {.cp = 2});
+}
 TEST_P(ModelParallel, ContextParallel4PackedDocuments) {
   check_layout(GetParam(), {.cp = 4, .packed = true});
 }
 TEST_P(ModelParallel, TensorParallel2PackedDocuments) {
   check_layout(GetParam(), {.tp = 2, .sp = true, .packed = true});
 }
-TEST_P(ModelParallel, Pipeline2) { check_layout(GetParam(), {.pp = 2}); }
+TEST_P(ModelParallel, Pipeline2) {
+  check_layout(GetParam(), {.pp = 2});
+}
 TEST_P(ModelParallel, Pipeline4Interleaved) {
   check_layout(GetParam(), {.pp = 4, .layers_per_virtual_stage = 1});
 }
@@ -121,6 +135,27 @@ TEST_P(ModelParallel, Ulysses2Pipeline2FullRecompute) {
 }
 TEST_P(ModelParallel, Ulysses2TensorParallel2SequenceParallelWithDropout) {
   check_layout(GetParam(), {.tp = 2, .cp = 2, .sp = true, .dropout = true, .ulysses = true});
+}
+
+// Multi-latent attention (model/mla.h): the up-projections split by heads, the down-projections
+// and latent norms replicated with partial gradients; four layers of the Llama-style model.
+TransformerConfig tiny_mla(const Layout& layout) {
+  TransformerConfig c = layout_config(true, layout);
+  c.num_layers = 4;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 8, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 6;
+  c.rotary_scaling_factor = 4, c.mscale = c.mscale_all_dim = 0.7;
+  c.validate();
+  return c;
+}
+TEST(ModelParallelMla, TensorParallel2SequenceParallelPipeline2PackedWithDropout) {
+  const Layout layout{.tp = 2, .pp = 2, .sp = true, .packed = true, .dropout = true};
+  check_layout_of(tiny_mla(layout), layout);
+}
+TEST(ModelParallelMla, TensorParallel4FullRecompute) {
+  const Layout layout{.tp = 4, .recompute = Recompute::Full};
+  check_layout_of(tiny_mla(layout), layout);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, ModelParallel, ::testing::Values(false, true),

@@ -108,6 +108,11 @@ void rope_backward(T* dx, const double* cos, const double* sin, int N, int seq, 
 
 namespace {
 
+template <typename T>
+T softmax_scale(const AttentionDims& d) {
+  return d.softmax_scale > 0 ? T(d.softmax_scale) : T(1) / std::sqrt(T(d.head_dim));
+}
+
 // Row i of sequence b attends keys [first_key, last_key] of that sequence.
 int last_key(const AttentionDims& d, int b, int i) {
   return d.q_index ? d.q_index[static_cast<size_t>(b) * d.seq + i] : i;
@@ -194,9 +199,9 @@ void drop_probabilities(T* P, int ld, const AttentionDims& d, int b, int h, int 
 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d) {
-  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
-  const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
-  const T scale = T(1) / std::sqrt(T(hd));
+  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim, vd = d.v_dim();
+  const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd, ldv = G * vd, ldo = H * vd;
+  const T scale = softmax_scale<T>(d);
 #pragma omp parallel
   {
     std::vector<T> P(static_cast<size_t>(kRowBlock) * S);
@@ -205,15 +210,15 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       const int b = bh / H, h = bh % H, g = h / hpg;
       const T* qb = q + static_cast<size_t>(b) * S * ldq + h * hd;
       const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
-      const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
-      T* ob = out + static_cast<size_t>(b) * S * ldq + h * hd;
+      const T* vb = v + static_cast<size_t>(b) * S * ldv + g * vd;
+      T* ob = out + static_cast<size_t>(b) * S * ldo + h * vd;
       T* lse_rows = lse + static_cast<size_t>(bh) * S;
       for (int r0 = 0; r0 < S; r0 += kRowBlock) {
         const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
         const int kend = block_keys(d, b, r0, r1);
         if (kend == 0) {  // no row of the block sees a key
           for (int i = r0; i < r1; ++i) {
-            std::fill(ob + static_cast<size_t>(i) * ldq, ob + static_cast<size_t>(i) * ldq + hd,
+            std::fill(ob + static_cast<size_t>(i) * ldo, ob + static_cast<size_t>(i) * ldo + vd,
                       T(0));
             lse_rows[i] = -std::numeric_limits<T>::infinity();
           }
@@ -222,8 +227,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         row_block_probabilities(P.data(), S, qb, ldq, kb, ldk, d, b, r0, r1, kend, scale, lse_rows,
                                 true);
         if (d.dropout.active()) drop_probabilities(P.data(), S, d, b, h, r0, r1);
-        gemm<T>(false, false, rows, hd, kend, T(1), P.data(), S, vb, ldk, T(0),
-                ob + static_cast<size_t>(r0) * ldq, ldq);
+        gemm<T>(false, false, rows, vd, kend, T(1), P.data(), S, vb, ldv, T(0),
+                ob + static_cast<size_t>(r0) * ldo, ldo);
       }
     }
   }
@@ -236,9 +241,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
                         const T* k, const T* v, const AttentionDims& d) {
-  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim;
-  const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd;
-  const T scale = T(1) / std::sqrt(T(hd));
+  const int S = d.seq, H = d.heads, G = d.groups, hd = d.head_dim, vd = d.v_dim();
+  const int hpg = d.heads_per_group(), ldq = H * hd, ldk = G * hd, ldv = G * vd, ldo = H * vd;
+  const T scale = softmax_scale<T>(d);
 #pragma omp parallel
   {
     std::vector<T> P(static_cast<size_t>(kRowBlock) * S), dS(static_cast<size_t>(kRowBlock) * S);
@@ -246,22 +251,23 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     for (int bg = 0; bg < d.batch * G; ++bg) {
       const int b = bg / G, g = bg % G;
       const T* kb = k + static_cast<size_t>(b) * S * ldk + g * hd;
-      const T* vb = v + static_cast<size_t>(b) * S * ldk + g * hd;
+      const T* vb = v + static_cast<size_t>(b) * S * ldv + g * vd;
       T* dkb = dk + static_cast<size_t>(b) * S * ldk + g * hd;
-      T* dvb = dv + static_cast<size_t>(b) * S * ldk + g * hd;
+      T* dvb = dv + static_cast<size_t>(b) * S * ldv + g * vd;
       for (int s = 0; s < S; ++s) {
         std::fill(dkb + static_cast<size_t>(s) * ldk, dkb + static_cast<size_t>(s) * ldk + hd,
                   T(0));
-        std::fill(dvb + static_cast<size_t>(s) * ldk, dvb + static_cast<size_t>(s) * ldk + hd,
+        std::fill(dvb + static_cast<size_t>(s) * ldv, dvb + static_cast<size_t>(s) * ldv + vd,
                   T(0));
       }
       for (int h = g * hpg; h < (g + 1) * hpg; ++h) {
         const size_t qoff = static_cast<size_t>(b) * S * ldq + h * hd;
+        const size_t ooff = static_cast<size_t>(b) * S * ldo + h * vd;
         const T* lse_rows = lse + (static_cast<size_t>(b) * H + h) * S;
         for (int r0 = 0; r0 < S; r0 += kRowBlock) {
           const int r1 = std::min(S, r0 + kRowBlock), rows = r1 - r0;
           const int kend = block_keys(d, b, r0, r1);
-          const T* dOb = dout + qoff + static_cast<size_t>(r0) * ldq;
+          const T* dOb = dout + ooff + static_cast<size_t>(r0) * ldo;
           if (kend == 0) {  // no row of the block sees a key
             for (int i = r0; i < r1; ++i)
               std::fill(dq + qoff + static_cast<size_t>(i) * ldq,
@@ -271,12 +277,12 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
           row_block_probabilities(P.data(), S, q + qoff, ldq, kb, ldk, d, b, r0, r1, kend, scale,
                                   const_cast<T*>(lse_rows), false);
           // dP = dO V^T (of the probabilities after dropout, P Z with Z the mask's factors)
-          gemm<T>(false, true, rows, kend, hd, T(1), dOb, ldq, vb, ldk, T(0), dS.data(), S);
+          gemm<T>(false, true, rows, kend, vd, T(1), dOb, ldo, vb, ldv, T(0), dS.data(), S);
           for (int i = r0; i < r1; ++i) {
-            const T* o = out + qoff + static_cast<size_t>(i) * ldq;
-            const T* go = dout + qoff + static_cast<size_t>(i) * ldq;
+            const T* o = out + ooff + static_cast<size_t>(i) * ldo;
+            const T* go = dout + ooff + static_cast<size_t>(i) * ldo;
             T D = 0;
-            for (int c = 0; c < hd; ++c) D += go[c] * o[c];
+            for (int c = 0; c < vd; ++c) D += go[c] * o[c];
             T* p = P.data() + static_cast<size_t>(i - r0) * S;
             T* ds = dS.data() + static_cast<size_t>(i - r0) * S;
             if (!d.dropout.active()) {
@@ -302,7 +308,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
             });
           }
           // dV[0:kend] += (P Z)^T dO
-          gemm<T>(true, false, kend, hd, rows, T(1), P.data(), S, dOb, ldq, T(1), dvb, ldk);
+          gemm<T>(true, false, kend, vd, rows, T(1), P.data(), S, dOb, ldo, T(1), dvb, ldv);
           // dQ = scale dS K ; dK[0:kend] += scale dS^T Q
           gemm<T>(false, false, rows, hd, kend, scale, dS.data(), S, kb, ldk, T(0),
                   dq + qoff + static_cast<size_t>(r0) * ldq, ldq);
@@ -317,7 +323,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 template <typename T>
 void attention_merge(T* out, T* lse, const T* block_out, const T* block_lse,
                      const AttentionDims& d) {
-  const int H = d.heads, hd = d.head_dim;
+  const int H = d.heads, hd = d.v_dim();
   constexpr T kNone = -std::numeric_limits<T>::infinity();
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < d.batch * H; ++bh)

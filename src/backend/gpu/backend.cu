@@ -91,7 +91,9 @@ class Ops final : public GpuOps<T> {
   }
   void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                          const ops::AttentionDims& d) const override {
-    if (fused(d))
+    if (!d.plain_shape())
+      padded_attention_forward(out, lse, q, k, v, d);
+    else if (fused(d))
       fused_attention_forward(out, lse, q, k, v, d);
     else
       gpu::flash_attention_forward(out, lse, q, k, v, d);
@@ -99,7 +101,9 @@ class Ops final : public GpuOps<T> {
   void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
                           const T* q, const T* k, const T* v,
                           const ops::AttentionDims& d) const override {
-    if (fused(d))
+    if (!d.plain_shape())
+      padded_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
+    else if (fused(d))
       fused_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
     else
       gpu::flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, d);
@@ -132,6 +136,61 @@ class Ops final : public GpuOps<T> {
   }
 
  private:
+  // Multi-latent attention's shapes (value heads narrower than the query heads, a softmax scale
+  // of its own) through the flash kernels' plain shape: values (and the output and its
+  // gradient) zero-padded to the query head dim, whose extra output channels are then zero,
+  // and queries pre-multiplied by scale * sqrt(head_dim), so that the kernels' 1/sqrt(head_dim)
+  // gives the asked scale (dq is multiplied by the same factor). Scratch per call.
+  static ops::AttentionDims plain(const ops::AttentionDims& d) {
+    if (d.v_dim() > d.head_dim)
+      throw std::invalid_argument("[attention] value head dim " + std::to_string(d.v_dim()) +
+                                  " above the query head dim " + std::to_string(d.head_dim) +
+                                  " is not built on the GPU");
+    ops::AttentionDims p = d;
+    p.v_head_dim = 0, p.softmax_scale = 0;
+    return p;
+  }
+  static float query_factor(const ops::AttentionDims& d) {
+    return d.softmax_scale > 0 ? float(d.softmax_scale * std::sqrt(double(d.head_dim))) : 1.0f;
+  }
+  // Rows of width w into rows of width hd, the rest zero; and back.
+  static void pad(T* dst, const T* src, size_t rows, size_t w, size_t hd) {
+    fill_zero(dst, rows * hd * sizeof(T));
+    copy_rows_on_device(dst, hd * sizeof(T), src, w * sizeof(T), w * sizeof(T), rows);
+  }
+  static void unpad(T* dst, const T* src, size_t rows, size_t w, size_t hd) {
+    copy_rows_on_device(dst, w * sizeof(T), src, hd * sizeof(T), w * sizeof(T), rows);
+  }
+  void padded_attention_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                                const ops::AttentionDims& d) const {
+    const ops::AttentionDims p = plain(d);
+    const size_t N = size_t(d.batch) * d.seq, hd = d.head_dim, vd = d.v_dim();
+    DeviceArray<T> qs(N * d.heads * hd), vp(N * d.groups * hd), op(N * d.heads * hd);
+    copy_on_device(qs.data(), q, qs.size() * sizeof(T));
+    gpu::scale(qs.data(), query_factor(d), qs.size());
+    pad(vp.data(), v, N * d.groups, vd, hd);
+    gpu::flash_attention_forward(op.data(), lse, qs.data(), k, vp.data(), p);
+    unpad(out, op.data(), N * d.heads, vd, hd);
+  }
+  void padded_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                                 const T* q, const T* k, const T* v,
+                                 const ops::AttentionDims& d) const {
+    const ops::AttentionDims p = plain(d);
+    const size_t N = size_t(d.batch) * d.seq, hd = d.head_dim, vd = d.v_dim();
+    const float f = query_factor(d);
+    DeviceArray<T> qs(N * d.heads * hd), vp(N * d.groups * hd), op(N * d.heads * hd),
+        dop(N * d.heads * hd), dvp(N * d.groups * hd);
+    copy_on_device(qs.data(), q, qs.size() * sizeof(T));
+    gpu::scale(qs.data(), f, qs.size());
+    pad(vp.data(), v, N * d.groups, vd, hd);
+    pad(op.data(), out, N * d.heads, vd, hd);
+    pad(dop.data(), dout, N * d.heads, vd, hd);
+    gpu::flash_attention_backward(dq, dk, dvp.data(), dop.data(), op.data(), lse, qs.data(), k,
+                                  vp.data(), p);
+    gpu::scale(dq, f, N * d.heads * hd);  // d(f q) / dq
+    unpad(dv, dvp.data(), N * d.groups, vd, hd);
+  }
+
   bool fused(const ops::AttentionDims& d) const {
     // cuDNN's dropout has its own RNG: with attention dropout our kernel draws the masks.
     return fused_.load(std::memory_order_relaxed) && !d.key_start && !d.q_index &&
