@@ -93,7 +93,7 @@ void expect_gradients_match(const TransformerConfig& cfg) {
   std::printf("loss %.9f (cpu %.9f); worst gradient error %.2e\n", got, want, worst);
 }
 
-TEST(GpuMoEModel, MixtralAndDeepSeekGradientsMatchTheCpuModel) {
+TEST(GpuModel, MoEMixtralAndDeepSeekGradientsMatchTheCpuModel) {
   OMNI_REQUIRE_GPU();
   expect_gradients_match(tiny_mixtral());
   expect_gradients_match(tiny_deepseek());
@@ -117,7 +117,7 @@ struct TrainRun {
   std::unique_ptr<Optimizer<float>> opt;
 };
 
-TEST(GpuMoEModel, TrainingStepsGiveTheCpusLossesTokenCountsAndExpertBias) {
+TEST(GpuModel, MoETrainingStepsGiveTheCpusLossesTokenCountsAndExpertBias) {
   OMNI_REQUIRE_GPU();
   for (const TransformerConfig& cfg : {tiny_mixtral(), tiny_deepseek()}) {
     SCOPED_TRACE(cfg.moe_router_enable_expert_bias ? "deepseek" : "mixtral");
