@@ -23,6 +23,9 @@ struct Step;  // backend/zoo_adam8bit_math.h
 
 namespace omni {
 
+template <typename T>
+class GpuMoeOps;  // backend/gpu_moe_backend.h
+
 // The ops of one storage type T (float, bf16 or f16): activations and weights are T;
 // parameter gradients and per-row statistics (mean, rstd, log-sum-exp, per-row losses) are
 // float, as ops.h's contract says.
@@ -108,6 +111,19 @@ class GpuBackend : public DeviceMemory {
   virtual const GpuOps<float>& ops_f32() const = 0;
   virtual const GpuOps<bf16>& ops_bf16() const = 0;
   virtual const GpuOps<f16>& ops_f16() const = 0;
+  // The mixture-of-experts ops for T (backend/gpu_moe_backend.h).
+  template <typename T>
+  const GpuMoeOps<T>& moe_ops() const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return moe_ops_bf16();
+    else if constexpr (std::is_same_v<T, f16>)
+      return moe_ops_f16();
+    else
+      return moe_ops_f32();
+  }
+  virtual const GpuMoeOps<float>& moe_ops_f32() const = 0;
+  virtual const GpuMoeOps<bf16>& moe_ops_bf16() const = 0;
+  virtual const GpuMoeOps<f16>& moe_ops_f16() const = 0;
 
   // One AdamW step of n elements at step `step` (1-based), as optim/optimizer.cpp's
   // update_elements does it.

@@ -146,9 +146,10 @@ class GPTModel final : public PipelineChunks<T> {
     params_hook_ = std::move(hook);
   }
 
-  // Mixture of experts (model/gpt_moe.cpp; CPU, float or double): what the training forwards since
-  // the last take_moe_report() reported, per global layer (zero for dense layers and layers this
-  // rank does not hold).
+  // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float on a GPU without
+  // tensor or context parallelism): what the training forwards since the last
+  // take_moe_report() reported, per global layer (zero for dense layers and layers this rank
+  // does not hold).
   struct MoEReport {
     // Summed over the forwards, coefficients excluded (Megatron's tracker values).
     std::vector<double> load_balancing_loss, z_loss;

@@ -14,8 +14,9 @@
 // Tensor parallelism (expert tensor parallelism of the same size): every tp rank routes the
 // gathered tokens with the replicated router and holds its slice of each expert's width;
 // layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
-// parallelism), layer_backward their input gradients. CPU, float or double (MoELayer's ops run
-// on the host); the constructor refuses the rest.
+// parallelism), layer_backward their input gradients. Float or double on the CPU, float on a GPU
+// with one tp and cp rank (MoELayer's ops run where the model's Exec says); the constructor
+// refuses the rest.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -60,8 +61,9 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 template <typename T>
 struct GPTModel<T>::MoEState {
-  MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp)
-      : layer(c, ep, cp, tp) {}
+  MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp,
+           const ops::Exec& x)
+      : layer(c, ep, cp, tp, x) {}
   MoELayer<moe_scalar<T>> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
@@ -133,13 +135,13 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
     (void)layer, (void)a, (void)x, (void)out, (void)mb, (void)g;
     OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
   } else {
-    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp);
+    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
     MoELayer<T>& m = a.moe->layer;
     const int E = cfg_.num_moe_experts;
     const std::string mlp = layer_prefix(layer) + "mlp.";
     if (cfg_.moe_router_enable_expert_bias) {
       const T* bias = params_.value(mlp + "router.expert_bias");
-      std::copy(bias, bias + E, m.expert_bias().begin());
+      ops::download(x_, m.expert_bias().data(), bias, E);
     }
     const bool train = moe_training_;
     const MoEStats& s = m.forward(
@@ -218,7 +220,7 @@ void GPTModel<T>::update_expert_bias() {
       for (int layer = first; layer < end; ++layer) {
         if (!cfg_.is_moe_layer(layer)) continue;
         T* bias = params_.value(layer_prefix(layer) + "mlp.router.expert_bias");
-        ops::moe_expert_bias_update(bias, expert_tokens_.data() + size_t(layer) * E, E,
+        ops::moe_expert_bias_update(x_, bias, expert_tokens_.data() + size_t(layer) * E, E,
                                     cfg_.moe_router_bias_update_rate);
       }
     std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);

@@ -102,19 +102,20 @@ GeluForm gelu_form_of(const TransformerConfig& c) {
 
 // The MLP activation of `rows` rows: SwiGLU on [rows, 2F] or GELU on [rows, F].
 template <typename T>
-void activation_forward(T* out, const T* in, int rows, int F, const TransformerConfig& c) {
+void activation_forward(const ops::Exec& e, T* out, const T* in, int rows, int F,
+                        const TransformerConfig& c) {
   if (c.swiglu)
-    ops::swiglu_forward(out, in, rows, F);
+    ops::swiglu_forward(e, out, in, rows, F);
   else
-    ops::gelu_forward(out, in, static_cast<size_t>(rows) * F, gelu_form_of(c));
+    ops::gelu_forward(e, out, in, static_cast<size_t>(rows) * F, gelu_form_of(c));
 }
 template <typename T>
-void activation_backward(T* din, const T* dout, const T* in, int rows, int F,
+void activation_backward(const ops::Exec& e, T* din, const T* dout, const T* in, int rows, int F,
                          const TransformerConfig& c) {
   if (c.swiglu)
-    ops::swiglu_backward(din, dout, in, rows, F);
+    ops::swiglu_backward(e, din, dout, in, rows, F);
   else
-    ops::gelu_backward(din, dout, in, static_cast<size_t>(rows) * F, gelu_form_of(c));
+    ops::gelu_backward(e, din, dout, in, static_cast<size_t>(rows) * F, gelu_form_of(c));
 }
 }  // namespace
 
@@ -163,17 +164,26 @@ MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c) {
 
 template <typename T>
 MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communicator* cp,
-                      Communicator* tp)
+                      Communicator* tp, const ops::Exec& exec)
     : cfg_(config),
       ep_(ep),
       cp_(cp && cp->size() > 1 ? cp : nullptr),
       tp_size_(tp ? tp->size() : 1),
-      tp_rank_(tp ? tp->rank() : 0) {
+      tp_rank_(tp ? tp->rank() : 0),
+      exec_(exec) {
   validate_moe_config(cfg_);
   E_ = cfg_.num_moe_experts;
   const int ranks = ep ? ep->size() : 1;
   OMNI_REQUIRE(E_ % ranks == 0, "--num-experts (", E_,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
+  OMNI_REQUIRE(ranks == 1 || !exec.on_gpu(), "--expert-model-parallel-size ", ranks,
+               " with --device gpu: expert parallelism on the GPU is not built yet (one "
+               "expert-parallel rank runs there)");
+  for (MoEBuffer<T>* b :
+       {&device_bias_, &logits_, &probs_, &aux_dlogits_, &local_out_, &permuted_, &fc1_out_, &act_,
+        &expert_out_, &row_weight_, &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
+    b->set_exec(exec);
+  indices_.set_exec(exec);
   local_experts_ = E_ / ranks;
   first_expert_ = (ep ? ep->rank() : 0) * local_experts_;
   C_ = cfg_.hidden_size;
@@ -216,17 +226,23 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   stats_ = MoEStats{};
 
   // Router.
+  const ops::Exec& ex = exec_;
   logits_.resize(static_cast<size_t>(tokens) * E);
-  ops::linear_forward(logits_.data(), x, p.router_weight, p.router_bias, tokens, C, E);
+  ops::linear_forward(ex, logits_.data(), x, p.router_weight, p.router_bias, tokens, C, E);
   probs_.resize(static_cast<size_t>(tokens) * K);
   indices_.resize(static_cast<size_t>(tokens) * K);
   routing_.tokens = tokens;
-  ops::moe_topk_routing_forward(probs_.data(), indices_.data(), logits_.data(),
-                                cfg_.moe_router_enable_expert_bias ? expert_bias_.data() : nullptr,
-                                routing_);
+  if (cfg_.moe_router_enable_expert_bias) {
+    device_bias_.resize(E);
+    ops::upload(ex, device_bias_.data(), expert_bias_.data(), E);
+  }
+  ops::moe_topk_routing_forward(
+      ex, probs_.data(), indices_.data(), logits_.data(),
+      cfg_.moe_router_enable_expert_bias ? device_bias_.data() : static_cast<T*>(nullptr),
+      routing_);
   if (train) {
     // The losses' gradients with respect to the logits, for a unit gradient of each loss.
-    aux_dlogits_.assign(logits_.size(), T(0));
+    aux_dlogits_.assign_zeros(logits_.size());
     if (cfg_.moe_router_load_balancing_type != MoELoadBalancing::None &&
         cfg_.moe_aux_loss_coeff > 0) {
       ops::MoEAuxLossArgs a;
@@ -247,12 +263,12 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
         a.shards = cp_->size();
         a.counts = counts.data();
       }
-      stats_.aux_loss = ops::moe_aux_loss(aux_dlogits_.data(), logits_.data(), a, 1.0);
+      stats_.aux_loss = ops::moe_aux_loss(ex, aux_dlogits_.data(), logits_.data(), a, 1.0);
     }
     // Under context parallelism this rank's part of the mean over the whole sequences
     // (Megatron divides the coefficient by the tp_cp size; the ranks' tokens are equal).
     if (cfg_.moe_z_loss_coeff > 0)
-      stats_.z_loss = ops::moe_z_loss(aux_dlogits_.data(), logits_.data(), tokens, E,
+      stats_.z_loss = ops::moe_z_loss(ex, aux_dlogits_.data(), logits_.data(), tokens, E,
                                       cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() : 1), 1.0);
   }
 
@@ -261,7 +277,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   cap.capacity_factor = cfg_.moe_expert_capacity_factor;
   cap.drop_policy = cfg_.moe_token_drop_policy;
   cap.pad_to_capacity = cfg_.moe_pad_expert_input_to_capacity;
-  plan_ = ops::moe_dispatch_plan(indices_.data(), probs_.data(), tokens, E, K, cap);
+  plan_ = ops::moe_dispatch_plan(ex, indices_.data(), probs_.data(), tokens, E, K, cap);
   a2a_.reset();
   const int El = local_experts_;
   if (allgather()) {
@@ -277,56 +293,59 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     probs_all_.resize(size_t(n) * tokens * K);
     ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
     ep_->all_gather(probs_all_.data(), probs_.data(), probs_.size());
-    const std::vector<double> index_mine(indices_.begin(), indices_.end());
+    const std::vector<double> index_mine(indices_.host().begin(), indices_.host().end());
     ep_->all_gather(index_all.data(), index_mine.data(), index_mine.size());
     const std::vector<int32_t> indices_all(index_all.begin(), index_all.end());
-    gathered_plan_ = expert_allgather_plan(indices_all.data(), probs_all_.data(), tokens, n, E, K,
-                                           cap, first_expert_, El);
+    gathered_plan_ =
+        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all_.data(), tokens, n, E,
+                                               K, cap, first_expert_, El));
   } else if (expert_parallel()) {
-    a2a_.emplace(*ep_, plan_, E);
+    a2a_.emplace(*ep_, plan_.host(), E);
   }
-  const ops::MoEDispatchPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
-  const int R = a2a_ ? a2a_->expert_rows() : rows_plan.rows();
-  const int32_t* offsets = a2a_ ? a2a_->expert_offsets().data() : rows_plan.expert_offsets.data();
+  const ops::MoEPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
+  const int R = a2a_ ? a2a_->expert_rows() : rows_plan.host().rows();
+  const int32_t* offsets =
+      a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
   permuted_.resize(static_cast<size_t>(R) * C);
   fc1_out_.resize(static_cast<size_t>(R) * F1_);
   act_.resize(static_cast<size_t>(R) * F_);
   expert_out_.resize(static_cast<size_t>(R) * C);
   if (a2a_) {
-    std::vector<T> rows(static_cast<size_t>(plan_.rows()) * C);
-    ops::moe_permute(rows.data(), x, plan_, C);
+    std::vector<T> rows(static_cast<size_t>(plan_.host().rows()) * C);
+    ops::moe_permute(ex, rows.data(), x, plan_, C);
     a2a_->dispatch(permuted_.data(), rows.data(), C);
   } else {
-    ops::moe_permute(permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
+    ops::moe_permute(ex, permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
   }
-  ops::moe_grouped_linear_forward(fc1_out_.data(), permuted_.data(), p.fc1_weight, p.fc1_bias,
+  ops::moe_grouped_linear_forward(ex, fc1_out_.data(), permuted_.data(), p.fc1_weight, p.fc1_bias,
                                   offsets, El, C, F1_);
-  activation_forward(act_.data(), fc1_out_.data(), R, F_, cfg_);
-  ops::moe_grouped_linear_forward(expert_out_.data(), act_.data(), p.fc2_weight, p.fc2_bias,
+  activation_forward(ex, act_.data(), fc1_out_.data(), R, F_, cfg_);
+  ops::moe_grouped_linear_forward(ex, expert_out_.data(), act_.data(), p.fc2_weight, p.fc2_bias,
                                   offsets, El, F_, C);
   const T* out_rows = expert_out_.data();
   if (a2a_) {
-    local_out_.resize(static_cast<size_t>(plan_.rows()) * C);
+    local_out_.resize(static_cast<size_t>(plan_.host().rows()) * C);
     a2a_->combine(local_out_.data(), expert_out_.data(), C);
     out_rows = local_out_.data();
   }
-  row_weight_.resize(rows_plan.rows());
-  ops::moe_row_weights(row_weight_.data(), allgather() ? probs_all_.data() : probs_.data(),
+  row_weight_.resize(rows_plan.host().rows());
+  ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : probs_.data(),
                        rows_plan);
   if (allgather()) {  // this rank's experts' part of every gathered token, summed back
     std::vector<T> y_all(x_all_.size());
-    ops::moe_unpermute(y_all.data(), out_rows, row_weight_.data(), rows_plan, C);
+    ops::moe_unpermute(ex, y_all.data(), out_rows, row_weight_.data(), rows_plan, C);
     ep_->reduce_scatter(y, y_all.data(), static_cast<size_t>(tokens) * C);
   } else {
-    ops::moe_unpermute(y, out_rows, row_weight_.data(), plan_, C);
+    ops::moe_unpermute(ex, y, out_rows, row_weight_.data(), plan_, C);
   }
   if (Fs_ > 0) shared_expert_forward(y, x, p);
 
+  const ops::MoEDispatchPlan& plan = plan_.host();
   stats_.tokens_per_expert.resize(E);
-  for (int e = 0; e < E; ++e) stats_.tokens_per_expert[e] = plan_.expert_rows(e);
-  stats_.dropped = plan_.dropped;
+  for (int e = 0; e < E; ++e) stats_.tokens_per_expert[e] = plan.expert_rows(e);
+  stats_.dropped = plan.dropped;
   if (train && !recomputing && cfg_.moe_router_enable_expert_bias)
-    for (int e = 0; e < E; ++e) local_tokens_[e] += double(plan_.expert_rows(e));
+    for (int e = 0; e < E; ++e) local_tokens_[e] += double(plan.expert_rows(e));
   return stats_;
 }
 
@@ -336,21 +355,22 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
   shared_fc1_out_.resize(static_cast<size_t>(N) * Fs1_);
   shared_act_.resize(static_cast<size_t>(N) * Fs_);
   shared_out_.resize(static_cast<size_t>(N) * C);
-  ops::linear_forward(shared_fc1_out_.data(), x, p.shared_fc1_weight, static_cast<T*>(nullptr), N,
-                      C, Fs1_);
-  activation_forward(shared_act_.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
-  ops::linear_forward(shared_out_.data(), shared_act_.data(), p.shared_fc2_weight,
+  const ops::Exec& ex = exec_;
+  ops::linear_forward(ex, shared_fc1_out_.data(), x, p.shared_fc1_weight, static_cast<T*>(nullptr),
+                      N, C, Fs1_);
+  activation_forward(ex, shared_act_.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
+  ops::linear_forward(ex, shared_out_.data(), shared_act_.data(), p.shared_fc2_weight,
                       static_cast<T*>(nullptr), N, Fs_, C);
   const T* add = shared_out_.data();
-  std::vector<T> gated;
+  MoEBuffer<T> gated(ex);
   if (p.shared_gate_weight) {
     shared_gate_.resize(N);
     gated.resize(shared_out_.size());
-    ops::moe_shared_gate_forward(gated.data(), shared_gate_.data(), shared_out_.data(), x,
+    ops::moe_shared_gate_forward(ex, gated.data(), shared_gate_.data(), shared_out_.data(), x,
                                  p.shared_gate_weight, N, C);
     add = gated.data();
   }
-  ops::add(y, y, add, static_cast<size_t>(N) * C);
+  ops::add(ex, y, y, add, static_cast<size_t>(N) * C);
 }
 
 template <typename T>
@@ -360,62 +380,73 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   const int N = tokens_, E = E_, C = C_, K = K_;
 
   // Combine and experts: the gradients of the experts' output rows and of their weights.
+  const ops::Exec& ex = exec_;
   const int El = local_experts_, n = expert_parallel() ? ep_->size() : 1;
-  const ops::MoEDispatchPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
+  const ops::MoEPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
   const int R = int(permuted_.size() / size_t(C));
-  const int32_t* offsets = a2a_ ? a2a_->expert_offsets().data() : rows_plan.expert_offsets.data();
-  std::vector<T> d_expert_out(static_cast<size_t>(R) * C), d_row_weight(rows_plan.rows());
+  const int32_t* offsets =
+      a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
+  MoEBuffer<T> d_expert_out(ex, static_cast<size_t>(R) * C),
+      d_row_weight(ex, rows_plan.host().rows());
   if (allgather()) {
     std::vector<T> dy_all(static_cast<size_t>(n) * N * C);
     ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
-    ops::moe_unpermute_backward(d_expert_out.data(), d_row_weight.data(), dy_all.data(),
+    ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy_all.data(),
                                 expert_out_.data(), row_weight_.data(), rows_plan, C);
   } else if (a2a_) {
-    std::vector<T> d_rows(static_cast<size_t>(plan_.rows()) * C);
-    ops::moe_unpermute_backward(d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
+    std::vector<T> d_rows(static_cast<size_t>(plan_.host().rows()) * C);
+    ops::moe_unpermute_backward(ex, d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
                                 row_weight_.data(), plan_, C);
     a2a_->dispatch(d_expert_out.data(), d_rows.data(), C);
   } else {
-    ops::moe_unpermute_backward(d_expert_out.data(), d_row_weight.data(), dy, expert_out_.data(),
-                                row_weight_.data(), plan_, C);
+    ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
+                                expert_out_.data(), row_weight_.data(), plan_, C);
   }
-  std::vector<T> d_act(static_cast<size_t>(R) * F_), d_fc1(static_cast<size_t>(R) * F1_);
-  ops::moe_grouped_linear_backward(d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
+  MoEBuffer<T> d_act(ex, static_cast<size_t>(R) * F_), d_fc1(ex, static_cast<size_t>(R) * F1_);
+  ops::moe_grouped_linear_backward(ex, d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
                                    act_.data(), p.fc2_weight, offsets, El, F_, C);
-  activation_backward(d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
-  std::vector<T> d_permuted(static_cast<size_t>(R) * C);
-  ops::moe_grouped_linear_backward(d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
+  activation_backward(ex, d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
+  MoEBuffer<T> d_permuted(ex, static_cast<size_t>(R) * C);
+  ops::moe_grouped_linear_backward(ex, d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
                                    permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
 
   // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
-  std::vector<T> dprobs(static_cast<size_t>(N) * K), dlogits(logits_.size()), dx_experts;
+  MoEBuffer<T> dprobs(ex, static_cast<size_t>(N) * K), dlogits(ex, logits_.size());
+  std::vector<T> dx_experts;
+  const T* d_rows_in = d_permuted.data();
+  std::vector<T> d_rows;
   if (allgather()) {
     std::vector<T> dx_all(x_all_.size()), dprobs_all(probs_all_.size());
-    ops::moe_permute_backward(dx_all.data(), d_permuted.data(), rows_plan, C, false);
-    ops::moe_row_weights_backward(dprobs_all.data(), d_row_weight.data(), rows_plan);
+    ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
+    ops::moe_row_weights_backward(ex, dprobs_all.data(), d_row_weight.data(), rows_plan);
     dx_experts.resize(static_cast<size_t>(N) * C);
     ep_->reduce_scatter(dx_experts.data(), dx_all.data(), dx_experts.size());
     ep_->reduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size());
   } else {
-    ops::moe_row_weights_backward(dprobs.data(), d_row_weight.data(), plan_);
+    ops::moe_row_weights_backward(ex, dprobs.data(), d_row_weight.data(), plan_);
     if (a2a_) {
-      std::vector<T> d_rows(static_cast<size_t>(plan_.rows()) * C);
+      d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
       a2a_->combine(d_rows.data(), d_permuted.data(), C);
-      d_permuted = std::move(d_rows);
+      d_rows_in = d_rows.data();
     }
   }
-  ops::moe_topk_routing_backward(dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
+  ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
                                  routing_);
   if (!aux_dlogits_.empty() && tp_rank_ == 0) {  // once over the tensor-parallel ranks
-    const T s = T(aux_loss_grad_scale);
-    for (size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s * aux_dlogits_[i];
+    if (ex.on_gpu()) {  // the aux losses' gradient, scaled (this forward's last use of it)
+      ops::scale(ex, aux_dlogits_.data(), aux_loss_grad_scale, aux_dlogits_.size());
+      ops::add(ex, dlogits.data(), dlogits.data(), aux_dlogits_.data(), dlogits.size());
+    } else {
+      const T s = T(aux_loss_grad_scale);
+      for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += s * aux_dlogits_.data()[i];
+    }
   }
-  ops::linear_backward(dx, g.router_weight, g.router_bias, dlogits.data(), x_, p.router_weight, N,
-                       C, E);
+  ops::linear_backward(ex, dx, g.router_weight, g.router_bias, dlogits.data(), x_, p.router_weight,
+                       N, C, E);
   if (allgather())
-    ops::add(dx, dx, dx_experts.data(), dx_experts.size());
+    ops::add(ex, dx, dx, dx_experts.data(), dx_experts.size());
   else
-    ops::moe_permute_backward(dx, d_permuted.data(), plan_, C, /*accumulate=*/true);
+    ops::moe_permute_backward(ex, dx, d_rows_in, plan_, C, /*accumulate=*/true);
   if (Fs_ > 0) shared_expert_backward(dx, dy, p, g);
 }
 
@@ -423,31 +454,36 @@ template <typename T>
 void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
                                          const MoEParams<T>& g) {
   const int N = tokens_, C = C_;
-  std::vector<T> d_out;
+  const ops::Exec& ex = exec_;
+  MoEBuffer<T> d_out(ex);
   const T* d_shared = dy;
   if (p.shared_gate_weight) {
     d_out.resize(static_cast<size_t>(N) * C);
-    ops::moe_shared_gate_backward(d_out.data(), dx, g.shared_gate_weight, dy, shared_out_.data(),
-                                  shared_gate_.data(), x_, p.shared_gate_weight, N, C);
+    ops::moe_shared_gate_backward(ex, d_out.data(), dx, g.shared_gate_weight, dy,
+                                  shared_out_.data(), shared_gate_.data(), x_, p.shared_gate_weight,
+                                  N, C);
     d_shared = d_out.data();
   }
-  std::vector<T> d_act(static_cast<size_t>(N) * Fs_), d_fc1(static_cast<size_t>(N) * Fs1_);
-  ops::linear_backward(d_act.data(), g.shared_fc2_weight, static_cast<T*>(nullptr), d_shared,
+  MoEBuffer<T> d_act(ex, static_cast<size_t>(N) * Fs_), d_fc1(ex, static_cast<size_t>(N) * Fs1_);
+  ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<T*>(nullptr), d_shared,
                        shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
-  activation_backward(d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
-  ops::linear_backward(dx, g.shared_fc1_weight, static_cast<T*>(nullptr), d_fc1.data(), x_,
+  activation_backward(ex, d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
+  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<T*>(nullptr), d_fc1.data(), x_,
                        p.shared_fc1_weight, N, C, Fs1_, /*accumulate_dx=*/true);
 }
 
 template <typename T>
 int64_t MoELayer<T>::activation_bytes() const {
   int64_t b = 0;
-  for (const std::vector<T>* v : {&logits_, &probs_, &aux_dlogits_, &permuted_, &fc1_out_, &act_,
-                                  &expert_out_, &row_weight_, &shared_fc1_out_, &shared_act_,
-                                  &shared_out_, &shared_gate_, &x_all_, &probs_all_, &local_out_})
+  for (const MoEBuffer<T>* v :
+       {&logits_, &probs_, &aux_dlogits_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
+        &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_, &local_out_})
     b += int64_t(v->size() * sizeof(T));
-  for (const std::vector<int32_t>* v : {&indices_, &plan_.expert_offsets, &plan_.row_token,
-                                        &plan_.row_slot, &plan_.token_offsets, &plan_.token_rows})
+  b += int64_t((x_all_.size() + probs_all_.size()) * sizeof(T));
+  const ops::MoEDispatchPlan& plan = plan_.host();
+  b += int64_t(indices_.size() * sizeof(int32_t));
+  for (const std::vector<int32_t>* v : {&plan.expert_offsets, &plan.row_token, &plan.row_slot,
+                                        &plan.token_offsets, &plan.token_rows})
     b += int64_t(v->size() * sizeof(int32_t));
   return b;
 }

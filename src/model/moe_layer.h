@@ -27,7 +27,9 @@
 // tokens with the whole router; --moe-token-dispatcher-type alltoall or allgather moves their
 // rows to the experts' ranks and back. forward and backward are then collective over the group.
 //
-// CPU, float or double (the float64 finite-difference checks).
+// On the CPU in float or double (the float64 finite-difference checks), or on a GPU in float
+// through the ops' Exec (backend/moe_ops.h; the activations are then device memory, the
+// routing plan is built on the host); expert parallelism runs on the CPU only.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,7 @@
 
 #include "backend/moe_ops.h"
 #include "comm/communicator.h"
+#include "model/moe_buffer.h"
 #include "model/transformer_config.h"
 #include "parallel/expert_dispatch.h"
 
@@ -110,9 +113,11 @@ class MoELayer {
   // expert's width (fc1 split by rows, fc2 by columns; the parameters' views are this rank's
   // slices): y and dx are then this rank's parts, for the caller to sum over the group, and
   // so are the router's and the shared gate's gradients (the balancing losses' gradients
-  // enter on rank 0 only).
+  // enter on rank 0 only). `exec`: where the layer runs (x, y and the parameters are its
+  // memory); the GPU takes one tp and cp rank.
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
-                    Communicator* cp = nullptr, Communicator* tp = nullptr);
+                    Communicator* cp = nullptr, Communicator* tp = nullptr,
+                    const ops::Exec& exec = {});
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -138,11 +143,12 @@ class MoELayer {
   // then the local counts restart from 0 (Megatron's finalize_model_grads).
   void update_expert_bias(const double* global_tokens_per_expert = nullptr);
 
-  // The last forward's routing: probs and expert indices [tokens, topk], logits [tokens, E].
-  const std::vector<T>& probs() const { return probs_; }
-  const std::vector<int32_t>& indices() const { return indices_; }
-  const std::vector<T>& logits() const { return logits_; }
-  const ops::MoEDispatchPlan& plan() const { return plan_; }
+  // The last forward's routing: probs and expert indices [tokens, topk], logits [tokens, E]
+  // (host copies).
+  const std::vector<T>& probs() const { return probs_.host(); }
+  const std::vector<int32_t>& indices() const { return indices_.host(); }
+  const std::vector<T>& logits() const { return logits_.host(); }
+  const ops::MoEDispatchPlan& plan() const { return plan_.host(); }
   // Bytes of what the last forward keeps for the backward (routing, the plan, the experts'
   // and the shared expert's rows); moe_activation_elements estimates it before a forward.
   int64_t activation_bytes() const;
@@ -161,9 +167,11 @@ class MoELayer {
   Communicator* ep_ = nullptr;
   Communicator* cp_ = nullptr;
   int tp_size_ = 1, tp_rank_ = 0;
+  ops::Exec exec_;
   int local_experts_ = 0, first_expert_ = 0;  // this rank's experts
   ops::MoERoutingArgs routing_;
   std::vector<T> expert_bias_;
+  MoEBuffer<T> device_bias_;  // expert_bias_ where the routing reads it
   std::vector<double> local_tokens_;
   MoEStats stats_;
 
@@ -171,17 +179,17 @@ class MoELayer {
   const T* x_ = nullptr;
   int tokens_ = 0;
   bool trained_ = false;  // the last forward kept its activations
-  std::vector<T> logits_, probs_, aux_dlogits_;
-  std::vector<int32_t> indices_;
-  ops::MoEDispatchPlan plan_;
+  MoEBuffer<T> logits_, probs_, aux_dlogits_;
+  MoEBuffer<int32_t> indices_;
+  ops::MoEPlan plan_;
   // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
   // alltoall those the exchange brings (local_out_: the outputs back in plan_'s rows); under
   // allgather gathered_plan_'s over every rank's tokens (x_all_, probs_all_).
   std::optional<ExpertAllToAll> a2a_;
-  ops::MoEDispatchPlan gathered_plan_;
-  std::vector<T> x_all_, probs_all_, local_out_;
-  std::vector<T> permuted_, fc1_out_, act_, expert_out_, row_weight_;
-  std::vector<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
+  ops::MoEPlan gathered_plan_;
+  std::vector<T> x_all_, probs_all_;
+  MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;
+  MoEBuffer<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
 };
 
 }  // namespace omni

@@ -129,6 +129,22 @@ TEST_F(GpuTraining, OneRankGpt2MatchesTheCpu) {
 TEST_F(GpuTraining, OneRankLlamaMatchesTheCpu) {
   expect_same_losses(kLlama, {}, 1);
 }
+// DeepSeek-shaped MoE layers (model/moe_layer.h through the MoE ops' seam): sigmoid routing
+// within groups, the aux-loss-free expert bias updated after every step from the token counts,
+// seq_aux_loss and z-loss, a shared expert.
+TEST_F(GpuTraining, OneRankMoEMatchesTheCpu) {
+  std::vector<std::string> moe = kLlama;
+  // clang-format off
+  moe.insert(moe.end(), {
+      "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24",
+      "--moe-router-score-function", "sigmoid", "--moe-router-num-groups", "2",
+      "--moe-router-group-topk", "1", "--moe-router-enable-expert-bias",
+      "--moe-router-bias-update-rate", "0.01", "--moe-router-load-balancing-type", "seq_aux_loss",
+      "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3",
+      "--moe-shared-expert-intermediate-size", "32"});
+  // clang-format on
+  expect_same_losses(moe, {}, 1);
+}
 TEST_F(GpuTraining, TensorParallel2SequenceParallelMatchesOneCpuRank) {
   expect_same_losses(kLlama, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);
 }

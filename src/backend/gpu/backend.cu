@@ -8,6 +8,7 @@
 
 #include "backend/gpu/cudnn_attention.h"
 #include "backend/gpu/gpu_ops.h"
+#include "backend/gpu/moe_kernels.h"
 #include "base/error.h"
 
 OMNI_GPU_NAMESPACE_BEGIN
@@ -257,6 +258,9 @@ class Backend final : public GpuBackend {
   const GpuOps<f16>& ops_f16() const override {
     return f16_;
   }
+  const GpuMoeOps<float>& moe_ops_f32() const override { return moe_backend_ops<float>(); }
+  const GpuMoeOps<bf16>& moe_ops_bf16() const override { return moe_backend_ops<bf16>(); }
+  const GpuMoeOps<f16>& moe_ops_f16() const override { return moe_backend_ops<f16>(); }
 
   void adamw_update(float* w, const float* g, float* m, float* v, size_t n, double lr, double beta1,
                     double beta2, double eps, double weight_decay, int64_t step) const override {
