@@ -10,8 +10,11 @@ OMNITRON=${1:-$(dirname "$0")/../build/omnitron}
 ITERS=${ITERS:-3}
 MODEL="--num-layers 6 --hidden-size 512 --num-attention-heads 8 --seq-length 512
   --max-position-embeddings 512 --vocab-size 4096 --micro-batch-size 4 --global-batch-size 8"
-MPIRUN=(mpirun -np 2)
-[ "$(id -u)" = 0 ] && MPIRUN=(mpirun --allow-run-as-root -np 2)
+# One OpenMP thread per rank, so two ranks share the two cores as the plan assumes (cores /
+# ranks each); ranks with all the cores' threads each would run a pipeline's bubble at the
+# whole machine's rate.
+MPIRUN=(mpirun -np 2 -x OMP_NUM_THREADS=1)
+[ "$(id -u)" = 0 ] && MPIRUN=(mpirun --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1)
 LAYOUTS=(
   "1|"
   "2|--pipeline-model-parallel-size 2"
