@@ -10,7 +10,8 @@
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --ep 2   expert parallel
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --overlap [--dist-opt]
 //                       gradients reduced while the backward runs (--overlap-grad-reduce), with
-//                       the distributed optimizer (its all-gather overlapped too)
+//                       the distributed optimizer (its all-gather overlapped too); --bucket N:
+//                       N-element gradient buckets (Megatron's default: 40M, one bucket here)
 //   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
@@ -240,6 +241,7 @@ struct Layout {
   bool moe = false;
   bool overlap = false;   // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
   bool dist_opt = false;  // --use-distributed-optimizer
+  int bucket = 0;         // --ddp-bucket-size (elements); 0: Megatron's default
 };
 
 // The bench's MoE layers (with Layout::moe).
@@ -347,14 +349,16 @@ Args parse_args(int argc, char** argv) {
       r.layout.sp = v;
     else if (a == "--ep")
       r.layout.ep = v, r.layout.moe = true;
+    else if (a == "--bucket")
+      r.layout.bucket = v;
     else if (a == "--steps")
       r.steps = v;
     else if (a == "--warmup")
       r.warmup = v;
     else
       OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
-                   " (expected --tp, --dp, --sp, --ep, --moe, --overlap, --dist-opt, --steps, "
-                   "--warmup, --compare)");
+                   " (expected --tp, --dp, --sp, --ep, --moe, --overlap, --dist-opt, --bucket, "
+                   "--steps, --warmup, --compare)");
   }
   OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
                ") must exceed --warmup (", r.warmup, ")");
@@ -417,6 +421,8 @@ void measure(const Args& args) {
          "--expert-model-parallel-size", std::to_string(layout.ep)},
         o);
   if (layout.overlap) omni::parse_options({"--overlap-grad-reduce"}, o);
+  if (layout.bucket > 0)
+    omni::parse_options({"--ddp-bucket-size", std::to_string(layout.bucket)}, o);
   if (layout.dist_opt) omni::parse_options({"--use-distributed-optimizer"}, o);
   if (layout.overlap && layout.dist_opt) omni::parse_options({"--overlap-param-gather"}, o);
   o.data_parallel_size = dp;

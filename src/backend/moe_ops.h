@@ -165,18 +165,7 @@ class MoEPlan {
   MoEDevicePlan device_;
 };
 
-#define OMNI_MOE_DISPATCH(op, cpu_call, gpu_call)   \
-  if (!e.gpu) {                                     \
-    if constexpr (is_16bit<T>)                      \
-      detail::cpu_has_no_16bit(#op);                \
-    else                                            \
-      return cpu_call;                              \
-  } else {                                          \
-    if constexpr (std::is_same_v<T, double>)        \
-      detail::gpu_has_no_double(#op);               \
-    else                                            \
-      return e.gpu->template moe_ops<T>().gpu_call; \
-  }
+#define OMNI_MOE_DISPATCH(op, cpu_call, gpu_call) OMNI_DISPATCH_TO(op, cpu_call, moe_ops, gpu_call)
 
 template <typename T>
 void moe_topk_routing_forward(const Exec& e, T* probs, int32_t* indices, const T* logits,

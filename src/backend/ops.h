@@ -201,19 +201,21 @@ namespace detail {
 }  // namespace detail
 
 // Each dispatching op: the CPU implementation (float, double), or the GPU backend's for T
-// (float, bf16, f16); gpu_call is a call on the backend's GpuOps<T>.
-#define OMNI_DISPATCH(op, cpu_call, gpu_call)   \
-  if (!e.gpu) {                                 \
-    if constexpr (is_16bit<T>)                  \
-      detail::cpu_has_no_16bit(#op);            \
-    else                                        \
-      return cpu_call;                          \
-  } else {                                      \
-    if constexpr (std::is_same_v<T, double>)    \
-      detail::gpu_has_no_double(#op);           \
-    else                                        \
-      return e.gpu->template ops<T>().gpu_call; \
+// (float, bf16, f16); gpu_call is a call on the backend's GpuOps<T> (OMNI_DISPATCH) or on
+// what its member template `ops_of` returns (OMNI_DISPATCH_TO).
+#define OMNI_DISPATCH_TO(op, cpu_call, ops_of, gpu_call) \
+  if (!e.gpu) {                                          \
+    if constexpr (is_16bit<T>)                           \
+      detail::cpu_has_no_16bit(#op);                     \
+    else                                                 \
+      return cpu_call;                                   \
+  } else {                                               \
+    if constexpr (std::is_same_v<T, double>)             \
+      detail::gpu_has_no_double(#op);                    \
+    else                                                 \
+      return e.gpu->template ops_of<T>().gpu_call;       \
   }
+#define OMNI_DISPATCH(op, cpu_call, gpu_call) OMNI_DISPATCH_TO(op, cpu_call, ops, gpu_call)
 
 // Memory of the Exec's device: n elements zeroed, copied within the device, or copied from or
 // to the host.
