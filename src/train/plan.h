@@ -57,7 +57,8 @@ struct PlanDevice {
 // The names plan_device() knows, for messages and --help.
 std::vector<std::string> plan_device_names();
 // The row for `name` (case-insensitive: "h100", "MI300X"); "cpu" measures this machine's CPU
-// (sgemm rate as `omnitron info`, memory, copy bandwidth) split among `ranks_on_host` ranks.
+// (sgemm and dropout-mask rates at a rank's share of the threads; memory and copy bandwidth
+// divided) for `ranks_on_host` ranks.
 // Throws UsageError naming the known devices for an unknown name.
 PlanDevice plan_device(const std::string& name, int ranks_on_host);
 
