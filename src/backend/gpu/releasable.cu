@@ -2,7 +2,8 @@
 // device addresses with one physical allocation mapped at each granule, so a granule can be
 // unmapped (released) and mapped again (committed) while the buffer keeps its address. CUDA:
 // the driver's virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
-// cuMemSetAccess; cuMemUnmap, cuMemRelease) at cuMemGetAllocationGranularity's minimum; HIP:
+// cuMemSetAccess; cuMemUnmap, cuMemRelease, found through the runtime) at
+// cuMemGetAllocationGranularity's minimum; HIP:
 // its hipMem* equivalents; the emulator: host pages, inaccessible (PROT_NONE) while released,
 // so a touch of released memory faults there as it would on a GPU.
 #include <sys/mman.h>
@@ -99,10 +100,53 @@ void unmap(void* at, size_t bytes, Handle h) {
 #else
 using Handle = CUmemGenericAllocationHandle;
 
+// The driver's functions come through the runtime (cudaGetDriverEntryPoint), so the program
+// does not link libcuda.so and starts on a machine without a GPU driver.
+struct Driver {
+  decltype(&cuGetErrorName) error_name;
+  decltype(&cuMemGetAllocationGranularity) granularity;
+  decltype(&cuMemAddressReserve) address_reserve;
+  decltype(&cuMemAddressFree) address_free;
+  decltype(&cuMemCreate) create;
+  decltype(&cuMemMap) map;
+  decltype(&cuMemSetAccess) set_access;
+  decltype(&cuMemUnmap) unmap;
+  decltype(&cuMemRelease) release;
+};
+template <typename F>
+void load(F& fn, const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  OMNI_GPU_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found));
+#else
+  OMNI_GPU_CHECK(cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found));
+#endif
+  OMNI_CHECK(p && found == cudaDriverEntryPointSuccess,
+             "[releasable memory] the CUDA driver has no ", name);
+  fn = reinterpret_cast<F>(p);
+}
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver d{};
+    load(d.error_name, "cuGetErrorName");
+    load(d.granularity, "cuMemGetAllocationGranularity");
+    load(d.address_reserve, "cuMemAddressReserve");
+    load(d.address_free, "cuMemAddressFree");
+    load(d.create, "cuMemCreate");
+    load(d.map, "cuMemMap");
+    load(d.set_access, "cuMemSetAccess");
+    load(d.unmap, "cuMemUnmap");
+    load(d.release, "cuMemRelease");
+    return d;
+  }();
+  return d;
+}
+
 void check(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return;
   const char* name = nullptr;
-  cuGetErrorName(r, &name);
+  driver().error_name(r, &name);
   throw InternalError(std::string("[releasable memory] ") + what + ": " +
                       (name ? name : "unknown CUDA driver error"));
 }
@@ -119,35 +163,35 @@ CUmemAllocationProp properties() {
 size_t min_granularity() {
   const CUmemAllocationProp prop = properties();
   size_t g = 0;
-  check(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+  check(driver().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity");
   return g;
 }
 void* reserve(size_t bytes) {
   CUdeviceptr p = 0;
-  check(cuMemAddressReserve(&p, bytes, 0, 0, 0), "cuMemAddressReserve");
+  check(driver().address_reserve(&p, bytes, 0, 0, 0), "cuMemAddressReserve");
   return reinterpret_cast<void*>(p);
 }
 void unreserve(void* p, size_t bytes) {
-  (void)cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), bytes);
+  (void)driver().address_free(reinterpret_cast<CUdeviceptr>(p), bytes);
 }
 Handle map(void* at, size_t bytes) {
   const CUmemAllocationProp prop = properties();
   Handle h = 0;
-  if (cuMemCreate(&h, bytes, &prop, 0) != CUDA_SUCCESS)
+  if (driver().create(&h, bytes, &prop, 0) != CUDA_SUCCESS)
     throw UsageError("out of GPU memory: cannot commit " + std::to_string(bytes >> 10) +
                      " KiB of a ZeRO buffer");
   const auto d = reinterpret_cast<CUdeviceptr>(at);
-  check(cuMemMap(d, bytes, 0, h, 0), "cuMemMap");
+  check(driver().map(d, bytes, 0, h, 0), "cuMemMap");
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(cuMemSetAccess(d, bytes, &access, 1), "cuMemSetAccess");
+  check(driver().set_access(d, bytes, &access, 1), "cuMemSetAccess");
   return h;
 }
 void unmap(void* at, size_t bytes, Handle h) {
-  check(cuMemUnmap(reinterpret_cast<CUdeviceptr>(at), bytes), "cuMemUnmap");
-  check(cuMemRelease(h), "cuMemRelease");
+  check(driver().unmap(reinterpret_cast<CUdeviceptr>(at), bytes), "cuMemUnmap");
+  check(driver().release(h), "cuMemRelease");
 }
 #endif
 
