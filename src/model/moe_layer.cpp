@@ -179,6 +179,11 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   OMNI_REQUIRE(ranks == 1 || !exec.on_gpu(), "--expert-model-parallel-size ", ranks,
                " with --device gpu: expert parallelism on the GPU is not built yet (one "
                "expert-parallel rank runs there)");
+  // The context-parallel token counts and the tensor-parallel split run on the host only.
+  OMNI_REQUIRE((!cp_ && tp_size_ == 1) || !exec.on_gpu(), "--context-parallel-size ",
+               cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
+               " with --num-experts on the GPU: not built yet (one tensor- and context-parallel "
+               "rank runs there)");
   for (MoEBuffer<T>* b :
        {&device_bias_, &logits_, &probs_, &aux_dlogits_, &local_out_, &permuted_, &fc1_out_, &act_,
         &expert_out_, &row_weight_, &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
