@@ -28,15 +28,7 @@ constexpr uint64_t kSeed = 4321;
 
 // Two layers, four experts, top-2 softmax routing with both balancing losses on.
 TransformerConfig tiny_moe() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 32;
-  c.seq_length = 5;
-  c.vocab_size = 11;
-  c.make_vocab_size_divisible_by = 8;
-  c.init_method_std = 0.2;
+  TransformerConfig c = gradient_check::tiny_gpt2();
   c.num_moe_experts = 4;
   c.moe_ffn_hidden_size = 12;
   c.moe_router_topk = 2;
