@@ -393,7 +393,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const double recompute_s =
       per_layer / split / 3 / (peak * lc.gemm_eff) + M * (lc.elementwise_fwd + lc.scores_fwd) / hbm;
   const double logits_s = logits / split / (peak * lc.logits_eff);
-  double t_compute = 0, slowest = 0;
+  double t_compute = 0, slowest = 0, t_all_stages = 0;
   int slow_stage = 0, slow_layers = 0, slow_rc = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
     const std::vector<LayerRange> ch = plan_stage_layers(c, l, stage);
@@ -402,6 +402,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
     const int rcs = recomputed_layers(l, ch);
     const bool last = stage == l.pp - 1;
     const double t = n * layer_s + rcs * recompute_s + (last ? logits_s : 0);
+    t_all_stages += t;
     if (t > t_compute) {
       t_compute = t, slow_stage = stage, slow_layers = n, slow_rc = rcs;
       slowest = (per_layer * (n + rcs / 3.0) + (last ? logits : 0)) / split;
@@ -532,11 +533,16 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "each forward and backward step of the schedule waits for one activation or gradient "
       "of b s/CP h (/TP under SP; with --scatter-gather-p2p 1/TP per link + an all-gather in "
       "the node), not overlapped");
-  const double t_bubble = double(l.pp - 1) / (l.vp * M) * t_compute;
+  // The slowest stage waits while the first micro-batch's forward reaches it and the last
+  // one's backward leaves the stages before it: one micro-batch (chunk) on every other stage.
+  const double t_bubble = (t_all_stages - t_compute) / (l.vp * M);
   tim("bubble", t_bubble,
       l.pp == 1 ? "none: PP 1"
-                : sfmt("(PP-1)/(VPP x M) = %d/(%d x %d) of the compute", l.pp - 1, l.vp, M),
-      "Narayanan et al. 2021: the 1F1B pipeline idles (p-1)/(v m) of the ideal time");
+                : sfmt("the other %d stage%s' compute / (VPP x M = %d x %d)", l.pp - 1,
+                       l.pp > 2 ? "s" : "", l.vp, M),
+      "Narayanan et al. 2021's 1F1B bubble, (p-1)/(v m) of the ideal time when the stages are "
+      "equal; with unequal stages (the last one holds the logits) the slowest stage idles for "
+      "one micro-batch (one chunk with interleaving) of each other stage");
   const double opt_elems = l.distributed_optimizer ? (P - Pe) / dp_group + Pe / edp : P;
   const double t_opt = opt_elems * 32.0 / (d.hbm_gbps * 1e9);
   tim("optimizer", t_opt,
