@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -36,6 +37,7 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::Mixtral, "mixtral", "MixtralForCausalLM", "model."},
     {Family::Qwen2Moe, "qwen2_moe", "Qwen2MoeForCausalLM", "model."},
     {Family::Qwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "model."},
+    {Family::DeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM", "model."},
 };
 
 // Typed access to config.json's fields; every complaint names the file and the field.
@@ -223,6 +225,199 @@ void llama_args(Family f, const ConfigReader& c, Args& a) {
     a.push_back("--untie-embeddings-and-output-weights");
 }
 
+// DeepSeek-V3: multi-latent attention (latents normed by q_a_layernorm and kv_a_layernorm:
+// --qk-layernorm), the first first_k_dense_replace layers dense, the rest routed by sigmoid
+// scores with the aux-loss-free bias (e_score_correction_bias) and group-limited top-k (each
+// group scored by its top two experts: Megatron's topk / group-topk must be 2), the top-k
+// weights normalised and scaled by routed_scaling_factor; n_shared_experts shared experts of
+// moe_intermediate_size are one ungated shared expert of their total size.
+void deepseek_args(const ConfigReader& c, Config& out) {
+  Args& a = out.args;
+  const std::string& path = c.path();
+  const std::string act = c.text_or("hidden_act", "silu");
+  OMNI_REQUIRE(act == "silu", path, ": hidden_act '", act,
+               "' is not supported (omnitron's SwiGLU gates with silu)");
+  c.require_flag("attention_bias", false, false, "omnitron's multi-latent attention has no biases");
+  const int C = c.integer("hidden_size"), H = c.integer("num_attention_heads");
+  const int L = c.integer("num_hidden_layers"), P = c.integer("max_position_embeddings");
+  OMNI_REQUIRE(c.integer_or("num_key_value_heads", H) == H, path, ": num_key_value_heads (",
+               c.integer_or("num_key_value_heads", H),
+               ") is not supported: multi-latent attention has num_attention_heads (", H,
+               ") key heads");
+  const std::string scoring = c.text_or("scoring_func", "sigmoid");
+  OMNI_REQUIRE(scoring == "sigmoid", path, ": scoring_func '", scoring,
+               "' is not supported (DeepSeek-V3's router is sigmoid)");
+  const std::string method = c.text_or("topk_method", "noaux_tc");
+  OMNI_REQUIRE(method == "noaux_tc", path, ": topk_method '", method,
+               "' is not supported (omnitron routes as noaux_tc: group-limited top-k of the "
+               "biased sigmoid scores)");
+  c.require_flag("norm_topk_prob", true, true,
+                 "Megatron normalises the top-k sigmoid scores (--moe-router-score-function "
+                 "sigmoid)");
+  OMNI_REQUIRE(c.integer_or("moe_layer_freq", 1) == 1, path,
+               ": moe_layer_freq is not supported unless 1 (every layer after "
+               "first_k_dense_replace routed)");
+  OMNI_REQUIRE(c.number_or("pretraining_tp", 1) == 1, path,
+               ": pretraining_tp is not supported unless 1");
+  const int E = c.integer("n_routed_experts"), k = c.integer("num_experts_per_tok");
+  const int groups = c.integer_or("n_group", 1), group_topk = c.integer_or("topk_group", 1);
+  if (groups > 1)
+    OMNI_REQUIRE(k == 2 * group_topk, path, ": topk_group (", group_topk,
+                 ") is not supported with num_experts_per_tok ", k,
+                 ": DeepSeek-V3 scores a group by its top two experts, Megatron by its top "
+                 "num_experts_per_tok / topk_group, so the two must equal 2");
+  const double dense_layers =
+      c.get("first_k_dense_replace") ? c.number("first_k_dense_replace") : 0;
+  OMNI_REQUIRE(dense_layers >= 0 && dense_layers <= L && dense_layers == double(int(dense_layers)),
+               path, ": first_k_dense_replace should be a layer count from 0 to ", L);
+  const int F = c.integer("moe_intermediate_size");
+  const double shared = c.get("n_shared_experts") ? c.number("n_shared_experts") : 0;
+  OMNI_REQUIRE(shared >= 0 && shared == double(int(shared)), path,
+               ": n_shared_experts should be a count of experts");
+  add(a, "--num-layers", std::to_string(L));
+  add(a, "--hidden-size", std::to_string(C));
+  add(a, "--num-attention-heads", std::to_string(H));
+  add(a, "--ffn-hidden-size", std::to_string(c.integer("intermediate_size")));
+  add(a, "--max-position-embeddings", std::to_string(P));
+  add(a, "--seq-length", std::to_string(P));
+  add(a, "--vocab-size", std::to_string(c.integer("vocab_size")));
+  add(a, "--normalization", "RMSNorm");
+  add(a, "--norm-epsilon", format_number(c.number_or("rms_norm_eps", 1e-6)));
+  a.push_back("--swiglu");
+  add(a, "--position-embedding-type", "rope");
+  add(a, "--rotary-base", format_number(c.number_or("rope_theta", 10000.0)));
+  a.push_back("--disable-bias-linear");
+  a.push_back("--multi-latent-attention");
+  a.push_back("--qk-layernorm");
+  if (c.get("q_lora_rank")) add(a, "--q-lora-rank", std::to_string(c.integer("q_lora_rank")));
+  add(a, "--kv-lora-rank", std::to_string(c.integer("kv_lora_rank")));
+  add(a, "--qk-head-dim", std::to_string(c.integer("qk_nope_head_dim")));
+  add(a, "--qk-pos-emb-head-dim", std::to_string(c.integer("qk_rope_head_dim")));
+  add(a, "--v-head-dim", std::to_string(c.integer("v_head_dim")));
+  if (const json::Value* rs = c.get("rope_scaling")) {
+    OMNI_REQUIRE(rs->is_object(), path, ": rope_scaling should be an object or null");
+    const ConfigReader r(*rs, path + " rope_scaling");
+    const std::string type = r.text_or("rope_type", r.text_or("type", ""));
+    OMNI_REQUIRE(type == "yarn", path, ": rope_scaling type '", type,
+                 "' is not supported (omnitron's multi-latent attention scales rope by yarn)");
+    const double mscale = r.number_or("mscale", 1), all = r.number_or("mscale_all_dim", 0);
+    OMNI_REQUIRE(mscale == all, path, ": rope_scaling mscale (", format_number(mscale),
+                 ") is not supported unless equal to mscale_all_dim (", format_number(all),
+                 "): omnitron does not scale rope's cos and sin");
+    OMNI_REQUIRE(r.number_or("original_max_position_embeddings", 4096) == 4096 &&
+                     r.number_or("beta_fast", 32) == 32 && r.number_or("beta_slow", 1) == 1,
+                 path,
+                 ": rope_scaling original_max_position_embeddings, beta_fast and beta_slow are "
+                 "supported only as 4096, 32 and 1 (Megatron's defaults; no flags set them)");
+    r.require_flag("truncate", true, true, "omnitron rounds yarn's correction range");
+    add(a, "--rope-type", "yarn");
+    add(a, "--rotary-scaling-factor", format_number(r.number("factor")));
+    add(a, "--mscale", format_number(mscale));
+    add(a, "--mscale-all-dim", format_number(all));
+  } else {
+    add(a, "--rope-type", "rope");
+  }
+  add(a, "--num-experts", std::to_string(E));
+  add(a, "--moe-ffn-hidden-size", std::to_string(F));
+  std::string freq = "[";
+  for (int i = 0; i < L; ++i) freq += std::string(i ? "," : "") + (i < dense_layers ? "0" : "1");
+  add(a, "--moe-layer-freq", dense_layers == 0 ? "1" : freq + "]");
+  if (shared > 0) add(a, "--moe-shared-expert-intermediate-size", std::to_string(int(shared) * F));
+  add(a, "--moe-router-topk", std::to_string(k));
+  add(a, "--moe-router-score-function", "sigmoid");
+  a.push_back("--moe-router-enable-expert-bias");
+  if (groups > 1) {
+    add(a, "--moe-router-num-groups", std::to_string(groups));
+    add(a, "--moe-router-group-topk", std::to_string(group_topk));
+  }
+  const double scale = c.number_or("routed_scaling_factor", 1.0);
+  if (scale != 1.0) add(a, "--moe-router-topk-scaling-factor", format_number(scale));
+  if (!c.flag_or("tie_word_embeddings", false))
+    a.push_back("--untie-embeddings-and-output-weights");
+  out.rope_interleave = c.flag_or("rope_interleave", true);
+  if (const json::Value* n = c.get("num_nextn_predict_layers")) {
+    OMNI_REQUIRE(n->is_number() && n->num() >= 0, path,
+                 ": num_nextn_predict_layers should be a count");
+    out.mtp_layers = int(n->num());
+  }
+}
+
+// The DeepSeek-V3 config.json fields of a model of ours (family_of has checked that it is one).
+void deepseek_fields(const TransformerConfig& c,
+                     const std::function<void(const char*, const std::string&)>& field) {
+  auto num = [&field](const char* k, double v) { field(k, format_number(v)); };
+  const int F = c.moe_ffn_size();
+  num("hidden_size", c.hidden_size);
+  num("intermediate_size", c.ffn_size());
+  num("moe_intermediate_size", F);
+  num("num_hidden_layers", c.num_layers);
+  num("num_attention_heads", c.num_attention_heads);
+  num("num_key_value_heads", c.num_attention_heads);
+  field("hidden_act", "\"silu\"");
+  num("max_position_embeddings", c.max_positions());
+  num("rms_norm_eps", c.norm_epsilon);
+  num("rope_theta", c.rotary_base);
+  field("q_lora_rank", c.q_lora_rank > 0 ? format_number(c.q_lora_rank) : "null");
+  num("kv_lora_rank", c.kv_lora_rank);
+  num("qk_nope_head_dim", c.qk_head_dim);
+  num("qk_rope_head_dim", c.qk_pos_emb_head_dim);
+  num("v_head_dim", c.v_head_dim);
+  num("head_dim", c.qk_pos_emb_head_dim);
+  field("rope_interleave", "true");
+  if (c.yarn)
+    field("rope_scaling",
+          "{\"type\": \"yarn\", \"rope_type\": \"yarn\", \"factor\": " +
+              format_number(c.rotary_scaling_factor) + ", \"mscale\": " + format_number(c.mscale) +
+              ", \"mscale_all_dim\": " + format_number(c.mscale_all_dim) +
+              ", \"original_max_position_embeddings\": " +
+              format_number(c.original_max_position_embeddings) + ", \"beta_fast\": " +
+              format_number(c.beta_fast) + ", \"beta_slow\": " + format_number(c.beta_slow) + "}");
+  else
+    field("rope_scaling", "null");
+  field("attention_bias", "false");
+  num("attention_dropout", 0.0);
+  num("n_routed_experts", c.num_moe_experts);
+  num("n_shared_experts", c.moe_shared_expert_intermediate_size / F);
+  num("num_experts_per_tok", c.moe_router_topk);
+  num("n_group", c.moe_router_num_groups > 0 ? c.moe_router_num_groups : 1);
+  num("topk_group", c.moe_router_num_groups > 0 ? c.moe_router_group_topk : 1);
+  num("routed_scaling_factor",
+      c.moe_router_topk_scaling_factor > 0 ? c.moe_router_topk_scaling_factor : 1.0);
+  field("scoring_func", "\"sigmoid\"");
+  field("topk_method", "\"noaux_tc\"");
+  field("norm_topk_prob", "true");
+  const std::vector<int> pattern = c.moe_layer_pattern();
+  num("first_k_dense_replace",
+      double(std::find(pattern.begin(), pattern.end(), 1) - pattern.begin()));
+  num("moe_layer_freq", 1);
+  num("num_nextn_predict_layers", 0);
+  num("aux_loss_alpha", c.moe_aux_loss_coeff);
+  num("pretraining_tp", 1);
+}
+
+// Why a model of ours with multi-latent attention is no DeepseekV3ForCausalLM, or nullptr.
+const char* not_deepseek(const TransformerConfig& c) {
+  if (!c.swiglu || c.normalization != Normalization::RMSNorm || !c.qk_layernorm)
+    return "multi-latent attention without SwiGLU, RMSNorm and --qk-layernorm";
+  if (c.num_moe_experts == 0) return "multi-latent attention without --num-experts";
+  const std::vector<int> p = c.moe_layer_pattern();
+  if (!std::is_sorted(p.begin(), p.end()))
+    return "--moe-layer-freq with a dense layer after a routed one (DeepSeek-V3's dense layers "
+           "are the first ones)";
+  if (c.moe_shared_expert_intermediate_size % c.moe_ffn_size() != 0)
+    return "a shared expert whose size is not a multiple of --moe-ffn-hidden-size";
+  if (c.moe_shared_expert_gate) return "--moe-shared-expert-gate";
+  if (c.moe_router_score_function != MoEScoreFunction::Sigmoid)
+    return "--moe-router-score-function softmax";
+  if (!c.moe_router_enable_expert_bias) return "no --moe-router-enable-expert-bias";
+  if (c.moe_router_pre_softmax) return "--moe-router-pre-softmax";
+  if (c.moe_router_num_groups > 0 && c.moe_router_topk != 2 * c.moe_router_group_topk)
+    return "--moe-router-topk other than twice --moe-router-group-topk";
+  if (!c.yarn && c.rotary_scaling_factor != 1.0)
+    return "--rotary-scaling-factor without --rope-type yarn";
+  return nullptr;
+}
+
 // Router settings that only Megatron has: a model using them has no Hugging Face equivalent.
 void require_plain_router(const TransformerConfig& c, Family f) {
   const char* flag = c.moe_router_score_function != MoEScoreFunction::Softmax
@@ -287,6 +482,8 @@ Config read_config(const std::string& dir) {
   Config out{info->family, {}};
   if (info->family == Family::GPT2)
     gpt2_args(c, out.args);
+  else if (info->family == Family::DeepseekV3)
+    deepseek_args(c, out);
   else
     llama_args(info->family, c, out.args);
   if (c.get("initializer_range"))
@@ -301,6 +498,12 @@ TransformerConfig config_from_args(const std::vector<std::string>& args) {
 }
 
 Family family_of(const TransformerConfig& c) {
+  if (c.multi_latent_attention) {
+    const char* why = not_deepseek(c);
+    OMNI_REQUIRE(!why, "this model has ", why,
+                 ", which has no Hugging Face equivalent (DeepseekV3ForCausalLM)");
+    return Family::DeepseekV3;
+  }
   // Features config.json could carry but this exporter does not write yet: refused rather
   // than dropped.
   OMNI_REQUIRE(
@@ -382,6 +585,8 @@ std::string config_json(Family family, const TransformerConfig& c, DType dtype) 
     boolean("scale_attn_weights", true);
     boolean("scale_attn_by_inverse_layer_idx", false);
     boolean("reorder_and_upcast_attn", false);
+  } else if (family == Family::DeepseekV3) {
+    deepseek_fields(c, field);
   } else {
     num("hidden_size", c.hidden_size);
     num("intermediate_size", family == Family::Mixtral ? c.moe_ffn_size() : c.ffn_size());

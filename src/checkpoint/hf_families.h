@@ -11,7 +11,7 @@
 
 namespace omni::hf {
 
-enum class Family { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe };
+enum class Family { GPT2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV3 };
 
 struct FamilyInfo {
   Family family;
@@ -39,6 +39,10 @@ inline bool is_moe(Family f) {
 struct Config {
   Family family;
   std::vector<std::string> args;  // omnitron's flags, Megatron's spelling
+  // DeepSeek-V3: the rope rows of q_b_proj (q_proj) and kv_a_proj_with_mqa are in interleaved
+  // pair order (rope_interleave, true unless config.json says false); omnitron's are not.
+  bool rope_interleave = false;
+  int mtp_layers = 0;  // DeepSeek-V3's num_nextn_predict_layers: not imported
 };
 
 // DIR/config.json as flags; fields omnitron cannot represent are a UsageError naming the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +84,9 @@ void moe_layer_map(Family family, const TransformerConfig& cfg, const std::strin
   const bool mixtral = family == Family::Mixtral;
   const std::string block = h + (mixtral ? "block_sparse_moe." : "mlp.");
   m.push_back({o + "router.weight", {{block + "gate.weight", E, C}}, {}, false});
+  if (family == Family::DeepseekV3)
+    m.push_back(
+        {o + "router.expert_bias", {{block + "gate.e_score_correction_bias", E, 0}}, {}, false});
   const char* gate = mixtral ? "w1" : "gate_proj";
   const char* up = mixtral ? "w3" : "up_proj";
   const char* down = mixtral ? "w2" : "down_proj";
@@ -96,7 +100,10 @@ void moe_layer_map(Family family, const TransformerConfig& cfg, const std::strin
   }
   m.push_back(std::move(fc1));
   m.push_back(std::move(fc2));
-  if (cfg.moe_shared_expert_intermediate_size > 0) {
+  if (family == Family::DeepseekV3 && cfg.moe_shared_expert_intermediate_size > 0) {
+    swiglu_map(o + "shared_experts.", block + "shared_experts.", "gate_proj", "up_proj",
+               "down_proj", cfg.moe_shared_expert_intermediate_size, C, m);
+  } else if (cfg.moe_shared_expert_intermediate_size > 0) {
     swiglu_map(o + "shared_experts.", block + "shared_expert.", "gate_proj", "up_proj", "down_proj",
                cfg.moe_shared_expert_intermediate_size, C, m);
     m.push_back({o + "shared_experts.gate_weight",
@@ -106,7 +113,52 @@ void moe_layer_map(Family family, const TransformerConfig& cfg, const std::strin
   }
 }
 
-std::vector<TensorMapping> tensor_map(Family family, const TransformerConfig& cfg) {
+// Hugging Face's row r of a block of `block` rows whose `rope` rows from `first` are in
+// interleaved pair order, as our row (those rows de-interleaved: even channels, then odd; see
+// model/mla.h). Identity when `interleaved` is false.
+std::vector<int64_t> rope_rows(int64_t rows, int64_t block, int64_t first, int64_t rope,
+                               bool interleaved) {
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r % block, j = b - first;
+    const bool move = interleaved && j >= 0 && j < rope;
+    out[size_t(r)] = !move ? r : r - b + first + (j % 2 ? rope / 2 + j / 2 : j / 2);
+  }
+  return out;
+}
+
+// DeepSeek-V3's multi-latent attention (model/mla.h): q_a_proj, q_a_layernorm, q_b_proj (or
+// q_proj without a query latent), kv_a_proj_with_mqa ([latent; rope key]), kv_a_layernorm,
+// kv_b_proj (per head [k_nope; v]), o_proj.
+void mla_map(const TransformerConfig& cfg, bool interleaved, const std::string& o,
+             const std::string& a, std::vector<TensorMapping>& m) {
+  const int64_t C = cfg.hidden_size, H = cfg.num_attention_heads, qk = cfg.qk_head_dim;
+  const int64_t pe = cfg.qk_pos_emb_head_dim, vd = cfg.v_head_dim, ql = cfg.q_lora_rank;
+  const int64_t kvl = cfg.kv_lora_rank;
+  const std::vector<int64_t> q_rows = rope_rows(H * (qk + pe), qk + pe, qk, pe, interleaved);
+  if (ql > 0) {
+    m.push_back({o + "linear_q_down_proj.weight", {{a + "q_a_proj.weight", ql, C}}, {}, false});
+    m.push_back({o + "q_layernorm.weight", {{a + "q_a_layernorm.weight", ql, 0}}, {}, false});
+    m.push_back({o + "linear_q_up_proj.weight",
+                 {{a + "q_b_proj.weight", H * (qk + pe), ql}},
+                 q_rows,
+                 false});
+  } else {
+    m.push_back(
+        {o + "linear_q_proj.weight", {{a + "q_proj.weight", H * (qk + pe), C}}, q_rows, false});
+  }
+  m.push_back({o + "linear_kv_down_proj.weight",
+               {{a + "kv_a_proj_with_mqa.weight", kvl + pe, C}},
+               rope_rows(kvl + pe, kvl + pe, kvl, pe, interleaved),
+               false});
+  m.push_back({o + "kv_layernorm.weight", {{a + "kv_a_layernorm.weight", kvl, 0}}, {}, false});
+  m.push_back(
+      {o + "linear_kv_up_proj.weight", {{a + "kv_b_proj.weight", H * (qk + vd), kvl}}, {}, false});
+  m.push_back({o + "linear_proj.weight", {{a + "o_proj.weight", C, H * vd}}, {}, false});
+}
+
+std::vector<TensorMapping> tensor_map(Family family, const TransformerConfig& cfg,
+                                      bool rope_interleave) {
   const int64_t C = cfg.hidden_size, H = cfg.num_attention_heads, G = cfg.query_groups();
   const int64_t hd = cfg.head_dim(), F = cfg.ffn_size(), V = cfg.vocab_size;
   const std::vector<int64_t> qkv = qkv_rows(H, G, hd);
@@ -147,6 +199,14 @@ std::vector<TensorMapping> tensor_map(Family family, const TransformerConfig& cf
       one(o + "input_layernorm.weight", h + "input_layernorm.weight", C, 0);
       one(o + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight", C, 0);
       const std::string a = h + "self_attn.";
+      if (cfg.multi_latent_attention) {
+        mla_map(cfg, rope_interleave, o + "self_attention.", a, m);
+        if (cfg.is_moe_layer(i))
+          moe_layer_map(family, cfg, o + "mlp.", h, m);
+        else
+          swiglu_map(o + "mlp.", h + "mlp.", "gate_proj", "up_proj", "down_proj", F, C, m);
+        continue;
+      }
       m.push_back({o + "self_attention.linear_qkv.weight",
                    {{a + "q_proj.weight", H * hd, C},
                     {a + "k_proj.weight", G * hd, C},
@@ -302,6 +362,17 @@ bool is_buffer(const std::string& name) {
          ends_with("rotary_emb.inv_freq");
 }
 
+// DeepSeek-V3's multi-token prediction layers: model.layers.N.* for N from the last layer of
+// the model on (num_nextn_predict_layers of them), which omnitron does not import.
+bool is_mtp_layer(const std::string& name, const std::string& prefix, int layers, int mtp) {
+  const std::string head = prefix + "layers.";
+  if (mtp <= 0 || name.rfind(head, 0) != 0) return false;
+  int n = -1;
+  const char* begin = name.data() + head.size();
+  const auto [end, ec] = std::from_chars(begin, name.data() + name.size(), n);
+  return ec == std::errc() && *end == '.' && n >= layers && n < layers + mtp;
+}
+
 }  // namespace
 
 bool is_hf_model_dir(const std::string& dir) {
@@ -323,7 +394,7 @@ void load_hf_model_options(const std::string& dir, Options& opts) {
 void load_hf_weights(const std::string& dir, const std::vector<ParamInfo>& infos, float* values) {
   const hf::Config hc = hf::read_config(dir);
   const TransformerConfig cfg = hf::config_from_args(hc.args);
-  const std::vector<TensorMapping> map = tensor_map(hc.family, cfg);
+  const std::vector<TensorMapping> map = tensor_map(hc.family, cfg, hc.rope_interleave);
   const HfWeights weights(dir);
   const std::string prefix = family_info(hc.family).prefix;
   const std::string source = "--load " + dir;
@@ -373,12 +444,22 @@ void load_hf_weights(const std::string& dir, const std::vector<ParamInfo>& infos
   for (const ParamInfo& p : infos)
     OMNI_REQUIRE(mapped.count(p.name), source, ": the model's parameter ", p.name,
                  " has no Hugging Face tensor (a model flag that config.json does not set?)");
+  int mtp_skipped = 0;
   for (const std::string& name : weights.names()) {
+    if (is_mtp_layer(name, prefix, cfg.num_layers, hc.mtp_layers)) {
+      ++mtp_skipped;
+      continue;
+    }
     const bool tied_head = name == "lm_head.weight" && !cfg.untie_embeddings_and_output_weights;
     OMNI_REQUIRE(known.count(name) || known.count(prefix + name) || tied_head || is_buffer(name),
                  source, ": tensor ", name, " in '", weights.file_of(name),
                  "' has no place in omnitron's ", family_info(hc.family).architecture);
   }
+  if (mtp_skipped > 0)
+    std::fprintf(stderr,
+                 "note: --load %s: %d tensors of the %d multi-token prediction layer(s) "
+                 "(num_nextn_predict_layers) are not imported\n",
+                 dir.c_str(), mtp_skipped, hc.mtp_layers);
 }
 
 void load_hf_weights(const std::string& dir, ParameterSet<float>& params) {
@@ -391,7 +472,7 @@ void save_hf_model(const std::string& dir, const TransformerConfig& config,
                "--dtype: Hugging Face weights are written as f32, bf16 or f16 (got ",
                dtype_name(dtype), ")");
   const Family family = hf::family_of(config);
-  const std::vector<TensorMapping> map = tensor_map(family, config);
+  const std::vector<TensorMapping> map = tensor_map(family, config, true);
   const std::string source = "--save " + dir;
   std::vector<SafetensorsOutput> out;
   for (const TensorMapping& m : map) {

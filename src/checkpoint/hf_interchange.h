@@ -3,7 +3,8 @@
 // names of GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM (without a sliding
 // window), Qwen2ForCausalLM, Qwen3ForCausalLM, or the mixtures of experts
 // MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (hf_config.cpp says how
-// their routers map to Megatron's flags).
+// their routers map to Megatron's flags), and DeepseekV3ForCausalLM (multi-latent attention;
+// its multi-token prediction layers are not imported).
 //
 // What the mapping knows (both directions use the same table, so they are inverses):
 //  - GPT-2's Conv1D layers store W as [in, out]; ours (and nn.Linear) as [out, in].
@@ -14,6 +15,11 @@
 //  - Rotary embeddings: both rotate the two halves of each head (rotate_half), so q_proj
 //    and k_proj rows map without Meta's interleaving permutation.
 //  - SwiGLU's linear_fc1 is [gate_proj; up_proj] (Mixtral's experts: [w1; w3], w2 down).
+//  - DeepSeek-V3's rope channels of q_b_proj (q_proj) per head and of kv_a_proj_with_mqa are
+//    in interleaved pair order (rope_interleave true, the default: its attention reorders
+//    them even-then-odd before rotate_half); ours hold them de-interleaved (model/mla.h), so
+//    import permutes those rows and export permutes them back (and writes rope_interleave
+//    true). With rope_interleave false the rows map as they are.
 //  - Our experts are one tensor per layer: linear_fc1 [E, 2F, hidden] stacks each expert's
 //    [gate; up], linear_fc2 [E, hidden, F] each expert's down projection.
 //  - Our embedding and output matrices have --make-vocab-size-divisible-by padded rows;
