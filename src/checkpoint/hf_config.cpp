@@ -285,7 +285,16 @@ void deepseek_args(const ConfigReader& c, Config& out) {
   add(a, "--norm-epsilon", format_number(c.number_or("rms_norm_eps", 1e-6)));
   a.push_back("--swiglu");
   add(a, "--position-embedding-type", "rope");
-  add(a, "--rotary-base", format_number(c.number_or("rope_theta", 10000.0)));
+  // transformers 5 writes rope_parameters (rope_type, rope_theta and the scaling) in place of
+  // rope_scaling and rope_theta.
+  const json::Value* params = c.get("rope_parameters");
+  OMNI_REQUIRE(!params || params->is_object(), path, ": rope_parameters should be an object");
+  static const json::Value kNone;
+  const ConfigReader rope(params ? *params : kNone, path + " rope_parameters");
+  add(a, "--rotary-base",
+      format_number(c.number_or("rope_theta", params ? rope.number_or("rope_theta", 1e4) : 1e4)));
+  const json::Value* scaling = c.get("rope_scaling");
+  if (!scaling && params && rope.text_or("rope_type", "default") != "default") scaling = params;
   a.push_back("--disable-bias-linear");
   a.push_back("--multi-latent-attention");
   a.push_back("--qk-layernorm");
@@ -294,9 +303,12 @@ void deepseek_args(const ConfigReader& c, Config& out) {
   add(a, "--qk-head-dim", std::to_string(c.integer("qk_nope_head_dim")));
   add(a, "--qk-pos-emb-head-dim", std::to_string(c.integer("qk_rope_head_dim")));
   add(a, "--v-head-dim", std::to_string(c.integer("v_head_dim")));
-  if (const json::Value* rs = c.get("rope_scaling")) {
+  if (const json::Value* rs = scaling) {
     OMNI_REQUIRE(rs->is_object(), path, ": rope_scaling should be an object or null");
     const ConfigReader r(*rs, path + " rope_scaling");
+    OMNI_REQUIRE(r.number_or("attention_factor", 1) == 1, path,
+                 ": rope_scaling attention_factor is not supported unless 1: omnitron does not "
+                 "scale rope's cos and sin");
     const std::string type = r.text_or("rope_type", r.text_or("type", ""));
     OMNI_REQUIRE(type == "yarn", path, ": rope_scaling type '", type,
                  "' is not supported (omnitron's multi-latent attention scales rope by yarn)");

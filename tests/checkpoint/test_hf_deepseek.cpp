@@ -162,6 +162,18 @@ TEST(HfDeepseek, ExportThenImportIsBitIdentical) {
   }
 }
 
+// transformers 5 writes rope_parameters (with rope_type and rope_theta) for rope_scaling.
+TEST(HfDeepseek, RopeParametersReadAsRopeScaling) {
+  const std::string dir =
+      edited_copy("deepseek_v3_tiny", "\"rope_scaling\": {",
+                  "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, "
+                  "\"attention_factor\": 1.0, ");
+  EXPECT_EQ(omni::hf_model_args(dir), omni::hf_model_args(kHf + "deepseek_v3_tiny"));
+  expect_load_error(edited_copy("deepseek_v3_tiny", "\"rope_scaling\": {",
+                                "\"rope_scaling\": {\"attention_factor\": 1.2, "),
+                    "rope_scaling attention_factor is not supported unless 1");
+}
+
 TEST(HfDeepseek, UnsupportedConfigValuesAreRefusedNamingTheField) {
   const std::string ds = "deepseek_v3_tiny";
   expect_load_error(
