@@ -27,9 +27,20 @@
 // preconditioners.1, ... as one stream, whose last element is a fingerprint of this rank's blocks.
 // A checkpoint therefore resumes Shampoo under the pipeline layout that saved it; another is
 // refused by name.
+//
+// Under the distributed optimizer Shampoo shards by whole tensors, as GaLore does
+// (zoo_galore.cpp): each rank steps every tensor it holds a piece of whole, from the gathered
+// gradient, with that tensor's blocks: the one-rank arithmetic on the same inputs, so the
+// ranks holding pieces of one tensor compute the same values and the all-gather of the
+// parameters keeps each rank's pieces. The stream's elements of a tensor's blocks need not
+// lie in the pieces of a rank that steps it: a checkpoint's preconditioners are summed over
+// the data-parallel ranks, each contributing the blocks of the tensors whose first element it
+// holds (zeros elsewhere), so every rank's pieces of the stream are the one-rank model's and
+// any layout resumes them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -50,6 +61,7 @@ struct Block {
   bool matrix = false;
   double decay = 0;
   int64_t pool = 0;  // L, R, QL, QR from here (L and QL only for a matrix)
+  size_t param = 0;  // index into params.infos()
   int64_t pool_size() const { return 2 * (cols * cols + (matrix ? rows * rows : 0)); }
 };
 
@@ -58,6 +70,7 @@ class Shampoo : public ZooOptimizer<T> {
  public:
   Shampoo(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
+        layout_(layout),
         size_(params.size()),
         exec_(layout.exec),
         device_(params.values_tensor().device()),
@@ -66,7 +79,15 @@ class Shampoo : public ZooOptimizer<T> {
     const int64_t dmax = config.zoo.shampoo_max_preconditioner_dim;
     int64_t pool = 0;
     uint64_t hash = 1469598103934665603ull;
-    for (const ParamInfo& p : params.infos()) {
+    const std::vector<ParamInfo>& infos = params.infos();
+    held_.assign(infos.size(), !sharded());
+    owned_ = held_;
+    for (const ZooPiece& piece : layout.pieces) {
+      held_[piece.param] = true;
+      if (piece.begin == infos[piece.param].offset) owned_[piece.param] = true;
+    }
+    for (size_t pi = 0; pi < infos.size(); ++pi) {
+      const ParamInfo& p = infos[pi];
       // A later pipeline stage's copy of tied embeddings is not saved (the first stage's is).
       if (p.name != "embedding.word_embeddings.weight" || params.infos().size() == 1)
         for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
@@ -82,6 +103,7 @@ class Shampoo : public ZooOptimizer<T> {
           b.c0 = c0, b.cols = std::min(dmax, cols - c0);
           b.decay = p.weight_decay ? config.weight_decay : 0.0;
           b.pool = pool;
+          b.param = pi;
           pool += b.pool_size();
           blocks_.push_back(b);
           for (int64_t x : {b.offset, b.r0, b.rows, b.c0, b.cols})
@@ -100,17 +122,21 @@ class Shampoo : public ZooOptimizer<T> {
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    const T* grads = params.grads();
+    if (sharded()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
     const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
     const double c1 = 1.0 - std::pow(b1, double(step)), c2 = 1.0 - std::pow(b2, double(step));
     const int64_t freq = cfg_.zoo.shampoo_update_freq;
     const bool roots = step % freq == 0, precondition = step >= freq;
     if (exec_.on_gpu()) {
-      for (const Block& b : blocks_) gpu_step(b, params, lr, c1, c2, roots, precondition);
+      for (const Block& b : blocks_)
+        if (held_[b.param]) gpu_step(b, grads, params, lr, c1, c2, roots, precondition);
       return;
     }
     for (const Block& b : blocks_) {
-      load_block(b, params.grads(), g_);
+      if (!held_[b.param]) continue;
+      load_block(b, grads, g_);
       const int64_t n = b.rows * b.cols;
       T* L = pool_.data() + b.pool;
       T* R = b.matrix ? L + b.rows * b.rows : L;
@@ -169,6 +195,21 @@ class Shampoo : public ZooOptimizer<T> {
     return names;
   }
   T* state_buffer(const std::string& name) override {
+    if (!sharded()) return whole_state(name);
+    // The distributed optimizer's view: this rank's pieces of the whole-layout state.
+    const T* whole = whole_state(name);
+    T* view = buffer(shard_views_[name], layout_.state_size);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, view + piece.state, whole + piece.begin, size_t(piece.end - piece.begin));
+    return view;
+  }
+
+ private:
+  bool sharded() const { return layout_.data_parallel != nullptr; }
+
+  // The state laid out like the whole flat buffer (a checkpoint's preconditioners.k: made
+  // from the pool on first use, collectively under the distributed optimizer).
+  T* whole_state(const std::string& name) {
     const std::string prefix = "preconditioners.";
     if (name.rfind(prefix, 0) != 0) return states_.get(name);
     if (views_.empty()) export_views();
@@ -176,13 +217,33 @@ class Shampoo : public ZooOptimizer<T> {
     return exec_.on_gpu() ? gpu_views_.at(k).template data<T>() : views_.at(k).data();
   }
 
- private:
+  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
+  // first, a checkpoint's pieces of the state written into the views are gathered likewise.
+  const T* gather_gradients(const ParameterSet<T>& params) {
+    T* full = buffer(full_, size_);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, full + piece.begin, params.grads() + piece.begin,
+                size_t(piece.end - piece.begin));
+    layout_.gather_pieces(full);
+    if (shard_views_.empty()) return full;
+    T* state = buffer(gathered_, size_);
+    for (auto& [name, view] : shard_views_) {
+      for (const ZooPiece& piece : layout_.pieces)
+        ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
+                  size_t(piece.end - piece.begin));
+      layout_.gather_pieces(state);
+      ops::copy(exec_, whole_state(name), state, size_t(size_));  // import_views reads it
+    }
+    shard_views_.clear();
+    return full;
+  }
+
   // One block's step on the GPU: the same operations, the element-wise ones in the zoo's
   // kernels (backend/gpu/zoo_optimizer.cu), the products through the GPU's GEMM. The inverse
   // roots copy the factor to the host, decompose it there in float64 (zoo_linalg.cpp) and copy
   // the root back, every update_freq steps.
-  void gpu_step(const Block& b, ParameterSet<T>& params, double lr, double c1, double c2,
-                bool roots, bool precondition) {
+  void gpu_step(const Block& b, const T* grads, ParameterSet<T>& params, double lr, double c1,
+                double c2, bool roots, bool precondition) {
     if constexpr (!std::is_same_v<T, float>) {
       ops::detail::gpu_has_no_double("shampoo");
     } else {
@@ -203,7 +264,7 @@ class Shampoo : public ZooOptimizer<T> {
       T* R = b.matrix ? L + b.rows * b.rows : L;
       T* QL = R + b.cols * b.cols;
       T* QR = b.matrix ? QL + b.rows * b.rows : QL;
-      const T* g = block_of(params.grads(), gb_);
+      const T* g = block_of(grads, gb_);
       ops::ZooStep ema;
       ema.kind = ops::ZooUpdate::Ema;
       ema.beta2 = float(T(cfg_.adam_beta2)), ema.scale = float(T(1.0 - cfg_.adam_beta2));
@@ -305,8 +366,16 @@ class Shampoo : public ZooOptimizer<T> {
       ops::download(exec_, pool_.data(), pool_gpu_.template data<T>(), pool_.size());
     }
     views_.assign(size_t(buffers_), std::vector<T>(size_t(size_), T(0)));
-    for (size_t j = 0; j < pool_.size(); ++j) views_[j / n][size_t(saved_[j % n])] = pool_[j];
-    views_.back()[size_t(saved_.back())] = fingerprint_;
+    // Sharded: the blocks of the tensors this rank owns (zeros elsewhere), summed below.
+    for (const Block& b : blocks_)
+      if (owned_[b.param])
+        for (size_t j = size_t(b.pool); j < size_t(b.pool + b.pool_size()); ++j)
+          views_[j / n][size_t(saved_[j % n])] = pool_[j];
+    Communicator* dp = layout_.data_parallel;
+    if (!sharded() || dp->rank() == 0) views_.back()[size_t(saved_.back())] = fingerprint_;
+    const bool reduce_on_device = sharded() && exec_.on_gpu() && dp->device_memory();
+    if (sharded() && !reduce_on_device)
+      for (std::vector<T>& v : views_) dp->all_reduce(v.data(), v.size());
     if (!exec_.on_gpu()) return;
     std::vector<T>().swap(pool_);
     gpu_views_.clear();
@@ -314,6 +383,7 @@ class Shampoo : public ZooOptimizer<T> {
       gpu_views_.push_back(
           Tensor::zeros({std::max<int64_t>(size_, 1)}, dtype_of<T>(), device_, exec_.memory()));
       ops::upload(exec_, gpu_views_.back().template data<T>(), v.data(), v.size());
+      if (reduce_on_device) dp->all_reduce(gpu_views_.back().template data<T>(), v.size());
     }
   }
   void import_views() {
@@ -352,6 +422,11 @@ class Shampoo : public ZooOptimizer<T> {
   }
 
   OptimizerConfig cfg_;
+  ZooLayout<T> layout_;
+  std::vector<bool> held_;   // the tensors this rank steps (all of them on a whole layout)
+  std::vector<bool> owned_;  // of those, the ones whose first element it holds
+  std::map<std::string, Tensor> shard_views_;  // the distributed optimizer's, while asked for
+  Tensor full_, gathered_;
   int64_t size_;
   ops::Exec exec_;
   Device device_;
