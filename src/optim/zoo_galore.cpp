@@ -84,6 +84,8 @@ class GaLore : public ZooOptimizer<T> {
                            : std::vector<std::string>{"projection", "exp_avg", "exp_avg_sq"},
                 compact_layout(params, layout), device_, exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[galore] the GPU steps float");
+    projection_ = states_.get("projection");
+    if (!eight_bit_) exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
     std::vector<int64_t> sizes;
     for (const ParamInfo& p : infos_) {
       plans_.push_back(plan(p, config.zoo));
@@ -108,7 +110,7 @@ class GaLore : public ZooOptimizer<T> {
         continue;
       }
       const int64_t n = pr.low_size(p.numel);
-      T* P = states_.get("projection") + at_[pi];
+      T* P = projection_ + at_[pi];
       const T* r = g;
       if (pr.galore) {
         if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, g, P);
@@ -125,8 +127,7 @@ class GaLore : public ZooOptimizer<T> {
       if (eight_bit_) {
         moments_->step(pi, update, r, lr, 0.0, step);
       } else {
-        adam_direction(r, states_.get("exp_avg") + at_[pi], states_.get("exp_avg_sq") + at_[pi],
-                       update, n);
+        adam_direction(r, exp_avg_ + at_[pi], exp_avg_sq_ + at_[pi], update, n);
         const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
         step_scale = T(-lr * std::sqrt(1.0 - std::pow(b2, double(step))) /
                        (1.0 - std::pow(b1, double(step))));
@@ -352,6 +353,7 @@ class GaLore : public ZooOptimizer<T> {
   Device device_;
   std::vector<Projection> plans_;
   ZooStates<T> states_;
+  T *projection_ = nullptr, *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // looked up once
   std::unique_ptr<Adam8bitMoments> moments_;
   std::vector<std::vector<T>> views_;  // 8-bit: the checkpoint's state1, state2, absmax1, absmax2
   std::vector<Tensor> gpu_views_;      // on the GPU, views_ uploaded

@@ -32,11 +32,12 @@
 // (zoo_galore.cpp): each rank steps every tensor it holds a piece of whole, from the gathered
 // gradient, with that tensor's blocks: the one-rank arithmetic on the same inputs, so the
 // ranks holding pieces of one tensor compute the same values and the all-gather of the
-// parameters keeps each rank's pieces. The stream's elements of a tensor's blocks need not
-// lie in the pieces of a rank that steps it: a checkpoint's preconditioners are summed over
-// the data-parallel ranks, each contributing the blocks of the tensors whose first element it
-// holds (zeros elsewhere), so every rank's pieces of the stream are the one-rank model's and
-// any layout resumes them.
+// parameters keeps each rank's pieces; the moments and the blocks' factors and roots are kept
+// for those tensors only, so their memory falls with the data-parallel size. The stream's elements
+// of a tensor's blocks need not lie in the pieces of a rank that steps it: a checkpoint's
+// preconditioners are summed over the data-parallel ranks, each contributing the blocks of the
+// tensors whose first element it holds (zeros elsewhere), so every rank's pieces of the stream are
+// the one-rank model's and any layout resumes them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -79,6 +80,7 @@ class Shampoo : public ZooOptimizer<T> {
         states_({"exp_avg", "exp_avg_sq"}, compact_layout(params, layout), device_,
                 exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[shampoo] the GPU steps float");
+    exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
     const int64_t dmax = config.zoo.shampoo_max_preconditioner_dim;
     int64_t pool = 0, local = 0;
     uint64_t hash = 1469598103934665603ull;
@@ -145,8 +147,8 @@ class Shampoo : public ZooOptimizer<T> {
       T* factor_l = b.matrix ? L : nullptr;
       accumulate(g_.data(), b, factor_l, R);
       // The moments, in the block's order.
-      load_block(b, states_.get("exp_avg"), b.state, m_);
-      load_block(b, states_.get("exp_avg_sq"), b.state, v_);
+      load_block(b, exp_avg_, b.state, m_);
+      load_block(b, exp_avg_sq_, b.state, v_);
       const T tb1 = T(b1), tb2 = T(b2), ob1 = T(1.0 - b1), ob2 = T(1.0 - b2);
       adam_.resize(size_t(n));
       mhat_.resize(size_t(n));
@@ -158,8 +160,8 @@ class Shampoo : public ZooOptimizer<T> {
         mhat_[size_t(i)] = m_[size_t(i)] * inv_c1;
         adam_[size_t(i)] = mhat_[size_t(i)] / (std::sqrt(v_[size_t(i)] * inv_c2) + eps);
       }
-      store_block(b, m_, states_.get("exp_avg"), b.state);
-      store_block(b, v_, states_.get("exp_avg_sq"), b.state);
+      store_block(b, m_, exp_avg_, b.state);
+      store_block(b, v_, exp_avg_sq_, b.state);
       if (roots) {
         if (b.matrix) inverse_root(L, QL, b.rows, 4.0, c2);
         inverse_root(R, QR, b.cols, b.matrix ? 4.0 : 2.0, c2);
@@ -310,8 +312,8 @@ class Shampoo : public ZooOptimizer<T> {
       }
       e.gpu->gemm_f32(true, false, cols, cols, rows, 1.0f, g, cols, g, cols, 0.0f, outer, cols);
       e.gpu->zoo_update(ema, nullptr, outer, R, nullptr, nullptr, size_t(b.cols * b.cols));
-      T* m = block_of(states_.get("exp_avg"), mb_, b.state);
-      T* v = block_of(states_.get("exp_avg_sq"), vb_, b.state);
+      T* m = block_of(exp_avg_, mb_, b.state);
+      T* v = block_of(exp_avg_sq_, vb_, b.state);
       T* mhat = buffer(mhatb_, n);
       T* adam = buffer(adamb_, n);
       ops::ZooStep mom;
@@ -320,8 +322,8 @@ class Shampoo : public ZooOptimizer<T> {
       mom.ckp1 = float(T(1.0 - cfg_.adam_beta1)), mom.rho_bs = float(T(1.0 - cfg_.adam_beta2));
       mom.bc1 = float(T(1.0 / c1)), mom.bc2 = float(T(1.0 / c2)), mom.eps = float(T(cfg_.adam_eps));
       e.gpu->zoo_update(mom, adam, g, m, v, mhat, size_t(n));
-      store(m, states_.get("exp_avg"), b.state);
-      store(v, states_.get("exp_avg_sq"), b.state);
+      store(m, exp_avg_, b.state);
+      store(v, exp_avg_sq_, b.state);
       if (roots) {
         if (b.matrix) gpu_inverse_root(L, QL, b.rows, 4.0, c2);
         gpu_inverse_root(R, QR, b.cols, b.matrix ? 4.0 : 2.0, c2);
@@ -475,6 +477,7 @@ class Shampoo : public ZooOptimizer<T> {
   ops::Exec exec_;
   Device device_;
   ZooStates<T> states_;
+  T *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // states_'s, looked up once
   std::vector<Block> blocks_;
   std::vector<T> pool_;  // on the GPU only while a checkpoint is saved or loaded
   int64_t pool_size_ = 0;
