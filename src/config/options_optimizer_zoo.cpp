@@ -118,19 +118,14 @@ void finalize_optimizer_zoo(Options& o) {
   if (!is_zoo_optimizer(kind)) return;
   const std::string opt = "--optimizer " + o.optimizer;
   if (zoo_whole_only(kind)) {  // GaLore and Shampoo keep per-matrix states whole
-    // GaLore shards by whole tensors under the distributed optimizer (zoo_galore.cpp); with
-    // ZeRO's sharded gradients and parameters it is not built.
+    // Both shard by whole tensors under the distributed optimizer (zoo_galore.cpp,
+    // zoo_shampoo.cpp); with ZeRO's sharded gradients and parameters they are not built.
     const bool shampoo = kind == OptimizerKind::Shampoo;
-    if (o.use_distributed_optimizer && (shampoo || o.zero_stage >= 2))
-      throw NotBuiltError(opt + " with " +
-                              (o.zero_stage > 0 ? "--zero-stage " + std::to_string(o.zero_stage)
-                                                : std::string("--use-distributed-optimizer")),
-                          shampoo ? "its preconditioners are one stream over the model's "
-                                    "elements, which the distributed optimizer's shards cut; "
-                                    "leave it off"
-                                  : "its whole-matrix steps are not built on ZeRO's sharded "
-                                    "gradients and parameters; use --zero-stage 1 (the "
-                                    "distributed optimizer)");
+    if (o.use_distributed_optimizer && o.zero_stage >= 2)
+      throw NotBuiltError(opt + " with --zero-stage " + std::to_string(o.zero_stage),
+                          "its whole-matrix steps are not built on ZeRO's sharded "
+                          "gradients and parameters; use --zero-stage 1 (the "
+                          "distributed optimizer)");
     if (o.tensor_model_parallel_size > 1)
       throw NotBuiltError(opt + " with --tensor-model-parallel-size " +
                               std::to_string(o.tensor_model_parallel_size),

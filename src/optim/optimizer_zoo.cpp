@@ -116,9 +116,6 @@ void ZooLayout<T>::sum_over_parts(std::vector<double>& per_param,
 template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout) {
   const std::string what = std::string("--optimizer ") + zoo_optimizer_name(kind);
-  OMNI_REQUIRE(!layout.data_parallel, what,
-               " with --use-distributed-optimizer: not built yet: its preconditioners are one "
-               "stream over the model's elements, which the shards cut; leave it off");
   OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, what,
                " with --tensor-model-parallel-size ", layout.tensor_parallel->size(),
                ": not built yet: a slice's preconditioners are not a slice of the whole matrix's; "

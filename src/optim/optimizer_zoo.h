@@ -35,8 +35,9 @@
 //    ranks that hold other slices of it;
 //  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
 //    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
-//  - GaLore (under the distributed optimizer) steps every tensor it holds a piece of whole,
-//    from the gathered gradient, with that tensor's whole state: sharded by whole tensors.
+//  - GaLore and Shampoo (under the distributed optimizer) step every tensor they hold a piece
+//    of whole, from the gathered gradient, with that tensor's whole state: sharded by whole
+//    tensors.
 #pragma once
 
 #include <array>
@@ -59,7 +60,7 @@ std::string zoo_optimizer_names();
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
 // Whether the zoo's kind needs every matrix whole on a rank: GaLore and Shampoo refuse tensor
-// parallelism; Shampoo the distributed optimizer too (GaLore shards by whole tensors).
+// parallelism (under the distributed optimizer they shard by whole tensors).
 bool zoo_whole_only(OptimizerKind kind);
 
 // A run of one parameter's elements that this rank updates, and where its states start.
@@ -137,8 +138,8 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params,
                                                const ZooLayout<T>& layout);
-// Shampoo runs on a whole layout only (one rank's view of every tensor), GaLore on one or on
-// the distributed optimizer's: require_whole_layout says why another is refused.
+// GaLore and Shampoo run on whole tensors: a whole layout or the distributed optimizer's;
+// require_whole_layout refuses tensor-parallel slices.
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
@@ -148,8 +149,8 @@ std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ParameterSet<T>& params,
                                               const ZooLayout<T>& layout);
 
-// Refuses, in one line naming the optimizer and the setting, a layout that is not one rank's
-// whole model (Shampoo's).
+// Refuses, in one line naming the optimizer and the setting, a layout of tensor-parallel
+// slices (Shampoo's).
 template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 

@@ -82,16 +82,16 @@ class GaLore : public ZooOptimizer<T> {
         device_(params.values_tensor().device()),
         states_(eight_bit_ ? std::vector<std::string>{"projection"}
                            : std::vector<std::string>{"projection", "exp_avg", "exp_avg_sq"},
-                params.size(), device_, exec_.memory()) {
+                compact_layout(params, layout), device_, exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[galore] the GPU steps float");
+    projection_ = states_.get("projection");
+    if (!eight_bit_) exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
     std::vector<int64_t> sizes;
     for (const ParamInfo& p : infos_) {
       plans_.push_back(plan(p, config.zoo));
       sizes.push_back(plans_.back().low_size(p.numel));
     }
     if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes, exec_, device_);
-    held_.assign(infos_.size(), false);
-    for (const ZooPiece& piece : layout.pieces) held_[piece.param] = true;
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
@@ -110,7 +110,7 @@ class GaLore : public ZooOptimizer<T> {
         continue;
       }
       const int64_t n = pr.low_size(p.numel);
-      T* P = states_.get("projection") + p.offset;
+      T* P = projection_ + at_[pi];
       const T* r = g;
       if (pr.galore) {
         if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, g, P);
@@ -127,8 +127,7 @@ class GaLore : public ZooOptimizer<T> {
       if (eight_bit_) {
         moments_->step(pi, update, r, lr, 0.0, step);
       } else {
-        adam_direction(r, states_.get("exp_avg") + p.offset, states_.get("exp_avg_sq") + p.offset,
-                       update, n);
+        adam_direction(r, exp_avg_ + at_[pi], exp_avg_sq_ + at_[pi], update, n);
         const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
         step_scale = T(-lr * std::sqrt(1.0 - std::pow(b2, double(step))) /
                        (1.0 - std::pow(b1, double(step))));
@@ -169,10 +168,14 @@ class GaLore : public ZooOptimizer<T> {
   T* state_buffer(const std::string& name) override {
     if (!sharded()) return whole_state(name);
     // The distributed optimizer's view: this rank's pieces of the whole-layout state.
-    const T* whole = whole_state(name);
+    const bool held = compact(name);
+    const T* from = held ? states_.get(name) : whole_state(name);
     T* view = buffer(shard_views_[name], layout_.state_size);
-    for (const ZooPiece& piece : layout_.pieces)
-      ops::copy(exec_, view + piece.state, whole + piece.begin, size_t(piece.end - piece.begin));
+    for (const ZooPiece& piece : layout_.pieces) {
+      const int64_t at =
+          held ? at_[piece.param] + piece.begin - infos_[piece.param].offset : piece.begin;
+      ops::copy(exec_, view + piece.state, from + at, size_t(piece.end - piece.begin));
+    }
     return view;
   }
 
@@ -184,7 +187,9 @@ class GaLore : public ZooOptimizer<T> {
   // distributed optimizer's all-gather of the parameters keeps each rank's pieces. A tensor's
   // state (its projection and low-rank moments, which start at its first element) thus lives
   // on the ranks holding its pieces: sharded by whole tensors, the ones a shard boundary cuts
-  // held by both ranks. Checkpoints see this rank's pieces of the one-rank layout.
+  // held by both ranks; the float states take memory for the held tensors only (the 8-bit
+  // moments are kept for every tensor). Checkpoints see this rank's pieces of the one-rank
+  // layout.
   bool sharded() const { return layout_.data_parallel != nullptr; }
 
   // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
@@ -202,13 +207,42 @@ class GaLore : public ZooOptimizer<T> {
         ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
                   size_t(piece.end - piece.begin));
       layout_.gather_pieces(state);
-      ops::copy(exec_, whole_state(name), state, size_t(size_));  // (8-bit: import_views reads it)
+      if (!compact(name)) {
+        ops::copy(exec_, whole_state(name), state, size_t(size_));  // import_views reads it
+        continue;
+      }
+      for (size_t pi = 0; pi < infos_.size(); ++pi)
+        if (held_[pi])
+          ops::copy(exec_, states_.get(name) + at_[pi], state + infos_[pi].offset,
+                    size_t(infos_[pi].numel));
     }
     shard_views_.clear();
     return full;
   }
 
-  // The state laid out like the whole flat buffer.
+  // Which tensors this rank steps (held_) and where their states start (at_): every tensor at
+  // its offset on a whole layout; under the distributed optimizer the tensors it holds pieces
+  // of, one after another, so the states take memory for those only. Returns the states' size.
+  int64_t compact_layout(const ParameterSet<T>& params, const ZooLayout<T>& layout) {
+    const std::vector<ParamInfo>& infos = params.infos();
+    held_.assign(infos.size(), false);
+    for (const ZooPiece& piece : layout.pieces) held_[piece.param] = true;
+    at_.assign(infos.size(), 0);
+    if (!layout.data_parallel) {
+      for (size_t pi = 0; pi < infos.size(); ++pi) at_[pi] = infos[pi].offset;
+      return params.size();
+    }
+    int64_t n = 0;
+    for (size_t pi = 0; pi < infos.size(); ++pi)
+      if (held_[pi]) at_[pi] = n, n += infos[pi].numel;
+    return std::max<int64_t>(n, 1);
+  }
+  // Whether state `name` lives in states_ (compact under the distributed optimizer), not in
+  // the 8-bit moments.
+  bool compact(const std::string& name) const { return !eight_bit_ || name == "projection"; }
+
+  // The state laid out like the whole flat buffer (on a whole layout; under the distributed
+  // optimizer, the 8-bit moments' views only).
   T* whole_state(const std::string& name) {
     if (!eight_bit_ || name == "projection") return states_.get(name);
     if (views_.empty()) export_views();
@@ -309,6 +343,7 @@ class GaLore : public ZooOptimizer<T> {
   OptimizerConfig cfg_;
   ZooLayout<T> layout_;
   std::vector<bool> held_;                     // the tensors this rank steps
+  std::vector<int64_t> at_;                    // where their states start in states_
   std::map<std::string, Tensor> shard_views_;  // the distributed optimizer's, while asked for
   Tensor full_, gathered_;
   bool eight_bit_;
@@ -318,6 +353,7 @@ class GaLore : public ZooOptimizer<T> {
   Device device_;
   std::vector<Projection> plans_;
   ZooStates<T> states_;
+  T *projection_ = nullptr, *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // looked up once
   std::unique_ptr<Adam8bitMoments> moments_;
   std::vector<std::vector<T>> views_;  // 8-bit: the checkpoint's state1, state2, absmax1, absmax2
   std::vector<Tensor> gpu_views_;      // on the GPU, views_ uploaded

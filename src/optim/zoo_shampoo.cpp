@@ -27,9 +27,21 @@
 // preconditioners.1, ... as one stream, whose last element is a fingerprint of this rank's blocks.
 // A checkpoint therefore resumes Shampoo under the pipeline layout that saved it; another is
 // refused by name.
+//
+// Under the distributed optimizer Shampoo shards by whole tensors, as GaLore does
+// (zoo_galore.cpp): each rank steps every tensor it holds a piece of whole, from the gathered
+// gradient, with that tensor's blocks: the one-rank arithmetic on the same inputs, so the
+// ranks holding pieces of one tensor compute the same values and the all-gather of the
+// parameters keeps each rank's pieces; the moments and the blocks' factors and roots are kept
+// for those tensors only, so their memory falls with the data-parallel size. The stream's elements
+// of a tensor's blocks need not lie in the pieces of a rank that steps it: a checkpoint's
+// preconditioners are summed over the data-parallel ranks, each contributing the blocks of the
+// tensors whose first element it holds (zeros elsewhere), so every rank's pieces of the stream are
+// the one-rank model's and any layout resumes them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -49,7 +61,10 @@ struct Block {
   int64_t c0 = 0, cols = 0;
   bool matrix = false;
   double decay = 0;
-  int64_t pool = 0;  // L, R, QL, QR from here (L and QL only for a matrix)
+  int64_t pool = 0;   // L, R, QL, QR from here (L and QL only for a matrix)
+  size_t param = 0;   // index into params.infos()
+  int64_t state = 0;  // the parameter's first element in the states (its offset, or compact)
+  int64_t local = 0;  // where this rank's pool holds the block (pool on a whole layout)
   int64_t pool_size() const { return 2 * (cols * cols + (matrix ? rows * rows : 0)); }
 };
 
@@ -58,15 +73,20 @@ class Shampoo : public ZooOptimizer<T> {
  public:
   Shampoo(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
+        layout_(layout),
         size_(params.size()),
         exec_(layout.exec),
         device_(params.values_tensor().device()),
-        states_({"exp_avg", "exp_avg_sq"}, params.size(), device_, exec_.memory()) {
+        states_({"exp_avg", "exp_avg_sq"}, compact_layout(params, layout), device_,
+                exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[shampoo] the GPU steps float");
+    exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
     const int64_t dmax = config.zoo.shampoo_max_preconditioner_dim;
-    int64_t pool = 0;
+    int64_t pool = 0, local = 0;
     uint64_t hash = 1469598103934665603ull;
-    for (const ParamInfo& p : params.infos()) {
+    const std::vector<ParamInfo>& infos = params.infos();
+    for (size_t pi = 0; pi < infos.size(); ++pi) {
+      const ParamInfo& p = infos[pi];
       // A later pipeline stage's copy of tied embeddings is not saved (the first stage's is).
       if (p.name != "embedding.word_embeddings.weight" || params.infos().size() == 1)
         for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
@@ -82,7 +102,11 @@ class Shampoo : public ZooOptimizer<T> {
           b.c0 = c0, b.cols = std::min(dmax, cols - c0);
           b.decay = p.weight_decay ? config.weight_decay : 0.0;
           b.pool = pool;
+          b.param = pi;
+          b.state = at_[pi];
+          b.local = local;
           pool += b.pool_size();
+          if (held_[pi]) local += b.pool_size();
           blocks_.push_back(b);
           for (int64_t x : {b.offset, b.r0, b.rows, b.c0, b.cols})
             hash = (hash ^ uint64_t(x)) * 1099511628211ull;
@@ -91,36 +115,40 @@ class Shampoo : public ZooOptimizer<T> {
     fingerprint_ = T(double(hash % (1u << 23)) + 1);  // exact in float
     const int64_t per_buffer = int64_t(saved_.size());
     buffers_ = per_buffer > 0 ? (pool + 1 + per_buffer - 1) / per_buffer : 0;
-    pool_size_ = pool;
+    pool_size_ = local;
     if (exec_.on_gpu())
       pool_gpu_ =
-          Tensor::zeros({std::max<int64_t>(pool, 1)}, dtype_of<T>(), device_, exec_.memory());
+          Tensor::zeros({std::max<int64_t>(local, 1)}, dtype_of<T>(), device_, exec_.memory());
     else
-      pool_.assign(size_t(pool), T(0));
+      pool_.assign(size_t(local), T(0));
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
+    const T* grads = params.grads();
+    if (sharded()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
     const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
     const double c1 = 1.0 - std::pow(b1, double(step)), c2 = 1.0 - std::pow(b2, double(step));
     const int64_t freq = cfg_.zoo.shampoo_update_freq;
     const bool roots = step % freq == 0, precondition = step >= freq;
     if (exec_.on_gpu()) {
-      for (const Block& b : blocks_) gpu_step(b, params, lr, c1, c2, roots, precondition);
+      for (const Block& b : blocks_)
+        if (held_[b.param]) gpu_step(b, grads, params, lr, c1, c2, roots, precondition);
       return;
     }
     for (const Block& b : blocks_) {
-      load_block(b, params.grads(), g_);
+      if (!held_[b.param]) continue;
+      load_block(b, grads, b.offset, g_);
       const int64_t n = b.rows * b.cols;
-      T* L = pool_.data() + b.pool;
+      T* L = pool_.data() + b.local;
       T* R = b.matrix ? L + b.rows * b.rows : L;
       T* QL = R + b.cols * b.cols;
       T* QR = b.matrix ? QL + b.rows * b.rows : QL;
       T* factor_l = b.matrix ? L : nullptr;
       accumulate(g_.data(), b, factor_l, R);
       // The moments, in the block's order.
-      load_block(b, states_.get("exp_avg"), m_);
-      load_block(b, states_.get("exp_avg_sq"), v_);
+      load_block(b, exp_avg_, b.state, m_);
+      load_block(b, exp_avg_sq_, b.state, v_);
       const T tb1 = T(b1), tb2 = T(b2), ob1 = T(1.0 - b1), ob2 = T(1.0 - b2);
       adam_.resize(size_t(n));
       mhat_.resize(size_t(n));
@@ -132,8 +160,8 @@ class Shampoo : public ZooOptimizer<T> {
         mhat_[size_t(i)] = m_[size_t(i)] * inv_c1;
         adam_[size_t(i)] = mhat_[size_t(i)] / (std::sqrt(v_[size_t(i)] * inv_c2) + eps);
       }
-      store_block(b, m_, states_.get("exp_avg"));
-      store_block(b, v_, states_.get("exp_avg_sq"));
+      store_block(b, m_, exp_avg_, b.state);
+      store_block(b, v_, exp_avg_sq_, b.state);
       if (roots) {
         if (b.matrix) inverse_root(L, QL, b.rows, 4.0, c2);
         inverse_root(R, QR, b.cols, b.matrix ? 4.0 : 2.0, c2);
@@ -169,6 +197,50 @@ class Shampoo : public ZooOptimizer<T> {
     return names;
   }
   T* state_buffer(const std::string& name) override {
+    if (!sharded()) return whole_state(name);
+    // The distributed optimizer's view: this rank's pieces of the whole-layout state.
+    const bool held = compact(name);
+    const T* from = held ? states_.get(name) : whole_state(name);
+    T* view = buffer(shard_views_[name], layout_.state_size);
+    for (const ZooPiece& piece : layout_.pieces) {
+      const int64_t at =
+          held ? at_[piece.param] + piece.begin - offsets_[piece.param] : piece.begin;
+      ops::copy(exec_, view + piece.state, from + at, size_t(piece.end - piece.begin));
+    }
+    return view;
+  }
+
+ private:
+  bool sharded() const { return layout_.data_parallel != nullptr; }
+  // exp_avg and exp_avg_sq: held for the tensors this rank steps only, under the distributed
+  // optimizer.
+  static bool compact(const std::string& name) { return name.rfind("preconditioners.", 0) != 0; }
+
+  // Which tensors this rank steps (held_; owned_: of those, the ones whose first element it
+  // holds) and where their moments start (at_): every tensor at its offset on a whole layout;
+  // under the distributed optimizer the held ones, one after another, so the moments and the
+  // pool take memory for those only. Returns the moments' size.
+  int64_t compact_layout(const ParameterSet<T>& params, const ZooLayout<T>& layout) {
+    const std::vector<ParamInfo>& infos = params.infos();
+    const bool whole = layout.data_parallel == nullptr;
+    held_.assign(infos.size(), whole);
+    owned_ = held_;
+    for (const ZooPiece& piece : layout.pieces) {
+      held_[piece.param] = true;
+      if (piece.begin == infos[piece.param].offset) owned_[piece.param] = true;
+    }
+    int64_t n = 0;
+    for (size_t pi = 0; pi < infos.size(); ++pi) {
+      offsets_.push_back(infos[pi].offset), numels_.push_back(infos[pi].numel);
+      at_.push_back(whole ? infos[pi].offset : n);
+      if (!whole && held_[pi]) n += infos[pi].numel;
+    }
+    return whole ? params.size() : std::max<int64_t>(n, 1);
+  }
+
+  // The state laid out like the whole flat buffer (a checkpoint's preconditioners.k: made
+  // from the pool on first use, collectively under the distributed optimizer).
+  T* whole_state(const std::string& name) {
     const std::string prefix = "preconditioners.";
     if (name.rfind(prefix, 0) != 0) return states_.get(name);
     if (views_.empty()) export_views();
@@ -176,34 +248,60 @@ class Shampoo : public ZooOptimizer<T> {
     return exec_.on_gpu() ? gpu_views_.at(k).template data<T>() : views_.at(k).data();
   }
 
- private:
+  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
+  // first, a checkpoint's pieces of the state written into the views are gathered likewise.
+  const T* gather_gradients(const ParameterSet<T>& params) {
+    T* full = buffer(full_, size_);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(exec_, full + piece.begin, params.grads() + piece.begin,
+                size_t(piece.end - piece.begin));
+    layout_.gather_pieces(full);
+    if (shard_views_.empty()) return full;
+    T* state = buffer(gathered_, size_);
+    for (auto& [name, view] : shard_views_) {
+      for (const ZooPiece& piece : layout_.pieces)
+        ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
+                  size_t(piece.end - piece.begin));
+      layout_.gather_pieces(state);
+      if (!compact(name)) {
+        ops::copy(exec_, whole_state(name), state, size_t(size_));  // import_views reads it
+        continue;
+      }
+      for (size_t pi = 0; pi < held_.size(); ++pi)
+        if (held_[pi])
+          ops::copy(exec_, states_.get(name) + at_[pi], state + offsets_[pi], size_t(numels_[pi]));
+    }
+    shard_views_.clear();
+    return full;
+  }
+
   // One block's step on the GPU: the same operations, the element-wise ones in the zoo's
   // kernels (backend/gpu/zoo_optimizer.cu), the products through the GPU's GEMM. The inverse
   // roots copy the factor to the host, decompose it there in float64 (zoo_linalg.cpp) and copy
   // the root back, every update_freq steps.
-  void gpu_step(const Block& b, ParameterSet<T>& params, double lr, double c1, double c2,
-                bool roots, bool precondition) {
+  void gpu_step(const Block& b, const T* grads, ParameterSet<T>& params, double lr, double c1,
+                double c2, bool roots, bool precondition) {
     if constexpr (!std::is_same_v<T, float>) {
       ops::detail::gpu_has_no_double("shampoo");
     } else {
       const ops::Exec& e = exec_;
       const int64_t n = b.rows * b.cols;
       const int rows = int(b.rows), cols = int(b.cols);
-      auto block_of = [&](const T* flat, Tensor& t) {  // the block's elements, contiguous
+      auto block_of = [&](const T* flat, Tensor& t, int64_t at) {  // the block, contiguous
         T* out = buffer(t, n);
-        ops::copy_rows(e, out, size_t(b.cols), flat + b.offset + b.r0 * b.ld + b.c0, size_t(b.ld),
+        ops::copy_rows(e, out, size_t(b.cols), flat + at + b.r0 * b.ld + b.c0, size_t(b.ld),
                        size_t(b.cols), size_t(b.rows));
         return out;
       };
-      auto store = [&](const T* in, T* flat) {
-        ops::copy_rows(e, flat + b.offset + b.r0 * b.ld + b.c0, size_t(b.ld), in, size_t(b.cols),
+      auto store = [&](const T* in, T* flat, int64_t at) {
+        ops::copy_rows(e, flat + at + b.r0 * b.ld + b.c0, size_t(b.ld), in, size_t(b.cols),
                        size_t(b.cols), size_t(b.rows));
       };
-      T* L = pool_gpu_.template data<T>() + b.pool;
+      T* L = pool_gpu_.template data<T>() + b.local;
       T* R = b.matrix ? L + b.rows * b.rows : L;
       T* QL = R + b.cols * b.cols;
       T* QR = b.matrix ? QL + b.rows * b.rows : QL;
-      const T* g = block_of(params.grads(), gb_);
+      const T* g = block_of(grads, gb_, b.offset);
       ops::ZooStep ema;
       ema.kind = ops::ZooUpdate::Ema;
       ema.beta2 = float(T(cfg_.adam_beta2)), ema.scale = float(T(1.0 - cfg_.adam_beta2));
@@ -214,8 +312,8 @@ class Shampoo : public ZooOptimizer<T> {
       }
       e.gpu->gemm_f32(true, false, cols, cols, rows, 1.0f, g, cols, g, cols, 0.0f, outer, cols);
       e.gpu->zoo_update(ema, nullptr, outer, R, nullptr, nullptr, size_t(b.cols * b.cols));
-      T* m = block_of(states_.get("exp_avg"), mb_);
-      T* v = block_of(states_.get("exp_avg_sq"), vb_);
+      T* m = block_of(exp_avg_, mb_, b.state);
+      T* v = block_of(exp_avg_sq_, vb_, b.state);
       T* mhat = buffer(mhatb_, n);
       T* adam = buffer(adamb_, n);
       ops::ZooStep mom;
@@ -224,8 +322,8 @@ class Shampoo : public ZooOptimizer<T> {
       mom.ckp1 = float(T(1.0 - cfg_.adam_beta1)), mom.rho_bs = float(T(1.0 - cfg_.adam_beta2));
       mom.bc1 = float(T(1.0 / c1)), mom.bc2 = float(T(1.0 / c2)), mom.eps = float(T(cfg_.adam_eps));
       e.gpu->zoo_update(mom, adam, g, m, v, mhat, size_t(n));
-      store(m, states_.get("exp_avg"));
-      store(v, states_.get("exp_avg_sq"));
+      store(m, exp_avg_, b.state);
+      store(v, exp_avg_sq_, b.state);
       if (roots) {
         if (b.matrix) gpu_inverse_root(L, QL, b.rows, 4.0, c2);
         gpu_inverse_root(R, QR, b.cols, b.matrix ? 4.0 : 2.0, c2);
@@ -246,12 +344,12 @@ class Shampoo : public ZooOptimizer<T> {
         graft = double(T(std::sqrt(adam_norm) / (std::sqrt(s_norm) + 1e-16)));
         direction = s;
       }
-      T* w = block_of(params.values(), wb_);
+      T* w = block_of(params.values(), wb_, b.offset);
       ops::ZooStep apply;
       apply.kind = ops::ZooUpdate::ShampooApply;
       apply.lr = float(T(lr)), apply.wd = float(T(b.decay)), apply.scale = float(graft);
       e.gpu->zoo_update(apply, w, direction, direction, nullptr, nullptr, size_t(n));
-      store(w, params.values());
+      store(w, params.values(), b.offset);
     }
   }
 
@@ -269,14 +367,15 @@ class Shampoo : public ZooOptimizer<T> {
     return t.template data<T>();
   }
 
-  void load_block(const Block& b, const T* flat, std::vector<T>& out) const {
+  // The block of the tensor whose first element is flat[at], and back.
+  void load_block(const Block& b, const T* flat, int64_t at, std::vector<T>& out) const {
     out.resize(size_t(b.rows * b.cols));
     for (int64_t i = 0; i < b.rows; ++i)
-      std::copy_n(flat + b.offset + (b.r0 + i) * b.ld + b.c0, b.cols, out.data() + i * b.cols);
+      std::copy_n(flat + at + (b.r0 + i) * b.ld + b.c0, b.cols, out.data() + i * b.cols);
   }
-  void store_block(const Block& b, const std::vector<T>& in, T* flat) const {
+  void store_block(const Block& b, const std::vector<T>& in, T* flat, int64_t at) const {
     for (int64_t i = 0; i < b.rows; ++i)
-      std::copy_n(in.data() + i * b.cols, b.cols, flat + b.offset + (b.r0 + i) * b.ld + b.c0);
+      std::copy_n(in.data() + i * b.cols, b.cols, flat + at + (b.r0 + i) * b.ld + b.c0);
   }
 
   // L = b2 L + (1 - b2) G G^T (matrices), R = b2 R + (1 - b2) G^T G.
@@ -305,8 +404,18 @@ class Shampoo : public ZooOptimizer<T> {
       ops::download(exec_, pool_.data(), pool_gpu_.template data<T>(), pool_.size());
     }
     views_.assign(size_t(buffers_), std::vector<T>(size_t(size_), T(0)));
-    for (size_t j = 0; j < pool_.size(); ++j) views_[j / n][size_t(saved_[j % n])] = pool_[j];
-    views_.back()[size_t(saved_.back())] = fingerprint_;
+    // Sharded: the blocks of the tensors this rank owns (zeros elsewhere), summed below.
+    for (const Block& b : blocks_)
+      if (owned_[b.param])
+        for (int64_t j = 0; j < b.pool_size(); ++j) {
+          const size_t at = size_t(b.pool + j);
+          views_[at / n][size_t(saved_[at % n])] = pool_[size_t(b.local + j)];
+        }
+    Communicator* dp = layout_.data_parallel;
+    if (!sharded() || dp->rank() == 0) views_.back()[size_t(saved_.back())] = fingerprint_;
+    const bool reduce_on_device = sharded() && exec_.on_gpu() && dp->device_memory();
+    if (sharded() && !reduce_on_device)
+      for (std::vector<T>& v : views_) dp->all_reduce(v.data(), v.size());
     if (!exec_.on_gpu()) return;
     std::vector<T>().swap(pool_);
     gpu_views_.clear();
@@ -314,6 +423,7 @@ class Shampoo : public ZooOptimizer<T> {
       gpu_views_.push_back(
           Tensor::zeros({std::max<int64_t>(size_, 1)}, dtype_of<T>(), device_, exec_.memory()));
       ops::upload(exec_, gpu_views_.back().template data<T>(), v.data(), v.size());
+      if (reduce_on_device) dp->all_reduce(gpu_views_.back().template data<T>(), v.size());
     }
   }
   void import_views() {
@@ -326,7 +436,12 @@ class Shampoo : public ZooOptimizer<T> {
                  "--optimizer shampoo: the checkpoint's preconditioners were laid out for other "
                  "tensors (another model or pipeline layout); resume with the layout that saved "
                  "them, or with --no-load-optim");
-    for (size_t j = 0; j < pool_.size(); ++j) pool_[j] = views_[j / n][size_t(saved_[j % n])];
+    for (const Block& b : blocks_)
+      if (held_[b.param])
+        for (int64_t j = 0; j < b.pool_size(); ++j) {
+          const size_t at = size_t(b.pool + j);
+          pool_[size_t(b.local + j)] = views_[at / n][size_t(saved_[at % n])];
+        }
     views_.clear();
     if (!exec_.on_gpu()) return;
     ops::upload(exec_, pool_gpu_.template data<T>(), pool_.data(), pool_.size());
@@ -352,10 +467,17 @@ class Shampoo : public ZooOptimizer<T> {
   }
 
   OptimizerConfig cfg_;
+  ZooLayout<T> layout_;
+  std::vector<bool> held_;   // the tensors this rank steps (all of them on a whole layout)
+  std::vector<bool> owned_;  // of those, the ones whose first element it holds
+  std::vector<int64_t> at_, offsets_, numels_;  // per tensor: its moments', its own start, size
+  std::map<std::string, Tensor> shard_views_;   // the distributed optimizer's, while asked for
+  Tensor full_, gathered_;
   int64_t size_;
   ops::Exec exec_;
   Device device_;
   ZooStates<T> states_;
+  T *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // states_'s, looked up once
   std::vector<Block> blocks_;
   std::vector<T> pool_;  // on the GPU only while a checkpoint is saved or loaded
   int64_t pool_size_ = 0;

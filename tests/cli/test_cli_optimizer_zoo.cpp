@@ -118,10 +118,10 @@ TEST(CliOptimizerZoo, SettingsItCannotCombineWithAreRefusedInOneLine) {
                         "--optimizer ds.onebitlamb: not built yet");
   expect_one_line_error(run_omnitron(tiny("galoreadamw", "1e-2") + "--galore-proj-type up"),
                         "--galore-proj-type: 'up' is not one of std, reverse_std, left, right");
-  // GaLore and Shampoo keep per-matrix states whole: refused where they would be split.
-  expect_one_line_error(
-      run_omnitron(tiny("shampoo", "1e-2") + "--train-iters 1 --use-distributed-optimizer"),
-      "--optimizer shampoo with --use-distributed-optimizer: not built yet");
+  // GaLore and Shampoo keep per-matrix states whole: refused where they would be split
+  // (the distributed optimizer shards them by whole tensors: tests/optim/test_zoo_shards.cpp).
+  expect_one_line_error(run_omnitron(tiny("shampoo", "1e-2") + "--train-iters 1 --zero-stage 3"),
+                        "--optimizer shampoo with --zero-stage 3: not built yet");
   expect_one_line_error(
       run_omnitron(tiny("galoreadamw8bit", "1e-2") + "--train-iters 1 --zero-stage 2"),
       "--optimizer galoreadamw8bit with --zero-stage 2: not built yet");

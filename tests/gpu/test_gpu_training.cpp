@@ -190,6 +190,12 @@ TEST_F(GpuTraining, LoggingParamsNormAndZerosInGradKeepsTheLosses) {
   expect_same_losses({"--log-params-norm", "--log-num-zeros-in-grad", "--log-interval", "1"},
                      {"--use-distributed-optimizer"}, 2);
 }
+// Shampoo sharded by whole tensors under the distributed optimizer (its roots on the host).
+TEST_F(GpuTraining, ShampooDataParallel2DistributedOptimizerMatchesOneCpuRank) {
+  const std::vector<std::string> shampoo = {"--optimizer", "shampoo",       "--shampoo-update-freq",
+                                            "2",           "--shampoo-eps", "1e-4"};
+  expect_same_losses(shampoo, {"--use-distributed-optimizer"}, 2);
+}
 TEST_F(GpuTraining, SgdWithMomentumMatchesTheCpu) {
   expect_same_losses({"--optimizer", "sgd", "--sgd-momentum", "0.9"}, {}, 1);
 }

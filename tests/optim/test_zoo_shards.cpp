@@ -1,7 +1,7 @@
 // The optimizer zoo on a rank's part of the model equals the zoo on one rank holding it all:
 //  - under the distributed optimizer (each data-parallel rank updates its shard, whose ranges
-//    cut tensors and adam8bit's blocks apart; GaLore steps the tensors it holds pieces of
-//    whole), at 2 ranks, parameters and gathered state;
+//    cut tensors and adam8bit's blocks apart; GaLore and Shampoo step the tensors they hold
+//    pieces of whole), at 2 ranks, parameters and gathered state;
 //  - under tensor parallelism (each rank holds row or column slices of the matrices), at 2
 //    ranks, the slices of the one-rank parameters.
 // LAMB's norms may be sums in another order (within 1e-6); every other optimizer matches bit
@@ -67,6 +67,8 @@ OptimizerConfig config(OptimizerKind kind) {
   c.zoo.adam8bit_block_size = 16;      // blocks that shards and slices cut
   c.zoo.qkv_split_shapes = {2, 1, 1};  // four query groups of one key and value head
   c.zoo.galore_rank = 3, c.zoo.galore_update_proj_gap = 2;  // new projections at steps 1, 3, 5
+  c.zoo.shampoo_update_freq = 2;             // roots at steps 2 and 4, preconditioned from 2 on
+  c.zoo.shampoo_max_preconditioner_dim = 8;  // blocks cut the longer sides
   return c;
 }
 
@@ -211,8 +213,10 @@ TEST(ZooShards, TensorParallelSlicesMatchOneRank) {
 
 TEST(ZooShards, DistributedOptimizerMatchesOneRankAndResumesAtAnotherSize) {
   std::vector<OptimizerKind> kinds(std::begin(kZoo), std::end(kZoo));
-  // GaLore shards by whole tensors: each rank steps the tensors it holds pieces of whole.
-  for (OptimizerKind kind : {OptimizerKind::GaLoreAdamW, OptimizerKind::GaLoreAdamW8bit})
+  // GaLore and Shampoo shard by whole tensors: each rank steps the tensors it holds pieces of
+  // whole.
+  for (OptimizerKind kind :
+       {OptimizerKind::GaLoreAdamW, OptimizerKind::GaLoreAdamW8bit, OptimizerKind::Shampoo})
     kinds.push_back(kind);
   for (OptimizerKind kind : kinds) {
     const char* name = zoo_optimizer_name(kind);
