@@ -232,10 +232,10 @@ void expect_exact_resume(const std::vector<std::string>& flags, int world = 1,
 TEST_F(GpuTraining, ResumeFromACheckpointIsExact) {
   expect_exact_resume({"--device", "cuda"});
 }
-// A stage 3 checkpoint (each rank writes its shard; its load commits only that shard of the
-// parameter buffer, the rest faulting if touched) resumed at stage 2 on two ranks.
-TEST_F(GpuTraining, ZeroStage3CheckpointResumesAtStage2) {
-  expect_exact_resume({"--device", "cuda"}, 2, {"--zero-stage", "3"}, {"--zero-stage", "2"});
+// A stage 2 checkpoint resumed at stage 3 on two ranks: the load commits only this rank's
+// shard of the parameter buffer (the rest faults if the read touches it).
+TEST_F(GpuTraining, ZeroStage2CheckpointResumesAtStage3) {
+  expect_exact_resume({"--device", "cuda"}, 2, {"--zero-stage", "2"}, {"--zero-stage", "3"});
 }
 // The checkpoint holds the fp32 master weights and the loss scaler; the 16-bit model is
 // rounded from them on load, so the resumed run is the uninterrupted one, bit for bit.
