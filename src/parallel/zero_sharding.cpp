@@ -167,14 +167,9 @@ void ZeroSharding::reduce(size_t index) {
     if (r == p - 1) ops::add(x_, acc + b.piece, acc + b.piece, g + p * b.piece, size_t(rest));
   }
   drop(g, size_t(n) * sizeof(float), true);
-  // The backward pass goes on with the unit before this one; after the embedding, the next
-  // micro-batch starts with the head again.
-  const size_t unit = unit_of_bucket_[index];
-  if (unit > 0) {
-    need_grads(unit - 1);
-  } else {
-    need_grads(units_.size() - 1), need_grads(0);
-  }
+  // After the embedding the next micro-batch starts with the head again (a layer's
+  // gradients are committed as its backward starts: use_params).
+  if (unit_of_bucket_[index] == 0) need_grads(units_.size() - 1), need_grads(0);
   reduced_once_[index] = true;
   pending_[index] = params_in_bucket_[index];
   const std::vector<ParamInfo>& infos = params_.infos();
@@ -275,45 +270,56 @@ void ZeroSharding::give_back(size_t first, size_t last) {
 }
 
 void ZeroSharding::use_params(int64_t begin, int64_t end, bool use) {
+  if (!use) {
+    in_use_ = std::max(in_use_ - 1, 0);
+    if (stage_ < 3) return;
+    const auto [first, last] = buckets_in(begin, end);
+    give_back(first, last);
+    return;
+  }
+  // Forward runs the units in buffer order up to the head, the backward pass back down (the
+  // tied embedding inside the head's use).
+  const size_t unit = unit_of(begin, end), head = units_.size() - 1;
+  size_t next = kNone;
+  if (unit == head) {
+    backward_ = true, next = head - 1;
+  } else if (unit == 0) {
+    if (in_use_ == 0) backward_ = false, next = 1;  // else the head's tied weight
+  } else if (unit != kNone) {
+    next = backward_ ? unit - 1 : unit + 1;
+    if (next == 0) next = kNone;  // the backward pass ends without the embedding's values
+  }
+  ++in_use_;
+  // A layer's backward writes its gradients: committed here (the head's and the embedding's
+  // at a micro-batch's start), not by the reduce of the layer after it.
+  if (backward_ && unit != kNone && unit != head) need_grads(unit);
   if (stage_ < 3) return;
   const auto [first, last] = buckets_in(begin, end);
   float* values = params_.values();
-  if (use) {
-    // Forward runs the units in buffer order up to the head, the backward pass back down
-    // (the tied embedding inside the head's use); while this unit computes, the next one's
-    // all-gather is in flight.
-    const size_t unit = unit_of(begin, end), head = units_.size() - 1;
-    if (unit == kNone) end_prefetch(false);  // a range that may overlap the one in flight
-    if (unit != kNone && unit == prefetched_) {
-      TraceSpan span("zero-params-prefetch-wait");
-      end_prefetch(true);
-    } else {
-      TraceSpan span("zero-params-all-gather");
-      if (first < last) {
-        const auto [b, e] = span_of(first, last);
-        need(values + b, size_t(e - b) * sizeof(float));
-      }
-      ddp_.all_gather(values, first, last);
+  // While this unit computes, the next one's all-gather is in flight.
+  if (unit == kNone) end_prefetch(false);  // a range that may overlap the one in flight
+  if (unit != kNone && unit == prefetched_) {
+    TraceSpan span("zero-params-prefetch-wait");
+    end_prefetch(true);
+  } else {
+    TraceSpan span("zero-params-all-gather");
+    if (first < last) {
+      const auto [b, e] = span_of(first, last);
+      need(values + b, size_t(e - b) * sizeof(float));
     }
-    size_t next = kNone;
-    if (unit == head) {
-      backward_ = true, next = head - 1;
-    } else if (unit == 0) {
-      if (in_use_ == 0) backward_ = false, next = 1;  // else the head's tied weight
-    } else if (unit != kNone) {
-      next = backward_ ? unit - 1 : unit + 1;
-      if (next == 0) next = kNone;  // the backward pass ends without the embedding's values
-    }
-    ++in_use_;
-    if (prefetching_ && next != kNone && next != prefetched_ && next < units_.size()) {
-      end_prefetch(false);
-      start_prefetch(next);
-    }
-    sample();
-    return;
+    ddp_.all_gather(values, first, last);
   }
-  in_use_ = std::max(in_use_ - 1, 0);
-  give_back(first, last);
+  if (prefetching_ && next != kNone && next != prefetched_ && next < units_.size()) {
+    end_prefetch(false);
+    start_prefetch(next);
+  }
+  sample();
+}
+
+void ZeroSharding::end_use() {
+  if (stage_ < 3) return;
+  end_prefetch(false);  // a forward-only pass leaves the backward's first guess in flight
+  in_use_ = 0;
 }
 
 void ZeroSharding::release_params() {
@@ -324,8 +330,13 @@ void ZeroSharding::release_params() {
   give_back(first, last);
 }
 
-void ZeroSharding::commit_params() {
-  need(params_.values(), size_t(params_.size()) * sizeof(float));
+void ZeroSharding::commit_params(bool whole) {
+  if (whole || stage_ < 3) {
+    need(params_.values(), size_t(params_.size()) * sizeof(float));
+    return;
+  }
+  for (const ShardRange& r : ddp_.shard())
+    need(params_.values() + r.begin, size_t(r.end - r.begin) * sizeof(float));
 }
 
 void ZeroSharding::params_updated() {

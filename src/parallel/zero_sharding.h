@@ -28,8 +28,8 @@
 // buffers come from the device's releasable memory (ModelParallel::params_memory) and a
 // released granule is committed again before it is touched: a parameter range before its
 // all-gather; the gradients of the head and the embedding at a micro-batch's start and each
-// layer's as the backward pass reduces the one after it (layers run backward in the
-// buffer's reverse order), so about two layers' gradients are backed at a time.
+// layer's as its backward starts (use_params), released as each is reduced, so about two
+// layers' gradients are backed at a time.
 #pragma once
 
 #include <cstdint>
@@ -68,8 +68,13 @@ class ZeroSharding {
   void use_params(int64_t begin, int64_t end, bool use);
   // Stage 3: every parameter outside this rank's ranges released (after initialisation, a load).
   void release_params();
-  // Before a load writes the whole parameter buffer: all of it backed.
-  void commit_params();
+  // Before a load writes the parameter buffer: all of it backed (`whole`, or stage 2), else
+  // (stage 3, a load that writes this rank's shard) only this rank's ranges.
+  void commit_params(bool whole);
+  // Stage 3: after a forward-only pass (evaluation), the prefetch its guess started ended, so
+  // nothing writes the parameter buffer behind a checkpoint's read. Stage 2: nothing.
+  void end_use();
+  bool prefetch_in_flight() const { return prefetched_ != kNone; }
   // Stage 3: whether the next layer's all-gather starts while this one computes (default),
   // and how many uses found their parameters prefetched.
   void set_prefetch(bool on) { prefetching_ = on; }

@@ -253,8 +253,11 @@ GPTModel<float>& Trainer::model() {
 double Trainer::run_pipeline(int num_microbatches,
                              const std::function<const MicroBatch&(int)>& batch, bool train,
                              double grad_scale) {
-  return with_model(
+  const double loss = with_model(
       [&](auto& m) { return m.pipeline.run(num_microbatches, batch, train, grad_scale); });
+  // ZeRO 3: a forward-only pass (evaluation) leaves no all-gather in flight into a save.
+  if (zero_ && !train) zero_->end_use();
+  return loss;
 }
 
 const std::vector<ParamInfo>& Trainer::model_infos() {
@@ -337,7 +340,8 @@ void Trainer::load(const std::string& dir) {
   // optimizer afresh. (--no-load-rng: there is no RNG state; see checkpoint.h.)
   const bool resume = !opts_.finetune, with_optimizer = resume && !opts_.no_load_optim;
   ParameterSet<float>& params = optimizer_params();
-  if (zero_) zero_->commit_params();  // the read writes the whole buffer
+  // A checkpoint's read writes this rank's shard under stage 3, a Hugging Face read all.
+  if (zero_) zero_->commit_params(is_hf_model_dir(dir));
   TrainingProgress p;
   if (is_hf_model_dir(dir)) {  // each rank reads only its part's elements
     std::vector<float> local(size_t(params.size()));
@@ -383,6 +387,8 @@ void Trainer::load(const std::string& dir) {
 std::string Trainer::save(MetricsSink& sink) {
   OMNI_REQUIRE(!opts_.save.empty(), "saving a checkpoint needs --save DIR");
   TraceSpan span("save-checkpoint");  // Megatron's timer name
+  OMNI_CHECK(!zero_ || !zero_->prefetch_in_flight(),
+             "[zero] a parameter all-gather in flight into a checkpoint's read");
   TrainingProgress progress;
   progress.iteration = iteration_, progress.consumed_samples = consumed_samples_;
   progress.lr_schedule_iteration = lr_steps_;
