@@ -7,6 +7,8 @@
 namespace omni::option_rows {
 
 void finalize_mla(Options& o) {
+  OMNI_REQUIRE(o.model.mtp_num_layers >= 0, "--mtp-num-layers must be 0 or more (got ",
+               o.model.mtp_num_layers, ")");
   // Primus's llama_base.yaml sets 40 for every Llama, where Megatron ignores it too.
   if (!o.model.multi_latent_attention && o.model.rotary_scaling_factor != 1.0)
     o.notes.push_back(
@@ -54,6 +56,14 @@ void add_mla_options(std::vector<OptionDef>& t) {
   t.push_back(number<double>("--mscale-all-dim", "X", M,
                              "MLA: YaRN's mscale_all_dim (the softmax scale's factor)",
                              [](Options& o) -> double& { return o.model.mscale_all_dim; }));
+  t.push_back(number<int>("--mtp-num-layers", "N", M,
+                          "multi-token prediction (DeepSeek-V3): N depths after the main model, "
+                          "depth k predicting the token k+1 ahead (0: off)",
+                          [](Options& o) -> int& { return o.model.mtp_num_layers; }));
+  t.push_back(
+      number<double>("--mtp-loss-scaling-factor", "X", M,
+                     "multi-token prediction: weight of the depths' mean loss",
+                     [](Options& o) -> double& { return o.model.mtp_loss_scaling_factor; }));
   add_noted(t, "an inference cache of MLA's latents; training computes the same without it",
             {{"--cache-mla-latents", ""}, {"--mla-down-proj-fusion", ""}});
 }

@@ -440,7 +440,6 @@ void add_tuning_of_model_features(std::vector<OptionDef>& t) {
               {"--gtp-remat-opt-in-modules", "V..."}});
   add_tuning(t, "multi-token prediction", "--mtp-num-layers",
              {{"--mtp-standalone", ""},
-              {"--mtp-loss-scaling-factor", "X"},
               {"--mtp-use-repeated-layer", ""},
               {"--mtp-detach-heads", ""},
               {"--mtp-hsm", ""},

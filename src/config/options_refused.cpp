@@ -1,6 +1,6 @@
 // Megatron's flags for features omnitron has not built yet: refused, naming the feature,
 // rather than training something else than asked. Some accept the value that means the
-// feature is off (--mtp-num-layers 0).
+// feature is off (--sample-rate 1).
 #include "config/option_rows.h"
 
 namespace omni::option_rows {
@@ -277,7 +277,6 @@ void add_refused_other_models(std::vector<OptionDef>& t) {
               {{"--spec", "V..."}, {"--yaml-cfg", "V"}});
   add_refused(t, "supervised fine-tuning (SFT)",
               {{"--sft", ""}, {"--sft-tokenizer-prompt-format", "V"}});
-  t.push_back(not_built("--mtp-num-layers", "N", "0", "multi-token prediction (MTP)"));
   t.push_back(not_built("--softmax-type", "vanilla|off-by-one|learnable", "vanilla",
                         "attention variants beyond qk-layernorm (qk L2 norm, qk-clip, output "
                         "gates, off-by-one softmax)"));

@@ -25,11 +25,6 @@ T storage_value(double v) {
 }  // namespace
 
 template <typename T>
-std::string GPTModel<T>::layer_prefix(int layer) {
-  return "decoder.layers." + std::to_string(layer) + ".";
-}
-
-template <typename T>
 std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
   const int tp = tp_.size();
   const int64_t C = cfg_.hidden_size, hd = cfg_.head_dim(), H = cfg_.num_attention_heads;
@@ -78,44 +73,47 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
   if (parallel_.pre_process && learned)
     replicated("embedding.position_embeddings.weight", {cfg_.max_positions(), C}, ParamInit::Normal,
                true, sp_);
-  for (const auto& [first, end] : chunks_)
-    for (int layer = first; layer < end; ++layer) {
-      const std::string l = layer_prefix(layer);
-      norm(l + "input_layernorm", C, sp_);
-      if (cfg_.multi_latent_attention)  // gpt_mla.cpp
-        add_mla_parameters(l + "self_attention.", replicated, rows);
-      else
-        rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp,
-             ParamInit::Normal, true);
-      if (cfg_.qkv_bias() && !cfg_.multi_latent_attention)
-        rows(l + "self_attention.linear_qkv.bias", {qkv_rows}, qkv_rows * tp, ParamInit::Zeros,
-             false);
-      if (cfg_.qk_layernorm && !cfg_.multi_latent_attention) {  // shared by the heads
-        norm(l + "self_attention.q_layernorm", hd, true);
-        norm(l + "self_attention.k_layernorm", hd, true);
-      }
-      split(l + "self_attention.linear_proj.weight", {C, Hl * vd}, 1, H * vd,
-            {{0, r * Hl * vd, Hl * vd}}, ParamInit::ScaledNormal, true);
-      if (cfg_.add_bias_linear)
-        replicated(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false, false);
-      norm(l + "pre_mlp_layernorm", C, sp_);
-      if (cfg_.is_moe_layer(layer)) {
-        add_moe_parameters(p, l + "mlp.");  // gpt_moe.cpp
-        continue;
-      }
-      split(l + "mlp.linear_fc1.weight", {fc1_rows, C}, 0, fc1_global, fc1_segments,
-            ParamInit::Normal, true);
-      if (cfg_.add_bias_linear)
-        split(l + "mlp.linear_fc1.bias", {fc1_rows}, 0, fc1_global, fc1_segments, ParamInit::Zeros,
-              false);
-      split(l + "mlp.linear_fc2.weight", {C, Fl}, 1, F, {{0, r * Fl, Fl}}, ParamInit::ScaledNormal,
-            true);
-      if (cfg_.add_bias_linear)
-        replicated(l + "mlp.linear_fc2.bias", {C}, ParamInit::Zeros, false, false);
+  // One transformer layer's parameters (the main model's, or a multi-token prediction depth's).
+  auto add_layer = [&](int layer) {
+    const std::string l = layer_prefix(layer);
+    norm(l + "input_layernorm", C, sp_);
+    if (cfg_.multi_latent_attention)  // gpt_mla.cpp
+      add_mla_parameters(l + "self_attention.", replicated, rows);
+    else
+      rows(l + "self_attention.linear_qkv.weight", {qkv_rows, C}, qkv_rows * tp, ParamInit::Normal,
+           true);
+    if (cfg_.qkv_bias() && !cfg_.multi_latent_attention)
+      rows(l + "self_attention.linear_qkv.bias", {qkv_rows}, qkv_rows * tp, ParamInit::Zeros,
+           false);
+    if (cfg_.qk_layernorm && !cfg_.multi_latent_attention) {  // shared by the heads
+      norm(l + "self_attention.q_layernorm", hd, true);
+      norm(l + "self_attention.k_layernorm", hd, true);
     }
+    split(l + "self_attention.linear_proj.weight", {C, Hl * vd}, 1, H * vd,
+          {{0, r * Hl * vd, Hl * vd}}, ParamInit::ScaledNormal, true);
+    if (cfg_.add_bias_linear)
+      replicated(l + "self_attention.linear_proj.bias", {C}, ParamInit::Zeros, false, false);
+    norm(l + "pre_mlp_layernorm", C, sp_);
+    if (cfg_.is_moe_layer(layer)) {
+      add_moe_parameters(p, l + "mlp.");  // gpt_moe.cpp
+      return;
+    }
+    split(l + "mlp.linear_fc1.weight", {fc1_rows, C}, 0, fc1_global, fc1_segments,
+          ParamInit::Normal, true);
+    if (cfg_.add_bias_linear)
+      split(l + "mlp.linear_fc1.bias", {fc1_rows}, 0, fc1_global, fc1_segments, ParamInit::Zeros,
+            false);
+    split(l + "mlp.linear_fc2.weight", {C, Fl}, 1, F, {{0, r * Fl, Fl}}, ParamInit::ScaledNormal,
+          true);
+    if (cfg_.add_bias_linear)
+      replicated(l + "mlp.linear_fc2.bias", {C}, ParamInit::Zeros, false, false);
+  };
+  for (const auto& [first, end] : chunks_)
+    for (int layer = first; layer < end; ++layer) add_layer(layer);
   if (parallel_.post_process) {
     norm("decoder.final_layernorm", C, sp_);
     if (!tied) rows("output_layer.weight", {Vl, C}, Vl * tp, ParamInit::Normal, true);
+    if (cfg_.mtp_num_layers > 0) add_mtp_parameters(replicated, add_layer);  // mtp.cpp
   }
   return p;
 }
@@ -172,6 +170,14 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
                ") above --qk-head-dim + --qk-pos-emb-head-dim (", cfg_.head_dim(),
                ") is not built yet");
+  OMNI_REQUIRE(cfg_.mtp_num_layers == 0 ||
+                   (tp == 1 && cp == 1 && parallel_.pre_process && parallel_.post_process &&
+                    cfg_.num_moe_experts == 0 &&
+                    cfg_.position_embedding_type != PositionEmbedding::LearnedAbsolute),
+               "--mtp-num-layers ", cfg_.mtp_num_layers,
+               ": multi-token prediction is built for one tensor-, context- and pipeline-parallel "
+               "rank, dense layers and rope or no position embedding (not yet with TP ",
+               tp, ", CP ", cp, ", PP, --num-experts or learned_absolute positions)");
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;
@@ -512,6 +518,11 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
     if (mb.token_losses) std::fill(mb.token_losses, mb.token_losses + g.tokens, 0.0f);
     return 0.0;
   }
+  // Multi-token prediction's depths first (mtp.cpp; training only: evaluation reports the
+  // main loss): they use full_ and the layer scratch.
+  const T* d_mtp = cfg_.mtp_num_layers > 0 && train
+                       ? mtp_forward_backward(a, mb, g, train, grad_scale)
+                       : nullptr;
   T* dh = train ? full_.template data<T>() : nullptr;
   Grad* losses = mb.token_losses ? token_losses_.template data<Grad>() : nullptr;
   const double part = tp_.vocab_cross_entropy(losses, dh, train ? classifier_grad() : nullptr, h,
@@ -525,6 +536,10 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   }
   if (train) {
     const T* d_norm = tp_.reduce_rows(d_rows_.template data<T>(), dh, g.tokens);
+    if (d_mtp) {  // one rank (the constructor's check): d_norm is dh
+      ops::add(x_, dh, d_norm, d_mtp, size_t(g.rows) * C);
+      d_norm = dh;
+    }
     ops::zero(x_, d_final, size_t(g.rows) * C);
     norm_backward(
         d_final, params_.grad("decoder.final_layernorm.weight"),

@@ -164,6 +164,10 @@ class GPTModel final : public PipelineChunks<T> {
   std::vector<double>& expert_token_counts() { return expert_tokens_; }
   void update_expert_bias();
 
+  // Multi-token prediction (model/mtp.cpp): each depth's loss summed over the training forwards
+  // since the last call (Megatron's "mtp_<k> loss" before averaging), and their count.
+  std::pair<std::vector<double>, int> take_mtp_losses();
+
   // Logits [batch * seq, vocab_size] of every position, in host memory (for tests and tools;
   // training never materialises them). One rank only.
   std::vector<T> forward_logits(const int32_t* tokens, int batch, int seq);
@@ -173,6 +177,7 @@ class GPTModel final : public PipelineChunks<T> {
  private:
   struct MoEState;  // gpt_moe.cpp
   struct MLAState;  // gpt_mla.cpp
+  struct MTPState;  // mtp.cpp
   struct LayerActivations {
     Tensor ln1, ln1_mean, ln1_rstd, ln1_full;  // ln1_full: all rows (sequence parallel)
     Tensor q, k, v;                            // after qk-layernorm and rope
@@ -237,8 +242,18 @@ class GPTModel final : public PipelineChunks<T> {
                    const Inputs& in);
   const T* mla_backward(int layer, LayerActivations& a, T* dq, T* dk, T* dv, T* partial, T* d_rows,
                         const Geometry& g, const Inputs& in);
-  // "decoder.layers.<layer>.": the names of a layer's parameters begin with it.
-  static std::string layer_prefix(int layer);
+  // "decoder.layers.<layer>.": the names of a layer's parameters begin with it; layers from
+  // config.num_layers on are the multi-token prediction depths'
+  // ("mtp.layers.<k>.mtp_model_layer.").
+  std::string layer_prefix(int layer) const;
+  // Multi-token prediction (mtp.cpp): its parameters after the main model's through
+  // `replicated` and `add_layer` (a transformer layer's, by global index); and, in the loss
+  // chunk, every depth's forward and (with train) backward from the final norm's output h0:
+  // returns d(grad_scale * scaling factor * mean depth loss)/d(h0) (null without train).
+  void add_mtp_parameters(const AddReplicated& replicated,
+                          const std::function<void(int)>& add_layer) const;
+  const T* mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g, bool train,
+                                double grad_scale);
   LayerTensors<T> layer_params(int layer) const;
   LayerTensors<Grad> layer_grads(int layer) const;
   // The layer's tensors by name through get (a value or gradient lookup).
@@ -341,6 +356,7 @@ class GPTModel final : public PipelineChunks<T> {
   MoEReport moe_report_;
   std::vector<double> expert_tokens_;
   std::shared_ptr<MLAState> mla_scratch_;  // multi-latent attention's backward scratch
+  std::shared_ptr<MTPState> mtp_;          // multi-token prediction's activations and losses
 };
 
 }  // namespace omni

@@ -88,6 +88,11 @@ struct TransformerConfig {
   int moe_shared_expert_intermediate_size = 0;          // 0: no shared expert
   bool moe_shared_expert_gate = false;
 
+  // Multi-token prediction (DeepSeek-V3, model/mtp.cpp): depths after the main model, and the
+  // weight of their mean loss in the objective (Megatron's --mtp-loss-scaling-factor).
+  int mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
+
   // Multi-latent attention (DeepSeek-V2/V3; Megatron's --multi-latent-attention and its flags;
   // model/mla.h). Queries from a q_lora_rank latent (0: Megatron's None, from the hidden
   // state), keys and values from a kv_lora_rank latent; each head's query and key are

@@ -12,6 +12,13 @@ MoEStepMetrics finish_moe_step(GPTModel<T>& model, const ProcessGrid& grid, int 
                                ParameterSet<float>* master) {
   const TransformerConfig& c = model.config();
   MoEStepMetrics out;
+  if (c.mtp_num_layers > 0) {  // Megatron's "mtp_<k> loss": per micro-batch, DP-averaged
+    std::vector<double> d = model.take_mtp_losses().first;
+    grid.dp_cp().all_reduce(d.data(), d.size());
+    for (size_t k = 0; k < d.size(); ++k)
+      out.losses.emplace_back("mtp_" + std::to_string(k + 1) + " loss",
+                              d[k] / (double(micro_batches) * grid.dp_size()));
+  }
   if (c.num_moe_experts == 0) return out;
   const int L = c.num_layers, E = c.num_moe_experts;
   if (c.moe_router_enable_expert_bias) {

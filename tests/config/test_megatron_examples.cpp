@@ -114,10 +114,9 @@ TEST(MegatronExamples, Mixtral8x7bStopsAtNothingNotBuilt) {
 
 // Its --use-megatron-fsdp trains with the distributed optimizer (a note says what is not
 // sharded), so it stops only at the features not built.
-TEST(MegatronExamples, DeepSeekV3StopsOnlyAtMtpAndDeepEP) {
+TEST(MegatronExamples, DeepSeekV3StopsOnlyAtDeepEP) {
   EXPECT_EQ(refusals_of("deepseek_v3"),
-            (std::set<std::string>{"multi-token prediction (MTP)",
-                                   "the flex token dispatcher (DeepEP, HybridEP)"}));
+            (std::set<std::string>{"the flex token dispatcher (DeepEP, HybridEP)"}));
   // Less those, its forced load balancing (Megatron's benchmarking mode, random routing
   // scores) stops it, and only with experts.
   std::string error;
@@ -132,6 +131,8 @@ TEST(MegatronExamples, DeepSeekV3StopsOnlyAtMtpAndDeepEP) {
   const Options o =
       parsed_without_refusals("deepseek_v3", 129280, {"--moe-router-force-load-balancing"});
   EXPECT_EQ(o.model.num_moe_experts, 256);
+  EXPECT_EQ(o.model.mtp_num_layers, 1);
+  EXPECT_EQ(o.model.mtp_loss_scaling_factor, 0.1);
   EXPECT_EQ(o.model.moe_router_topk, 8);
   EXPECT_EQ(o.model.moe_router_score_function, MoEScoreFunction::Sigmoid);
   EXPECT_TRUE(o.model.moe_router_enable_expert_bias);

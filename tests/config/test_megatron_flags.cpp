@@ -132,11 +132,11 @@ TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuilt) {
 TEST(MegatronFlags, AllRefusedFeaturesOfACommandLineAreNamedInOneError) {
   Options o;
   EXPECT_EQ(parse_error({"--sample-rate", "0.5", "--fp8-format", "hybrid", "--seed", "3",
-                         "--mtp-num-layers", "1"},
+                         "--glu-linear-offset", "1"},
                         o),
             "--sample-rate 0.5: not built yet: sub-sampling the training data; --fp8-format "
-            "hybrid: not built yet: fp8 training; --mtp-num-layers 1: not built yet: "
-            "multi-token prediction (MTP)");
+            "hybrid: not built yet: fp8 training; --glu-linear-offset 1: not built yet: "
+            "activation functions other than GELU and SwiGLU");
   // An unknown flag is still reported at once, by name.
   EXPECT_NE(parse_error({"--num-experts", "8", "--num-layer", "2"}, o)
                 .find("unknown option "

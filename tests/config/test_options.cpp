@@ -48,7 +48,7 @@ TEST(MegatronFlags, TheGuidesCommandLineMeansWhatMegatronMeans) {
 
 TEST(MegatronFlags, FeaturesNotBuiltYetFailSayingSo) {
   for (const std::vector<std::string>& flag : std::vector<std::vector<std::string>>{
-           {"--mtp-num-layers", "1"}, {"--sample-rate", "0.5"}}) {
+           {"--glu-linear-offset", "1"}, {"--sample-rate", "0.5"}}) {
     Options o;
     try {
       parse_options(flag, o);

@@ -1,7 +1,7 @@
 // AMD Primus's own files, unchanged (Primus 2d42400: its 18 Megatron experiments and the 31
 // model files they name, read from OMNITRON_PRIMUS_SPECS_DIR), through the path `omnitron
 // train --config` takes: every experiment parses and passes validation with its mock data,
-// or stops naming the features not built yet (MoE, MLA, MTP), and each dense model resolves
+// or stops naming the features not built yet, and each dense model resolves
 // to the model Primus builds, checked against the published configurations.
 #include <gtest/gtest.h>
 
@@ -139,7 +139,6 @@ const std::vector<std::string> kLlama3 = {"llama3_8B-pretrain",     "llama3_70B-
 const std::vector<std::string> kNoTokenizer = {"llama2_7B-pretrain", "llama2_70B-pretrain",
                                                "qwen2.5_7B-pretrain", "qwen2.5_72B-pretrain",
                                                "exp_pretrain"};
-const std::string kMtp = "multi-token prediction (MTP)";
 
 TEST_F(PrimusFiles, EveryExperimentIsChecked) {
   int count = 1;  // exp_pretrain
@@ -180,16 +179,16 @@ TEST_F(PrimusFiles, DenseExperimentsPassValidationGivenAVocabulary) {
   }
 }
 
-// As written, each experiment stops only at features not built yet, each named: MTP
-// (expert parallelism is built). The cyclic data loader that Primus's pre_trainer.yaml sets for
-// every experiment, and the torch FSDP2 of the 70B and 72B experiments (trained with the sharded
-// optimizer state), are accepted with a note.
+// As written, each experiment stops only at features not built yet, each named: none now
+// (expert parallelism and multi-token prediction are built). The cyclic data loader that Primus's
+// pre_trainer.yaml sets for every experiment, and the torch FSDP2 of the 70B and 72B experiments
+// (trained with the sharded optimizer state), are accepted with a note.
 TEST_F(PrimusFiles, AsWrittenEachStopsOnlyAtFeaturesNotBuilt) {
   std::map<std::string, std::set<std::string>> expected = {
       {"mixtral_8x7B_v0.1-pretrain", {}}, {"mixtral_8x22B_v0.1-pretrain", {}},
       {"llama4_17B16E-pretrain", {}},     {"llama4_17B128E-pretrain", {}},
       {"deepseek_v2_lite-pretrain", {}},  // its experiment turns MLA off
-      {"deepseek_v2-pretrain", {}},       {"deepseek_v3-pretrain", {kMtp}},
+      {"deepseek_v2-pretrain", {}},       {"deepseek_v3-pretrain", {}},
       {"llama2_70B-pretrain", {}},        {"llama3_70B-pretrain", {}},
       {"llama3.1_70B-pretrain", {}},      {"llama3.3_70B-pretrain", {}},
       {"qwen2.5_72B-pretrain", {}},
@@ -376,6 +375,8 @@ TEST_F(PrimusFiles, MoeModelFilesAreThePublishedModels) {
   EXPECT_TRUE(v3.multi_latent_attention);
   EXPECT_EQ(v3.q_lora_rank, 1536);
   EXPECT_EQ(v3.mscale_all_dim, 1.0);
+  EXPECT_EQ(v3.mtp_num_layers, 1);  // num_nextn_predict_layers
+  EXPECT_EQ(v3.mtp_loss_scaling_factor, 0.1);
   EXPECT_NEAR(double(v3.num_parameters()), 671e9, 0.01 * 671e9);
   EXPECT_NEAR(double(v3.num_active_parameters() - int64_t(129280) * 7168), 37e9, 0.015 * 37e9);
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -510,8 +511,18 @@ void check_model_gradients(const TransformerConfig& cfg, std::vector<float> mask
   // Gradients accumulate: start from random values and take the difference.
   const Vec prior = rng.normal(params.size());
   std::copy(prior.begin(), prior.end(), params.grads());
-  const double loss = model.forward_backward(mb, grad_scale);
-  auto objective = [&] { return grad_scale * model.forward_loss(mb); };
+  // With multi-token prediction the objective adds the depths' mean loss, which only training
+  // forwards compute (their gradient, at grad_scale 0, adds nothing).
+  auto mtp_term = [&] {
+    const std::vector<double> d = model.take_mtp_losses().first;
+    return cfg.mtp_loss_scaling_factor / std::max(cfg.mtp_num_layers, 1) *
+           std::accumulate(d.begin(), d.end(), 0.0);
+  };
+  const double loss = model.forward_backward(mb, grad_scale) + mtp_term();
+  auto objective = [&] {
+    if (cfg.mtp_num_layers == 0) return grad_scale * model.forward_loss(mb);
+    return grad_scale * (model.forward_backward(mb, 0.0) + mtp_term());
+  };
   EXPECT_NEAR(grad_scale * loss, objective(), 1e-12 * std::abs(grad_scale * loss));
 
   // Some tensors have a gradient of exactly zero by symmetry: a bias added to every key before
@@ -632,6 +643,17 @@ TEST(GPTModelGradient, MatchesFiniteDifferencesWithoutPositionEmbedding) {
 }
 
 // --apply-layernorm-1p stores gamma - 1: the same model as stored weights gamma, applied +1.
+// Multi-token prediction (model/mtp.cpp): two depths after a Llama-style model, with a loss
+// mask and a weight other than Megatron's default.
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiTokenPrediction) {
+  TransformerConfig cfg = gradient_check::tiny_llama();
+  cfg.mtp_num_layers = 2;
+  cfg.mtp_loss_scaling_factor = 0.3;
+  std::vector<float> mask(size_t(kModelBatch) * cfg.seq_length, 1.0f);
+  mask[1] = 0.0f, mask[mask.size() - 2] = 0.0f;
+  check_model_gradients(cfg, mask, 0.7);
+}
+
 TEST(GPTModel, ZeroCentredNormWeightsAreTheWeightsMinusOne) {
   TransformerConfig plain = tiny_llama(), shifted = plain;
   shifted.layernorm_zero_centered_gamma = true;

@@ -34,7 +34,7 @@ static_assert(std::endian::native == std::endian::little, "fixtures hold little-
 
 const char* const kFixtures[] = {
     "gpt2_tiny",          "llama_tiny",        "qwen_tiny", "layernorm_rope_tiny",
-    "rope_variants_tiny", "gpt_erf_gelu_tiny", "mla_tiny"};
+    "rope_variants_tiny", "gpt_erf_gelu_tiny", "mla_tiny",  "mtp_tiny"};
 
 // ---- Reading a fixture -------------------------------------------------------------------
 
@@ -434,6 +434,20 @@ std::vector<Case> all_cases() {
   for (const char* name : kFixtures)
     for (Precision p : {Precision::F32, Precision::F64}) cases.push_back({name, p});
   return cases;
+}
+
+// Multi-token prediction (make_mtp_fixtures.py): the losses above are the main model's and the
+// gradients the whole objective's; here each depth's own loss (Megatron's "mtp_<k> loss").
+TEST(PyTorchFixtureMTP, EveryDepthLossMatchesPyTorch) {
+  auto m = load_model<double>(fixture("mtp_tiny"));
+  const std::vector<double>& expected = fixture("mtp_tiny").at("mtp/losses").data;
+  m.model->forward_backward(m.micro_batch(), 1.0);
+  const auto [losses, forwards] = m.model->take_mtp_losses();
+  ASSERT_EQ(forwards, 1);
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t k = 0; k < expected.size(); ++k)
+    EXPECT_LE(relative_error(losses[k], expected[k]), 1e-12) << "mtp_" << k + 1 << " loss";
+  EXPECT_EQ(m.model->take_mtp_losses().second, 0);  // taken: restarted
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigs, PyTorchFixture, ::testing::ValuesIn(all_cases()),
