@@ -170,14 +170,19 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
                ") above --qk-head-dim + --qk-pos-emb-head-dim (", cfg_.head_dim(),
                ") is not built yet");
-  OMNI_REQUIRE(cfg_.mtp_num_layers == 0 ||
-                   (tp == 1 && cp == 1 && parallel_.pre_process && parallel_.post_process &&
-                    cfg_.num_moe_experts == 0 &&
-                    cfg_.position_embedding_type != PositionEmbedding::LearnedAbsolute),
-               "--mtp-num-layers ", cfg_.mtp_num_layers,
-               ": multi-token prediction is built for one tensor-, context- and pipeline-parallel "
-               "rank, dense layers and rope or no position embedding (not yet with TP ",
-               tp, ", CP ", cp, ", PP, --num-experts or learned_absolute positions)");
+  if (cfg_.mtp_num_layers > 0) {
+    const std::string mtp_with =
+        tp > 1   ? "--tensor-model-parallel-size " + std::to_string(tp)
+        : cp > 1 ? "--context-parallel-size " + std::to_string(cp)
+        : !parallel_.pre_process || !parallel_.post_process ? std::string("pipeline parallelism")
+        : cfg_.num_moe_experts > 0 ? "--num-experts " + std::to_string(cfg_.num_moe_experts)
+        : cfg_.position_embedding_type == PositionEmbedding::LearnedAbsolute
+            ? std::string("--position-embedding-type learned_absolute")
+            : std::string();
+    OMNI_REQUIRE(mtp_with.empty(), "--mtp-num-layers ", cfg_.mtp_num_layers, " with ", mtp_with,
+                 ": not built yet (multi-token prediction is built for one tensor-, context- and "
+                 "pipeline-parallel rank, dense layers and rope or no position embedding)");
+  }
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;
