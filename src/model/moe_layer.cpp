@@ -184,9 +184,9 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
                cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
                " with --num-experts on the GPU: not built yet (one tensor- and context-parallel "
                "rank runs there)");
-  for (MoEBuffer<T>* b :
-       {&device_bias_, &logits_, &probs_, &aux_dlogits_, &local_out_, &permuted_, &fc1_out_, &act_,
-        &expert_out_, &row_weight_, &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
+  for (MoEBuffer<T>* b : {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_,
+                          &local_out_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
+                          &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
     b->set_exec(exec);
   indices_.set_exec(exec);
   local_experts_ = E_ / ranks;
@@ -438,9 +438,11 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
                                  routing_);
   if (!aux_dlogits_.empty() && tp_rank_ == 0) {  // once over the tensor-parallel ranks
-    if (ex.on_gpu()) {  // the aux losses' gradient, scaled (this forward's last use of it)
-      ops::scale(ex, aux_dlogits_.data(), aux_loss_grad_scale, aux_dlogits_.size());
-      ops::add(ex, dlogits.data(), dlogits.data(), aux_dlogits_.data(), dlogits.size());
+    if (ex.on_gpu()) {  // the aux losses' gradient, scaled in a copy (it stays the forward's)
+      aux_scaled_.resize(aux_dlogits_.size());
+      ops::copy(ex, aux_scaled_.data(), aux_dlogits_.data(), aux_dlogits_.size());
+      ops::scale(ex, aux_scaled_.data(), aux_loss_grad_scale, aux_scaled_.size());
+      ops::add(ex, dlogits.data(), dlogits.data(), aux_scaled_.data(), dlogits.size());
     } else {
       const T s = T(aux_loss_grad_scale);
       for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += s * aux_dlogits_.data()[i];

@@ -180,6 +180,7 @@ class MoELayer {
   int tokens_ = 0;
   bool trained_ = false;  // the last forward kept its activations
   MoEBuffer<T> logits_, probs_, aux_dlogits_;
+  MoEBuffer<T> aux_scaled_;  // the GPU backward's scaled copy of aux_dlogits_
   MoEBuffer<int32_t> indices_;
   ops::MoEPlan plan_;
   // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
