@@ -180,6 +180,7 @@ class MoELayer {
   int tokens_ = 0;
   bool trained_ = false;  // the last forward kept its activations
   MoEBuffer<T> logits_, probs_, aux_dlogits_;
+  MoEBuffer<T> aux_scaled_;  // the GPU backward's scaled copy of aux_dlogits_
   MoEBuffer<int32_t> indices_;
   ops::MoEPlan plan_;
   // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
@@ -190,6 +191,16 @@ class MoELayer {
   std::vector<T> x_all_, probs_all_;
   MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;
   MoEBuffer<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
+  // The forward's and backward's temporaries, kept so that a GPU allocates them once; scratch()
+  // sizes one as a fresh buffer would be (zeros on the host, contents undefined on a GPU).
+  MoEBuffer<T> gated_, d_expert_out_, d_row_weight_, d_act_, d_fc1_, d_permuted_, dprobs_, dlogits_;
+  MoEBuffer<T>& scratch(MoEBuffer<T>& b, size_t n) const {
+    if (exec_.on_gpu())
+      b.resize(n);
+    else
+      b.assign_zeros(n);
+    return b;
+  }
 };
 
 }  // namespace omni

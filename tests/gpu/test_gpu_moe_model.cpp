@@ -16,6 +16,7 @@
 
 #include "gpu/gpu_test.h"
 #include "model/gpt_model.h"
+#include "model/moe_layer.h"
 #include "optim/optimizer.h"
 
 namespace omni::gpu_test {
@@ -97,6 +98,37 @@ TEST(GpuModel, MoEMixtralAndDeepSeekGradientsMatchTheCpuModel) {
   OMNI_REQUIRE_GPU();
   expect_gradients_match(tiny_mixtral());
   expect_gradients_match(tiny_deepseek());
+}
+
+// Two backwards of one training forward give the same gradients: the aux and z losses'
+// gradient is scaled in a copy, not in the forward's buffer.
+TEST(GpuModel, MoELayerBackwardLeavesTheForwardsAuxGradientUnscaled) {
+  OMNI_REQUIRE_GPU();
+  TransformerConfig c;
+  c.hidden_size = 8, c.num_moe_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 4;
+  c.moe_aux_loss_coeff = 0.1, c.moe_z_loss_coeff = 0.01;
+  const ops::Exec e = device();
+  MoELayer<float> layer(c, nullptr, nullptr, nullptr, e);
+  const int N = 6, C = 8;
+  const size_t P = size_t(moe_parameter_count(c));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> hp(P), hx(size_t(N) * C);
+  for (float& v : hp) v = normal(rng);
+  for (float& v : hx) v = normal(rng);
+  Device<float> params(hp), grads(P), x(hx), y(hx.size()), dy(hx), dx(hx.size());
+  const MoEParams<float> p = moe_param_views(params.get(), c), g = moe_param_views(grads.get(), c);
+  layer.forward(y.get(), x.get(), N, N, p, true);
+  std::vector<float> first;
+  for (int pass = 0; pass < 2; ++pass) {
+    ops::zero(e, grads.get(), P);
+    layer.backward(dx.get(), dy.get(), p, g, 0.5);
+    const std::vector<float> got = grads.host();
+    if (pass == 0)
+      first = got;
+    else
+      EXPECT_EQ(got, first);
+  }
 }
 
 // Steps of AdamW and the expert-bias update (train/moe_step.cpp's order) on one model.
