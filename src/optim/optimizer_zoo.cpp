@@ -157,9 +157,77 @@ T* ZooStates<T>::get(const std::string& name) {
   throw InternalError("[optimizer] no state buffer '" + name + "'");
 }
 
+template <typename T>
+WholeTensorStates<T>::WholeTensorStates(const ParameterSet<T>& params, const ZooLayout<T>& layout)
+    : layout_(layout), whole_size_(params.size()), device_(params.values_tensor().device()) {
+  const std::vector<ParamInfo>& infos = params.infos();
+  const bool whole = !sharded();
+  held_.assign(infos.size(), whole);
+  owned_ = held_;
+  for (const ZooPiece& piece : layout.pieces) {
+    held_[piece.param] = true;
+    if (piece.begin == infos[piece.param].offset) owned_[piece.param] = true;
+  }
+  int64_t n = 0;
+  for (size_t pi = 0; pi < infos.size(); ++pi) {
+    offsets_.push_back(infos[pi].offset), numels_.push_back(infos[pi].numel);
+    at_.push_back(whole ? infos[pi].offset : n);
+    if (!whole && held_[pi]) n += infos[pi].numel;
+  }
+  size_ = whole ? params.size() : std::max<int64_t>(n, 1);
+}
+
+template <typename T>
+T* WholeTensorStates<T>::buffer(Tensor& t, int64_t n) {
+  if (!t.defined() || t.numel() < n)
+    t = Tensor::zeros({std::max<int64_t>(n, 1)}, dtype_of<T>(), device_, layout_.exec.memory());
+  return t.template data<T>();
+}
+
+template <typename T>
+T* WholeTensorStates<T>::view(const std::string& name, const T* from, bool compact) {
+  T* v = buffer(views_[name], layout_.state_size);
+  for (const ZooPiece& piece : layout_.pieces) {
+    const int64_t at =
+        compact ? at_[piece.param] + piece.begin - offsets_[piece.param] : piece.begin;
+    ops::copy(layout_.exec, v + piece.state, from + at, size_t(piece.end - piece.begin));
+  }
+  return v;
+}
+
+template <typename T>
+const T* WholeTensorStates<T>::gather_gradients(
+    const ParameterSet<T>& params, const std::function<T*(const std::string&)>& compact,
+    const std::function<void(const std::string&, const T*)>& whole) {
+  const ops::Exec& e = layout_.exec;
+  auto gather = [&](Tensor& into, const T* pieces, bool state) {
+    T* full = buffer(into, whole_size_);
+    for (const ZooPiece& piece : layout_.pieces)
+      ops::copy(e, full + piece.begin, pieces + (state ? piece.state : piece.begin),
+                size_t(piece.end - piece.begin));
+    layout_.gather_pieces(full);
+    return full;
+  };
+  const T* full = gather(full_, params.grads(), false);
+  for (auto& [name, v] : views_) {
+    const T* state = gather(gathered_, v.template data<T>(), true);
+    T* to = compact(name);
+    if (!to) {
+      whole(name, state);
+      continue;
+    }
+    for (size_t pi = 0; pi < held_.size(); ++pi)
+      if (held_[pi]) ops::copy(e, to + at_[pi], state + offsets_[pi], size_t(numels_[pi]));
+  }
+  views_.clear();
+  return full;
+}
+
 template class ZooOptimizer<float>;
 template class ZooOptimizer<double>;
 template class ZooStates<float>;
+template class WholeTensorStates<float>;
+template class WholeTensorStates<double>;
 template class ZooStates<double>;
 template struct ZooLayout<float>;
 template struct ZooLayout<double>;

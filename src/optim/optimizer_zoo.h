@@ -42,6 +42,7 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -160,6 +161,48 @@ bool is_hidden_matrix(const ParamInfo& p);
 
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);
+
+// Where GaLore and Shampoo, which step whole tensors, keep their states. On a whole layout
+// every tensor's state sits at the tensor's own offset. Under the distributed optimizer (a
+// layout of pieces over data-parallel ranks) a rank steps every tensor it holds a piece of,
+// whole, from the whole reduced gradient (gathered from the ranks' pieces) and with that
+// tensor's whole state: the one-rank arithmetic on the same inputs, so the ranks holding
+// pieces of one tensor compute the same values and the parameter all-gather keeps each
+// rank's pieces. Those tensors' states ("compact" ones) then lie one after another, so they
+// take memory for the held tensors only (the ones a shard boundary cuts on both ranks), and
+// checkpoints see this rank's pieces of the one-rank layout through views.
+template <typename T>
+class WholeTensorStates {
+ public:
+  WholeTensorStates(const ParameterSet<T>& params, const ZooLayout<T>& layout);
+  bool sharded() const { return layout_.data_parallel != nullptr; }
+  bool held(size_t param) const { return held_[param]; }
+  // Whether this rank holds the tensor's first element (one owner per tensor).
+  bool owned(size_t param) const { return owned_[param]; }
+  // Where the tensor's compact state starts; the elements of each compact state.
+  int64_t at(size_t param) const { return at_[param]; }
+  int64_t size() const { return size_; }
+  // The distributed optimizer's view of a state: this rank's pieces of its whole layout,
+  // read from `from`, a compact state (`compact`) or one laid out like the whole buffer.
+  T* view(const std::string& name, const T* from, bool compact);
+  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks).
+  // First, the views a checkpoint's load wrote are gathered likewise and handed back: into
+  // compact(name) where that is a compact state, else to whole(name) as the whole layout.
+  const T* gather_gradients(const ParameterSet<T>& params,
+                            const std::function<T*(const std::string&)>& compact,
+                            const std::function<void(const std::string&, const T*)>& whole);
+
+ private:
+  T* buffer(Tensor& t, int64_t n);
+
+  ZooLayout<T> layout_;
+  std::vector<bool> held_, owned_;
+  std::vector<int64_t> at_, offsets_, numels_;  // per tensor: its state's start, own start, size
+  int64_t size_ = 0, whole_size_ = 0;
+  Device device_;
+  std::map<std::string, Tensor> views_;  // while a checkpoint asks for them
+  Tensor full_, gathered_;
+};
 
 // The zoo's states: named buffers of `size` zeros on `device` (`memory`: its allocator).
 template <typename T>

@@ -74,7 +74,7 @@ class GaLore : public ZooOptimizer<T> {
  public:
   GaLore(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
-        layout_(layout),
+        shards_(params, layout),
         eight_bit_(config.kind != OptimizerKind::GaLoreAdamW),
         infos_(params.infos()),
         size_(params.size()),
@@ -82,7 +82,7 @@ class GaLore : public ZooOptimizer<T> {
         device_(params.values_tensor().device()),
         states_(eight_bit_ ? std::vector<std::string>{"projection"}
                            : std::vector<std::string>{"projection", "exp_avg", "exp_avg_sq"},
-                compact_layout(params, layout), device_, exec_.memory()) {
+                shards_.size(), device_, exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[galore] the GPU steps float");
     projection_ = states_.get("projection");
     if (!eight_bit_) exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
@@ -96,10 +96,10 @@ class GaLore : public ZooOptimizer<T> {
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     const T* grads = params.grads();
-    if (sharded()) grads = gather_gradients(params);
+    if (shards_.sharded()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
-      if (!held_[pi]) continue;
+      if (!shards_.held(pi)) continue;
       const ParamInfo& p = infos_[pi];
       const Projection& pr = plans_[pi];
       T* w = params.values() + p.offset;
@@ -110,7 +110,7 @@ class GaLore : public ZooOptimizer<T> {
         continue;
       }
       const int64_t n = pr.low_size(p.numel);
-      T* P = projection_ + at_[pi];
+      T* P = projection_ + shards_.at(pi);
       const T* r = g;
       if (pr.galore) {
         if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, g, P);
@@ -127,7 +127,7 @@ class GaLore : public ZooOptimizer<T> {
       if (eight_bit_) {
         moments_->step(pi, update, r, lr, 0.0, step);
       } else {
-        adam_direction(r, exp_avg_ + at_[pi], exp_avg_sq_ + at_[pi], update, n);
+        adam_direction(r, exp_avg_ + shards_.at(pi), exp_avg_sq_ + shards_.at(pi), update, n);
         const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
         step_scale = T(-lr * std::sqrt(1.0 - std::pow(b2, double(step))) /
                        (1.0 - std::pow(b1, double(step))));
@@ -166,77 +166,23 @@ class GaLore : public ZooOptimizer<T> {
     return {"projection", "state1", "state2", "absmax1", "absmax2"};
   }
   T* state_buffer(const std::string& name) override {
-    if (!sharded()) return whole_state(name);
-    // The distributed optimizer's view: this rank's pieces of the whole-layout state.
+    if (!shards_.sharded()) return whole_state(name);
     const bool held = compact(name);
-    const T* from = held ? states_.get(name) : whole_state(name);
-    T* view = buffer(shard_views_[name], layout_.state_size);
-    for (const ZooPiece& piece : layout_.pieces) {
-      const int64_t at =
-          held ? at_[piece.param] + piece.begin - infos_[piece.param].offset : piece.begin;
-      ops::copy(exec_, view + piece.state, from + at, size_t(piece.end - piece.begin));
-    }
-    return view;
+    return shards_.view(name, held ? states_.get(name) : whole_state(name), held);
   }
 
  private:
-  // Under the distributed optimizer (a layout of pieces over data-parallel ranks) each rank
-  // steps every tensor it holds a piece of whole, from the whole reduced gradient (gathered
-  // from the ranks' pieces), with that tensor's whole state: the one-rank arithmetic on the
-  // same inputs, so the ranks holding pieces of one tensor compute the same values and the
-  // distributed optimizer's all-gather of the parameters keeps each rank's pieces. A tensor's
-  // state (its projection and low-rank moments, which start at its first element) thus lives
-  // on the ranks holding its pieces: sharded by whole tensors, the ones a shard boundary cuts
-  // held by both ranks; the float states take memory for the held tensors only (the 8-bit
-  // moments are kept for every tensor). Checkpoints see this rank's pieces of the one-rank
-  // layout.
-  bool sharded() const { return layout_.data_parallel != nullptr; }
-
-  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
-  // first, a checkpoint's pieces of the state written into the views are gathered likewise.
+  // Under the distributed optimizer: the whole reduced gradient; a checkpoint's states first
+  // (WholeTensorStates says how).
   const T* gather_gradients(const ParameterSet<T>& params) {
-    T* full = buffer(full_, size_);
-    for (const ZooPiece& piece : layout_.pieces)
-      ops::copy(exec_, full + piece.begin, params.grads() + piece.begin,
-                size_t(piece.end - piece.begin));
-    layout_.gather_pieces(full);
-    if (shard_views_.empty()) return full;
-    T* state = buffer(gathered_, size_);
-    for (auto& [name, view] : shard_views_) {
-      for (const ZooPiece& piece : layout_.pieces)
-        ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
-                  size_t(piece.end - piece.begin));
-      layout_.gather_pieces(state);
-      if (!compact(name)) {
-        ops::copy(exec_, whole_state(name), state, size_t(size_));  // import_views reads it
-        continue;
-      }
-      for (size_t pi = 0; pi < infos_.size(); ++pi)
-        if (held_[pi])
-          ops::copy(exec_, states_.get(name) + at_[pi], state + infos_[pi].offset,
-                    size_t(infos_[pi].numel));
-    }
-    shard_views_.clear();
-    return full;
+    return shards_.gather_gradients(
+        params,
+        [&](const std::string& name) { return compact(name) ? states_.get(name) : nullptr; },
+        [&](const std::string& name, const T* whole) {  // import_views reads it
+          ops::copy(exec_, whole_state(name), whole, size_t(size_));
+        });
   }
 
-  // Which tensors this rank steps (held_) and where their states start (at_): every tensor at
-  // its offset on a whole layout; under the distributed optimizer the tensors it holds pieces
-  // of, one after another, so the states take memory for those only. Returns the states' size.
-  int64_t compact_layout(const ParameterSet<T>& params, const ZooLayout<T>& layout) {
-    const std::vector<ParamInfo>& infos = params.infos();
-    held_.assign(infos.size(), false);
-    for (const ZooPiece& piece : layout.pieces) held_[piece.param] = true;
-    at_.assign(infos.size(), 0);
-    if (!layout.data_parallel) {
-      for (size_t pi = 0; pi < infos.size(); ++pi) at_[pi] = infos[pi].offset;
-      return params.size();
-    }
-    int64_t n = 0;
-    for (size_t pi = 0; pi < infos.size(); ++pi)
-      if (held_[pi]) at_[pi] = n, n += infos[pi].numel;
-    return std::max<int64_t>(n, 1);
-  }
   // Whether state `name` lives in states_ (compact under the distributed optimizer), not in
   // the 8-bit moments.
   bool compact(const std::string& name) const { return !eight_bit_ || name == "projection"; }
@@ -341,11 +287,9 @@ class GaLore : public ZooOptimizer<T> {
   }
 
   OptimizerConfig cfg_;
-  ZooLayout<T> layout_;
-  std::vector<bool> held_;                     // the tensors this rank steps
-  std::vector<int64_t> at_;                    // where their states start in states_
-  std::map<std::string, Tensor> shard_views_;  // the distributed optimizer's, while asked for
-  Tensor full_, gathered_;
+  // Which tensors this rank steps and where their float states lie (the 8-bit moments are
+  // kept for every tensor).
+  WholeTensorStates<T> shards_;
   bool eight_bit_;
   std::vector<ParamInfo> infos_;
   int64_t size_;

@@ -77,8 +77,8 @@ class Shampoo : public ZooOptimizer<T> {
         size_(params.size()),
         exec_(layout.exec),
         device_(params.values_tensor().device()),
-        states_({"exp_avg", "exp_avg_sq"}, compact_layout(params, layout), device_,
-                exec_.memory()) {
+        shards_(params, layout),
+        states_({"exp_avg", "exp_avg_sq"}, shards_.size(), device_, exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[shampoo] the GPU steps float");
     exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
     const int64_t dmax = config.zoo.shampoo_max_preconditioner_dim;
@@ -103,10 +103,10 @@ class Shampoo : public ZooOptimizer<T> {
           b.decay = p.weight_decay ? config.weight_decay : 0.0;
           b.pool = pool;
           b.param = pi;
-          b.state = at_[pi];
+          b.state = shards_.at(pi);
           b.local = local;
           pool += b.pool_size();
-          if (held_[pi]) local += b.pool_size();
+          if (shards_.held(pi)) local += b.pool_size();
           blocks_.push_back(b);
           for (int64_t x : {b.offset, b.r0, b.rows, b.c0, b.cols})
             hash = (hash ^ uint64_t(x)) * 1099511628211ull;
@@ -125,7 +125,7 @@ class Shampoo : public ZooOptimizer<T> {
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     const T* grads = params.grads();
-    if (sharded()) grads = gather_gradients(params);
+    if (shards_.sharded()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
     const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
     const double c1 = 1.0 - std::pow(b1, double(step)), c2 = 1.0 - std::pow(b2, double(step));
@@ -133,11 +133,11 @@ class Shampoo : public ZooOptimizer<T> {
     const bool roots = step % freq == 0, precondition = step >= freq;
     if (exec_.on_gpu()) {
       for (const Block& b : blocks_)
-        if (held_[b.param]) gpu_step(b, grads, params, lr, c1, c2, roots, precondition);
+        if (shards_.held(b.param)) gpu_step(b, grads, params, lr, c1, c2, roots, precondition);
       return;
     }
     for (const Block& b : blocks_) {
-      if (!held_[b.param]) continue;
+      if (!shards_.held(b.param)) continue;
       load_block(b, grads, b.offset, g_);
       const int64_t n = b.rows * b.cols;
       T* L = pool_.data() + b.local;
@@ -197,46 +197,15 @@ class Shampoo : public ZooOptimizer<T> {
     return names;
   }
   T* state_buffer(const std::string& name) override {
-    if (!sharded()) return whole_state(name);
-    // The distributed optimizer's view: this rank's pieces of the whole-layout state.
+    if (!shards_.sharded()) return whole_state(name);
     const bool held = compact(name);
-    const T* from = held ? states_.get(name) : whole_state(name);
-    T* view = buffer(shard_views_[name], layout_.state_size);
-    for (const ZooPiece& piece : layout_.pieces) {
-      const int64_t at =
-          held ? at_[piece.param] + piece.begin - offsets_[piece.param] : piece.begin;
-      ops::copy(exec_, view + piece.state, from + at, size_t(piece.end - piece.begin));
-    }
-    return view;
+    return shards_.view(name, held ? states_.get(name) : whole_state(name), held);
   }
 
  private:
-  bool sharded() const { return layout_.data_parallel != nullptr; }
   // exp_avg and exp_avg_sq: held for the tensors this rank steps only, under the distributed
   // optimizer.
   static bool compact(const std::string& name) { return name.rfind("preconditioners.", 0) != 0; }
-
-  // Which tensors this rank steps (held_; owned_: of those, the ones whose first element it
-  // holds) and where their moments start (at_): every tensor at its offset on a whole layout;
-  // under the distributed optimizer the held ones, one after another, so the moments and the
-  // pool take memory for those only. Returns the moments' size.
-  int64_t compact_layout(const ParameterSet<T>& params, const ZooLayout<T>& layout) {
-    const std::vector<ParamInfo>& infos = params.infos();
-    const bool whole = layout.data_parallel == nullptr;
-    held_.assign(infos.size(), whole);
-    owned_ = held_;
-    for (const ZooPiece& piece : layout.pieces) {
-      held_[piece.param] = true;
-      if (piece.begin == infos[piece.param].offset) owned_[piece.param] = true;
-    }
-    int64_t n = 0;
-    for (size_t pi = 0; pi < infos.size(); ++pi) {
-      offsets_.push_back(infos[pi].offset), numels_.push_back(infos[pi].numel);
-      at_.push_back(whole ? infos[pi].offset : n);
-      if (!whole && held_[pi]) n += infos[pi].numel;
-    }
-    return whole ? params.size() : std::max<int64_t>(n, 1);
-  }
 
   // The state laid out like the whole flat buffer (a checkpoint's preconditioners.k: made
   // from the pool on first use, collectively under the distributed optimizer).
@@ -248,31 +217,15 @@ class Shampoo : public ZooOptimizer<T> {
     return exec_.on_gpu() ? gpu_views_.at(k).template data<T>() : views_.at(k).data();
   }
 
-  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks);
-  // first, a checkpoint's pieces of the state written into the views are gathered likewise.
+  // Under the distributed optimizer: the whole reduced gradient; a checkpoint's states first
+  // (WholeTensorStates says how).
   const T* gather_gradients(const ParameterSet<T>& params) {
-    T* full = buffer(full_, size_);
-    for (const ZooPiece& piece : layout_.pieces)
-      ops::copy(exec_, full + piece.begin, params.grads() + piece.begin,
-                size_t(piece.end - piece.begin));
-    layout_.gather_pieces(full);
-    if (shard_views_.empty()) return full;
-    T* state = buffer(gathered_, size_);
-    for (auto& [name, view] : shard_views_) {
-      for (const ZooPiece& piece : layout_.pieces)
-        ops::copy(exec_, state + piece.begin, view.template data<T>() + piece.state,
-                  size_t(piece.end - piece.begin));
-      layout_.gather_pieces(state);
-      if (!compact(name)) {
-        ops::copy(exec_, whole_state(name), state, size_t(size_));  // import_views reads it
-        continue;
-      }
-      for (size_t pi = 0; pi < held_.size(); ++pi)
-        if (held_[pi])
-          ops::copy(exec_, states_.get(name) + at_[pi], state + offsets_[pi], size_t(numels_[pi]));
-    }
-    shard_views_.clear();
-    return full;
+    return shards_.gather_gradients(
+        params,
+        [&](const std::string& name) { return compact(name) ? states_.get(name) : nullptr; },
+        [&](const std::string& name, const T* whole) {  // import_views reads it
+          ops::copy(exec_, whole_state(name), whole, size_t(size_));
+        });
   }
 
   // One block's step on the GPU: the same operations, the element-wise ones in the zoo's
@@ -406,15 +359,15 @@ class Shampoo : public ZooOptimizer<T> {
     views_.assign(size_t(buffers_), std::vector<T>(size_t(size_), T(0)));
     // Sharded: the blocks of the tensors this rank owns (zeros elsewhere), summed below.
     for (const Block& b : blocks_)
-      if (owned_[b.param])
+      if (shards_.owned(b.param))
         for (int64_t j = 0; j < b.pool_size(); ++j) {
           const size_t at = size_t(b.pool + j);
           views_[at / n][size_t(saved_[at % n])] = pool_[size_t(b.local + j)];
         }
     Communicator* dp = layout_.data_parallel;
-    if (!sharded() || dp->rank() == 0) views_.back()[size_t(saved_.back())] = fingerprint_;
-    const bool reduce_on_device = sharded() && exec_.on_gpu() && dp->device_memory();
-    if (sharded() && !reduce_on_device)
+    if (!shards_.sharded() || dp->rank() == 0) views_.back()[size_t(saved_.back())] = fingerprint_;
+    const bool reduce_on_device = shards_.sharded() && exec_.on_gpu() && dp->device_memory();
+    if (shards_.sharded() && !reduce_on_device)
       for (std::vector<T>& v : views_) dp->all_reduce(v.data(), v.size());
     if (!exec_.on_gpu()) return;
     std::vector<T>().swap(pool_);
@@ -437,7 +390,7 @@ class Shampoo : public ZooOptimizer<T> {
                  "tensors (another model or pipeline layout); resume with the layout that saved "
                  "them, or with --no-load-optim");
     for (const Block& b : blocks_)
-      if (held_[b.param])
+      if (shards_.held(b.param))
         for (int64_t j = 0; j < b.pool_size(); ++j) {
           const size_t at = size_t(b.pool + j);
           pool_[size_t(b.local + j)] = views_[at / n][size_t(saved_[at % n])];
@@ -468,14 +421,10 @@ class Shampoo : public ZooOptimizer<T> {
 
   OptimizerConfig cfg_;
   ZooLayout<T> layout_;
-  std::vector<bool> held_;   // the tensors this rank steps (all of them on a whole layout)
-  std::vector<bool> owned_;  // of those, the ones whose first element it holds
-  std::vector<int64_t> at_, offsets_, numels_;  // per tensor: its moments', its own start, size
-  std::map<std::string, Tensor> shard_views_;   // the distributed optimizer's, while asked for
-  Tensor full_, gathered_;
   int64_t size_;
   ops::Exec exec_;
   Device device_;
+  WholeTensorStates<T> shards_;  // which tensors this rank steps, where their moments lie
   ZooStates<T> states_;
   T *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // states_'s, looked up once
   std::vector<Block> blocks_;
