@@ -184,11 +184,9 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
                cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
                " with --num-experts on the GPU: not built yet (one tensor- and context-parallel "
                "rank runs there)");
-  for (MoEBuffer<T>* b :
-       {&device_bias_, &logits_,     &probs_,       &aux_dlogits_, &aux_scaled_,   &local_out_,
-        &permuted_,    &fc1_out_,    &act_,         &expert_out_,  &row_weight_,   &shared_fc1_out_,
-        &shared_act_,  &shared_out_, &shared_gate_, &gated_,       &d_expert_out_, &d_row_weight_,
-        &d_act_,       &d_fc1_,      &d_permuted_,  &dprobs_,      &dlogits_})
+  for (MoEBuffer<T>* b : {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_,
+                          &local_out_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
+                          &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
     b->set_exec(exec);
   indices_.set_exec(exec);
   local_experts_ = E_ / ranks;
@@ -369,10 +367,10 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
   ops::linear_forward(ex, shared_out_.data(), shared_act_.data(), p.shared_fc2_weight,
                       static_cast<T*>(nullptr), N, Fs_, C);
   const T* add = shared_out_.data();
-  MoEBuffer<T>& gated = gated_;
+  MoEBuffer<T> gated(ex);
   if (p.shared_gate_weight) {
     shared_gate_.resize(N);
-    scratch(gated, shared_out_.size());
+    gated.resize(shared_out_.size());
     ops::moe_shared_gate_forward(ex, gated.data(), shared_gate_.data(), shared_out_.data(), x,
                                  p.shared_gate_weight, N, C);
     add = gated.data();
@@ -393,8 +391,8 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   const int R = int(permuted_.size() / size_t(C));
   const int32_t* offsets =
       a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
-  MoEBuffer<T>& d_expert_out = scratch(d_expert_out_, static_cast<size_t>(R) * C);
-  MoEBuffer<T>& d_row_weight = scratch(d_row_weight_, rows_plan.host().rows());
+  MoEBuffer<T> d_expert_out(ex, static_cast<size_t>(R) * C),
+      d_row_weight(ex, rows_plan.host().rows());
   if (allgather()) {
     std::vector<T> dy_all(static_cast<size_t>(n) * N * C);
     ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
@@ -409,18 +407,16 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
   }
-  MoEBuffer<T>& d_act = scratch(d_act_, static_cast<size_t>(R) * F_);
-  MoEBuffer<T>& d_fc1 = scratch(d_fc1_, static_cast<size_t>(R) * F1_);
+  MoEBuffer<T> d_act(ex, static_cast<size_t>(R) * F_), d_fc1(ex, static_cast<size_t>(R) * F1_);
   ops::moe_grouped_linear_backward(ex, d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
                                    act_.data(), p.fc2_weight, offsets, El, F_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
-  MoEBuffer<T>& d_permuted = scratch(d_permuted_, static_cast<size_t>(R) * C);
+  MoEBuffer<T> d_permuted(ex, static_cast<size_t>(R) * C);
   ops::moe_grouped_linear_backward(ex, d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
                                    permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
 
   // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
-  MoEBuffer<T>& dprobs = scratch(dprobs_, static_cast<size_t>(N) * K);
-  MoEBuffer<T>& dlogits = scratch(dlogits_, logits_.size());
+  MoEBuffer<T> dprobs(ex, static_cast<size_t>(N) * K), dlogits(ex, logits_.size());
   std::vector<T> dx_experts;
   const T* d_rows_in = d_permuted.data();
   std::vector<T> d_rows;
@@ -466,17 +462,16 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
                                          const MoEParams<T>& g) {
   const int N = tokens_, C = C_;
   const ops::Exec& ex = exec_;
-  MoEBuffer<T>& d_out = d_expert_out_;  // free again: the routed experts' backward is done
+  MoEBuffer<T> d_out(ex);
   const T* d_shared = dy;
   if (p.shared_gate_weight) {
-    scratch(d_out, static_cast<size_t>(N) * C);
+    d_out.resize(static_cast<size_t>(N) * C);
     ops::moe_shared_gate_backward(ex, d_out.data(), dx, g.shared_gate_weight, dy,
                                   shared_out_.data(), shared_gate_.data(), x_, p.shared_gate_weight,
                                   N, C);
     d_shared = d_out.data();
   }
-  MoEBuffer<T>& d_act = scratch(d_act_, static_cast<size_t>(N) * Fs_);
-  MoEBuffer<T>& d_fc1 = scratch(d_fc1_, static_cast<size_t>(N) * Fs1_);
+  MoEBuffer<T> d_act(ex, static_cast<size_t>(N) * Fs_), d_fc1(ex, static_cast<size_t>(N) * Fs1_);
   ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<T*>(nullptr), d_shared,
                        shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);

@@ -191,16 +191,6 @@ class MoELayer {
   std::vector<T> x_all_, probs_all_;
   MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;
   MoEBuffer<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
-  // The forward's and backward's temporaries, kept so that a GPU allocates them once; scratch()
-  // sizes one as a fresh buffer would be (zeros on the host, contents undefined on a GPU).
-  MoEBuffer<T> gated_, d_expert_out_, d_row_weight_, d_act_, d_fc1_, d_permuted_, dprobs_, dlogits_;
-  MoEBuffer<T>& scratch(MoEBuffer<T>& b, size_t n) const {
-    if (exec_.on_gpu())
-      b.resize(n);
-    else
-      b.assign_zeros(n);
-    return b;
-  }
 };
 
 }  // namespace omni
