@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/hf_families.h"
 #include "checkpoint/safetensors.h"
+#include "model/mla.h"
 
 namespace omni {
 
@@ -113,20 +114,6 @@ void moe_layer_map(Family family, const TransformerConfig& cfg, const std::strin
   }
 }
 
-// Hugging Face's row r of a block of `block` rows whose `rope` rows from `first` are in
-// interleaved pair order, as our row (those rows de-interleaved: even channels, then odd; see
-// model/mla.h). Identity when `interleaved` is false.
-std::vector<int64_t> rope_rows(int64_t rows, int64_t block, int64_t first, int64_t rope,
-                               bool interleaved) {
-  std::vector<int64_t> out(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t b = r % block, j = b - first;
-    const bool move = interleaved && j >= 0 && j < rope;
-    out[size_t(r)] = !move ? r : r - b + first + (j % 2 ? rope / 2 + j / 2 : j / 2);
-  }
-  return out;
-}
-
 // DeepSeek-V3's multi-latent attention (model/mla.h): q_a_proj, q_a_layernorm, q_b_proj (or
 // q_proj without a query latent), kv_a_proj_with_mqa ([latent; rope key]), kv_a_layernorm,
 // kv_b_proj (per head [k_nope; v]), o_proj.
@@ -135,7 +122,13 @@ void mla_map(const TransformerConfig& cfg, bool interleaved, const std::string& 
   const int64_t C = cfg.hidden_size, H = cfg.num_attention_heads, qk = cfg.qk_head_dim;
   const int64_t pe = cfg.qk_pos_emb_head_dim, vd = cfg.v_head_dim, ql = cfg.q_lora_rank;
   const int64_t kvl = cfg.kv_lora_rank;
-  const std::vector<int64_t> q_rows = rope_rows(H * (qk + pe), qk + pe, qk, pe, interleaved);
+  // Hugging Face's rope rows in interleaved pair order (rope_interleave) are de-interleaved in
+  // ours; row_of is empty (the identity) without.
+  auto rope_rows = [&](int64_t rows, int64_t block, int64_t first) {
+    return interleaved ? mla_deinterleaved_rope_rows(rows, block, first, pe)
+                       : std::vector<int64_t>{};
+  };
+  const std::vector<int64_t> q_rows = rope_rows(H * (qk + pe), qk + pe, qk);
   if (ql > 0) {
     m.push_back({o + "linear_q_down_proj.weight", {{a + "q_a_proj.weight", ql, C}}, {}, false});
     m.push_back({o + "q_layernorm.weight", {{a + "q_a_layernorm.weight", ql, 0}}, {}, false});
@@ -149,7 +142,7 @@ void mla_map(const TransformerConfig& cfg, bool interleaved, const std::string& 
   }
   m.push_back({o + "linear_kv_down_proj.weight",
                {{a + "kv_a_proj_with_mqa.weight", kvl + pe, C}},
-               rope_rows(kvl + pe, kvl + pe, kvl, pe, interleaved),
+               rope_rows(kvl + pe, kvl + pe, kvl),
                false});
   m.push_back({o + "kv_layernorm.weight", {{a + "kv_a_layernorm.weight", kvl, 0}}, {}, false});
   m.push_back(

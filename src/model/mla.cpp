@@ -94,25 +94,15 @@ double mla_softmax_scale(const TransformerConfig& c) {
   return m * m / std::sqrt(double(c.qk_head_dim + c.qk_pos_emb_head_dim));
 }
 
-template <typename T>
-void mla_deinterleave_rope_rows(T* w, int64_t rows, int64_t width, int64_t block, int64_t first,
-                                int64_t rope, bool inverse) {
-  std::vector<T> tmp(size_t(rope * width));
-  for (int64_t b0 = 0; b0 + block <= rows; b0 += block) {
-    T* r = w + (b0 + first) * width;
-    std::copy(r, r + rope * width, tmp.begin());
-    for (int64_t i = 0; i < rope; ++i) {
-      // omnitron row i holds Megatron's row 2i (first half) or 2(i - rope/2) + 1.
-      const int64_t meg = i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
-      const int64_t to = inverse ? meg : i, from = inverse ? i : meg;
-      std::copy(tmp.begin() + from * width, tmp.begin() + (from + 1) * width, r + to * width);
-    }
+std::vector<int64_t> mla_deinterleaved_rope_rows(int64_t rows, int64_t block, int64_t first,
+                                                 int64_t rope) {
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r % block, j = b - first;  // j: the channel in the interleaved order
+    const bool moves = j >= 0 && j < rope;
+    out[size_t(r)] = !moves ? r : r - b + first + (j % 2 ? rope / 2 + j / 2 : j / 2);
   }
+  return out;
 }
-
-template void mla_deinterleave_rope_rows<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                                bool);
-template void mla_deinterleave_rope_rows<double>(double*, int64_t, int64_t, int64_t, int64_t,
-                                                 int64_t, bool);
 
 }  // namespace omni

@@ -13,7 +13,7 @@
 // interleaved pairs (2i, 2i+1); omnitron rotates halves (i, i + d/2). The two are the same
 // function of the weights once the rope rows of linear_q_up_proj (per head) and
 // linear_kv_down_proj are permuted: omnitron holds them de-interleaved (even channels, then odd;
-// mla_deinterleave_rope_rows converts).
+// mla_deinterleaved_rope_rows maps them).
 // Tensor parallel: the up-projections are split by heads, the down-projections and latent
 // norms replicated (each rank's gradient is its heads' part, summed over the group).
 #pragma once
@@ -36,10 +36,10 @@ std::vector<double> mla_rotary_inv_freq(const TransformerConfig& c);
 // Megatron's softmax scale: mscale^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim), mscale = YaRN's
 // 0.1 mscale_all_dim ln(factor) + 1 (1 when --rotary-scaling-factor <= 1).
 double mla_softmax_scale(const TransformerConfig& c);
-// Rows [rows, width] whose `rope` rows starting at `first` in each block of `block` rows are in
-// Megatron's interleaved order, to omnitron's (even channels, then odd); `inverse` goes back.
-template <typename T>
-void mla_deinterleave_rope_rows(T* w, int64_t rows, int64_t width, int64_t block, int64_t first,
-                                int64_t rope, bool inverse);
+// For `rows` rows in blocks of `block` whose `rope` rows from `first` in each block are in
+// Megatron's and Hugging Face's interleaved pair order: the row omnitron holds each in (those
+// rows de-interleaved: even channels, then odd; the others where they are).
+std::vector<int64_t> mla_deinterleaved_rope_rows(int64_t rows, int64_t block, int64_t first,
+                                                 int64_t rope);
 
 }  // namespace omni
