@@ -181,6 +181,19 @@ void moe_args(Family f, const ConfigReader& c, int layers, Args& a) {
   add(a, "--moe-router-topk", std::to_string(c.integer("num_experts_per_tok")));
 }
 
+// What the Llama-shaped families (Llama, Mistral, Qwen, their MoE forms, DeepSeek-V3) share:
+// the MLP's width, P positions, the vocabulary, RMSNorm, SwiGLU and rope.
+void llama_body_args(const ConfigReader& c, int P, Args& a) {
+  add(a, "--ffn-hidden-size", std::to_string(c.integer("intermediate_size")));
+  add(a, "--max-position-embeddings", std::to_string(P));
+  add(a, "--seq-length", std::to_string(P));
+  add(a, "--vocab-size", std::to_string(c.integer("vocab_size")));
+  add(a, "--normalization", "RMSNorm");
+  add(a, "--norm-epsilon", format_number(c.number_or("rms_norm_eps", 1e-6)));
+  a.push_back("--swiglu");
+  add(a, "--position-embedding-type", "rope");
+}
+
 void llama_args(Family f, const ConfigReader& c, Args& a) {
   const std::string act = c.text_or("hidden_act", "silu");
   OMNI_REQUIRE(act == "silu", c.path(), ": hidden_act '", act,
@@ -208,14 +221,7 @@ void llama_args(Family f, const ConfigReader& c, Args& a) {
     add(a, "--num-query-groups", std::to_string(G));
   }
   if (hd * H != C) add(a, "--kv-channels", std::to_string(hd));
-  add(a, "--ffn-hidden-size", std::to_string(c.integer("intermediate_size")));
-  add(a, "--max-position-embeddings", std::to_string(P));
-  add(a, "--seq-length", std::to_string(P));
-  add(a, "--vocab-size", std::to_string(c.integer("vocab_size")));
-  add(a, "--normalization", "RMSNorm");
-  add(a, "--norm-epsilon", format_number(c.number_or("rms_norm_eps", 1e-6)));
-  a.push_back("--swiglu");
-  add(a, "--position-embedding-type", "rope");
+  llama_body_args(c, P, a);
   add(a, "--rotary-base", format_number(c.number_or("rope_theta", 10000.0)));
   a.push_back("--disable-bias-linear");
   if (has_qkv_bias(f)) a.push_back("--add-qkv-bias");
@@ -277,14 +283,7 @@ void deepseek_args(const ConfigReader& c, Config& out) {
   add(a, "--num-layers", std::to_string(L));
   add(a, "--hidden-size", std::to_string(C));
   add(a, "--num-attention-heads", std::to_string(H));
-  add(a, "--ffn-hidden-size", std::to_string(c.integer("intermediate_size")));
-  add(a, "--max-position-embeddings", std::to_string(P));
-  add(a, "--seq-length", std::to_string(P));
-  add(a, "--vocab-size", std::to_string(c.integer("vocab_size")));
-  add(a, "--normalization", "RMSNorm");
-  add(a, "--norm-epsilon", format_number(c.number_or("rms_norm_eps", 1e-6)));
-  a.push_back("--swiglu");
-  add(a, "--position-embedding-type", "rope");
+  llama_body_args(c, P, a);
   // transformers 5 writes rope_parameters (rope_type, rope_theta and the scaling) in place of
   // rope_scaling and rope_theta.
   const json::Value* params = c.get("rope_parameters");

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_fixtures.h"
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/safetensors.h"
 #include "cli/process.h"
@@ -26,75 +27,7 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-const std::string kHf = std::string(OMNITRON_FIXTURE_DIR) + "/hf/";
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir =
-      ::testing::TempDir() + "omnitron_hf_ds_" + std::to_string(::getpid()) + "_" + name;
-  fs::remove_all(dir);
-  return dir;
-}
-
-std::unique_ptr<omni::GPTModel<float>> load_model(const std::string& dir,
-                                                  omni::Options* out = nullptr) {
-  omni::Options o;
-  omni::load_checkpoint_model_options(dir, o);
-  auto m = std::make_unique<omni::GPTModel<float>>(o.model, 2, 1234);
-  omni::load_checkpoint(dir, m->params(), nullptr);
-  if (out) *out = o;
-  return m;
-}
-
-std::vector<float> values(const omni::GPTModel<float>& m) {
-  const auto& p = m.params();
-  return std::vector<float>(p.values(), p.values() + p.size());
-}
-
-double max_logit_error(const std::string& name) {
-  const omni::SafetensorsFile f(kHf + name + ".reference.safetensors");
-  const omni::SafetensorsTensor& t = *f.find("tokens");
-  const omni::SafetensorsTensor& l = *f.find("logits");
-  std::vector<float> tok(size_t(t.numel())), want(size_t(l.numel()));
-  omni::read_as_f32(t, tok.data());
-  omni::read_as_f32(l, want.data());
-  const std::vector<int32_t> tokens(tok.begin(), tok.end());
-  auto m = load_model(kHf + name);
-  const std::vector<float> got = m->forward_logits(tokens.data(), int(t.shape[0]), int(t.shape[1]));
-  EXPECT_EQ(got.size(), want.size());
-  double worst = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
-    worst = std::max(worst,
-                     std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
-  std::printf("%s: max relative logit error vs the PyTorch reference %.3g\n", name.c_str(), worst);
-  return worst;
-}
-
-std::string edited_copy(const std::string& name, const std::string& from, const std::string& to) {
-  const std::string dir = fresh_dir("edited_" + name);
-  fs::create_directories(dir);
-  for (const auto& e : fs::directory_iterator(kHf + name))
-    fs::copy_file(e.path(), dir + "/" + e.path().filename().string());
-  std::stringstream ss;
-  ss << std::ifstream(dir + "/config.json").rdbuf();
-  std::string text = ss.str();
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  std::ofstream(dir + "/config.json") << text;
-  return dir;
-}
-
-void expect_load_error(const std::string& dir, const std::string& expected) {
-  try {
-    load_model(dir);
-    ADD_FAILURE() << "no error; expected " << expected;
-  } catch (const omni::UsageError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(expected), std::string::npos) << what;
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-  }
-}
+using namespace hf_test;
 
 TEST(HfDeepseek, LogitsMatchTheReference) {
   EXPECT_LT(max_logit_error("deepseek_v3_tiny"), 1e-5);

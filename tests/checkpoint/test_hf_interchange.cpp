@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_fixtures.h"
 #include "checkpoint/hf_interchange.h"
 #include "checkpoint/safetensors.h"
 #include "comm/local_communicator.h"
@@ -29,67 +30,7 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-const std::string kHf = std::string(OMNITRON_FIXTURE_DIR) + "/hf/";
-
-std::string fresh_dir(const std::string& name) {
-  // The process id keeps two tests that ctest runs at once out of each other's folders.
-  const std::string dir =
-      ::testing::TempDir() + "omnitron_hf_" + std::to_string(::getpid()) + "_" + name;
-  fs::remove_all(dir);
-  return dir;
-}
-
-struct Reference {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;
-  int batch = 0, seq = 0, vocab = 0;
-};
-
-Reference reference(const std::string& name) {
-  const omni::SafetensorsFile f(kHf + name + ".reference.safetensors");
-  Reference r;
-  const omni::SafetensorsTensor& t = *f.find("tokens");
-  const omni::SafetensorsTensor& l = *f.find("logits");
-  r.batch = int(t.shape[0]), r.seq = int(t.shape[1]), r.vocab = int(l.shape[2]);
-  std::vector<float> tok(size_t(t.numel()));
-  omni::read_as_f32(t, tok.data());
-  for (float v : tok) r.tokens.push_back(int32_t(v));
-  r.logits.resize(size_t(l.numel()));
-  omni::read_as_f32(l, r.logits.data());
-  return r;
-}
-
-// A model built from `dir`'s options (a Hugging Face directory or our checkpoint) and
-// loaded from it, as `omnitron train --load DIR` does.
-std::unique_ptr<omni::GPTModel<float>> load_model(const std::string& dir,
-                                                  omni::Options* out = nullptr) {
-  omni::Options o;
-  omni::load_checkpoint_model_options(dir, o);
-  auto m = std::make_unique<omni::GPTModel<float>>(o.model, 2, 1234);
-  omni::load_checkpoint(dir, m->params(), nullptr);
-  if (out) *out = o;
-  return m;
-}
-
-std::vector<float> values(const omni::GPTModel<float>& m) {
-  const auto& p = m.params();
-  return std::vector<float>(p.values(), p.values() + p.size());
-}
-
-double max_logit_error(const std::string& name) {
-  const Reference r = reference(name);
-  auto m = load_model(kHf + name);
-  EXPECT_EQ(m->config().vocab_size, r.vocab);
-  const std::vector<float> got = m->forward_logits(r.tokens.data(), r.batch, r.seq);
-  EXPECT_EQ(got.size(), r.logits.size());
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, std::abs(double(got[i]) - r.logits[i]) /
-                                std::max(1.0, std::abs(double(r.logits[i]))));
-  std::printf("%s: max relative logit error vs the PyTorch reference %.3g\n", name.c_str(), worst);
-  return worst;
-}
+using namespace hf_test;
 
 TEST(HfInterchange, Gpt2LogitsMatchTheReference) {
   EXPECT_LT(max_logit_error("gpt2_tiny"), 2e-5);
@@ -348,39 +289,6 @@ TEST(HfInterchange, TrainedFromHfThenExportedKeepsItsLogits) {
     EXPECT_EQ(exported->forward_logits(tokens.data(), 1, seq),
               t.model().forward_logits(tokens.data(), 1, seq))
         << name;
-  }
-}
-
-// A copy of a fixture directory whose config.json has each (from, to) replacement applied.
-std::string edited_copy(const std::string& name,
-                        const std::vector<std::pair<std::string, std::string>>& edits) {
-  const std::string dir = fresh_dir("edited_" + name);
-  fs::create_directories(dir);
-  for (const auto& e : fs::directory_iterator(kHf + name))
-    fs::copy_file(e.path(), dir + "/" + e.path().filename().string());
-  std::ifstream in(dir + "/config.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  for (const auto& [from, to] : edits) {
-    const size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    if (at != std::string::npos) text.replace(at, from.size(), to);
-  }
-  std::ofstream(dir + "/config.json") << text;
-  return dir;
-}
-
-std::string edited_copy(const std::string& name, const std::string& from, const std::string& to) {
-  return edited_copy(name, {{from, to}});
-}
-
-void expect_load_error(const std::string& dir, const std::string& expected) {
-  try {
-    load_model(dir);
-    ADD_FAILURE() << "no error; expected " << expected;
-  } catch (const omni::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
   }
 }
 
