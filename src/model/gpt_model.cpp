@@ -525,9 +525,8 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   }
   // Multi-token prediction's depths first (mtp.cpp; training only: evaluation reports the
   // main loss): they use full_ and the layer scratch.
-  const T* d_mtp = cfg_.mtp_num_layers > 0 && train
-                       ? mtp_forward_backward(a, mb, g, train, grad_scale)
-                       : nullptr;
+  const T* d_mtp =
+      cfg_.mtp_num_layers > 0 && train ? mtp_forward_backward(a, mb, g, grad_scale) : nullptr;
   T* dh = train ? full_.template data<T>() : nullptr;
   Grad* losses = mb.token_losses ? token_losses_.template data<Grad>() : nullptr;
   const double part = tp_.vocab_cross_entropy(losses, dh, train ? classifier_grad() : nullptr, h,

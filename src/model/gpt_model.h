@@ -165,8 +165,8 @@ class GPTModel final : public PipelineChunks<T> {
   void update_expert_bias();
 
   // Multi-token prediction (model/mtp.cpp): each depth's loss summed over the training forwards
-  // since the last call (Megatron's "mtp_<k> loss" before averaging), and their count.
-  std::pair<std::vector<double>, int> take_mtp_losses();
+  // since the last call (Megatron's "mtp_<k> loss" before averaging).
+  std::vector<double> take_mtp_losses();
 
   // Logits [batch * seq, vocab_size] of every position, in host memory (for tests and tools;
   // training never materialises them). One rank only.
@@ -248,11 +248,11 @@ class GPTModel final : public PipelineChunks<T> {
   std::string layer_prefix(int layer) const;
   // Multi-token prediction (mtp.cpp): its parameters after the main model's through
   // `replicated` and `add_layer` (a transformer layer's, by global index); and, in the loss
-  // chunk, every depth's forward and (with train) backward from the final norm's output h0:
-  // returns d(grad_scale * scaling factor * mean depth loss)/d(h0) (null without train).
+  // chunk of a training pass, every depth's forward and backward from the final norm's output
+  // h0: returns d(grad_scale * scaling factor * mean depth loss)/d(h0).
   void add_mtp_parameters(const AddReplicated& replicated,
                           const std::function<void(int)>& add_layer) const;
-  const T* mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g, bool train,
+  const T* mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g,
                                 double grad_scale);
   LayerTensors<T> layer_params(int layer) const;
   LayerTensors<Grad> layer_grads(int layer) const;

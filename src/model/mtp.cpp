@@ -38,7 +38,6 @@ struct GPTModel<T>::MTPState {
   std::vector<Depth> depths;
   Tensor t, d_cat, d_h0;  // [N, C], [N, 2C], [N, C]
   std::vector<double> losses;
-  int forwards = 0;
 };
 
 template <typename T>
@@ -68,17 +67,16 @@ void GPTModel<T>::add_mtp_parameters(const AddReplicated& replicated,
 }
 
 template <typename T>
-std::pair<std::vector<double>, int> GPTModel<T>::take_mtp_losses() {
-  if (!mtp_) return {std::vector<double>(size_t(cfg_.mtp_num_layers), 0.0), 0};
-  std::pair<std::vector<double>, int> r{mtp_->losses, mtp_->forwards};
+std::vector<double> GPTModel<T>::take_mtp_losses() {
+  if (!mtp_) return std::vector<double>(size_t(cfg_.mtp_num_layers), 0.0);
+  std::vector<double> r = mtp_->losses;
   std::fill(mtp_->losses.begin(), mtp_->losses.end(), 0.0);
-  mtp_->forwards = 0;
   return r;
 }
 
 template <typename T>
 const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g,
-                                           bool train, double grad_scale) {
+                                           double grad_scale) {
   const int D = cfg_.mtp_num_layers, L = cfg_.num_layers, C = cfg_.hidden_size;
   const int N = g.tokens, S = g.seq;
   const int64_t max_n = int64_t(max_batch_) * cfg_.seq_length;
@@ -150,14 +148,11 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
     }
     double scale = grad_scale * cfg_.mtp_loss_scaling_factor / D / denom;
     if (mb.loss_divisor > 0) scale *= original / mb.loss_divisor;
-    const double part = tp_.vocab_cross_entropy(
-        nullptr, train ? d.dh.template data<T>() : nullptr, train ? classifier_grad() : nullptr, h,
-        classifier_weight(), d.labels, d.mask, vocab_, N, scale);
+    const double part =
+        tp_.vocab_cross_entropy(nullptr, d.dh.template data<T>(), classifier_grad(), h,
+                                classifier_weight(), d.labels, d.mask, vocab_, N, scale);
     s.losses[size_t(k - 1)] += part / denom;
   }
-  ++s.forwards;
-  if (!train) return nullptr;
-
   T* d_h0 = s.d_h0.template data<T>();
   T* d_cat = s.d_cat.template data<T>();
   ops::zero(x_, d_h0, NC);
@@ -200,9 +195,9 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
   template std::string GPTModel<T>::layer_prefix(int) const;                            \
   template void GPTModel<T>::add_mtp_parameters(const AddReplicated&,                   \
                                                 const std::function<void(int)>&) const; \
-  template std::pair<std::vector<double>, int> GPTModel<T>::take_mtp_losses();          \
+  template std::vector<double> GPTModel<T>::take_mtp_losses();                          \
   template const T* GPTModel<T>::mtp_forward_backward(Activations&, const MicroBatch&,  \
-                                                      const Geometry&, bool, double);
+                                                      const Geometry&, double);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(double)
 OMNI_INSTANTIATE(bf16)

@@ -514,7 +514,7 @@ void check_model_gradients(const TransformerConfig& cfg, std::vector<float> mask
   // With multi-token prediction the objective adds the depths' mean loss, which only training
   // forwards compute (their gradient, at grad_scale 0, adds nothing).
   auto mtp_term = [&] {
-    const std::vector<double> d = model.take_mtp_losses().first;
+    const std::vector<double> d = model.take_mtp_losses();
     return cfg.mtp_loss_scaling_factor / std::max(cfg.mtp_num_layers, 1) *
            std::accumulate(d.begin(), d.end(), 0.0);
   };

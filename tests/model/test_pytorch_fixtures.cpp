@@ -442,12 +442,11 @@ TEST(PyTorchFixtureMTP, EveryDepthLossMatchesPyTorch) {
   auto m = load_model<double>(fixture("mtp_tiny"));
   const std::vector<double>& expected = fixture("mtp_tiny").at("mtp/losses").data;
   m.model->forward_backward(m.micro_batch(), 1.0);
-  const auto [losses, forwards] = m.model->take_mtp_losses();
-  ASSERT_EQ(forwards, 1);
+  const std::vector<double> losses = m.model->take_mtp_losses();
   ASSERT_EQ(losses.size(), expected.size());
   for (size_t k = 0; k < expected.size(); ++k)
     EXPECT_LE(relative_error(losses[k], expected[k]), 1e-12) << "mtp_" << k + 1 << " loss";
-  EXPECT_EQ(m.model->take_mtp_losses().second, 0);  // taken: restarted
+  for (double l : m.model->take_mtp_losses()) EXPECT_EQ(l, 0.0);  // taken: restarted
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigs, PyTorchFixture, ::testing::ValuesIn(all_cases()),
