@@ -14,10 +14,6 @@ void finalize_mla(Options& o) {
     o.notes.push_back(
         "note: --rotary-scaling-factor has no effect here: only multi-latent attention reads it "
         "(YaRN's factor); Llama 3.1's scaling is --use-rope-scaling");
-  if (!o.model.multi_latent_attention) return;
-  OMNI_REQUIRE(o.context_parallel_size == 1,
-               "--multi-latent-attention with --context-parallel-size ", o.context_parallel_size,
-               ": not built yet: multi-latent attention under context parallelism");
 }
 
 void add_mla_options(std::vector<OptionDef>& t) {

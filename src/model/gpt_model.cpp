@@ -162,10 +162,6 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                  "on the GPU are not built yet");
     expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
   }
-  OMNI_REQUIRE(!cfg_.multi_latent_attention || cp == 1,
-               "--multi-latent-attention with "
-               "--context-parallel-size ",
-               cp, ": not built yet");
   OMNI_REQUIRE(!cfg_.multi_latent_attention || !x_.on_gpu() || cfg_.v_head_dim <= cfg_.head_dim(),
                "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
                ") above --qk-head-dim + --qk-pos-emb-head-dim (", cfg_.head_dim(),
@@ -248,11 +244,13 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   d_attn_ = buf({N, heads_ * vd}), dq_ = buf({N, heads_ * hd});
   dk_ = buf({N, groups_ * hd}), dv_ = buf({N, groups_ * vd});
   if (cfg_.qk_layernorm) dq_raw_ = buf({N, heads_ * hd}), dk_raw_ = buf({N, groups_ * hd});
+  const int v_head_dim = cfg_.multi_latent_attention ? int(vd) : 0;
   if (cp > 1 && parallel_.ulysses)
-    ulysses_ =
-        UlyssesAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_, int(hd));
+    ulysses_ = UlyssesAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_,
+                                   int(hd), v_head_dim);
   else if (cp > 1)
-    ring_ = RingAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_, int(hd));
+    ring_ = RingAttention<T>(cp_, x_, device_, max_batch, int(S / cp), heads_, groups_, int(hd),
+                             v_head_dim, cfg_.multi_latent_attention ? mla_softmax_scale(cfg_) : 0);
 }
 
 template <typename T>
@@ -284,10 +282,10 @@ void GPTModel<T>::allocate_layer(LayerActivations& l) {
     l.kn_mean = stat({N * G}), l.kn_rstd = stat({N * G});
   }
   if (cp > 1 && parallel_.ulysses) {
-    l.q_all = buf({N, H * hd}), l.out_all = buf({N, H * hd});
-    l.k_all = buf({N, G * hd}), l.v_all = buf({N, G * hd});
+    l.q_all = buf({N, H * hd}), l.out_all = buf({N, H * vd});
+    l.k_all = buf({N, G * hd}), l.v_all = buf({N, G * vd});
   } else if (cp > 1) {
-    l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * hd});
+    l.k_all = buf({N * cp, G * hd}), l.v_all = buf({N * cp, G * vd});
   }
   l.lse = stat({int64_t(max_batch_) * H * Sl});
   l.attn = buf({N, H * vd});

@@ -65,18 +65,20 @@ class RingAttention {
   RingAttention() = default;
   // Scratch for micro-batches of up to max_batch x local_seq rows of this rank's `heads` query
   // heads and `groups` key/value groups of head_dim, on exec's device. `group` (not owned)
-  // has more than one rank.
+  // has more than one rank. Multi-latent attention: the values' head dim vd and the softmax
+  // scale, as in ops::AttentionDims (0: head_dim, 1/sqrt(head_dim)).
   RingAttention(Communicator* group, const ops::Exec& exec, Device device, int max_batch,
-                int local_seq, int heads, int groups, int head_dim);
+                int local_seq, int heads, int groups, int head_dim, int v_head_dim = 0,
+                double softmax_scale = 0);
 
-  // out [tokens, heads*hd] and lse [batch, heads, seq] of this rank's queries q over the whole
-  // sequence's keys; k, v [tokens, groups*hd] are this rank's. k_all, v_all
-  // [cp * tokens, groups*hd] receive every rank's keys and values, block r from rank r (the
-  // backward reads them).
+  // out [tokens, heads*vd] and lse [batch, heads, seq] of this rank's queries q over the whole
+  // sequence's keys; k [tokens, groups*hd], v [tokens, groups*vd] are this rank's. k_all, v_all
+  // [cp * tokens, groups*hd or vd] receive every rank's keys and values, block r from rank r
+  // (the backward reads them).
   // `drop`: attention dropout's key (inactive: none); each block's key_rank is set here.
   void forward(T* out, Grad* lse, const T* q, const T* k, const T* v, T* k_all, T* v_all,
                const MicroBatch& mb, const ops::DropoutKey& drop = {});
-  // dq [tokens, heads*hd] and this rank's dk, dv [tokens, groups*hd] (overwritten) from dout;
+  // dq [tokens, heads*hd] and this rank's dk, dv (overwritten) from dout [tokens, heads*vd];
   // out, lse, k_all and v_all as the forward left them.
   void backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const Grad* lse, const T* q,
                 const T* k_all, const T* v_all, const MicroBatch& mb,
@@ -90,7 +92,8 @@ class RingAttention {
   Communicator* group_ = nullptr;
   ops::Exec x_;
   Device device_;
-  int heads_ = 0, groups_ = 0, head_dim_ = 0;
+  int heads_ = 0, groups_ = 0, head_dim_ = 0, v_dim_ = 0;
+  double softmax_scale_ = 0;
   // One block's output and log-sum-exp, dq and dk/dv of one block, and two key/value
   // gradient accumulators in flight.
   Tensor out_, lse_, dq_, dk_, dv_, acc_[2][2];

@@ -1,5 +1,7 @@
 #include "parallel/ulysses.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "parallel/context_parallel.h"
 
@@ -34,23 +36,27 @@ void reorder_rows(const ops::Exec& x, E* dst, const E* src, int batch, int local
 template <typename T>
 UlyssesAttention<T>::UlyssesAttention(Communicator* group, const ops::Exec& exec, Device device,
                                       int max_batch, int local_seq, int heads, int groups,
-                                      int head_dim)
+                                      int head_dim, int v_head_dim)
     : group_(group),
       x_(exec),
       device_(device),
       local_seq_(local_seq),
       heads_(heads),
       groups_(groups),
-      head_dim_(head_dim) {
+      head_dim_(head_dim),
+      v_dim_(v_head_dim ? v_head_dim : head_dim) {
   const int cp = group_->size();
   OMNI_CHECK(heads % cp == 0 && groups % cp == 0, "[ulysses] ", heads, " heads and ", groups,
              " key/value groups do not split over ", cp, " ranks");
-  const int64_t rows = int64_t(max_batch) * local_seq, width = int64_t(heads) * head_dim;
-  send_ = Tensor::zeros({rows, width}, dtype_of<T>(), device_, x_.memory());
-  recv_ = Tensor::zeros({rows, width}, dtype_of<T>(), device_, x_.memory());
-  for (int i = 0; i < 4; ++i)
-    d_whole_[i] = Tensor::zeros({rows, (i < 2 ? heads : groups) * int64_t(head_dim)}, dtype_of<T>(),
-                                device_, x_.memory());
+  const int64_t rows = int64_t(max_batch) * local_seq, hd = head_dim, vd = v_dim_;
+  const int64_t width = int64_t(heads) * std::max(hd, vd);
+  auto zeros = [&](int64_t w) {
+    return Tensor::zeros({rows, w}, dtype_of<T>(), device_, x_.memory());
+  };
+  send_ = zeros(width), recv_ = zeros(width);
+  // d(out), d(q), d(k), d(v)
+  d_whole_[0] = zeros(heads * vd), d_whole_[1] = zeros(heads * hd);
+  d_whole_[2] = zeros(groups * hd), d_whole_[3] = zeros(groups * vd);
   for (auto& s : key_starts_)
     s = std::make_unique<Storage>(size_t(rows) * cp * sizeof(int32_t), device_, x_.memory());
 }
@@ -81,6 +87,7 @@ template <typename T>
 ops::AttentionDims UlyssesAttention<T>::whole_dims(const ops::AttentionDims& local) {
   const int cp = group_->size();
   ops::AttentionDims d{local.batch, local.seq * cp, heads_ / cp, groups_ / cp, head_dim_};
+  d.v_head_dim = local.v_head_dim, d.softmax_scale = local.softmax_scale;
   if (local.key_start) {
     // Every rank's first keys (positions in the full sequence already), in sequence order.
     // int32 travels as 32-bit words: the collectives only move them.
@@ -103,25 +110,27 @@ void UlyssesAttention<T>::forward(T* out, Grad* lse, const T* q, const T* k, con
   OMNI_CHECK(local.seq == local_seq_, "[ulysses] micro-batch of ", local.seq,
              " rows per sequence; built for ", local_seq_);
   const int cp = group_->size(), qw = heads_ / cp * head_dim_, kw = groups_ / cp * head_dim_;
+  const int vw = groups_ / cp * v_dim_, ow = heads_ / cp * v_dim_;
   to_heads(whole.q, q, local.batch, qw);
   to_heads(whole.k, k, local.batch, kw);
-  to_heads(whole.v, v, local.batch, kw);
+  to_heads(whole.v, v, local.batch, vw);
   ops::attention_forward(x_, whole.out, lse, whole.q, whole.k, whole.v, whole_dims(local));
-  to_sequence(out, whole.out, local.batch, qw);
+  to_sequence(out, whole.out, local.batch, ow);
 }
 
 template <typename T>
 void UlyssesAttention<T>::backward(T* dq, T* dk, T* dv, const T* dout, const Whole& whole,
                                    const Grad* lse, const ops::AttentionDims& local) {
   const int cp = group_->size(), qw = heads_ / cp * head_dim_, kw = groups_ / cp * head_dim_;
+  const int vw = groups_ / cp * v_dim_, ow = heads_ / cp * v_dim_;
   T *dout_w = d_whole_[0].template data<T>(), *dq_w = d_whole_[1].template data<T>();
   T *dk_w = d_whole_[2].template data<T>(), *dv_w = d_whole_[3].template data<T>();
-  to_heads(dout_w, dout, local.batch, qw);
+  to_heads(dout_w, dout, local.batch, ow);
   ops::attention_backward(x_, dq_w, dk_w, dv_w, dout_w, whole.out, lse, whole.q, whole.k, whole.v,
                           whole_dims(local));
   to_sequence(dq, dq_w, local.batch, qw);
   to_sequence(dk, dk_w, local.batch, kw);
-  to_sequence(dv, dv_w, local.batch, kw);
+  to_sequence(dv, dv_w, local.batch, vw);
 }
 
 template class UlyssesAttention<float>;

@@ -35,27 +35,29 @@ class UlyssesAttention {
  public:
   using Grad = accum_t<T>;
   // What the forward keeps for the backward: this rank's heads over the whole sequence, rows
-  // in sequence order. q, out [batch * seq, heads/cp * hd]; k, v [batch * seq, groups/cp * hd].
+  // in sequence order. q [batch * seq, heads/cp * hd], k [batch * seq, groups/cp * hd],
+  // v [batch * seq, groups/cp * vd], out [batch * seq, heads/cp * vd].
   struct Whole {
     T *q, *k, *v, *out;
   };
 
   UlyssesAttention() = default;
   // Scratch for micro-batches of up to max_batch x local_seq rows of this rank's `heads` query
-  // heads and `groups` key/value groups (of its tensor-parallel share) of head_dim, on exec's
-  // device. `group` (not owned) has more than one rank; heads and groups must divide by its
-  // size.
+  // heads and `groups` key/value groups (of its tensor-parallel share) of head_dim (values:
+  // v_head_dim, 0 for head_dim, as multi-latent attention has them), on exec's device. `group`
+  // (not owned) has more than one rank; heads and groups must divide by its size.
   UlyssesAttention(Communicator* group, const ops::Exec& exec, Device device, int max_batch,
-                   int local_seq, int heads, int groups, int head_dim);
+                   int local_seq, int heads, int groups, int head_dim, int v_head_dim = 0);
 
-  // out [tokens, heads*hd] of this rank's rows; lse [batch, heads/cp, seq * cp] of its heads
-  // over the whole sequence. q [tokens, heads*hd] and k, v [tokens, groups*hd] are this rank's
-  // rows after rope; `local` the attention dims of those rows (key_start: their first keys on
-  // the device, dropout: the layer's key for this rank's rows).
+  // out [tokens, heads*vd] of this rank's rows; lse [batch, heads/cp, seq * cp] of its heads
+  // over the whole sequence. q [tokens, heads*hd], k [tokens, groups*hd] and v
+  // [tokens, groups*vd] are this rank's rows after rope; `local` the attention dims of those
+  // rows (key_start: their first keys on the device, dropout: the layer's key for this rank's
+  // rows, and multi-latent attention's value head dim and softmax scale).
   void forward(T* out, Grad* lse, const T* q, const T* k, const T* v, const Whole& whole,
                const ops::AttentionDims& local);
-  // dq [tokens, heads*hd], dk, dv [tokens, groups*hd] (overwritten) from d(out) of this rank's
-  // rows; whole and lse as the forward left them.
+  // dq, dk, dv (overwritten) from d(out) of this rank's rows; whole and lse as the forward left
+  // them.
   void backward(T* dq, T* dk, T* dv, const T* dout, const Whole& whole, const Grad* lse,
                 const ops::AttentionDims& local);
 
@@ -70,7 +72,7 @@ class UlyssesAttention {
   Communicator* group_ = nullptr;
   ops::Exec x_;
   Device device_;
-  int local_seq_ = 0, heads_ = 0, groups_ = 0, head_dim_ = 0;
+  int local_seq_ = 0, heads_ = 0, groups_ = 0, head_dim_ = 0, v_dim_ = 0;
   Tensor send_, recv_;  // one exchange's blocks, [cp][rows, width]
   Tensor d_whole_[4];   // the backward's d(out), d(q), d(k), d(v) of this rank's heads
   std::unique_ptr<Storage> key_starts_[2];  // gathered first keys: chunk order, sequence order

@@ -53,12 +53,12 @@ double as_double(T v) {
 }
 
 template <typename T = float>
-void check_gpu_layout(bool llama, const Layout& layout, const Tolerance& tol = kFloat) {
+void check_gpu_layout_of(const TransformerConfig& cfg, const Layout& layout,
+                         const Tolerance& tol = kFloat) {
 #if !defined(OMNITRON_GPU_EMULATE)
   GTEST_SKIP() << "in-process ranks share host memory, which only the emulated device is; on "
                   "GPUs the layouts run under mpirun over NCCL (scripts/gpu_check.sh)";
 #endif
-  const TransformerConfig cfg = layout_config(llama, layout);
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
   double ref_loss = 0;
@@ -102,6 +102,11 @@ void check_gpu_layout(bool llama, const Layout& layout, const Tolerance& tol = k
               ref_loss, loss_err, worst.value, worst.grad);
   for (const ParamInfo& p : ref.params().infos())
     EXPECT_NE(std::find(seen.begin(), seen.end(), p.name), seen.end()) << p.name;
+}
+
+template <typename T = float>
+void check_gpu_layout(bool llama, const Layout& layout, const Tolerance& tol = kFloat) {
+  check_gpu_layout_of<T>(layout_config(llama, layout), layout, tol);
 }
 
 class GpuLayouts : public ::testing::TestWithParam<bool> {};
@@ -152,6 +157,13 @@ TEST_P(GpuLayouts, ContextParallel2PackedDocumentsWithDropout) {
 // grouped-query attention), with packed documents and dropout.
 TEST(GpuLayoutsUlysses, Llama2PackedDocumentsWithDropout) {
   check_gpu_layout(true, {.cp = 2, .packed = true, .dropout = true, .ulysses = true});
+}
+
+// Multi-latent attention: values narrower than the keys through the padded flash kernels and
+// the ring's merge of each key block's output.
+TEST(GpuLayoutsMla, ContextParallel2TensorParallel2PackedDocuments) {
+  const Layout layout{.tp = 2, .cp = 2, .packed = true};
+  check_gpu_layout_of(mla_layout_config(layout), layout);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, GpuLayouts, ::testing::Values(false, true),

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "base/error.h"
-#include "config/options.h"
 #include "model/gpt_model.h"
 #include "model/mla.h"
 
@@ -54,24 +53,6 @@ TEST(MultiLatentAttention, BadConfigurationsAreOneLineNamingTheFlags) {
       << error_of(c);
   c.yarn = false;  // plain rope: no cos/sin factor, only the softmax scale's
   EXPECT_EQ(error_of(c), "");
-}
-
-// Refused by finalize(), before any rank starts.
-TEST(MultiLatentAttention, ContextParallelismIsRefusedByFinalize) {
-  Options o;
-  parse_options(
-      {"--multi-latent-attention", "--position-embedding-type", "rope", "--disable-bias-linear",
-       "--mock-data", "--vocab-size", "64", "--context-parallel-size", "2"},
-      o);
-  std::string error;
-  try {
-    finalize(o);
-  } catch (const UsageError& e) {
-    error = e.what();
-  }
-  EXPECT_EQ(error,
-            "--multi-latent-attention with --context-parallel-size 2: not built yet: multi-latent "
-            "attention under context parallelism");
 }
 
 TEST(MultiLatentAttention, HeadDimsAndParameterCount) {

@@ -61,6 +61,19 @@ inline TransformerConfig layout_config(bool llama, const Layout& layout) {
   return c;
 }
 
+// Multi-latent attention (model/mla.h) on four layers of the Llama-style model: value heads (6)
+// narrower than the query and key heads (4 + 4 rope), and YaRN's softmax scale.
+inline TransformerConfig mla_layout_config(const Layout& layout) {
+  TransformerConfig c = layout_config(true, layout);
+  c.num_layers = 4;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 8, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 6;
+  c.rotary_scaling_factor = 4, c.mscale = c.mscale_all_dim = 0.7;
+  c.validate();
+  return c;
+}
+
 constexpr int kBatch = 2, kMicroBatches = 4;
 constexpr uint64_t kSeed = 7;
 

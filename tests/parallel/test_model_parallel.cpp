@@ -138,24 +138,24 @@ TEST_P(ModelParallel, Ulysses2TensorParallel2SequenceParallelWithDropout) {
 }
 
 // Multi-latent attention (model/mla.h): the up-projections split by heads, the down-projections
-// and latent norms replicated with partial gradients; four layers of the Llama-style model.
-TransformerConfig tiny_mla(const Layout& layout) {
-  TransformerConfig c = layout_config(true, layout);
-  c.num_layers = 4;
-  c.multi_latent_attention = true;
-  c.q_lora_rank = 8, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 6;
-  c.rotary_scaling_factor = 4, c.mscale = c.mscale_all_dim = 0.7;
-  c.validate();
-  return c;
-}
+// and latent norms replicated with partial gradients.
 TEST(ModelParallelMla, TensorParallel2SequenceParallelPipeline2PackedWithDropout) {
   const Layout layout{.tp = 2, .pp = 2, .sp = true, .packed = true, .dropout = true};
-  check_layout_of(tiny_mla(layout), layout);
+  check_layout_of(mla_layout_config(layout), layout);
 }
 TEST(ModelParallelMla, TensorParallel4FullRecompute) {
   const Layout layout{.tp = 4, .recompute = Recompute::Full};
-  check_layout_of(tiny_mla(layout), layout);
+  check_layout_of(mla_layout_config(layout), layout);
+}
+// Under context parallelism the values' head dim (6) is not the keys' (8): ring attention and
+// Ulysses pass blocks of each width.
+TEST(ModelParallelMla, ContextParallel2TensorParallel2PackedWithDropout) {
+  const Layout layout{.tp = 2, .cp = 2, .sp = true, .packed = true, .dropout = true};
+  check_layout_of(mla_layout_config(layout), layout);
+}
+TEST(ModelParallelMla, Ulysses2Pipeline2PackedDocuments) {
+  const Layout layout{.cp = 2, .pp = 2, .packed = true, .ulysses = true};
+  check_layout_of(mla_layout_config(layout), layout);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, ModelParallel, ::testing::Values(false, true),

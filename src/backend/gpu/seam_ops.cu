@@ -51,7 +51,7 @@ void attention_merge(T* out, float* lse, const T* block_out, const float* block_
   const size_t rows = static_cast<size_t>(d.batch) * d.heads * d.seq;
   launch(attention_merge_kernel<T>, ceil_div(rows, kThreads), kThreads, 0,
          static_cast<gpuStream_t>(stream), out, lse, block_out, block_lse, d.batch, d.seq, d.heads,
-         d.head_dim);
+         d.v_dim());
 }
 
 #define OMNI_INSTANTIATE(T)                                                                       \
