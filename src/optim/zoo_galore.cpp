@@ -161,6 +161,11 @@ class GaLore : public ZooOptimizer<T> {
     }
   }
 
+  int64_t state_bytes() const override {
+    return int64_t(states_.names().size()) * shards_.size() * int64_t(sizeof(T)) +
+           (moments_ ? moments_->bytes() : 0);
+  }
+
   std::vector<std::string> state_names() const override {
     if (!eight_bit_) return states_.names();
     return {"projection", "state1", "state2", "absmax1", "absmax2"};
