@@ -30,7 +30,9 @@
 // ZeRO 2 and 3 (parallel/zero_sharding.h): mp.keep_only(ddp.shard()) releases the master
 // outside the rank's ranges, and both calls above then touch those ranges alone; the caller
 // all-gathers the model's values (stage 2) or keeps them sharded (stage 3). found_inf then
-// covers the rank's shard only: OR it over the data-parallel group.
+// covers the rank's shard only: OR it over the data-parallel group. A GPU's master must then
+// live in the device's releasable memory (the constructor's master_memory), and commit_all()
+// backs all of it again before a load that writes it whole.
 #pragma once
 
 #include <cstdint>

@@ -24,6 +24,10 @@
 // uses the parameter buffer holds only this rank's ranges; a layer's parameters are
 // all-gathered before its forward, again before its backward, and released after each.
 //
+// A 16-bit model's prefetch sums 16-bit values (x + 0 is exact): NCCL, RCCL and the in-process
+// communicator reduce them. MPI cannot, and carries only the CPU's float values (GPU ranks talk
+// through NCCL or RCCL; the emulated GPU's ranks run in one process).
+//
 // The flat buffers keep their addresses, so every view the model, the optimizer and the
 // checkpoint writer hold stays valid: "released" memory is handed back (base/
 // releasable_memory.h). On the CPU it reads as zeros until written again. On a GPU the flat

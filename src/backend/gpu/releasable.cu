@@ -5,7 +5,8 @@
 // cuMemSetAccess; cuMemUnmap, cuMemRelease, found through the runtime) at
 // cuMemGetAllocationGranularity's minimum; HIP:
 // its hipMem* equivalents; the emulator: host pages, inaccessible (PROT_NONE) while released,
-// so a touch of released memory faults there as it would on a GPU.
+// so a touch of released memory faults there as it would on a GPU. A run of granules committed
+// together gets one access call; a commit that fails gives back what it had mapped.
 #include <sys/mman.h>
 #include <unistd.h>
 
