@@ -60,13 +60,14 @@ class ZeroSharding {
   // `buckets` (ReduceScatter mode) and `params` must outlive this object. stage: 2 or 3.
   // T: float, or a GPU's bf16/f16 (gradients float either way).
   template <typename T>
-  requires std::is_same_v < accum_t<T>,
-  float > ZeroSharding(int stage, DataParallelBuckets<float>& buckets, ParameterSet<T>& params,
-                       const ops::Exec& exec = {})
+  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, ParameterSet<T>& params,
+               const ops::Exec& exec = {})
       : ZeroSharding(stage, buckets,
                      Flat{params.values(), dtype_of<T>(), params.grads(), &params.infos(),
                           params.size(), params.memory(), params.grads_tensor().device()},
-                     exec) {}
+                     exec) {
+    static_assert(std::is_same_v<accum_t<T>, float>, "ZeRO shards float gradients");
+  }
 
   int stage() const { return stage_; }
   // Before a step's first backward: the gradient buffer reads as zeros and holds no memory.
