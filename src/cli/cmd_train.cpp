@@ -20,7 +20,6 @@
 #include "comm/rendezvous.h"
 #include "comm/watchdog.h"
 #include "config/env_overrides.h"
-#include "config/option_rows.h"
 #include "config/options.h"
 #include "config/yaml_config.h"
 #include "config/yaml_tree.h"
@@ -339,14 +338,6 @@ int train(const std::vector<std::string>& raw_args) {
   require_gpu_ranks_under_torchrun(opts.device, device, world);
   opts.device = device.device;
   if (opts.device != "cpu") use_gpu(device.gpu);  // before anything is allocated on it
-  if (opts.device != "cpu" && (opts.bf16 || opts.fp16) && !opts.fsdp_flag.empty() &&
-      opts.zero_stage >= 2) {  // the FSDP flags' stage 3 and the GPU's 16-bit model: stage 1
-    const size_t before = opts.notes.size();
-    opts.zero_stage = 0;
-    option_rows::finalize_zero(opts);
-    for (size_t i = before; i < opts.notes.size() && level < 40; ++i)
-      std::printf("%s\n", opts.notes[i].c_str());
-  }
 
   // Rank 0 writes what the data needs on first use (the demo corpus, index caches); the
   // others open it after.

@@ -165,8 +165,6 @@ void finalize_zero(Options& o) {
     with = "--pipeline-model-parallel-size " + std::to_string(o.pipeline_model_parallel_size);
   else if (o.model.num_moe_experts > 0)
     with = "--num-experts " + std::to_string(o.model.num_moe_experts);
-  else if ((o.bf16 || o.fp16) && (o.device == "cuda" || o.device == "hip"))  // 16-bit on a GPU
-    with = std::string(o.bf16 ? "--bf16" : "--fp16") + " on --device " + o.device;
   if (!o.fsdp_flag.empty() && o.zero_stage == 0) {
     const int stage = o.fsdp_flag == "--use-megatron-fsdp" ? std::max(1, o.fsdp_sharding_stage) : 3;
     if (with.empty() || stage == 1) {
@@ -186,9 +184,7 @@ void finalize_zero(Options& o) {
                         o.pipeline_model_parallel_size > 1
                             ? "ZeRO stages 2 and 3 with pipeline parallelism (DeepSpeed, too, "
                               "combines only stage 1 with it)"
-                        : o.model.num_moe_experts > 0
-                            ? "ZeRO stages 2 and 3 with MoE"
-                            : "ZeRO stages 2 and 3 of a GPU's 16-bit model (fp32, or the CPU)");
+                            : "ZeRO stages 2 and 3 with MoE");
 }
 
 }  // namespace omni::option_rows

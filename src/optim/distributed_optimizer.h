@@ -65,6 +65,8 @@ class DistributedOptimizer {
   // This rank's shard of state `name` in place: buckets.shard()'s ranges one after another,
   // in the optimizer's device memory (sharded checkpoints write and read it there).
   T* shard_state(const std::string& name) const;
+  // The zoo optimizer that steps the shard (null for AdamW and SGD).
+  const ZooOptimizer<T>* zoo() const { return zoo_.get(); }
 
  private:
   // A run of one parameter's elements inside this rank's shard.

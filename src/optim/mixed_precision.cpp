@@ -68,9 +68,10 @@ void with_storage(DType dtype, F&& f) {
 }
 }  // namespace
 
-MixedPrecision::MixedPrecision(const Stored& model, std::vector<ParamInfo> infos, Device device)
+MixedPrecision::MixedPrecision(const Stored& model, std::vector<ParamInfo> infos, Device device,
+                               const DeviceMemory* master_memory)
     : stored_(model),
-      master_(std::move(infos), device, model.exec.memory()),
+      master_(std::move(infos), device, master_memory ? master_memory : model.exec.memory()),
       dtype_(model.dtype),
       grad_dtype_(DType::F32) {
   with_storage(dtype_, [&](auto t) {
@@ -133,16 +134,32 @@ void MixedPrecision::keep_only(std::vector<ShardRange> ranges) {
 
 void MixedPrecision::release_rest() {
   if (ranges_.size() == 1 && ranges_[0].begin == 0 && ranges_[0].end == master_.size()) return;
-  // The GPU's 16-bit model does not combine with ZeRO 2/3 yet (the trainer refuses it).
-  OMNI_CHECK(model_, "[mixed precision] a GPU master copy cannot be released yet");
+  // A GPU's master: the whole granules outside the ranges unmapped (the partial ones at a
+  // range's ends stay, as the range needs them).
+  const auto* device = dynamic_cast<const ReleasableMemory*>(master_.memory());
+  OMNI_CHECK(model_ || device,
+             "[mixed precision] a GPU master copy outside releasable memory cannot be released");
   int64_t at = 0;
   auto release = [&](int64_t end) {
     if (end <= at) return;
-    discard_memory(master_.values() + at, size_t(end - at) * sizeof(float));
-    discard_memory(master_.grads() + at, size_t(end - at) * sizeof(float));
+    const size_t bytes = size_t(end - at) * sizeof(float);
+    if (device) {
+      device->release(master_.values() + at, bytes);
+      device->release(master_.grads() + at, bytes);
+      return;
+    }
+    discard_memory(master_.values() + at, bytes);
+    discard_memory(master_.grads() + at, bytes);
   };
   for (const ShardRange& r : ranges_) release(r.begin), at = r.end;
   release(master_.size());
+}
+
+void MixedPrecision::commit_all() {
+  if (const auto* device = dynamic_cast<const ReleasableMemory*>(master_.memory()); device) {
+    device->commit(master_.values(), size_t(master_.size()) * sizeof(float));
+    device->commit(master_.grads(), size_t(master_.size()) * sizeof(float));
+  }
 }
 
 }  // namespace omni

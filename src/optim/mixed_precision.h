@@ -30,7 +30,9 @@
 // ZeRO 2 and 3 (parallel/zero_sharding.h): mp.keep_only(ddp.shard()) releases the master
 // outside the rank's ranges, and both calls above then touch those ranges alone; the caller
 // all-gathers the model's values (stage 2) or keeps them sharded (stage 3). found_inf then
-// covers the rank's shard only: OR it over the data-parallel group.
+// covers the rank's shard only: OR it over the data-parallel group. A GPU's master must then
+// live in the device's releasable memory (the constructor's master_memory), and commit_all()
+// backs all of it again before a load that writes it whole.
 #pragma once
 
 #include <cstdint>
@@ -57,11 +59,13 @@ class MixedPrecision {
   // gradient overflow shows only when grad_dtype is F16, since the arithmetic is fp32.
   MixedPrecision(ParameterSet<float>& model, DType dtype, DType grad_dtype);
   // A bf16 or f16 model on `exec`'s device (which must outlive this): float gradients, and a
-  // master in the same device memory.
+  // master in the same device memory, or in `master_memory` (the device's releasable memory,
+  // which keep_only needs under ZeRO 2/3).
   template <typename T>
-  requires is_16bit<T> MixedPrecision(ParameterSet<T>& model, const ops::Exec& exec)
+  requires is_16bit<T> MixedPrecision(ParameterSet<T>& model, const ops::Exec& exec,
+                                      const DeviceMemory* master_memory = nullptr)
       : MixedPrecision(Stored{model.values(), dtype_of<T>(), model.grads(), exec}, model.infos(),
-                       model.values_tensor().device()) {}
+                       model.values_tensor().device(), master_memory) {}
 
   DType dtype() const { return dtype_; }
   DType grad_dtype() const { return grad_dtype_; }
@@ -82,6 +86,9 @@ class MixedPrecision {
   void keep_only(std::vector<ShardRange> ranges);
   // The master outside the kept ranges released again (after a load wrote all of it).
   void release_rest();
+  // All of the master backed again, so a load may write all of it (a GPU's; host memory is
+  // backed by the write).
+  void commit_all();
 
  private:
   // A 16-bit model on a GPU: its values, their type, and its float gradients.
@@ -91,7 +98,8 @@ class MixedPrecision {
     float* grads;
     ops::Exec exec;
   };
-  MixedPrecision(const Stored& model, std::vector<ParamInfo> infos, Device device);
+  MixedPrecision(const Stored& model, std::vector<ParamInfo> infos, Device device,
+                 const DeviceMemory* master_memory);
 
   ParameterSet<float>* model_ = nullptr;  // the CPU's: float values rounded to dtype_
   Stored stored_{};                       // else the GPU's

@@ -75,6 +75,11 @@ void ZooOptimizer<T>::update_hessian(const ParameterSet<T>&) {
   throw InternalError("[optimizer] only sophiag keeps a Hessian estimate");
 }
 
+template <typename T>
+int64_t ZooOptimizer<T>::state_bytes() const {
+  throw InternalError("[optimizer] only galore counts the bytes of its state");
+}
+
 int64_t global_numel(const ParamInfo& p) {
   if (p.global_shape.empty()) return p.numel;
   int64_t n = 1;

@@ -117,6 +117,8 @@ class ZooOptimizer {
   // model. Only SophiaG has one.
   virtual void update_hessian(const ParameterSet<T>& params);
   virtual double& scalar(const std::string& name);
+  // The bytes of state this rank holds. Optional: GaLore counts its own; the default throws.
+  virtual int64_t state_bytes() const;
 };
 
 // The zoo optimizer of `config.kind` for the elements of `params` that `layout` gives this

@@ -63,6 +63,11 @@ class Adam8bitMoments {
   void load(size_t s, const std::array<const T*, 4>& in, const std::string& what);
 
   int64_t size(size_t s) const { return segments_[s].size; }
+  // The bytes the moments take (the codes, the blocks' maxima, the fp32 segments).
+  int64_t bytes() const {
+    return int64_t(q1_.size() + q2_.size()) +
+           int64_t(sizeof(float) * (absmax1_.size() + absmax2_.size() + s1_.size() + s2_.size()));
+  }
 
  private:
   struct Segment {

@@ -86,10 +86,10 @@ class GaLore : public ZooOptimizer<T> {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[galore] the GPU steps float");
     projection_ = states_.get("projection");
     if (!eight_bit_) exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
-    std::vector<int64_t> sizes;
-    for (const ParamInfo& p : infos_) {
-      plans_.push_back(plan(p, config.zoo));
-      sizes.push_back(plans_.back().low_size(p.numel));
+    std::vector<int64_t> sizes;  // the 8-bit moments of the tensors this rank steps
+    for (size_t pi = 0; pi < infos_.size(); ++pi) {
+      plans_.push_back(plan(infos_[pi], config.zoo));
+      sizes.push_back(shards_.held(pi) ? plans_.back().low_size(infos_[pi].numel) : 0);
     }
     if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes, exec_, device_);
   }
@@ -159,6 +159,11 @@ class GaLore : public ZooOptimizer<T> {
         if (wd > 0) w[i] += decay * w[i];
       }
     }
+  }
+
+  int64_t state_bytes() const override {
+    return int64_t(states_.names().size()) * shards_.size() * int64_t(sizeof(T)) +
+           (moments_ ? moments_->bytes() : 0);
   }
 
   std::vector<std::string> state_names() const override {
@@ -287,8 +292,8 @@ class GaLore : public ZooOptimizer<T> {
   }
 
   OptimizerConfig cfg_;
-  // Which tensors this rank steps and where their float states lie (the 8-bit moments are
-  // kept for every tensor).
+  // Which tensors this rank steps and where their float states lie (the 8-bit moments: an
+  // empty segment for a tensor not held).
   WholeTensorStates<T> shards_;
   bool eight_bit_;
   std::vector<ParamInfo> infos_;

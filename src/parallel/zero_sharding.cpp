@@ -22,9 +22,13 @@ std::vector<int64_t> zero_bucket_boundaries(const std::vector<ParamInfo>& infos)
   return boundaries;
 }
 
-ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
-                           ParameterSet<float>& params, const ops::Exec& exec)
-    : stage_(stage), ddp_(buckets), params_(params), x_(exec) {
+ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets, const Flat& params,
+                           const ops::Exec& exec)
+    : stage_(stage),
+      ddp_(buckets),
+      params_(params),
+      value_size_(dtype_size(params.dtype)),
+      x_(exec) {
   OMNI_CHECK(stage == 2 || stage == 3, "[zero] stage ", stage, " is not 2 or 3");
   OMNI_CHECK(buckets.mode() == GradReduce::ReduceScatter,
              "[zero] needs data-parallel buckets in reduce-scatter mode");
@@ -33,11 +37,11 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
     memory_ = releasable_memory(exec.gpu, &why);
     OMNI_REQUIRE(memory_, "ZeRO stage ", stage, " on the ", exec.gpu->name(), " GPU: not built (",
                  why, ")");
-    OMNI_CHECK(params.memory() == memory_,
+    OMNI_CHECK(params.memory == memory_,
                "[zero] the flat parameter buffers are not in the device's releasable memory");
   }
   const std::vector<GradBucket>& bs = buckets.buckets();
-  const std::vector<ParamInfo>& infos = params.infos();
+  const std::vector<ParamInfo>& infos = *params.infos;
   bucket_of_param_.resize(infos.size());
   params_in_bucket_.assign(bs.size(), 0);
   for (size_t i = 0; i < infos.size(); ++i) {
@@ -54,7 +58,7 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
   // The units (layers, embedding, head) the buckets close at, in buffer order.
   std::vector<int64_t> starts = zero_bucket_boundaries(infos);
   starts.insert(starts.begin(), 0);
-  starts.push_back(params.size());
+  starts.push_back(params.size);
   for (size_t u = 0; u + 1 < starts.size(); ++u)
     if (starts[u] < starts[u + 1]) units_.push_back({starts[u], starts[u + 1]});
   for (const GradBucket& b : bs) {
@@ -68,7 +72,7 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets,
     accum += buckets.shard()[b].end - buckets.shard()[b].begin;
     largest = std::max(largest, bs[b].piece);
   }
-  const Device device = params.grads_tensor().device();
+  const Device device = params.device;
   // Both are backed only while used: the accumulator during a step, the piece during a
   // reduce-scatter.
   const DeviceMemory* memory = memory_ ? memory_ : x_.memory();
@@ -111,11 +115,11 @@ int64_t ZeroSharding::backed(const void* p, size_t bytes) const {
 void ZeroSharding::need_grads(size_t unit) {
   if (!memory_ || unit >= units_.size()) return;
   const auto [begin, end] = units_[unit];
-  need(params_.grads() + begin, size_t(end - begin) * sizeof(float));
+  need(params_.grads + begin, size_t(end - begin) * sizeof(float));
 }
 
 void ZeroSharding::begin_step() {
-  drop(params_.grads(), size_t(params_.size()) * sizeof(float), true);
+  drop(params_.grads, size_t(params_.size) * sizeof(float), true);
   drop(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float), true);
   need(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float));
   // A backward pass starts with the head (and the tied embedding's gradient).
@@ -125,7 +129,7 @@ void ZeroSharding::begin_step() {
 }
 
 void ZeroSharding::grads_ready(int64_t begin, int64_t end) {
-  const std::vector<ParamInfo>& infos = params_.infos();
+  const std::vector<ParamInfo>& infos = param_infos();
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];
     if (p.numel == 0 || p.offset >= end || p.offset + p.numel <= begin) continue;
@@ -143,7 +147,7 @@ void ZeroSharding::reduce(size_t index) {
   const GradBucket& b = ddp_.buckets()[index];
   Communicator& comm = ddp_.group();
   const int p = comm.size(), r = comm.rank();
-  float* g = params_.grads() + b.begin;
+  float* g = params_.grads + b.begin;
   const int64_t n = b.end - b.begin;
   float* acc = accum_.data<float>() + accum_offset_[index];
   need(g, size_t(n) * sizeof(float));  // committed already unless the hooks skipped it
@@ -172,7 +176,7 @@ void ZeroSharding::reduce(size_t index) {
   if (unit_of_bucket_[index] == 0) need_grads(units_.size() - 1), need_grads(0);
   reduced_once_[index] = true;
   pending_[index] = params_in_bucket_[index];
-  const std::vector<ParamInfo>& infos = params_.infos();
+  const std::vector<ParamInfo>& infos = param_infos();
   for (size_t i = 0; i < infos.size(); ++i)
     if (bucket_of_param_[i] == index) param_ready_[i] = false;
 }
@@ -184,9 +188,9 @@ void ZeroSharding::finish() {
   for (size_t b = 0; b < ddp_.buckets().size(); ++b)
     if (pending_[b] != params_in_bucket_[b] || !reduced_once_[b]) reduce(b);
   sample();
-  float* grads = params_.grads();
+  float* grads = params_.grads;
   // Only this rank's ranges are read from here on: the rest released.
-  drop(grads, size_t(params_.size()) * sizeof(float), true);
+  drop(grads, size_t(params_.size) * sizeof(float), true);
   for (size_t b = 0; b < ddp_.buckets().size(); ++b) {
     const ShardRange& s = ddp_.shard()[b];
     float* acc = accum_.data<float>() + accum_offset_[b];
@@ -195,7 +199,7 @@ void ZeroSharding::finish() {
     drop(acc, size_t(s.end - s.begin) * sizeof(float), false);
   }
   // Tensors whose gradient each tensor-parallel rank holds part of are all-reduced whole.
-  for (const ParamInfo& p : params_.infos())
+  for (const ParamInfo& p : param_infos())
     if (p.tp_partial_grad) need(grads + p.offset, size_t(p.numel) * sizeof(float));
   sample();
 }
@@ -213,7 +217,7 @@ std::pair<size_t, size_t> ZeroSharding::buckets_in(int64_t begin, int64_t end) c
 }
 
 std::pair<int64_t, int64_t> ZeroSharding::span_of(size_t first, size_t last) const {
-  int64_t b = params_.size(), e = 0;
+  int64_t b = params_.size, e = 0;
   for (size_t k = first; k < last; ++k)
     b = std::min(b, ddp_.buckets()[k].begin), e = std::max(e, ddp_.buckets()[k].end);
   return {b, std::max(b, e)};
@@ -230,18 +234,17 @@ void ZeroSharding::start_prefetch(size_t unit) {
   TraceSpan span("zero-params-prefetch", "unit", int(unit));
   const auto [first, last] = buckets_in(units_[unit].first, units_[unit].second);
   if (first >= last) return;
-  float* values = params_.values();
   const auto [b, e] = span_of(first, last);
-  need(values + b, size_t(e - b) * sizeof(float));
+  need(value(b), value_bytes(e - b));
   // An all-gather as a sum: every rank contributes its ranges and zeros elsewhere (x + 0 is
-  // x exactly), so the result is the blocking all-gather's.
+  // x exactly, in 16 bits too), so the result is the blocking all-gather's.
   for (size_t k = first; k < last; ++k) {
     const GradBucket& g = ddp_.buckets()[k];
     const ShardRange& r = ddp_.shard()[k];
-    ops::zero(x_, values + g.begin, size_t(r.begin - g.begin));
-    ops::zero(x_, values + r.end, size_t(g.end - r.end));
+    ops::zero(x_, value(g.begin), value_bytes(r.begin - g.begin));
+    ops::zero(x_, value(r.end), value_bytes(g.end - r.end));
   }
-  prefetch_ = ddp_.group().iall_reduce(values + b, size_t(e - b), DType::F32);
+  prefetch_ = ddp_.group().iall_reduce(value(b), size_t(e - b), params_.dtype);
   prefetched_ = unit;
 }
 
@@ -260,12 +263,11 @@ void ZeroSharding::end_prefetch(bool use) {
 }
 
 void ZeroSharding::give_back(size_t first, size_t last) {
-  float* values = params_.values();
   for (size_t b = first; b < last; ++b) {
     const GradBucket& k = ddp_.buckets()[b];
     const ShardRange& s = ddp_.shard()[b];
-    drop(values + k.begin, size_t(s.begin - k.begin) * sizeof(float), false);
-    drop(values + s.end, size_t(k.end - s.end) * sizeof(float), false);
+    drop(value(k.begin), value_bytes(s.begin - k.begin), false);
+    drop(value(s.end), value_bytes(k.end - s.end), false);
   }
 }
 
@@ -295,7 +297,6 @@ void ZeroSharding::use_params(int64_t begin, int64_t end, bool use) {
   if (backward_ && unit != kNone && unit != head) need_grads(unit);
   if (stage_ < 3) return;
   const auto [first, last] = buckets_in(begin, end);
-  float* values = params_.values();
   // While this unit computes, the next one's all-gather is in flight.
   if (unit == kNone) end_prefetch(false);  // a range that may overlap the one in flight
   if (unit != kNone && unit == prefetched_) {
@@ -305,9 +306,9 @@ void ZeroSharding::use_params(int64_t begin, int64_t end, bool use) {
     TraceSpan span("zero-params-all-gather");
     if (first < last) {
       const auto [b, e] = span_of(first, last);
-      need(values + b, size_t(e - b) * sizeof(float));
+      need(value(b), value_bytes(e - b));
     }
-    ddp_.all_gather(values, first, last);
+    all_gather_values(first, last);
   }
   if (prefetching_ && next != kNone && next != prefetched_ && next < units_.size()) {
     end_prefetch(false);
@@ -326,30 +327,43 @@ void ZeroSharding::release_params() {
   if (stage_ < 3) return;
   end_prefetch(false);
   in_use_ = 0;
-  const auto [first, last] = buckets_in(0, params_.size());
+  const auto [first, last] = buckets_in(0, params_.size);
   give_back(first, last);
 }
 
 void ZeroSharding::commit_params(bool whole) {
   if (whole || stage_ < 3) {
-    need(params_.values(), size_t(params_.size()) * sizeof(float));
+    need(value(0), value_bytes(params_.size));
     return;
   }
-  for (const ShardRange& r : ddp_.shard())
-    need(params_.values() + r.begin, size_t(r.end - r.begin) * sizeof(float));
+  for (const ShardRange& r : ddp_.shard()) need(value(r.begin), value_bytes(r.end - r.begin));
 }
 
 void ZeroSharding::params_updated() {
   if (stage_ == 2) {
     TraceSpan span("zero-params-all-gather");
-    ddp_.all_gather(params_.values());
+    all_gather_values(0, ddp_.buckets().size());
+  }
+}
+
+void ZeroSharding::all_gather_values(size_t first, size_t last) {
+  // As DataParallelBuckets::all_gather, in the values' own type.
+  Communicator& comm = ddp_.group();
+  const int p = comm.size(), r = comm.rank();
+  if (p == 1) return;
+  for (size_t i = first; i < last; ++i) {
+    const GradBucket& b = ddp_.buckets()[i];
+    if (b.piece > 0)
+      comm.all_gather(value(b.begin), value(b.begin + r * b.piece), size_t(b.piece), params_.dtype);
+    if (const int64_t rest = b.end - b.begin - p * b.piece; rest > 0)
+      comm.broadcast(value(b.begin + p * b.piece), value_bytes(rest), p - 1);
   }
 }
 
 ZeroSharding::Bytes ZeroSharding::resident() const {
   Bytes b;
-  b.params = backed(params_.values(), size_t(params_.size()) * sizeof(float));
-  b.grads = backed(params_.grads(), size_t(params_.size()) * sizeof(float)) +
+  b.params = backed(value(0), value_bytes(params_.size));
+  b.grads = backed(params_.grads, size_t(params_.size) * sizeof(float)) +
             backed(accum_.data<float>(), size_t(accum_.numel()) * sizeof(float)) +
             backed(piece_.data<float>(), size_t(piece_.numel()) * sizeof(float));
   return b;

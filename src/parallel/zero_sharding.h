@@ -12,8 +12,10 @@
 //   zero.finish();  // this rank's ranges of params.grads() hold the averaged gradients
 //   dist_optimizer.step(params, lr) (without its all-gather: set_gather_params(false))
 //   zero.params_updated();  // stage 2: all-gathered; stage 3: this rank's ranges only
-// With --bf16/--fp16 `params` is the model's (16-bit values, its gradients) and the fp32
-// master copy keeps only this rank's ranges (MixedPrecision::keep_only(buckets.shard())).
+// With --bf16/--fp16 `params` is the model's: the CPU's float values rounded to 16 bits, or
+// a GPU's ParameterSet<bf16>/<f16> (16-bit values, float gradients), whose stage 3 gathers
+// each layer's 16-bit values; the fp32 master copy keeps only this rank's ranges
+// (MixedPrecision::keep_only(buckets.shard())).
 //
 // Stage 2: a bucket is reduce-scattered as soon as one micro-batch's backward has finished
 // it; this rank's piece is added to a shard-sized accumulator and the bucket's part of the
@@ -21,6 +23,10 @@
 // the layer in flight, and the rank keeps 1/dp of the accumulated ones. Stage 3: between
 // uses the parameter buffer holds only this rank's ranges; a layer's parameters are
 // all-gathered before its forward, again before its backward, and released after each.
+//
+// A 16-bit model's prefetch sums 16-bit values (x + 0 is exact): NCCL, RCCL and the in-process
+// communicator reduce them. MPI cannot, and carries only the CPU's float values (GPU ranks talk
+// through NCCL or RCCL; the emulated GPU's ranks run in one process).
 //
 // The flat buffers keep their addresses, so every view the model, the optimizer and the
 // checkpoint writer hold stays valid: "released" memory is handed back (base/
@@ -34,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -51,8 +58,16 @@ std::vector<int64_t> zero_bucket_boundaries(const std::vector<ParamInfo>& infos)
 class ZeroSharding {
  public:
   // `buckets` (ReduceScatter mode) and `params` must outlive this object. stage: 2 or 3.
-  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, ParameterSet<float>& params,
-               const ops::Exec& exec = {});
+  // T: float, or a GPU's bf16/f16 (gradients float either way).
+  template <typename T>
+  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, ParameterSet<T>& params,
+               const ops::Exec& exec = {})
+      : ZeroSharding(stage, buckets,
+                     Flat{params.values(), dtype_of<T>(), params.grads(), &params.infos(),
+                          params.size(), params.memory(), params.grads_tensor().device()},
+                     exec) {
+    static_assert(std::is_same_v<accum_t<T>, float>, "ZeRO shards float gradients");
+  }
 
   int stage() const { return stage_; }
   // Before a step's first backward: the gradient buffer reads as zeros and holds no memory.
@@ -98,6 +113,24 @@ class ZeroSharding {
   }
 
  private:
+  // The model's flat buffers: values of `dtype`, float gradients, laid out as `infos` say.
+  struct Flat {
+    void* values;
+    DType dtype;
+    float* grads;
+    const std::vector<ParamInfo>* infos;
+    int64_t size;
+    const DeviceMemory* memory;
+    Device device;
+  };
+  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, const Flat& params,
+               const ops::Exec& exec);
+  const std::vector<ParamInfo>& param_infos() const { return *params_.infos; }
+  // Element i of the values, and the bytes of n of them.
+  char* value(int64_t i) const { return static_cast<char*>(params_.values) + i * value_size_; }
+  size_t value_bytes(int64_t n) const { return size_t(n) * value_size_; }
+  // Every rank's ranges of buckets [first, last) of the values to every rank (collective).
+  void all_gather_values(size_t first, size_t last);
   void reduce(size_t bucket);
   void sample();
   // Memory no longer needed: released (host: read as zeros; `zero_ends`: the partial pages or
@@ -122,7 +155,8 @@ class ZeroSharding {
 
   int stage_;
   DataParallelBuckets<float>& ddp_;
-  ParameterSet<float>& params_;
+  Flat params_;
+  size_t value_size_;
   ops::Exec x_;
   const ReleasableMemory* memory_ = nullptr;  // a GPU's; null: host memory
   std::vector<std::pair<int64_t, int64_t>> units_;

@@ -106,8 +106,6 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                "' communicator, which moves host memory only");
     exec_ = ops::Exec{gpu};
     if (opts.zero_stage >= 2) {  // ZeRO 2/3 release and recommit parts of the flat buffers
-      OMNI_REQUIRE(!opts.bf16 && !opts.fp16, "--zero-stage ", opts.zero_stage, " with --",
-                   opts.bf16 ? "bf16" : "fp16", " on a GPU: not built yet (its 16-bit model)");
       std::string why;
       mp.params_memory = releasable_memory(gpu, &why);
       OMNI_REQUIRE(mp.params_memory, "--zero-stage ", opts.zero_stage, " on --device ", opts.device,
@@ -179,8 +177,8 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     ddp_->mark_ready(begin, end);
   };
   if (opts.zero_stage >= 2) {  // every micro-batch's gradients reduced as they are final
-    zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, *ddp_, optimizer_params(), exec_);
-    with_model([&](auto& m) {
+    with_model([&](auto& m) {  // the model's flat buffers (a GPU's: 16-bit values)
+      zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, *ddp_, m.model.params(), exec_);
       m.pipeline.set_grads_ready_hook([this](int64_t b, int64_t e) { zero_->grads_ready(b, e); },
                                       true);
       m.model.set_params_hook(
@@ -191,6 +189,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   }
   if (opts.bf16 || opts.fp16) {
     const DType dtype = opts.bf16 ? DType::BF16 : DType::F16;
+    if (zero_) zero_->commit_params(true);  // the master's copy reads them all (stage 3: zeros)
     with_model([&](auto& m) {
       if constexpr (std::is_same_v<std::decay_t<decltype(m.model)>, GPTModel<float>>)
         // The CPU's float values rounded to dtype. Megatron keeps bf16 gradients in fp32 and
@@ -198,7 +197,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
         mixed_ = std::make_unique<MixedPrecision>(m.model.params(), dtype,
                                                   opts.bf16 ? DType::F32 : dtype);
       else  // a 16-bit model on the GPU (fp32 gradients)
-        mixed_ = std::make_unique<MixedPrecision>(m.model.params(), exec_);
+        mixed_ = std::make_unique<MixedPrecision>(m.model.params(), exec_, mp.params_memory);
     });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
     if (zero_) {  // the master's ranges this rank steps; the model's rounding touched them all
@@ -342,6 +341,7 @@ void Trainer::load(const std::string& dir) {
   ParameterSet<float>& params = optimizer_params();
   // A checkpoint's read writes this rank's shard under stage 3, a Hugging Face read all.
   if (zero_) zero_->commit_params(is_hf_model_dir(dir));
+  if (zero_ && mixed_) mixed_->commit_all();  // a GPU's sharded master
   TrainingProgress p;
   if (is_hf_model_dir(dir)) {  // each rank reads only its part's elements
     std::vector<float> local(size_t(params.size()));

@@ -247,5 +247,35 @@ TEST(ZooShards, DistributedOptimizerMatchesOneRankAndResumesAtAnotherSize) {
   }
 }
 
+// GaLore keeps its states only for the tensors a rank steps: the float ones (projection,
+// exp_avg, exp_avg_sq, each shards_.size() floats) and the 8-bit variant's moments (its bytes
+// less its projection, a third of the float variant's). Two ranks split the tensors in halves
+// (one bucket) with one tensor cut, which both hold.
+TEST(ZooShards, GaLoreStatesOnlyForTheTensorsARankHolds) {
+  std::map<OptimizerKind, std::map<int, std::vector<int64_t>>> bytes;  // per world, per rank
+  for (OptimizerKind kind : {OptimizerKind::GaLoreAdamW, OptimizerKind::GaLoreAdamW8bit})
+    for (int ranks : {1, 2}) {
+      bytes[kind][ranks].resize(size_t(ranks));
+      run_ranks(ranks, [&](Communicator& world) {
+        ParameterSet<float> params(whole_infos());
+        DataParallelBuckets<float> ddp(world, params, 1000, GradReduce::ReduceScatter);
+        DistributedOptimizer<float> opt(config(kind), ddp, params);
+        bytes[kind][ranks][size_t(world.rank())] = opt.zoo()->state_bytes();
+      });
+    }
+  const auto& f = bytes[OptimizerKind::GaLoreAdamW];
+  const auto& q = bytes[OptimizerKind::GaLoreAdamW8bit];
+  auto moments = [&](int ranks, int r) { return q.at(ranks)[r] - f.at(ranks)[r] / 3; };
+  for (int r = 0; r < 2; ++r) {
+    std::printf(
+        "rank %d of 2: galoreadamw's states %lld of one rank's %lld bytes, "
+        "galoreadamw8bit's moments %lld of %lld\n",
+        r, (long long)f.at(2)[r], (long long)f.at(1)[0], (long long)moments(2, r),
+        (long long)moments(1, 0));
+    EXPECT_LT(double(f.at(2)[r]), 0.8 * double(f.at(1)[0])) << "rank " << r;
+    EXPECT_LT(double(moments(2, r)), 0.9 * double(moments(1, 0))) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace omni

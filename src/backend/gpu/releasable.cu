@@ -5,10 +5,12 @@
 // cuMemSetAccess; cuMemUnmap, cuMemRelease, found through the runtime) at
 // cuMemGetAllocationGranularity's minimum; HIP:
 // its hipMem* equivalents; the emulator: host pages, inaccessible (PROT_NONE) while released,
-// so a touch of released memory faults there as it would on a GPU.
+// so a touch of released memory faults there as it would on a GPU. A run of granules committed
+// together gets one access call; a commit that fails gives back what it had mapped.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -44,12 +46,15 @@ void unreserve(void* p, size_t bytes) {
   emulator::check::note_free(p);
   munmap(p, bytes);
 }
-Handle map(void* at, size_t bytes) {  // released pages read as zeros when accessible again
-  OMNI_CHECK(mprotect(at, bytes, PROT_READ | PROT_WRITE) == 0, "[releasable memory] mprotect");
-  return 1;
+// Released pages read as zeros when accessible again.
+void map_run(void* at, size_t granule, Handle* handles, size_t count) {
+  OMNI_CHECK(mprotect(at, granule * count, PROT_READ | PROT_WRITE) == 0,
+             "[releasable memory] mprotect");
+  std::fill_n(handles, count, Handle{1});
 }
-void unmap(void* at, size_t bytes, Handle) {
-  OMNI_CHECK(madvise(at, bytes, MADV_DONTNEED) == 0 && mprotect(at, bytes, PROT_NONE) == 0,
+void unmap_run(void* at, size_t granule, const Handle*, size_t count) {
+  OMNI_CHECK(madvise(at, granule * count, MADV_DONTNEED) == 0 &&
+                 mprotect(at, granule * count, PROT_NONE) == 0,
              "[releasable memory] madvise/mprotect");
 }
 #elif defined(__HIPCC__) || defined(OMNITRON_HIP)
@@ -78,24 +83,43 @@ void* reserve(size_t bytes) {
 void unreserve(void* p, size_t bytes) {
   (void)hipMemAddressFree(p, bytes);
 }
-Handle map(void* at, size_t bytes) {
-  const hipMemAllocationProp prop = properties();
-  Handle h{};
-  if (hipMemCreate(&h, bytes, &prop, 0) != hipSuccess) {
-    (void)hipGetLastError();
-    throw UsageError("out of GPU memory: cannot commit " + std::to_string(bytes >> 10) +
-                     " KiB of a ZeRO buffer");
+// Granules [0, mapped) of a run at `at` handed back, errors ignored (a failed commit's undo).
+void undo_run(char* at, size_t granule, const Handle* handles, size_t mapped) {
+  for (size_t i = 0; i < mapped; ++i) {
+    (void)hipMemUnmap(at + i * granule, granule);
+    (void)hipMemRelease(handles[i]);
   }
-  OMNI_GPU_CHECK(hipMemMap(at, bytes, 0, h, 0));
+  (void)hipGetLastError();
+}
+void map_run(void* at, size_t granule, Handle* handles, size_t count) {
+  const hipMemAllocationProp prop = properties();
+  char* const base = static_cast<char*>(at);
+  for (size_t i = 0; i < count; ++i) {
+    if (hipMemCreate(&handles[i], granule, &prop, 0) != hipSuccess) {
+      undo_run(base, granule, handles, i);
+      throw UsageError("out of GPU memory: cannot commit " + std::to_string(granule >> 10) +
+                       " KiB of a ZeRO buffer");
+    }
+    if (const hipError_t e = hipMemMap(base + i * granule, granule, 0, handles[i], 0);
+        e != hipSuccess) {
+      (void)hipMemRelease(handles[i]);
+      undo_run(base, granule, handles, i);
+      OMNI_GPU_CHECK(e);
+    }
+  }
   hipMemAccessDesc access{};
   access.location = prop.location;
   access.flags = hipMemAccessFlagsProtReadWrite;
-  OMNI_GPU_CHECK(hipMemSetAccess(at, bytes, &access, 1));
-  return h;
+  if (const hipError_t e = hipMemSetAccess(at, granule * count, &access, 1); e != hipSuccess) {
+    undo_run(base, granule, handles, count);
+    OMNI_GPU_CHECK(e);
+  }
 }
-void unmap(void* at, size_t bytes, Handle h) {
-  OMNI_GPU_CHECK(hipMemUnmap(at, bytes));
-  OMNI_GPU_CHECK(hipMemRelease(h));
+void unmap_run(void* at, size_t granule, const Handle* handles, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    OMNI_GPU_CHECK(hipMemUnmap(static_cast<char*>(at) + i * granule, granule));
+    OMNI_GPU_CHECK(hipMemRelease(handles[i]));
+  }
 }
 #else
 using Handle = CUmemGenericAllocationHandle;
@@ -175,23 +199,45 @@ void* reserve(size_t bytes) {
 void unreserve(void* p, size_t bytes) {
   (void)driver().address_free(reinterpret_cast<CUdeviceptr>(p), bytes);
 }
-Handle map(void* at, size_t bytes) {
+// Granules [0, mapped) of a run at `at` handed back, errors ignored (a failed commit's undo).
+void undo_run(CUdeviceptr at, size_t granule, const Handle* handles, size_t mapped) {
+  for (size_t i = 0; i < mapped; ++i) {
+    (void)driver().unmap(at + i * granule, granule);
+    (void)driver().release(handles[i]);
+  }
+}
+void map_run(void* at, size_t granule, Handle* handles, size_t count) {
   const CUmemAllocationProp prop = properties();
-  Handle h = 0;
-  if (driver().create(&h, bytes, &prop, 0) != CUDA_SUCCESS)
-    throw UsageError("out of GPU memory: cannot commit " + std::to_string(bytes >> 10) +
-                     " KiB of a ZeRO buffer");
-  const auto d = reinterpret_cast<CUdeviceptr>(at);
-  check(driver().map(d, bytes, 0, h, 0), "cuMemMap");
+  const auto base = reinterpret_cast<CUdeviceptr>(at);
+  for (size_t i = 0; i < count; ++i) {
+    if (driver().create(&handles[i], granule, &prop, 0) != CUDA_SUCCESS) {
+      undo_run(base, granule, handles, i);
+      throw UsageError("out of GPU memory: cannot commit " + std::to_string(granule >> 10) +
+                       " KiB of a ZeRO buffer");
+    }
+    if (const CUresult r = driver().map(base + i * granule, granule, 0, handles[i], 0);
+        r != CUDA_SUCCESS) {
+      (void)driver().release(handles[i]);
+      undo_run(base, granule, handles, i);
+      check(r, "cuMemMap");
+    }
+  }
+  // One access call for the run: it may span several mappings.
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(driver().set_access(d, bytes, &access, 1), "cuMemSetAccess");
-  return h;
+  if (const CUresult r = driver().set_access(base, granule * count, &access, 1);
+      r != CUDA_SUCCESS) {
+    undo_run(base, granule, handles, count);
+    check(r, "cuMemSetAccess");
+  }
 }
-void unmap(void* at, size_t bytes, Handle h) {
-  check(driver().unmap(reinterpret_cast<CUdeviceptr>(at), bytes), "cuMemUnmap");
-  check(driver().release(h), "cuMemRelease");
+void unmap_run(void* at, size_t granule, const Handle* handles, size_t count) {
+  const auto base = reinterpret_cast<CUdeviceptr>(at);
+  for (size_t i = 0; i < count; ++i) {
+    check(driver().unmap(base + i * granule, granule), "cuMemUnmap");
+    check(driver().release(handles[i]), "cuMemRelease");
+  }
 }
 #endif
 
@@ -214,7 +260,14 @@ class Releasable final : public ReleasableMemory {
     b.bytes = n * g;
     b.granules.assign(n, Handle{});
     b.mapped.assign(n, false);
-    commit_locked(b, reinterpret_cast<uintptr_t>(p), 0, n);
+    try {
+      commit_locked(b, reinterpret_cast<uintptr_t>(p), 0, n);
+    } catch (...) {  // the granules committed before the failure, and the addresses, back
+      release_locked(b, reinterpret_cast<uintptr_t>(p), 0, n);
+      buffers_.erase(reinterpret_cast<uintptr_t>(p));
+      unreserve(p, n * g);
+      throw;
+    }
     return p;
   }
   void deallocate(void* p) const override {
@@ -288,26 +341,39 @@ class Releasable final : public ReleasableMemory {
                "[releasable memory] ", p, " is in no releasable buffer");
     return {it->first, &it->second};
   }
+  // Calls f(first, last) for each run of granules in [first, last) whose mapped flag is `mapped`.
+  template <typename F>
+  static void for_each_run(const Buffer& b, size_t first, size_t last, bool mapped, F&& f) {
+    for (size_t i = first; i < last;) {
+      if (b.mapped[i] != mapped) {
+        ++i;
+        continue;
+      }
+      size_t j = i + 1;
+      while (j < last && b.mapped[j] == mapped) ++j;
+      f(i, j);
+      i = j;
+    }
+  }
+  // Each run of unmapped granules is mapped with one access call (and zeroed with one call).
   void commit_locked(Buffer& b, uintptr_t base, size_t first, size_t last) const {
     const size_t g = granularity_;
-    for (size_t i = first; i < last; ++i) {
-      if (b.mapped[i]) continue;
+    for_each_run(b, first, last, false, [&](size_t i, size_t j) {
       void* at = reinterpret_cast<void*>(base + i * g);
-      b.granules[i] = map(at, g);
-      b.mapped[i] = true;
+      map_run(at, g, b.granules.data() + i, j - i);
+      std::fill(b.mapped.begin() + i, b.mapped.begin() + j, true);
 #if !defined(OMNITRON_GPU_EMULATE)
-      device_.zero(at, g);  // a fresh physical allocation holds anything
+      device_.zero(at, (j - i) * g);  // a fresh physical allocation holds anything
 #endif
-    }
+    });
   }
   void release_locked(Buffer& b, uintptr_t base, size_t first, size_t last) const {
     const size_t g = granularity_;
-    for (size_t i = first; i < last; ++i) {
-      if (!b.mapped[i]) continue;
-      unmap(reinterpret_cast<void*>(base + i * g), g, b.granules[i]);
-      b.granules[i] = Handle{};
-      b.mapped[i] = false;
-    }
+    for_each_run(b, first, last, true, [&](size_t i, size_t j) {
+      unmap_run(reinterpret_cast<void*>(base + i * g), g, b.granules.data() + i, j - i);
+      std::fill(b.granules.begin() + i, b.granules.begin() + j, Handle{});
+      std::fill(b.mapped.begin() + i, b.mapped.begin() + j, false);
+    });
   }
 
   const DeviceMemory& device_;
