@@ -148,9 +148,6 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must divide by --tensor-model-parallel-size x --context-parallel-size (", tp,
                " x ", cp, ")");
   if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
-    OMNI_REQUIRE((std::is_same_v<T, float> || std::is_same_v<T, double>),
-                 "--num-experts: mixture-of-experts layers run in fp32 only (not built yet in "
-                 "bf16/fp16)");
     OMNI_REQUIRE(!x_.on_gpu() || !parallel_.ep || parallel_.ep->size() == 1,
                  "--num-experts with --expert-model-parallel-size ",
                  parallel_.ep ? parallel_.ep->size() : 1,

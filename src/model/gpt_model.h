@@ -146,8 +146,8 @@ class GPTModel final : public PipelineChunks<T> {
     params_hook_ = std::move(hook);
   }
 
-  // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float on a GPU without
-  // tensor or context parallelism): what the training forwards since the last
+  // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float, bf16 or f16 on a GPU
+  // without tensor or context parallelism): what the training forwards since the last
   // take_moe_report() reported, per global layer (zero for dense layers and layers this rank
   // does not hold).
   struct MoEReport {

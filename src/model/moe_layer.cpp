@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/ops.h"
 #include "base/error.h"
@@ -184,9 +185,12 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
                cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
                " with --num-experts on the GPU: not built yet (one tensor- and context-parallel "
                "rank runs there)");
-  for (MoEBuffer<T>* b : {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_,
-                          &local_out_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
-                          &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
+  for (MoEBuffer<Router>* b :
+       {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_, &x_router_, &w_router_})
+    b->set_exec(exec);
+  for (MoEBuffer<T>* b :
+       {&probs_t_, &local_out_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
+        &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
     b->set_exec(exec);
   indices_.set_exec(exec);
   local_experts_ = E_ / ranks;
@@ -217,7 +221,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   routing_.num_groups = cfg_.moe_router_num_groups;
   routing_.group_topk = cfg_.moe_router_group_topk;
   routing_.scaling_factor = cfg_.moe_router_topk_scaling_factor;
-  expert_bias_.assign(E_, T(0));
+  expert_bias_.assign(E_, Router(0));
   local_tokens_.assign(E_, 0.0);
 }
 
@@ -232,8 +236,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
 
   // Router.
   const ops::Exec& ex = exec_;
-  logits_.resize(static_cast<size_t>(tokens) * E);
-  ops::linear_forward(ex, logits_.data(), x, p.router_weight, p.router_bias, tokens, C, E);
+  router_forward(x, p);
   probs_.resize(static_cast<size_t>(tokens) * K);
   indices_.resize(static_cast<size_t>(tokens) * K);
   routing_.tokens = tokens;
@@ -243,7 +246,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   }
   ops::moe_topk_routing_forward(
       ex, probs_.data(), indices_.data(), logits_.data(),
-      cfg_.moe_router_enable_expert_bias ? device_bias_.data() : static_cast<T*>(nullptr),
+      cfg_.moe_router_enable_expert_bias ? device_bias_.data() : static_cast<Router*>(nullptr),
       routing_);
   if (train) {
     // The losses' gradients with respect to the logits, for a unit gradient of each loss.
@@ -295,14 +298,19 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
                    r, " routes ", all[r], " tokens, this rank ", tokens,
                    " (the ranks' micro-batches must be the same size)");
     x_all_.resize(size_t(n) * tokens * C);
-    probs_all_.resize(size_t(n) * tokens * K);
+    std::vector<Router> probs_all(size_t(n) * tokens * K);
     ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
-    ep_->all_gather(probs_all_.data(), probs_.data(), probs_.size());
+    ep_->all_gather(probs_all.data(), probs_.data(), probs_.size());
+    probs_all_.resize(probs_all.size());
+    if constexpr (std::is_same_v<T, Router>)
+      probs_all_ = probs_all;
+    else
+      ep_->all_gather(probs_all_.data(), combine_probs(), probs_.size());
     const std::vector<double> index_mine(indices_.host().begin(), indices_.host().end());
     ep_->all_gather(index_all.data(), index_mine.data(), index_mine.size());
     const std::vector<int32_t> indices_all(index_all.begin(), index_all.end());
     gathered_plan_ =
-        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all_.data(), tokens, n, E,
+        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all.data(), tokens, n, E,
                                                K, cap, first_expert_, El));
   } else if (expert_parallel()) {
     a2a_.emplace(*ep_, plan_.host(), E);
@@ -334,7 +342,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     out_rows = local_out_.data();
   }
   row_weight_.resize(rows_plan.host().rows());
-  ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : probs_.data(),
+  ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : combine_probs(),
                        rows_plan);
   if (allgather()) {  // this rank's experts' part of every gathered token, summed back
     std::vector<T> y_all(x_all_.size());
@@ -352,6 +360,53 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   if (train && !recomputing && cfg_.moe_router_enable_expert_bias)
     for (int e = 0; e < E; ++e) local_tokens_[e] += double(plan.expert_rows(e));
   return stats_;
+}
+
+template <typename T>
+void MoELayer<T>::router_forward(const T* x, const MoEParams<T>& p) {
+  const ops::Exec& ex = exec_;
+  const int N = tokens_, C = C_, E = E_;
+  logits_.resize(static_cast<size_t>(N) * E);
+  if constexpr (std::is_same_v<T, Router>) {
+    ops::linear_forward(ex, logits_.data(), x, p.router_weight, p.router_bias, N, C, E);
+  } else {  // widened to float, the weights' copy kept for the backward (bias after weight)
+    const size_t nx = size_t(N) * C, nw = size_t(E) * C;
+    x_router_.resize(nx);
+    w_router_.resize(nw + (p.router_bias ? E : 0));
+    ops::to_float(ex, x_router_.data(), x, nx);
+    ops::to_float(ex, w_router_.data(), p.router_weight, nw);
+    if (p.router_bias) ops::to_float(ex, w_router_.data() + nw, p.router_bias, size_t(E));
+    ops::linear_forward(ex, logits_.data(), x_router_.data(), w_router_.data(),
+                        p.router_bias ? w_router_.data() + nw : static_cast<Router*>(nullptr), N, C,
+                        E);
+  }
+}
+
+template <typename T>
+void MoELayer<T>::router_backward(T* dx, const Router* dlogits, const MoEParams<T>& p,
+                                  const MoEParams<Router>& g) {
+  const ops::Exec& ex = exec_;
+  const int N = tokens_, C = C_, E = E_;
+  if constexpr (std::is_same_v<T, Router>) {
+    ops::linear_backward(ex, dx, g.router_weight, g.router_bias, dlogits, x_, p.router_weight, N, C,
+                         E);
+  } else {  // dx in float, rounded once
+    MoEBuffer<Router> dx_wide(ex, size_t(N) * C);
+    ops::linear_backward(ex, dx_wide.data(), g.router_weight, g.router_bias, dlogits,
+                         x_router_.data(), w_router_.data(), N, C, E);
+    ops::from_float(ex, dx, dx_wide.data(), dx_wide.size());
+  }
+}
+
+template <typename T>
+const T* MoELayer<T>::combine_probs() {
+  if constexpr (std::is_same_v<T, Router>) {
+    return probs_.data();
+  } else {
+    probs_t_.resize(probs_.size());
+    ops::from_float(exec_, probs_t_.data(), probs_.data(), probs_.size());
+    return probs_t_.data();
+  }
 }
 
 template <typename T>
@@ -379,10 +434,10 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
 }
 
 template <typename T>
-void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
+void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<Router>& g,
                            double aux_loss_grad_scale) {
   OMNI_CHECK(trained_, "MoELayer::backward needs a training forward just before it");
-  const int N = tokens_, E = E_, C = C_, K = K_;
+  const int N = tokens_, C = C_, K = K_;
 
   // Combine and experts: the gradients of the experts' output rows and of their weights.
   const ops::Exec& ex = exec_;
@@ -416,7 +471,8 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
                                    permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
 
   // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
-  MoEBuffer<T> dprobs(ex, static_cast<size_t>(N) * K), dlogits(ex, logits_.size());
+  MoEBuffer<T> dprobs(ex, static_cast<size_t>(N) * K);
+  MoEBuffer<Router> dlogits(ex, logits_.size());
   std::vector<T> dx_experts;
   const T* d_rows_in = d_permuted.data();
   std::vector<T> d_rows;
@@ -435,7 +491,16 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
       d_rows_in = d_rows.data();
     }
   }
-  ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
+  const Router* dprobs_r = nullptr;
+  MoEBuffer<Router> dprobs_wide(ex);
+  if constexpr (std::is_same_v<T, Router>) {
+    dprobs_r = dprobs.data();
+  } else {
+    dprobs_wide.resize(dprobs.size());
+    ops::to_float(ex, dprobs_wide.data(), dprobs.data(), dprobs.size());
+    dprobs_r = dprobs_wide.data();
+  }
+  ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs_r, logits_.data(), indices_.data(),
                                  routing_);
   if (!aux_dlogits_.empty() && tp_rank_ == 0) {  // once over the tensor-parallel ranks
     if (ex.on_gpu()) {  // the aux losses' gradient, scaled in a copy (it stays the forward's)
@@ -444,12 +509,11 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
       ops::scale(ex, aux_scaled_.data(), aux_loss_grad_scale, aux_scaled_.size());
       ops::add(ex, dlogits.data(), dlogits.data(), aux_scaled_.data(), dlogits.size());
     } else {
-      const T s = T(aux_loss_grad_scale);
+      const Router s = Router(aux_loss_grad_scale);
       for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += s * aux_dlogits_.data()[i];
     }
   }
-  ops::linear_backward(ex, dx, g.router_weight, g.router_bias, dlogits.data(), x_, p.router_weight,
-                       N, C, E);
+  router_backward(dx, dlogits.data(), p, g);
   if (allgather())
     ops::add(ex, dx, dx, dx_experts.data(), dx_experts.size());
   else
@@ -459,7 +523,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
 
 template <typename T>
 void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
-                                         const MoEParams<T>& g) {
+                                         const MoEParams<Router>& g) {
   const int N = tokens_, C = C_;
   const ops::Exec& ex = exec_;
   MoEBuffer<T> d_out(ex);
@@ -472,19 +536,21 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
     d_shared = d_out.data();
   }
   MoEBuffer<T> d_act(ex, static_cast<size_t>(N) * Fs_), d_fc1(ex, static_cast<size_t>(N) * Fs1_);
-  ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<T*>(nullptr), d_shared,
-                       shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
+  ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<Router*>(nullptr),
+                       d_shared, shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
-  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<T*>(nullptr), d_fc1.data(), x_,
+  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<Router*>(nullptr), d_fc1.data(), x_,
                        p.shared_fc1_weight, N, C, Fs1_, /*accumulate_dx=*/true);
 }
 
 template <typename T>
 int64_t MoELayer<T>::activation_bytes() const {
   int64_t b = 0;
+  for (const MoEBuffer<Router>* v : {&logits_, &probs_, &aux_dlogits_, &x_router_, &w_router_})
+    b += int64_t(v->size() * sizeof(Router));
   for (const MoEBuffer<T>* v :
-       {&logits_, &probs_, &aux_dlogits_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
-        &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_, &local_out_})
+       {&probs_t_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_, &shared_fc1_out_,
+        &shared_act_, &shared_out_, &shared_gate_, &local_out_})
     b += int64_t(v->size() * sizeof(T));
   b += int64_t((x_all_.size() + probs_all_.size()) * sizeof(T));
   const ops::MoEDispatchPlan& plan = plan_.host();
@@ -508,7 +574,13 @@ template struct MoEParams<float>;
 template struct MoEParams<double>;
 template MoEParams<float> moe_param_views<float>(float*, const TransformerConfig&);
 template MoEParams<double> moe_param_views<double>(double*, const TransformerConfig&);
+template struct MoEParams<bf16>;
+template struct MoEParams<f16>;
+template MoEParams<bf16> moe_param_views<bf16>(bf16*, const TransformerConfig&);
+template MoEParams<f16> moe_param_views<f16>(f16*, const TransformerConfig&);
 template class MoELayer<float>;
 template class MoELayer<double>;
+template class MoELayer<bf16>;
+template class MoELayer<f16>;
 
 }  // namespace omni

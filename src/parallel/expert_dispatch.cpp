@@ -99,5 +99,10 @@ ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* prob
 OMNI_EXPERT_DISPATCH(float)
 OMNI_EXPERT_DISPATCH(double)
 #undef OMNI_EXPERT_DISPATCH
+// A 16-bit MoE layer's rows (its routing plans are float's).
+template void ExpertAllToAll::dispatch<bf16>(bf16*, const bf16*, int) const;
+template void ExpertAllToAll::combine<bf16>(bf16*, const bf16*, int) const;
+template void ExpertAllToAll::dispatch<f16>(f16*, const f16*, int) const;
+template void ExpertAllToAll::combine<f16>(f16*, const f16*, int) const;
 
 }  // namespace omni
