@@ -354,6 +354,7 @@ class GPTModel final : public PipelineChunks<T> {
   bool moe_training_ = false, moe_recomputing_ = false;
   double moe_grad_scale_ = 0;
   MoEReport moe_report_;
+  std::shared_ptr<void> moe_scratch_;  // the MoE layers' one MoELayer::Scratch (gpt_moe.cpp)
   std::vector<double> expert_tokens_;
   std::shared_ptr<MLAState> mla_scratch_;  // multi-latent attention's backward scratch
   std::shared_ptr<MTPState> mtp_;          // multi-token prediction's activations and losses

@@ -4,6 +4,9 @@
 // with Megatron's scale, what the training forwards reported for logging, and the
 // aux-loss-free expert bias.
 //
+// The MoE layers share one set of backward temporaries (MoELayer::Scratch), grown to the
+// largest layer's need, so that steps allocate none.
+//
 // The expert bias (Megatron's router.expert_bias buffer) is kept in the flat ParameterSet as
 // "mlp.router.expert_bias" so that checkpoints save and reshard it with the weights; it gets
 // no gradient and no weight decay, so optimizers leave it as it is, and only
@@ -127,7 +130,12 @@ template <typename T>
 void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out,
                               const MicroBatch& mb, const Geometry& g) {
   {
-    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
+    if (!a.moe) {
+      a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
+      using Scratch = typename MoELayer<T>::Scratch;  // one for every MoE layer
+      if (!moe_scratch_) moe_scratch_ = a.moe->layer.scratch();
+      a.moe->layer.share_scratch(std::static_pointer_cast<Scratch>(moe_scratch_));
+    }
     MoELayer<T>& m = a.moe->layer;
     const int E = cfg_.num_moe_experts;
     const std::string mlp = layer_prefix(layer) + "mlp.";

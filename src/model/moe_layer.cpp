@@ -222,6 +222,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   routing_.group_topk = cfg_.moe_router_group_topk;
   routing_.scaling_factor = cfg_.moe_router_topk_scaling_factor;
   expert_bias_.assign(E_, Router(0));
+  scratch_ = std::make_shared<MoEScratch<T, Router>>(exec);
   local_tokens_.assign(E_, 0.0);
 }
 
@@ -391,7 +392,8 @@ void MoELayer<T>::router_backward(T* dx, const Router* dlogits, const MoEParams<
     ops::linear_backward(ex, dx, g.router_weight, g.router_bias, dlogits, x_, p.router_weight, N, C,
                          E);
   } else {  // dx in float, rounded once
-    MoEBuffer<Router> dx_wide(ex, size_t(N) * C);
+    MoEBuffer<Router>& dx_wide = scratch_->x_wide;
+    dx_wide.resize(size_t(N) * C);
     ops::linear_backward(ex, dx_wide.data(), g.router_weight, g.router_bias, dlogits,
                          x_router_.data(), w_router_.data(), N, C, E);
     ops::from_float(ex, dx, dx_wide.data(), dx_wide.size());
@@ -422,7 +424,7 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
   ops::linear_forward(ex, shared_out_.data(), shared_act_.data(), p.shared_fc2_weight,
                       static_cast<T*>(nullptr), N, Fs_, C);
   const T* add = shared_out_.data();
-  MoEBuffer<T> gated(ex);
+  MoEBuffer<T>& gated = scratch_->rows_out;  // free outside a backward
   if (p.shared_gate_weight) {
     shared_gate_.resize(N);
     gated.resize(shared_out_.size());
@@ -446,8 +448,10 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   const int R = int(permuted_.size() / size_t(C));
   const int32_t* offsets =
       a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
-  MoEBuffer<T> d_expert_out(ex, static_cast<size_t>(R) * C),
-      d_row_weight(ex, rows_plan.host().rows());
+  MoEScratch<T, Router>& s = *scratch_;
+  MoEBuffer<T>&d_expert_out = s.rows_out, &d_row_weight = s.row_weight;
+  d_expert_out.resize(static_cast<size_t>(R) * C);
+  d_row_weight.resize(rows_plan.host().rows());
   if (allgather()) {
     std::vector<T> dy_all(static_cast<size_t>(n) * N * C);
     ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
@@ -462,17 +466,22 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
   }
-  MoEBuffer<T> d_act(ex, static_cast<size_t>(R) * F_), d_fc1(ex, static_cast<size_t>(R) * F1_);
+  MoEBuffer<T>&d_act = s.act, &d_fc1 = s.fc1;
+  d_act.resize(static_cast<size_t>(R) * F_);
+  d_fc1.resize(static_cast<size_t>(R) * F1_);
   ops::moe_grouped_linear_backward(ex, d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
                                    act_.data(), p.fc2_weight, offsets, El, F_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
-  MoEBuffer<T> d_permuted(ex, static_cast<size_t>(R) * C);
+  MoEBuffer<T>& d_permuted = s.rows_in;
+  d_permuted.resize(static_cast<size_t>(R) * C);
   ops::moe_grouped_linear_backward(ex, d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
                                    permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
 
   // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
-  MoEBuffer<T> dprobs(ex, static_cast<size_t>(N) * K);
-  MoEBuffer<Router> dlogits(ex, logits_.size());
+  MoEBuffer<T>& dprobs = s.probs;
+  MoEBuffer<Router>& dlogits = s.logits;
+  dprobs.resize(static_cast<size_t>(N) * K);
+  dlogits.resize(logits_.size());
   std::vector<T> dx_experts;
   const T* d_rows_in = d_permuted.data();
   std::vector<T> d_rows;
@@ -492,7 +501,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     }
   }
   const Router* dprobs_r = nullptr;
-  MoEBuffer<Router> dprobs_wide(ex);
+  MoEBuffer<Router>& dprobs_wide = s.probs_wide;
   if constexpr (std::is_same_v<T, Router>) {
     dprobs_r = dprobs.data();
   } else {
@@ -526,7 +535,7 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
                                          const MoEParams<Router>& g) {
   const int N = tokens_, C = C_;
   const ops::Exec& ex = exec_;
-  MoEBuffer<T> d_out(ex);
+  MoEBuffer<T>& d_out = scratch_->rows_out;  // the routed experts' are done
   const T* d_shared = dy;
   if (p.shared_gate_weight) {
     d_out.resize(static_cast<size_t>(N) * C);
@@ -535,7 +544,9 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
                                   N, C);
     d_shared = d_out.data();
   }
-  MoEBuffer<T> d_act(ex, static_cast<size_t>(N) * Fs_), d_fc1(ex, static_cast<size_t>(N) * Fs1_);
+  MoEBuffer<T>&d_act = scratch_->act, &d_fc1 = scratch_->fc1;
+  d_act.resize(static_cast<size_t>(N) * Fs_);
+  d_fc1.resize(static_cast<size_t>(N) * Fs1_);
   ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<Router*>(nullptr),
                        d_shared, shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);

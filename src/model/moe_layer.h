@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,12 @@ class MoELayer {
   // tokens per expert for the expert bias; `recomputing` (activation recompute running the
   // forward again before its backward) keeps and computes the same but does not count the
   // tokens twice.
+  // The backward's temporaries: the layer's own until it shares another's (every MoE layer
+  // of a model sharing one set, which must run one at a time).
+  using Scratch = MoEScratch<T, Router>;
+  const std::shared_ptr<Scratch>& scratch() const { return scratch_; }
+  void share_scratch(std::shared_ptr<Scratch> s) { scratch_ = std::move(s); }
+
   const MoEStats& forward(T* y, const T* x, int tokens, int seq_length, const MoEParams<T>& p,
                           bool train, bool recomputing = false);
   // dx (overwritten) and the parameters' gradients (added into g) of the last training
@@ -208,6 +215,7 @@ class MoELayer {
   std::vector<T> x_all_, probs_all_;  // probs_all_: combine_probs() gathered
   MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;
   MoEBuffer<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
+  std::shared_ptr<Scratch> scratch_;
 };
 
 }  // namespace omni
