@@ -117,11 +117,7 @@ void finalize_moe(Options& o) {
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "
                "are not built yet)");
-  const bool gpu = o.device == "cuda" || o.device == "hip";  // one expert-parallel rank
-  OMNI_REQUIRE(!gpu || ep == 1, experts, " with --device ", o.device,
-               " --expert-model-parallel-size ", ep,
-               ": not built yet: expert parallelism on the GPU (one expert-parallel rank trains "
-               "there)");
+  const bool gpu = o.device == "cuda" || o.device == "hip";
   OMNI_REQUIRE(!gpu || (tp == 1 && o.context_parallel_size == 1), experts, " with --device ",
                o.device, " --tensor-model-parallel-size ", tp, " --context-parallel-size ",
                o.context_parallel_size,

@@ -148,10 +148,6 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must divide by --tensor-model-parallel-size x --context-parallel-size (", tp,
                " x ", cp, ")");
   if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
-    OMNI_REQUIRE(!x_.on_gpu() || !parallel_.ep || parallel_.ep->size() == 1,
-                 "--num-experts with --expert-model-parallel-size ",
-                 parallel_.ep ? parallel_.ep->size() : 1,
-                 " on --device gpu: expert parallelism on the GPU is not built yet");
     OMNI_REQUIRE(!x_.on_gpu() || (tp == 1 && cp == 1),
                  "--num-experts with --tensor-model-parallel-size ", tp,
                  " and --context-parallel-size ", cp,

@@ -177,9 +177,6 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   const int ranks = ep ? ep->size() : 1;
   OMNI_REQUIRE(E_ % ranks == 0, "--num-experts (", E_,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
-  OMNI_REQUIRE(ranks == 1 || !exec.on_gpu(), "--expert-model-parallel-size ", ranks,
-               " with --device gpu: expert parallelism on the GPU is not built yet (one "
-               "expert-parallel rank runs there)");
   // The context-parallel token counts and the tensor-parallel split run on the host only.
   OMNI_REQUIRE((!cp_ && tp_size_ == 1) || !exec.on_gpu(), "--context-parallel-size ",
                cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
@@ -299,20 +296,17 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
                    r, " routes ", all[r], " tokens, this rank ", tokens,
                    " (the ranks' micro-batches must be the same size)");
     x_all_.resize(size_t(n) * tokens * C);
-    std::vector<Router> probs_all(size_t(n) * tokens * K);
+    MoEBuffer<Router> probs_all(ex, size_t(n) * tokens * K);  // for the plan, on the host
     ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
     ep_->all_gather(probs_all.data(), probs_.data(), probs_.size());
     probs_all_.resize(probs_all.size());
-    if constexpr (std::is_same_v<T, Router>)
-      probs_all_ = probs_all;
-    else
-      ep_->all_gather(probs_all_.data(), combine_probs(), probs_.size());
+    ep_->all_gather(probs_all_.data(), combine_probs(), probs_.size());
     const std::vector<double> index_mine(indices_.host().begin(), indices_.host().end());
     ep_->all_gather(index_all.data(), index_mine.data(), index_mine.size());
     const std::vector<int32_t> indices_all(index_all.begin(), index_all.end());
     gathered_plan_ =
-        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all.data(), tokens, n, E,
-                                               K, cap, first_expert_, El));
+        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all.host().data(), tokens,
+                                               n, E, K, cap, first_expert_, El));
   } else if (expert_parallel()) {
     a2a_.emplace(*ep_, plan_.host(), E);
   }
@@ -325,9 +319,10 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   act_.resize(static_cast<size_t>(R) * F_);
   expert_out_.resize(static_cast<size_t>(R) * C);
   if (a2a_) {
-    std::vector<T> rows(static_cast<size_t>(plan_.host().rows()) * C);
+    MoEBuffer<T>& rows = scratch_->rows;
+    rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_permute(ex, rows.data(), x, plan_, C);
-    a2a_->dispatch(permuted_.data(), rows.data(), C);
+    a2a_->dispatch(permuted_.data(), rows.data(), C, ex, staging(size_t(R) * C));
   } else {
     ops::moe_permute(ex, permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
   }
@@ -339,14 +334,15 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   const T* out_rows = expert_out_.data();
   if (a2a_) {
     local_out_.resize(static_cast<size_t>(plan_.host().rows()) * C);
-    a2a_->combine(local_out_.data(), expert_out_.data(), C);
+    a2a_->combine(local_out_.data(), expert_out_.data(), C, ex, staging(size_t(R) * C));
     out_rows = local_out_.data();
   }
   row_weight_.resize(rows_plan.host().rows());
   ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : combine_probs(),
                        rows_plan);
   if (allgather()) {  // this rank's experts' part of every gathered token, summed back
-    std::vector<T> y_all(x_all_.size());
+    MoEBuffer<T>& y_all = scratch_->rows_out;  // free outside a backward
+    y_all.resize(x_all_.size());
     ops::moe_unpermute(ex, y_all.data(), out_rows, row_weight_.data(), rows_plan, C);
     ep_->reduce_scatter(y, y_all.data(), static_cast<size_t>(tokens) * C);
   } else {
@@ -398,6 +394,12 @@ void MoELayer<T>::router_backward(T* dx, const Router* dlogits, const MoEParams<
                          x_router_.data(), w_router_.data(), N, C, E);
     ops::from_float(ex, dx, dx_wide.data(), dx_wide.size());
   }
+}
+
+template <typename T>
+T* MoELayer<T>::staging(size_t n) {
+  scratch_->exchange.resize(n);
+  return scratch_->exchange.data();
 }
 
 template <typename T>
@@ -453,15 +455,17 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   d_expert_out.resize(static_cast<size_t>(R) * C);
   d_row_weight.resize(rows_plan.host().rows());
   if (allgather()) {
-    std::vector<T> dy_all(static_cast<size_t>(n) * N * C);
+    MoEBuffer<T>& dy_all = s.rows;
+    dy_all.resize(static_cast<size_t>(n) * N * C);
     ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy_all.data(),
                                 expert_out_.data(), row_weight_.data(), rows_plan, C);
   } else if (a2a_) {
-    std::vector<T> d_rows(static_cast<size_t>(plan_.host().rows()) * C);
+    MoEBuffer<T>& d_rows = s.rows;
+    d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_unpermute_backward(ex, d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
                                 row_weight_.data(), plan_, C);
-    a2a_->dispatch(d_expert_out.data(), d_rows.data(), C);
+    a2a_->dispatch(d_expert_out.data(), d_rows.data(), C, ex, staging(size_t(R) * C));
   } else {
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
@@ -482,21 +486,24 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   MoEBuffer<Router>& dlogits = s.logits;
   dprobs.resize(static_cast<size_t>(N) * K);
   dlogits.resize(logits_.size());
-  std::vector<T> dx_experts;
+  const T* dx_experts = nullptr;  // allgather: this rank's tokens' part from every rank
   const T* d_rows_in = d_permuted.data();
-  std::vector<T> d_rows;
-  if (allgather()) {
-    std::vector<T> dx_all(x_all_.size()), dprobs_all(probs_all_.size());
+  if (allgather()) {  // the rows' gradients (s.rows), then the tokens' (s.rows_out: free)
+    MoEBuffer<T>&dx_all = s.rows, &dprobs_all = s.exchange, &dx_mine = s.rows_out;
+    dx_all.resize(x_all_.size());
+    dprobs_all.resize(probs_all_.size());
+    dx_mine.resize(static_cast<size_t>(N) * C);
     ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
     ops::moe_row_weights_backward(ex, dprobs_all.data(), d_row_weight.data(), rows_plan);
-    dx_experts.resize(static_cast<size_t>(N) * C);
-    ep_->reduce_scatter(dx_experts.data(), dx_all.data(), dx_experts.size());
+    ep_->reduce_scatter(dx_mine.data(), dx_all.data(), dx_mine.size());
     ep_->reduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size());
+    dx_experts = dx_mine.data();
   } else {
     ops::moe_row_weights_backward(ex, dprobs.data(), d_row_weight.data(), plan_);
     if (a2a_) {
+      MoEBuffer<T>& d_rows = s.rows;
       d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
-      a2a_->combine(d_rows.data(), d_permuted.data(), C);
+      a2a_->combine(d_rows.data(), d_permuted.data(), C, ex, staging(size_t(R) * C));
       d_rows_in = d_rows.data();
     }
   }
@@ -518,13 +525,13 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
       ops::scale(ex, aux_scaled_.data(), aux_loss_grad_scale, aux_scaled_.size());
       ops::add(ex, dlogits.data(), dlogits.data(), aux_scaled_.data(), dlogits.size());
     } else {
-      const Router s = Router(aux_loss_grad_scale);
-      for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += s * aux_dlogits_.data()[i];
+      const Router w = Router(aux_loss_grad_scale);
+      for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += w * aux_dlogits_.data()[i];
     }
   }
   router_backward(dx, dlogits.data(), p, g);
   if (allgather())
-    ops::add(ex, dx, dx, dx_experts.data(), dx_experts.size());
+    ops::add(ex, dx, dx, dx_experts, static_cast<size_t>(N) * C);
   else
     ops::moe_permute_backward(ex, dx, d_rows_in, plan_, C, /*accumulate=*/true);
   if (Fs_ > 0) shared_expert_backward(dx, dy, p, g);

@@ -29,7 +29,9 @@
 //
 // On the CPU in float or double (the float64 finite-difference checks), or on a GPU in float,
 // bf16 or f16 through the ops' Exec (backend/moe_ops.h; the activations are then device
-// memory, the routing plan is built on the host); expert parallelism runs on the CPU only.
+// memory, the routing plan is built on the host), expert parallelism included (the rows move
+// through the ep communicator, which must move the Exec's memory: MPI on the CPU, NCCL/RCCL
+// or the emulator's in-process ranks on a GPU).
 // With 16-bit storage the router runs in float32, as Megatron-Core's with
 // --moe-router-dtype fp32: x and the router's weights are widened for its GEMM, the logits,
 // scores, top-k, probabilities and the aux and z losses are float, and the probabilities are
@@ -173,6 +175,7 @@ class MoELayer {
                        const MoEParams<Router>& g);
   // The probabilities in the storage type (probs_ itself, or its rounded copy probs_t_).
   const T* combine_probs();
+  T* staging(size_t n);  // the scratch's exchange, n elements
   void shared_expert_forward(T* y, const T* x, const MoEParams<T>& p);
   void shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
                               const MoEParams<Router>& g);
@@ -212,7 +215,7 @@ class MoELayer {
   // allgather gathered_plan_'s over every rank's tokens (x_all_, probs_all_).
   std::optional<ExpertAllToAll> a2a_;
   ops::MoEPlan gathered_plan_;
-  std::vector<T> x_all_, probs_all_;  // probs_all_: combine_probs() gathered
+  MoEBuffer<T> x_all_, probs_all_;  // probs_all_: combine_probs() gathered
   MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;
   MoEBuffer<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
   std::shared_ptr<Scratch> scratch_;

@@ -33,26 +33,44 @@ ExpertAllToAll::ExpertAllToAll(Communicator& ep, const ops::MoEDispatchPlan& pla
     }
 }
 
+namespace {
+// expert-major row i <-> received row order[i], copied in runs of consecutive rows (one
+// block per source rank and local expert) where `e` says.
 template <typename T>
-void ExpertAllToAll::dispatch(T* expert_rows, const T* rows, int width) const {
+void reorder_rows(const ops::Exec& e, T* dst, const T* src, const std::vector<int32_t>& order,
+                  int width, bool to_expert_major) {
+  const size_t w = size_t(width);
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i + 1;
+    while (j < order.size() && order[j] == order[j - 1] + 1) ++j;
+    const size_t n = (j - i) * w, received = size_t(order[i]) * w;
+    if (to_expert_major)
+      ops::copy(e, dst + i * w, src + received, n);
+    else
+      ops::copy(e, dst + received, src + i * w, n);
+    i = j;
+  }
+}
+}  // namespace
+
+template <typename T>
+void ExpertAllToAll::dispatch(T* expert_rows, const T* rows, int width, const ops::Exec& e,
+                              T* staging) const {
   std::vector<size_t> send(send_rows_), recv(recv_rows_);
   for (size_t& c : send) c *= size_t(width);
   for (size_t& c : recv) c *= size_t(width);
-  std::vector<T> received(order_.size() * size_t(width));
-  ep_->all_to_all_v(received.data(), recv.data(), rows, send.data(), dtype_of<T>());
-  for (size_t i = 0; i < order_.size(); ++i)
-    std::copy_n(received.data() + size_t(order_[i]) * width, width, expert_rows + i * width);
+  ep_->all_to_all_v(staging, recv.data(), rows, send.data(), dtype_of<T>());
+  reorder_rows(e, expert_rows, staging, order_, width, true);
 }
 
 template <typename T>
-void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width) const {
+void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width, const ops::Exec& e,
+                             T* staging) const {
   std::vector<size_t> send(recv_rows_), recv(send_rows_);
   for (size_t& c : send) c *= size_t(width);
   for (size_t& c : recv) c *= size_t(width);
-  std::vector<T> outgoing(order_.size() * size_t(width));
-  for (size_t i = 0; i < order_.size(); ++i)
-    std::copy_n(expert_rows + i * width, width, outgoing.data() + size_t(order_[i]) * width);
-  ep_->all_to_all_v(rows, recv.data(), outgoing.data(), send.data(), dtype_of<T>());
+  reorder_rows(e, staging, expert_rows, order_, width, false);
+  ep_->all_to_all_v(rows, recv.data(), staging, send.data(), dtype_of<T>());
 }
 
 template <typename T>
@@ -91,18 +109,19 @@ ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* prob
   return p;
 }
 
-#define OMNI_EXPERT_DISPATCH(T)                                       \
-  template void ExpertAllToAll::dispatch<T>(T*, const T*, int) const; \
-  template void ExpertAllToAll::combine<T>(T*, const T*, int) const;  \
-  template ops::MoEDispatchPlan expert_allgather_plan<T>(             \
+#define OMNI_EXPERT_ROWS(T)                                                                 \
+  template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const; \
+  template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const;
+OMNI_EXPERT_ROWS(float)
+OMNI_EXPERT_ROWS(double)
+OMNI_EXPERT_ROWS(bf16)  // a 16-bit MoE layer's rows (its routing plans are float's)
+OMNI_EXPERT_ROWS(f16)
+#undef OMNI_EXPERT_ROWS
+#define OMNI_EXPERT_PLAN(T)                               \
+  template ops::MoEDispatchPlan expert_allgather_plan<T>( \
       const int32_t*, const T*, int, int, int, int, const ops::MoECapacityArgs&, int, int);
-OMNI_EXPERT_DISPATCH(float)
-OMNI_EXPERT_DISPATCH(double)
-#undef OMNI_EXPERT_DISPATCH
-// A 16-bit MoE layer's rows (its routing plans are float's).
-template void ExpertAllToAll::dispatch<bf16>(bf16*, const bf16*, int) const;
-template void ExpertAllToAll::combine<bf16>(bf16*, const bf16*, int) const;
-template void ExpertAllToAll::dispatch<f16>(f16*, const f16*, int) const;
-template void ExpertAllToAll::combine<f16>(f16*, const f16*, int) const;
+OMNI_EXPERT_PLAN(float)
+OMNI_EXPERT_PLAN(double)
+#undef OMNI_EXPERT_PLAN
 
 }  // namespace omni
