@@ -147,7 +147,7 @@ class GPTModel final : public PipelineChunks<T> {
   }
 
   // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float, bf16 or f16 on a GPU
-  // without tensor or context parallelism): what the training forwards since the last
+  // without context parallelism): what the training forwards since the last
   // take_moe_report() reported, per global layer (zero for dense layers and layers this rank
   // does not hold).
   struct MoEReport {

@@ -18,7 +18,7 @@
 // gathered tokens with the replicated router and holds its slice of each expert's width;
 // layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
 // parallelism), layer_backward their input gradients. Float or double on the CPU, float, bf16
-// or f16 on a GPU with one tp and cp rank (MoELayer's ops run where the model's Exec says;
+// or f16 on a GPU with one cp rank (MoELayer's ops run where the model's Exec says;
 // a 16-bit model's router runs in float32); the constructor refuses the rest.
 //
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs

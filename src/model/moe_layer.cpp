@@ -177,11 +177,10 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   const int ranks = ep ? ep->size() : 1;
   OMNI_REQUIRE(E_ % ranks == 0, "--num-experts (", E_,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
-  // The context-parallel token counts and the tensor-parallel split run on the host only.
-  OMNI_REQUIRE((!cp_ && tp_size_ == 1) || !exec.on_gpu(), "--context-parallel-size ",
-               cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
-               " with --num-experts on the GPU: not built yet (one tensor- and context-parallel "
-               "rank runs there)");
+  // The context-parallel token counts are summed on the host.
+  OMNI_REQUIRE(!cp_ || !exec.on_gpu(), "--context-parallel-size ", cp ? cp->size() : 1,
+               " with --num-experts on the GPU: not built yet (one context-parallel rank runs "
+               "there)");
   for (MoEBuffer<Router>* b :
        {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_, &x_router_, &w_router_})
     b->set_exec(exec);

@@ -124,7 +124,7 @@ class MoELayer {
   // slices): y and dx are then this rank's parts, for the caller to sum over the group, and
   // so are the router's and the shared gate's gradients (the balancing losses' gradients
   // enter on rank 0 only). `exec`: where the layer runs (x, y and the parameters are its
-  // memory); the GPU takes one tp and cp rank.
+  // memory); the GPU takes one cp rank.
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
                     const ops::Exec& exec = {});

@@ -158,6 +158,13 @@ TEST_F(GpuTraining, ExpertParallel2MatchesOneCpuRank) {
   expect_same_losses(
       model, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}, 2);
 }
+// Tensor parallelism (expert tensor parallelism of the same size) with sequence parallelism:
+// each rank routes the gathered tokens and holds half of every expert's width.
+TEST_F(GpuTraining, MoETensorParallel2SequenceParallelMatchesOneCpuRank) {
+  std::vector<std::string> model = deepseek_moe();
+  model.insert(model.end(), {"--train-iters", "3"});
+  expect_same_losses(model, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);
+}
 TEST_F(GpuTraining, TensorParallel2SequenceParallelMatchesOneCpuRank) {
   expect_same_losses(kLlama, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);
 }
