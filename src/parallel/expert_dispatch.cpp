@@ -1,6 +1,7 @@
 #include "parallel/expert_dispatch.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "backend/moe_ops.h"
 #include "base/error.h"
@@ -51,6 +52,33 @@ void reorder_rows(const ops::Exec& e, T* dst, const T* src, const std::vector<in
     i = j;
   }
 }
+// Communicator::all_to_all_v's exchange (counts in elements), with this rank's own block
+// copied where `e` says: all_to_all_v copies it with memcpy, which a GPU's memory does not
+// take. Its message order (receives, then sends, in ring order from this rank) and tag.
+template <typename T>
+void exchange_rows(Communicator& ep, const ops::Exec& e, T* out, const std::vector<size_t>& recv,
+                   const T* in, const std::vector<size_t>& send) {
+  if (!e.on_gpu()) return ep.all_to_all_v(out, recv.data(), in, send.data(), dtype_of<T>());
+  constexpr int kTag = 0x6570;
+  const int n = ep.size(), me = ep.rank();
+  std::vector<size_t> send_at(n + 1, 0), recv_at(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    send_at[r + 1] = send_at[r] + send[r];
+    recv_at[r + 1] = recv_at[r] + recv[r];
+  }
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  for (int k = 1; k < n; ++k) {
+    const int from = (me - k + n) % n;
+    if (recv[from] > 0)
+      pending.push_back(ep.irecv(out + recv_at[from], recv[from] * sizeof(T), from, kTag));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    if (send[to] > 0) pending.push_back(ep.isend(in + send_at[to], send[to] * sizeof(T), to, kTag));
+  }
+  ops::copy(e, out + recv_at[me], in + send_at[me], send[me]);
+  for (auto& r : pending) r->wait();
+}
 }  // namespace
 
 template <typename T>
@@ -59,7 +87,7 @@ void ExpertAllToAll::dispatch(T* expert_rows, const T* rows, int width, const op
   std::vector<size_t> send(send_rows_), recv(recv_rows_);
   for (size_t& c : send) c *= size_t(width);
   for (size_t& c : recv) c *= size_t(width);
-  ep_->all_to_all_v(staging, recv.data(), rows, send.data(), dtype_of<T>());
+  exchange_rows(*ep_, e, staging, recv, rows, send);
   reorder_rows(e, expert_rows, staging, order_, width, true);
 }
 
@@ -70,7 +98,7 @@ void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width, const ops
   for (size_t& c : send) c *= size_t(width);
   for (size_t& c : recv) c *= size_t(width);
   reorder_rows(e, staging, expert_rows, order_, width, false);
-  ep_->all_to_all_v(rows, recv.data(), staging, send.data(), dtype_of<T>());
+  exchange_rows(*ep_, e, rows, recv, staging, send);
 }
 
 template <typename T>
