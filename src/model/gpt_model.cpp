@@ -148,18 +148,9 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must divide by --tensor-model-parallel-size x --context-parallel-size (", tp,
                " x ", cp, ")");
   if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
-    OMNI_REQUIRE((std::is_same_v<T, float> || std::is_same_v<T, double>),
-                 "--num-experts: mixture-of-experts layers run in fp32 only (not built yet in "
-                 "bf16/fp16)");
-    OMNI_REQUIRE(!x_.on_gpu() || !parallel_.ep || parallel_.ep->size() == 1,
-                 "--num-experts with --expert-model-parallel-size ",
-                 parallel_.ep ? parallel_.ep->size() : 1,
-                 " on --device gpu: expert parallelism on the GPU is not built yet");
-    OMNI_REQUIRE(!x_.on_gpu() || (tp == 1 && cp == 1),
-                 "--num-experts with --tensor-model-parallel-size ", tp,
-                 " and --context-parallel-size ", cp,
-                 " on --device gpu: mixture-of-experts layers under tensor or context parallelism "
-                 "on the GPU are not built yet");
+    OMNI_REQUIRE(!x_.on_gpu() || cp == 1, "--num-experts with --context-parallel-size ", cp,
+                 " on --device gpu: mixture-of-experts layers under context parallelism on the "
+                 "GPU are not built yet");
     expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
   }
   OMNI_REQUIRE(!cfg_.multi_latent_attention || !x_.on_gpu() || cfg_.v_head_dim <= cfg_.head_dim(),

@@ -146,8 +146,8 @@ class GPTModel final : public PipelineChunks<T> {
     params_hook_ = std::move(hook);
   }
 
-  // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float on a GPU without
-  // tensor or context parallelism): what the training forwards since the last
+  // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float, bf16 or f16 on a GPU
+  // without context parallelism): what the training forwards since the last
   // take_moe_report() reported, per global layer (zero for dense layers and layers this rank
   // does not hold).
   struct MoEReport {
@@ -354,6 +354,7 @@ class GPTModel final : public PipelineChunks<T> {
   bool moe_training_ = false, moe_recomputing_ = false;
   double moe_grad_scale_ = 0;
   MoEReport moe_report_;
+  std::shared_ptr<void> moe_scratch_;  // the MoE layers' one MoELayer::Scratch (gpt_moe.cpp)
   std::vector<double> expert_tokens_;
   std::shared_ptr<MLAState> mla_scratch_;  // multi-latent attention's backward scratch
   std::shared_ptr<MTPState> mtp_;          // multi-token prediction's activations and losses

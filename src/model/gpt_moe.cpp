@@ -4,6 +4,9 @@
 // with Megatron's scale, what the training forwards reported for logging, and the
 // aux-loss-free expert bias.
 //
+// The MoE layers share one set of backward temporaries (MoELayer::Scratch), grown to the
+// largest layer's need, so that steps allocate none.
+//
 // The expert bias (Megatron's router.expert_bias buffer) is kept in the flat ParameterSet as
 // "mlp.router.expert_bias" so that checkpoints save and reshard it with the weights; it gets
 // no gradient and no weight decay, so optimizers leave it as it is, and only
@@ -14,9 +17,12 @@
 // Tensor parallelism (expert tensor parallelism of the same size): every tp rank routes the
 // gathered tokens with the replicated router and holds its slice of each expert's width;
 // layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
-// parallelism), layer_backward their input gradients. Float or double on the CPU, float on a GPU
-// with one tp and cp rank (MoELayer's ops run where the model's Exec says); the constructor
-// refuses the rest.
+// parallelism), layer_backward their input gradients. Float or double on the CPU, float, bf16
+// or f16 on a GPU with one cp rank (MoELayer's ops run where the model's Exec says;
+// a 16-bit model's router runs in float32); the constructor refuses the rest.
+//
+// A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
+// round theirs after each step: the update widens it, adds in float and rounds it back.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -28,14 +34,6 @@
 namespace omni {
 
 namespace {
-
-template <typename T>
-inline constexpr bool moe_built = std::is_same_v<T, float> || std::is_same_v<T, double>;
-
-// MoELayer's element type (float where the model's is 16-bit: never built, the constructor
-// refuses it).
-template <typename T>
-using moe_scalar = std::conditional_t<moe_built<T>, T, float>;
 
 // An MoE layer's tensors by name through get (a value or gradient lookup).
 template <typename P, typename Get>
@@ -64,7 +62,7 @@ struct GPTModel<T>::MoEState {
   MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp,
            const ops::Exec& x)
       : layer(c, ep, cp, tp, x) {}
-  MoELayer<moe_scalar<T>> layer;
+  MoELayer<T> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
 
@@ -131,17 +129,25 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
 template <typename T>
 void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out,
                               const MicroBatch& mb, const Geometry& g) {
-  if constexpr (!moe_built<T>) {
-    (void)layer, (void)a, (void)x, (void)out, (void)mb, (void)g;
-    OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
-  } else {
-    if (!a.moe) a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
+  {
+    if (!a.moe) {
+      a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
+      using Scratch = typename MoELayer<T>::Scratch;  // one for every MoE layer
+      if (!moe_scratch_) moe_scratch_ = a.moe->layer.scratch();
+      a.moe->layer.share_scratch(std::static_pointer_cast<Scratch>(moe_scratch_));
+    }
     MoELayer<T>& m = a.moe->layer;
     const int E = cfg_.num_moe_experts;
     const std::string mlp = layer_prefix(layer) + "mlp.";
     if (cfg_.moe_router_enable_expert_bias) {
       const T* bias = params_.value(mlp + "router.expert_bias");
-      ops::download(x_, m.expert_bias().data(), bias, E);
+      if constexpr (std::is_same_v<T, Grad>) {
+        ops::download(x_, m.expert_bias().data(), bias, E);
+      } else {
+        std::vector<T> stored(E);
+        ops::download(x_, stored.data(), bias, E);
+        for (int e = 0; e < E; ++e) m.expert_bias()[e] = to_float(stored[e]);
+      }
     }
     const bool train = moe_training_;
     const MoEStats& s = m.forward(
@@ -180,10 +186,7 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
 
 template <typename T>
 void GPTModel<T>::moe_backward(int layer, LayerActivations& a, const T* dy, T* dx) {
-  if constexpr (!moe_built<T>) {
-    (void)layer, (void)a, (void)dy, (void)dx;
-    OMNI_CHECK(false, "[gpt] MoE layers are built for float and double only");
-  } else {
+  {
     OMNI_CHECK(a.moe, "[gpt] MoE backward without its forward (layer ", layer, ")");
     const std::string mlp = layer_prefix(layer) + "mlp.";
     a.moe->layer.backward(
@@ -213,18 +216,23 @@ typename GPTModel<T>::MoEReport GPTModel<T>::take_moe_report() {
 
 template <typename T>
 void GPTModel<T>::update_expert_bias() {
-  if constexpr (moe_built<T>) {
-    if (!cfg_.moe_router_enable_expert_bias) return;
-    const int E = cfg_.num_moe_experts;
-    for (const auto& [first, end] : chunks_)
-      for (int layer = first; layer < end; ++layer) {
-        if (!cfg_.is_moe_layer(layer)) continue;
-        T* bias = params_.value(layer_prefix(layer) + "mlp.router.expert_bias");
-        ops::moe_expert_bias_update(x_, bias, expert_tokens_.data() + size_t(layer) * E, E,
-                                    cfg_.moe_router_bias_update_rate);
+  if (!cfg_.moe_router_enable_expert_bias) return;
+  const int E = cfg_.num_moe_experts;
+  MoEBuffer<Grad> wide(x_, std::is_same_v<T, Grad> ? 0 : E);
+  for (const auto& [first, end] : chunks_)
+    for (int layer = first; layer < end; ++layer) {
+      if (!cfg_.is_moe_layer(layer)) continue;
+      T* bias = params_.value(layer_prefix(layer) + "mlp.router.expert_bias");
+      const double* counts = expert_tokens_.data() + size_t(layer) * E;
+      if constexpr (std::is_same_v<T, Grad>) {
+        ops::moe_expert_bias_update(x_, bias, counts, E, cfg_.moe_router_bias_update_rate);
+      } else {
+        ops::to_float(x_, wide.data(), bias, E);
+        ops::moe_expert_bias_update(x_, wide.data(), counts, E, cfg_.moe_router_bias_update_rate);
+        ops::from_float(x_, bias, wide.data(), E);
       }
-    std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);
-  }
+    }
+  std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);
 }
 
 #define OMNI_INSTANTIATE(T)                                                                       \

@@ -60,4 +60,28 @@ class MoEBuffer {
   std::shared_ptr<T> device_;
 };
 
+// The temporaries of MoE layers' backwards (and of the gated shared expert's forward): one
+// set for all the MoE layers of a model (MoELayer::share_scratch), which run one at a time.
+// Each buffer grows to the largest layer's need and stays: no step allocates device memory
+// for them again, and the host's peak is one layer's temporaries, as when each backward
+// allocated and freed its own. Router: the routing's type (float for 16-bit storage).
+template <typename T, typename Router>
+struct MoEScratch {
+  explicit MoEScratch(const ops::Exec& e) {
+    for (MoEBuffer<T>* b : {&rows_out, &row_weight, &act, &fc1, &rows_in, &probs, &rows, &exchange})
+      b->set_exec(e);
+    for (MoEBuffer<Router>* b : {&logits, &probs_wide, &x_wide}) b->set_exec(e);
+  }
+  // The experts' rows' gradients: rows_out (their output's; the shared expert's gated
+  // output's), act and fc1 (the activation's input and output; the shared expert's after
+  // the routed experts'), rows_in (their input's); row_weight the combine weights'.
+  MoEBuffer<T> rows_out, row_weight, act, fc1, rows_in, probs;
+  // Expert parallelism's rows: `rows` in this rank's plan order (or gathered over the ranks),
+  // `exchange` the all-to-all's staging (forward and backward).
+  MoEBuffer<T> rows, exchange;
+  // The routing's gradients in its type: the logits', the probabilities' (16-bit storage),
+  // the router's input's before its rounding.
+  MoEBuffer<Router> logits, probs_wide, x_wide;
+};
+
 }  // namespace omni

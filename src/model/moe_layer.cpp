@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/ops.h"
 #include "base/error.h"
@@ -176,17 +177,16 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   const int ranks = ep ? ep->size() : 1;
   OMNI_REQUIRE(E_ % ranks == 0, "--num-experts (", E_,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
-  OMNI_REQUIRE(ranks == 1 || !exec.on_gpu(), "--expert-model-parallel-size ", ranks,
-               " with --device gpu: expert parallelism on the GPU is not built yet (one "
-               "expert-parallel rank runs there)");
-  // The context-parallel token counts and the tensor-parallel split run on the host only.
-  OMNI_REQUIRE((!cp_ && tp_size_ == 1) || !exec.on_gpu(), "--context-parallel-size ",
-               cp ? cp->size() : 1, " and --tensor-model-parallel-size ", tp_size_,
-               " with --num-experts on the GPU: not built yet (one tensor- and context-parallel "
-               "rank runs there)");
-  for (MoEBuffer<T>* b : {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_,
-                          &local_out_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
-                          &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
+  // The context-parallel token counts are summed on the host.
+  OMNI_REQUIRE(!cp_ || !exec.on_gpu(), "--context-parallel-size ", cp ? cp->size() : 1,
+               " with --num-experts on the GPU: not built yet (one context-parallel rank runs "
+               "there)");
+  for (MoEBuffer<Router>* b :
+       {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_, &x_router_, &w_router_})
+    b->set_exec(exec);
+  for (MoEBuffer<T>* b :
+       {&probs_t_, &local_out_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
+        &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_})
     b->set_exec(exec);
   indices_.set_exec(exec);
   local_experts_ = E_ / ranks;
@@ -217,7 +217,8 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   routing_.num_groups = cfg_.moe_router_num_groups;
   routing_.group_topk = cfg_.moe_router_group_topk;
   routing_.scaling_factor = cfg_.moe_router_topk_scaling_factor;
-  expert_bias_.assign(E_, T(0));
+  expert_bias_.assign(E_, Router(0));
+  scratch_ = std::make_shared<MoEScratch<T, Router>>(exec);
   local_tokens_.assign(E_, 0.0);
 }
 
@@ -232,8 +233,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
 
   // Router.
   const ops::Exec& ex = exec_;
-  logits_.resize(static_cast<size_t>(tokens) * E);
-  ops::linear_forward(ex, logits_.data(), x, p.router_weight, p.router_bias, tokens, C, E);
+  router_forward(x, p);
   probs_.resize(static_cast<size_t>(tokens) * K);
   indices_.resize(static_cast<size_t>(tokens) * K);
   routing_.tokens = tokens;
@@ -243,7 +243,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   }
   ops::moe_topk_routing_forward(
       ex, probs_.data(), indices_.data(), logits_.data(),
-      cfg_.moe_router_enable_expert_bias ? device_bias_.data() : static_cast<T*>(nullptr),
+      cfg_.moe_router_enable_expert_bias ? device_bias_.data() : static_cast<Router*>(nullptr),
       routing_);
   if (train) {
     // The losses' gradients with respect to the logits, for a unit gradient of each loss.
@@ -295,15 +295,17 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
                    r, " routes ", all[r], " tokens, this rank ", tokens,
                    " (the ranks' micro-batches must be the same size)");
     x_all_.resize(size_t(n) * tokens * C);
-    probs_all_.resize(size_t(n) * tokens * K);
+    MoEBuffer<Router> probs_all(ex, size_t(n) * tokens * K);  // for the plan, on the host
     ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
-    ep_->all_gather(probs_all_.data(), probs_.data(), probs_.size());
+    ep_->all_gather(probs_all.data(), probs_.data(), probs_.size());
+    probs_all_.resize(probs_all.size());
+    ep_->all_gather(probs_all_.data(), combine_probs(), probs_.size());
     const std::vector<double> index_mine(indices_.host().begin(), indices_.host().end());
     ep_->all_gather(index_all.data(), index_mine.data(), index_mine.size());
     const std::vector<int32_t> indices_all(index_all.begin(), index_all.end());
     gathered_plan_ =
-        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all_.data(), tokens, n, E,
-                                               K, cap, first_expert_, El));
+        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all.host().data(), tokens,
+                                               n, E, K, cap, first_expert_, El));
   } else if (expert_parallel()) {
     a2a_.emplace(*ep_, plan_.host(), E);
   }
@@ -316,9 +318,10 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   act_.resize(static_cast<size_t>(R) * F_);
   expert_out_.resize(static_cast<size_t>(R) * C);
   if (a2a_) {
-    std::vector<T> rows(static_cast<size_t>(plan_.host().rows()) * C);
+    MoEBuffer<T>& rows = scratch_->rows;
+    rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_permute(ex, rows.data(), x, plan_, C);
-    a2a_->dispatch(permuted_.data(), rows.data(), C);
+    a2a_->dispatch(permuted_.data(), rows.data(), C, ex, staging(size_t(R) * C));
   } else {
     ops::moe_permute(ex, permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
   }
@@ -330,14 +333,15 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   const T* out_rows = expert_out_.data();
   if (a2a_) {
     local_out_.resize(static_cast<size_t>(plan_.host().rows()) * C);
-    a2a_->combine(local_out_.data(), expert_out_.data(), C);
+    a2a_->combine(local_out_.data(), expert_out_.data(), C, ex, staging(size_t(R) * C));
     out_rows = local_out_.data();
   }
   row_weight_.resize(rows_plan.host().rows());
-  ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : probs_.data(),
+  ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : combine_probs(),
                        rows_plan);
   if (allgather()) {  // this rank's experts' part of every gathered token, summed back
-    std::vector<T> y_all(x_all_.size());
+    MoEBuffer<T>& y_all = scratch_->rows_out;  // free outside a backward
+    y_all.resize(x_all_.size());
     ops::moe_unpermute(ex, y_all.data(), out_rows, row_weight_.data(), rows_plan, C);
     ep_->reduce_scatter(y, y_all.data(), static_cast<size_t>(tokens) * C);
   } else {
@@ -355,6 +359,60 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
 }
 
 template <typename T>
+void MoELayer<T>::router_forward(const T* x, const MoEParams<T>& p) {
+  const ops::Exec& ex = exec_;
+  const int N = tokens_, C = C_, E = E_;
+  logits_.resize(static_cast<size_t>(N) * E);
+  if constexpr (std::is_same_v<T, Router>) {
+    ops::linear_forward(ex, logits_.data(), x, p.router_weight, p.router_bias, N, C, E);
+  } else {  // widened to float, the weights' copy kept for the backward (bias after weight)
+    const size_t nx = size_t(N) * C, nw = size_t(E) * C;
+    x_router_.resize(nx);
+    w_router_.resize(nw + (p.router_bias ? E : 0));
+    ops::to_float(ex, x_router_.data(), x, nx);
+    ops::to_float(ex, w_router_.data(), p.router_weight, nw);
+    if (p.router_bias) ops::to_float(ex, w_router_.data() + nw, p.router_bias, size_t(E));
+    ops::linear_forward(ex, logits_.data(), x_router_.data(), w_router_.data(),
+                        p.router_bias ? w_router_.data() + nw : static_cast<Router*>(nullptr), N, C,
+                        E);
+  }
+}
+
+template <typename T>
+void MoELayer<T>::router_backward(T* dx, const Router* dlogits, const MoEParams<T>& p,
+                                  const MoEParams<Router>& g) {
+  const ops::Exec& ex = exec_;
+  const int N = tokens_, C = C_, E = E_;
+  if constexpr (std::is_same_v<T, Router>) {
+    ops::linear_backward(ex, dx, g.router_weight, g.router_bias, dlogits, x_, p.router_weight, N, C,
+                         E);
+  } else {  // dx in float, rounded once
+    MoEBuffer<Router>& dx_wide = scratch_->x_wide;
+    dx_wide.resize(size_t(N) * C);
+    ops::linear_backward(ex, dx_wide.data(), g.router_weight, g.router_bias, dlogits,
+                         x_router_.data(), w_router_.data(), N, C, E);
+    ops::from_float(ex, dx, dx_wide.data(), dx_wide.size());
+  }
+}
+
+template <typename T>
+T* MoELayer<T>::staging(size_t n) {
+  scratch_->exchange.resize(n);
+  return scratch_->exchange.data();
+}
+
+template <typename T>
+const T* MoELayer<T>::combine_probs() {
+  if constexpr (std::is_same_v<T, Router>) {
+    return probs_.data();
+  } else {
+    probs_t_.resize(probs_.size());
+    ops::from_float(exec_, probs_t_.data(), probs_.data(), probs_.size());
+    return probs_t_.data();
+  }
+}
+
+template <typename T>
 void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p) {
   const int N = tokens_, C = C_;
   shared_fc1_out_.resize(static_cast<size_t>(N) * Fs1_);
@@ -367,7 +425,7 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
   ops::linear_forward(ex, shared_out_.data(), shared_act_.data(), p.shared_fc2_weight,
                       static_cast<T*>(nullptr), N, Fs_, C);
   const T* add = shared_out_.data();
-  MoEBuffer<T> gated(ex);
+  MoEBuffer<T>& gated = scratch_->rows_out;  // free outside a backward
   if (p.shared_gate_weight) {
     shared_gate_.resize(N);
     gated.resize(shared_out_.size());
@@ -379,10 +437,10 @@ void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p)
 }
 
 template <typename T>
-void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
+void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<Router>& g,
                            double aux_loss_grad_scale) {
   OMNI_CHECK(trained_, "MoELayer::backward needs a training forward just before it");
-  const int N = tokens_, E = E_, C = C_, K = K_;
+  const int N = tokens_, C = C_, K = K_;
 
   // Combine and experts: the gradients of the experts' output rows and of their weights.
   const ops::Exec& ex = exec_;
@@ -391,51 +449,73 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   const int R = int(permuted_.size() / size_t(C));
   const int32_t* offsets =
       a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
-  MoEBuffer<T> d_expert_out(ex, static_cast<size_t>(R) * C),
-      d_row_weight(ex, rows_plan.host().rows());
+  MoEScratch<T, Router>& s = *scratch_;
+  MoEBuffer<T>&d_expert_out = s.rows_out, &d_row_weight = s.row_weight;
+  d_expert_out.resize(static_cast<size_t>(R) * C);
+  d_row_weight.resize(rows_plan.host().rows());
   if (allgather()) {
-    std::vector<T> dy_all(static_cast<size_t>(n) * N * C);
+    MoEBuffer<T>& dy_all = s.rows;
+    dy_all.resize(static_cast<size_t>(n) * N * C);
     ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy_all.data(),
                                 expert_out_.data(), row_weight_.data(), rows_plan, C);
   } else if (a2a_) {
-    std::vector<T> d_rows(static_cast<size_t>(plan_.host().rows()) * C);
+    MoEBuffer<T>& d_rows = s.rows;
+    d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_unpermute_backward(ex, d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
                                 row_weight_.data(), plan_, C);
-    a2a_->dispatch(d_expert_out.data(), d_rows.data(), C);
+    a2a_->dispatch(d_expert_out.data(), d_rows.data(), C, ex, staging(size_t(R) * C));
   } else {
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
   }
-  MoEBuffer<T> d_act(ex, static_cast<size_t>(R) * F_), d_fc1(ex, static_cast<size_t>(R) * F1_);
+  MoEBuffer<T>&d_act = s.act, &d_fc1 = s.fc1;
+  d_act.resize(static_cast<size_t>(R) * F_);
+  d_fc1.resize(static_cast<size_t>(R) * F1_);
   ops::moe_grouped_linear_backward(ex, d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
                                    act_.data(), p.fc2_weight, offsets, El, F_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
-  MoEBuffer<T> d_permuted(ex, static_cast<size_t>(R) * C);
+  MoEBuffer<T>& d_permuted = s.rows_in;
+  d_permuted.resize(static_cast<size_t>(R) * C);
   ops::moe_grouped_linear_backward(ex, d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
                                    permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
 
   // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
-  MoEBuffer<T> dprobs(ex, static_cast<size_t>(N) * K), dlogits(ex, logits_.size());
-  std::vector<T> dx_experts;
+  MoEBuffer<T>& dprobs = s.probs;
+  MoEBuffer<Router>& dlogits = s.logits;
+  dprobs.resize(static_cast<size_t>(N) * K);
+  dlogits.resize(logits_.size());
+  const T* dx_experts = nullptr;  // allgather: this rank's tokens' part from every rank
   const T* d_rows_in = d_permuted.data();
-  std::vector<T> d_rows;
-  if (allgather()) {
-    std::vector<T> dx_all(x_all_.size()), dprobs_all(probs_all_.size());
+  if (allgather()) {  // the rows' gradients (s.rows), then the tokens' (s.rows_out: free)
+    MoEBuffer<T>&dx_all = s.rows, &dprobs_all = s.exchange, &dx_mine = s.rows_out;
+    dx_all.resize(x_all_.size());
+    dprobs_all.resize(probs_all_.size());
+    dx_mine.resize(static_cast<size_t>(N) * C);
     ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
     ops::moe_row_weights_backward(ex, dprobs_all.data(), d_row_weight.data(), rows_plan);
-    dx_experts.resize(static_cast<size_t>(N) * C);
-    ep_->reduce_scatter(dx_experts.data(), dx_all.data(), dx_experts.size());
+    ep_->reduce_scatter(dx_mine.data(), dx_all.data(), dx_mine.size());
     ep_->reduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size());
+    dx_experts = dx_mine.data();
   } else {
     ops::moe_row_weights_backward(ex, dprobs.data(), d_row_weight.data(), plan_);
     if (a2a_) {
+      MoEBuffer<T>& d_rows = s.rows;
       d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
-      a2a_->combine(d_rows.data(), d_permuted.data(), C);
+      a2a_->combine(d_rows.data(), d_permuted.data(), C, ex, staging(size_t(R) * C));
       d_rows_in = d_rows.data();
     }
   }
-  ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs.data(), logits_.data(), indices_.data(),
+  const Router* dprobs_r = nullptr;
+  MoEBuffer<Router>& dprobs_wide = s.probs_wide;
+  if constexpr (std::is_same_v<T, Router>) {
+    dprobs_r = dprobs.data();
+  } else {
+    dprobs_wide.resize(dprobs.size());
+    ops::to_float(ex, dprobs_wide.data(), dprobs.data(), dprobs.size());
+    dprobs_r = dprobs_wide.data();
+  }
+  ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs_r, logits_.data(), indices_.data(),
                                  routing_);
   if (!aux_dlogits_.empty() && tp_rank_ == 0) {  // once over the tensor-parallel ranks
     if (ex.on_gpu()) {  // the aux losses' gradient, scaled in a copy (it stays the forward's)
@@ -444,14 +524,13 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
       ops::scale(ex, aux_scaled_.data(), aux_loss_grad_scale, aux_scaled_.size());
       ops::add(ex, dlogits.data(), dlogits.data(), aux_scaled_.data(), dlogits.size());
     } else {
-      const T s = T(aux_loss_grad_scale);
-      for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += s * aux_dlogits_.data()[i];
+      const Router w = Router(aux_loss_grad_scale);
+      for (size_t i = 0; i < dlogits.size(); ++i) dlogits.data()[i] += w * aux_dlogits_.data()[i];
     }
   }
-  ops::linear_backward(ex, dx, g.router_weight, g.router_bias, dlogits.data(), x_, p.router_weight,
-                       N, C, E);
+  router_backward(dx, dlogits.data(), p, g);
   if (allgather())
-    ops::add(ex, dx, dx, dx_experts.data(), dx_experts.size());
+    ops::add(ex, dx, dx, dx_experts, static_cast<size_t>(N) * C);
   else
     ops::moe_permute_backward(ex, dx, d_rows_in, plan_, C, /*accumulate=*/true);
   if (Fs_ > 0) shared_expert_backward(dx, dy, p, g);
@@ -459,10 +538,10 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
 
 template <typename T>
 void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
-                                         const MoEParams<T>& g) {
+                                         const MoEParams<Router>& g) {
   const int N = tokens_, C = C_;
   const ops::Exec& ex = exec_;
-  MoEBuffer<T> d_out(ex);
+  MoEBuffer<T>& d_out = scratch_->rows_out;  // the routed experts' are done
   const T* d_shared = dy;
   if (p.shared_gate_weight) {
     d_out.resize(static_cast<size_t>(N) * C);
@@ -471,20 +550,24 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
                                   N, C);
     d_shared = d_out.data();
   }
-  MoEBuffer<T> d_act(ex, static_cast<size_t>(N) * Fs_), d_fc1(ex, static_cast<size_t>(N) * Fs1_);
-  ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<T*>(nullptr), d_shared,
-                       shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
+  MoEBuffer<T>&d_act = scratch_->act, &d_fc1 = scratch_->fc1;
+  d_act.resize(static_cast<size_t>(N) * Fs_);
+  d_fc1.resize(static_cast<size_t>(N) * Fs1_);
+  ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<Router*>(nullptr),
+                       d_shared, shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
-  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<T*>(nullptr), d_fc1.data(), x_,
+  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<Router*>(nullptr), d_fc1.data(), x_,
                        p.shared_fc1_weight, N, C, Fs1_, /*accumulate_dx=*/true);
 }
 
 template <typename T>
 int64_t MoELayer<T>::activation_bytes() const {
   int64_t b = 0;
+  for (const MoEBuffer<Router>* v : {&logits_, &probs_, &aux_dlogits_, &x_router_, &w_router_})
+    b += int64_t(v->size() * sizeof(Router));
   for (const MoEBuffer<T>* v :
-       {&logits_, &probs_, &aux_dlogits_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_,
-        &shared_fc1_out_, &shared_act_, &shared_out_, &shared_gate_, &local_out_})
+       {&probs_t_, &permuted_, &fc1_out_, &act_, &expert_out_, &row_weight_, &shared_fc1_out_,
+        &shared_act_, &shared_out_, &shared_gate_, &local_out_})
     b += int64_t(v->size() * sizeof(T));
   b += int64_t((x_all_.size() + probs_all_.size()) * sizeof(T));
   const ops::MoEDispatchPlan& plan = plan_.host();
@@ -508,7 +591,13 @@ template struct MoEParams<float>;
 template struct MoEParams<double>;
 template MoEParams<float> moe_param_views<float>(float*, const TransformerConfig&);
 template MoEParams<double> moe_param_views<double>(double*, const TransformerConfig&);
+template struct MoEParams<bf16>;
+template struct MoEParams<f16>;
+template MoEParams<bf16> moe_param_views<bf16>(bf16*, const TransformerConfig&);
+template MoEParams<f16> moe_param_views<f16>(f16*, const TransformerConfig&);
 template class MoELayer<float>;
 template class MoELayer<double>;
+template class MoELayer<bf16>;
+template class MoELayer<f16>;
 
 }  // namespace omni

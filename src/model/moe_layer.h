@@ -27,12 +27,20 @@
 // tokens with the whole router; --moe-token-dispatcher-type alltoall or allgather moves their
 // rows to the experts' ranks and back. forward and backward are then collective over the group.
 //
-// On the CPU in float or double (the float64 finite-difference checks), or on a GPU in float
-// through the ops' Exec (backend/moe_ops.h; the activations are then device memory, the
-// routing plan is built on the host); expert parallelism runs on the CPU only.
+// On the CPU in float or double (the float64 finite-difference checks), or on a GPU in float,
+// bf16 or f16 through the ops' Exec (backend/moe_ops.h; the activations are then device
+// memory, the routing plan is built on the host), expert parallelism included (the rows move
+// through the ep communicator, which must move the Exec's memory: MPI on the CPU, NCCL/RCCL
+// or the emulator's in-process ranks on a GPU).
+// With 16-bit storage the router runs in float32, as Megatron-Core's with
+// --moe-router-dtype fp32: x and the router's weights are widened for its GEMM, the logits,
+// scores, top-k, probabilities and the aux and z losses are float, and the probabilities are
+// rounded to the storage type only where they weight the experts' rows; the experts' GEMMs
+// run in 16 bits with float accumulation and float parameter gradients (accum_t<T>).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -100,6 +108,8 @@ struct MoEStats {
 template <typename T>
 class MoELayer {
  public:
+  using Router = accum_t<T>;  // the router's type: float for 16-bit storage
+
   // `ep`: the expert-parallel group (null or one rank: every expert here); it must outlive
   // the layer. UsageError when its size does not divide the experts. `cp`: the
   // context-parallel group, whose ranks hold the other parts of this rank's sequences (null
@@ -114,7 +124,7 @@ class MoELayer {
   // slices): y and dx are then this rank's parts, for the caller to sum over the group, and
   // so are the router's and the shared gate's gradients (the balancing losses' gradients
   // enter on rank 0 only). `exec`: where the layer runs (x, y and the parameters are its
-  // memory); the GPU takes one tp and cp rank.
+  // memory); the GPU takes one cp rank.
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
                     const ops::Exec& exec = {});
@@ -127,17 +137,23 @@ class MoELayer {
   // tokens per expert for the expert bias; `recomputing` (activation recompute running the
   // forward again before its backward) keeps and computes the same but does not count the
   // tokens twice.
+  // The backward's temporaries: the layer's own until it shares another's (every MoE layer
+  // of a model sharing one set, which must run one at a time).
+  using Scratch = MoEScratch<T, Router>;
+  const std::shared_ptr<Scratch>& scratch() const { return scratch_; }
+  void share_scratch(std::shared_ptr<Scratch> s) { scratch_ = std::move(s); }
+
   const MoEStats& forward(T* y, const T* x, int tokens, int seq_length, const MoEParams<T>& p,
                           bool train, bool recomputing = false);
   // dx (overwritten) and the parameters' gradients (added into g) of the last training
   // forward, from dy = d loss / d y.
-  void backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g,
+  void backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<Router>& g,
                 double aux_loss_grad_scale);
 
   // The aux-loss-free balancing state (--moe-router-enable-expert-bias): the bias added to
   // the sigmoid scores when choosing experts (a buffer saved with checkpoints, not a
   // parameter), and the routed rows per expert counted since the last update.
-  std::vector<T>& expert_bias() { return expert_bias_; }
+  std::vector<Router>& expert_bias() { return expert_bias_; }
   const std::vector<double>& local_tokens_per_expert() const { return local_tokens_; }
   // bias += rate * sign(mean - count) with the global batch's counts (null: this rank's own),
   // then the local counts restart from 0 (Megatron's finalize_model_grads).
@@ -145,17 +161,24 @@ class MoELayer {
 
   // The last forward's routing: probs and expert indices [tokens, topk], logits [tokens, E]
   // (host copies).
-  const std::vector<T>& probs() const { return probs_.host(); }
+  const std::vector<Router>& probs() const { return probs_.host(); }
   const std::vector<int32_t>& indices() const { return indices_.host(); }
-  const std::vector<T>& logits() const { return logits_.host(); }
+  const std::vector<Router>& logits() const { return logits_.host(); }
   const ops::MoEDispatchPlan& plan() const { return plan_.host(); }
   // Bytes of what the last forward keeps for the backward (routing, the plan, the experts'
   // and the shared expert's rows); moe_activation_elements estimates it before a forward.
   int64_t activation_bytes() const;
 
  private:
+  void router_forward(const T* x, const MoEParams<T>& p);
+  void router_backward(T* dx, const Router* dlogits, const MoEParams<T>& p,
+                       const MoEParams<Router>& g);
+  // The probabilities in the storage type (probs_ itself, or its rounded copy probs_t_).
+  const T* combine_probs();
+  T* staging(size_t n);  // the scratch's exchange, n elements
   void shared_expert_forward(T* y, const T* x, const MoEParams<T>& p);
-  void shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEParams<T>& g);
+  void shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
+                              const MoEParams<Router>& g);
 
   bool expert_parallel() const { return ep_ && ep_->size() > 1; }
   bool allgather() const {
@@ -170,8 +193,8 @@ class MoELayer {
   ops::Exec exec_;
   int local_experts_ = 0, first_expert_ = 0;  // this rank's experts
   ops::MoERoutingArgs routing_;
-  std::vector<T> expert_bias_;
-  MoEBuffer<T> device_bias_;  // expert_bias_ where the routing reads it
+  std::vector<Router> expert_bias_;
+  MoEBuffer<Router> device_bias_;  // expert_bias_ where the routing reads it
   std::vector<double> local_tokens_;
   MoEStats stats_;
 
@@ -179,8 +202,12 @@ class MoELayer {
   const T* x_ = nullptr;
   int tokens_ = 0;
   bool trained_ = false;  // the last forward kept its activations
-  MoEBuffer<T> logits_, probs_, aux_dlogits_;
-  MoEBuffer<T> aux_scaled_;  // the GPU backward's scaled copy of aux_dlogits_
+  MoEBuffer<Router> logits_, probs_, aux_dlogits_;
+  MoEBuffer<Router> aux_scaled_;  // the GPU backward's scaled copy of aux_dlogits_
+  // 16-bit storage: the router's input and weights (then bias) widened to float, and probs_
+  // rounded to T for the combine.
+  MoEBuffer<Router> x_router_, w_router_;
+  MoEBuffer<T> probs_t_;
   MoEBuffer<int32_t> indices_;
   ops::MoEPlan plan_;
   // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
@@ -188,9 +215,10 @@ class MoELayer {
   // allgather gathered_plan_'s over every rank's tokens (x_all_, probs_all_).
   std::optional<ExpertAllToAll> a2a_;
   ops::MoEPlan gathered_plan_;
-  std::vector<T> x_all_, probs_all_;
+  MoEBuffer<T> x_all_, probs_all_;  // probs_all_: combine_probs() gathered
   MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;
   MoEBuffer<T> shared_fc1_out_, shared_act_, shared_out_, shared_gate_;
+  std::shared_ptr<Scratch> scratch_;
 };
 
 }  // namespace omni

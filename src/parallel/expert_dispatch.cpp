@@ -1,6 +1,7 @@
 #include "parallel/expert_dispatch.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "backend/moe_ops.h"
 #include "base/error.h"
@@ -33,26 +34,71 @@ ExpertAllToAll::ExpertAllToAll(Communicator& ep, const ops::MoEDispatchPlan& pla
     }
 }
 
+namespace {
+// expert-major row i <-> received row order[i], copied in runs of consecutive rows (one
+// block per source rank and local expert) where `e` says.
 template <typename T>
-void ExpertAllToAll::dispatch(T* expert_rows, const T* rows, int width) const {
+void reorder_rows(const ops::Exec& e, T* dst, const T* src, const std::vector<int32_t>& order,
+                  int width, bool to_expert_major) {
+  const size_t w = size_t(width);
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i + 1;
+    while (j < order.size() && order[j] == order[j - 1] + 1) ++j;
+    const size_t n = (j - i) * w, received = size_t(order[i]) * w;
+    if (to_expert_major)
+      ops::copy(e, dst + i * w, src + received, n);
+    else
+      ops::copy(e, dst + received, src + i * w, n);
+    i = j;
+  }
+}
+// Communicator::all_to_all_v's exchange (counts in elements), with this rank's own block
+// copied where `e` says: all_to_all_v copies it with memcpy, which a GPU's memory does not
+// take. Its message order (receives, then sends, in ring order from this rank) and tag.
+template <typename T>
+void exchange_rows(Communicator& ep, const ops::Exec& e, T* out, const std::vector<size_t>& recv,
+                   const T* in, const std::vector<size_t>& send) {
+  if (!e.on_gpu()) return ep.all_to_all_v(out, recv.data(), in, send.data(), dtype_of<T>());
+  constexpr int kTag = 0x6570;
+  const int n = ep.size(), me = ep.rank();
+  std::vector<size_t> send_at(n + 1, 0), recv_at(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    send_at[r + 1] = send_at[r] + send[r];
+    recv_at[r + 1] = recv_at[r] + recv[r];
+  }
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  for (int k = 1; k < n; ++k) {
+    const int from = (me - k + n) % n;
+    if (recv[from] > 0)
+      pending.push_back(ep.irecv(out + recv_at[from], recv[from] * sizeof(T), from, kTag));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    if (send[to] > 0) pending.push_back(ep.isend(in + send_at[to], send[to] * sizeof(T), to, kTag));
+  }
+  ops::copy(e, out + recv_at[me], in + send_at[me], send[me]);
+  for (auto& r : pending) r->wait();
+}
+}  // namespace
+
+template <typename T>
+void ExpertAllToAll::dispatch(T* expert_rows, const T* rows, int width, const ops::Exec& e,
+                              T* staging) const {
   std::vector<size_t> send(send_rows_), recv(recv_rows_);
   for (size_t& c : send) c *= size_t(width);
   for (size_t& c : recv) c *= size_t(width);
-  std::vector<T> received(order_.size() * size_t(width));
-  ep_->all_to_all_v(received.data(), recv.data(), rows, send.data(), dtype_of<T>());
-  for (size_t i = 0; i < order_.size(); ++i)
-    std::copy_n(received.data() + size_t(order_[i]) * width, width, expert_rows + i * width);
+  exchange_rows(*ep_, e, staging, recv, rows, send);
+  reorder_rows(e, expert_rows, staging, order_, width, true);
 }
 
 template <typename T>
-void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width) const {
+void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width, const ops::Exec& e,
+                             T* staging) const {
   std::vector<size_t> send(recv_rows_), recv(send_rows_);
   for (size_t& c : send) c *= size_t(width);
   for (size_t& c : recv) c *= size_t(width);
-  std::vector<T> outgoing(order_.size() * size_t(width));
-  for (size_t i = 0; i < order_.size(); ++i)
-    std::copy_n(expert_rows + i * width, width, outgoing.data() + size_t(order_[i]) * width);
-  ep_->all_to_all_v(rows, recv.data(), outgoing.data(), send.data(), dtype_of<T>());
+  reorder_rows(e, staging, expert_rows, order_, width, false);
+  exchange_rows(*ep_, e, rows, recv, staging, send);
 }
 
 template <typename T>
@@ -91,13 +137,19 @@ ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* prob
   return p;
 }
 
-#define OMNI_EXPERT_DISPATCH(T)                                       \
-  template void ExpertAllToAll::dispatch<T>(T*, const T*, int) const; \
-  template void ExpertAllToAll::combine<T>(T*, const T*, int) const;  \
-  template ops::MoEDispatchPlan expert_allgather_plan<T>(             \
+#define OMNI_EXPERT_ROWS(T)                                                                 \
+  template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const; \
+  template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const;
+OMNI_EXPERT_ROWS(float)
+OMNI_EXPERT_ROWS(double)
+OMNI_EXPERT_ROWS(bf16)  // a 16-bit MoE layer's rows (its routing plans are float's)
+OMNI_EXPERT_ROWS(f16)
+#undef OMNI_EXPERT_ROWS
+#define OMNI_EXPERT_PLAN(T)                               \
+  template ops::MoEDispatchPlan expert_allgather_plan<T>( \
       const int32_t*, const T*, int, int, int, int, const ops::MoECapacityArgs&, int, int);
-OMNI_EXPERT_DISPATCH(float)
-OMNI_EXPERT_DISPATCH(double)
-#undef OMNI_EXPERT_DISPATCH
+OMNI_EXPERT_PLAN(float)
+OMNI_EXPERT_PLAN(double)
+#undef OMNI_EXPERT_PLAN
 
 }  // namespace omni

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/moe_types.h"
+#include "backend/ops.h"
 #include "comm/communicator.h"
 
 namespace omni {
@@ -37,12 +38,13 @@ class ExpertAllToAll {
   const std::vector<int32_t>& expert_offsets() const { return expert_offsets_; }
 
   // Collective: `rows` [plan rows, width] (expert-major) to the experts' ranks; this rank's
-  // experts' rows land in `expert_rows` [expert_rows(), width].
+  // experts' rows land in `expert_rows` [expert_rows(), width]. The arrays are `e`'s memory
+  // (a GPU's with a communicator that moves it), `staging` [expert_rows(), width] too.
   template <typename T>
-  void dispatch(T* expert_rows, const T* rows, int width) const;
+  void dispatch(T* expert_rows, const T* rows, int width, const ops::Exec& e, T* staging) const;
   // Collective, the inverse: the experts' rows back to their sources' plan order.
   template <typename T>
-  void combine(T* rows, const T* expert_rows, int width) const;
+  void combine(T* rows, const T* expert_rows, int width, const ops::Exec& e, T* staging) const;
 
  private:
   Communicator* ep_;

@@ -25,11 +25,15 @@ MoEStepMetrics finish_moe_step(GPTModel<T>& model, const ProcessGrid& grid, int 
     std::vector<double>& counts = model.expert_token_counts();
     grid.dp_cp().all_reduce(counts.data(), counts.size());
     model.update_expert_bias();
-    if constexpr (std::is_same_v<T, float>)
-      if (master)
-        for (const ParamInfo& p : model.params().infos())
-          if (p.name.find("mlp.router.expert_bias") != std::string::npos)
+    if (master)
+      for (const ParamInfo& p : model.params().infos())
+        if (p.name.find("mlp.router.expert_bias") != std::string::npos) {
+          if constexpr (std::is_same_v<T, float>)  // the CPU's --bf16/--fp16: host memory
             std::copy_n(model.params().value(p.name), p.numel, master->value(p.name));
+          else  // a 16-bit model on the GPU: its master in the same device memory
+            ops::to_float(model.exec(), master->value(p.name), model.params().value(p.name),
+                          size_t(p.numel));
+        }
   }
   typename GPTModel<T>::MoEReport r = model.take_moe_report();
   // One buffer: the two losses per layer, then the token counts.

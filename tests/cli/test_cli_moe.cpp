@@ -135,9 +135,6 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
            {"--expert-tensor-parallel-size 2",
             "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
             "expert tensor parallelism of another size than tensor parallelism"},
-           {"--device cuda --bf16",
-            "--num-experts 4 with --device cuda --bf16: not built yet: mixture of experts in "
-            "16-bit on the GPU"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
            {"--moe-layer-freq '[1,0,1]'",
             "--moe-layer-freq: '[1,0,1]' names 3 layers, but --num-layers is 2"},
