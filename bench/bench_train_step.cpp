@@ -3,10 +3,16 @@
 // same run; then the 6-layer GPT as mixtures of experts of the same active FLOPs (GFLOP/s
 // count the active parameters, as Megatron's formula does): Mixtral-shaped (8 experts,
 // top 2, each half the dense MLP) and DeepSeek-shaped (16 fine-grained experts, top 4, and
-// a shared expert; without linear biases, which Megatron's shared experts refuse). bench/pytorch_moe_cpu.py measures PyTorch on the same shapes. Prints
-// figures; never passes or fails on time.
+// a shared expert; without linear biases, which Megatron's shared experts refuse).
+// bench/pytorch_moe_cpu.py measures PyTorch on the same shapes. Prints figures; never passes or
+// fails on time.
 //
-//   build/bench_train_step [--steps N] [training flags, e.g. --hidden-dropout 0]
+//   build/bench_train_step [--steps N] [--only TEXT]... [--rounds N] [training flags, e.g.
+//                          --hidden-dropout 0]
+//
+// --only runs the configurations whose name contains TEXT (repeatable: any of them);
+// --rounds N runs the chosen ones N times in turn (dense, MoE, dense, MoE, ...), so that on
+// a loaded machine the MoE-to-dense ratio compares runs of the same moment.
 //
 // The model takes `omnitron train`'s defaults, Megatron's dropout of 0.1 among them; flags
 // given here are added to every configuration's.
@@ -103,13 +109,18 @@ void run_config(const BenchConfig& b, int steps, double sgemm_gflops,
 
 int main(int argc, char** argv) {
   omni::ensure_runtime_environment(argv);
-  int steps = 4;
-  std::vector<std::string> extra;
+  int steps = 4, rounds = 1;
+  std::vector<std::string> extra, only;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--steps" && i + 1 < argc)
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc)
       steps = std::atoi(argv[++i]);
+    else if (a == "--only" && i + 1 < argc)
+      only.push_back(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::max(1, std::atoi(argv[++i]));
     else
-      extra.push_back(argv[i]);
+      extra.push_back(a);
   }
 
   // The sgemm rate is measured in a child too: the parent never starts OpenMP threads.
@@ -128,9 +139,13 @@ int main(int argc, char** argv) {
               "ms/step", "GFLOP/s", "of sgemm", "peak MiB");
   // The MoE rows route every layer's MLP; the Megatron MoE defaults Mixtral's recipe sets
   // (aux loss 0.01, grouped GEMM, the all-to-all dispatcher) are on.
-  const std::vector<std::string> moe = {"--moe-router-load-balancing-type", "aux_loss",
-                                        "--moe-aux-loss-coeff", "0.01", "--moe-grouped-gemm",
-                                        "--moe-token-dispatcher-type", "alltoall"};
+  const std::vector<std::string> moe = {"--moe-router-load-balancing-type",
+                                        "aux_loss",
+                                        "--moe-aux-loss-coeff",
+                                        "0.01",
+                                        "--moe-grouped-gemm",
+                                        "--moe-token-dispatcher-type",
+                                        "alltoall"};
   auto with = [&moe](std::vector<std::string> f) {
     f.insert(f.end(), moe.begin(), moe.end());
     return f;
@@ -145,6 +160,13 @@ int main(int argc, char** argv) {
        with({"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "192",
              "--moe-shared-expert-intermediate-size", "768", "--disable-bias-linear"})},
   };
-  for (const BenchConfig& c : configs) in_child([&] { run_config(c, steps, sgemm, extra); });
+  auto chosen = [&only](const BenchConfig& c) {
+    return only.empty() || std::any_of(only.begin(), only.end(), [&c](const std::string& o) {
+             return std::string(c.name).find(o) != std::string::npos;
+           });
+  };
+  for (int round = 0; round < rounds; ++round)
+    for (const BenchConfig& c : configs)
+      if (chosen(c)) in_child([&] { run_config(c, steps, sgemm, extra); });
   return 0;
 }
