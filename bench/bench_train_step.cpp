@@ -3,10 +3,17 @@
 // same run; then the 6-layer GPT as mixtures of experts of the same active FLOPs (GFLOP/s
 // count the active parameters, as Megatron's formula does): Mixtral-shaped (8 experts,
 // top 2, each half the dense MLP) and DeepSeek-shaped (16 fine-grained experts, top 4, and
-// a shared expert; without linear biases, which Megatron's shared experts refuse). bench/pytorch_moe_cpu.py measures PyTorch on the same shapes. Prints
-// figures; never passes or fails on time.
+// a shared expert; without linear biases, which Megatron's shared experts refuse).
+// bench/pytorch_moe_cpu.py measures PyTorch on the same shapes. Prints figures; never passes or
+// fails on time.
 //
-//   build/bench_train_step [--steps N] [training flags, e.g. --hidden-dropout 0]
+//   build/bench_train_step [--steps N] [--only TEXT]... [--rounds N] [training flags, e.g.
+//                          --hidden-dropout 0]
+//
+// --only runs the configurations whose name contains TEXT (repeatable: any of them);
+// --rounds N runs the chosen ones N times in turn (dense, MoE, dense, MoE, ...), so that on
+// a loaded machine the MoE-to-dense ratio compares runs of the same moment. Each MoE row is
+// followed by its GFLOP/s as a fraction of the dense row run just before it.
 //
 // The model takes `omnitron train`'s defaults, Megatron's dropout of 0.1 among them; flags
 // given here are added to every configuration's.
@@ -43,8 +50,9 @@ double peak_rss_mib() {
   return ru.ru_maxrss / 1024.0;
 }
 
+// Whether the child exited normally.
 template <typename F>
-void in_child(F&& body) {
+bool in_child(F&& body) {
   std::fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
@@ -54,12 +62,14 @@ void in_child(F&& body) {
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    std::printf("  (child failed with status %d)\n", status);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  std::printf("  (child failed with status %d)\n", status);
+  return false;
 }
 
-void run_config(const BenchConfig& b, int steps, double sgemm_gflops,
-                const std::vector<std::string>& extra) {
+// Returns the row's GFLOP/s.
+double run_config(const BenchConfig& b, int steps, double sgemm_gflops,
+                  const std::vector<std::string>& extra) {
   omni::Options o;
   std::vector<std::string> args = {"--mock-data",
                                    "--vocab-size",
@@ -97,40 +107,50 @@ void run_config(const BenchConfig& b, int steps, double sgemm_gflops,
   const double gflops = flops / sec_per_step / 1e9;
   std::printf("%-34s %10.0f %12.1f %10.1f %9.1f%% %10.0f\n", b.name, tokens / sec_per_step,
               sec_per_step * 1000, gflops, 100.0 * gflops / sgemm_gflops, peak_rss_mib());
+  return gflops;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   omni::ensure_runtime_environment(argv);
-  int steps = 4;
-  std::vector<std::string> extra;
+  int steps = 4, rounds = 1;
+  std::vector<std::string> extra, only;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--steps" && i + 1 < argc)
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc)
       steps = std::atoi(argv[++i]);
+    else if (a == "--only" && i + 1 < argc)
+      only.push_back(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::max(1, std::atoi(argv[++i]));
     else
-      extra.push_back(argv[i]);
+      extra.push_back(a);
   }
 
   // The sgemm rate is measured in a child too: the parent never starts OpenMP threads.
   int fds[2];
   if (pipe(fds) != 0) return 1;
-  in_child([&] {
+  const bool measured = in_child([&] {
     double g = std::max(omni::measure_sgemm_gflops(2048, 5), omni::measure_sgemm_gflops(4096, 3));
     std::printf("cpu: %s, %d threads; %s\n", omni::cpu_model_name().c_str(), omni::cpu_threads(),
                 omni::blas_config().c_str());
     if (write(fds[1], &g, sizeof g) != sizeof g) _exit(1);
   });
   double sgemm = 0;
-  if (read(fds[0], &sgemm, sizeof sgemm) != sizeof sgemm) return 1;
+  if (!measured || read(fds[0], &sgemm, sizeof sgemm) != sizeof sgemm) return 1;
   std::printf("sgemm: %.0f GFLOP/s (best of 2048^3 and 4096^3 products)\n\n", sgemm);
   std::printf("%-34s %10s %12s %10s %10s %10s\n", "model (vocab 50257, micro batch 4)", "tokens/s",
               "ms/step", "GFLOP/s", "of sgemm", "peak MiB");
   // The MoE rows route every layer's MLP; the Megatron MoE defaults Mixtral's recipe sets
   // (aux loss 0.01, grouped GEMM, the all-to-all dispatcher) are on.
-  const std::vector<std::string> moe = {"--moe-router-load-balancing-type", "aux_loss",
-                                        "--moe-aux-loss-coeff", "0.01", "--moe-grouped-gemm",
-                                        "--moe-token-dispatcher-type", "alltoall"};
+  const std::vector<std::string> moe = {"--moe-router-load-balancing-type",
+                                        "aux_loss",
+                                        "--moe-aux-loss-coeff",
+                                        "0.01",
+                                        "--moe-grouped-gemm",
+                                        "--moe-token-dispatcher-type",
+                                        "alltoall"};
   auto with = [&moe](std::vector<std::string> f) {
     f.insert(f.end(), moe.begin(), moe.end());
     return f;
@@ -145,6 +165,29 @@ int main(int argc, char** argv) {
        with({"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "192",
              "--moe-shared-expert-intermediate-size", "768", "--disable-bias-linear"})},
   };
-  for (const BenchConfig& c : configs) in_child([&] { run_config(c, steps, sgemm, extra); });
+  auto chosen = [&only](const BenchConfig& c) {
+    return only.empty() || std::any_of(only.begin(), only.end(), [&c](const std::string& o) {
+             return std::string(c.name).find(o) != std::string::npos;
+           });
+  };
+  // An indented (MoE) row is also read as a fraction of the GFLOP/s of the dense row above
+  // it in the same round, the figure issue 13's targets name.
+  double dense_gflops = 0;
+  for (int round = 0; round < rounds; ++round)
+    for (const BenchConfig& c : configs) {
+      if (!chosen(c)) continue;
+      double g = 0;
+      const bool ok = in_child([&] {
+        const double mine = run_config(c, steps, sgemm, extra);
+        if (write(fds[1], &mine, sizeof mine) != sizeof mine) _exit(1);
+      });
+      if (!ok || read(fds[0], &g, sizeof g) != sizeof g) g = 0;
+      if (c.name[0] != ' ') {
+        dense_gflops = g;
+      } else if (dense_gflops > 0 && g > 0) {
+        std::printf("%-34s %10s %12s %9.3fx of the dense row's GFLOP/s\n", "", "", "",
+                    g / dense_gflops);
+      }
+    }
   return 0;
 }
