@@ -40,7 +40,8 @@ std::string millions(double n) {
 // gradients) + 12, fp32 4 + 4 + 8, the last term divided among the data-parallel ranks by
 // the distributed optimizer. On the CPU, omnitron's trainer: float storage for every precision,
 // AdamW's two moments (sharded by the distributed optimizer), and with --bf16/--fp16 an fp32
-// master copy with its gradients (MixedPrecision), which is not sharded.
+// master copy with its gradients (MixedPrecision), sharded under ZeRO 2 and 3 only. ZeRO 2 and 3
+// divide the gradients (3: and the parameters) among the same ranks on either.
 struct StateBytes {
   double param, grad, optim;
   std::string param_why, grad_why, optim_why;
@@ -52,37 +53,42 @@ StateBytes state_bytes(const PlanLayout& l, const PlanDevice& d) {
       l.distributed_optimizer ? sfmt(" / %d (distributed optimizer over DP x CP)", l.dp * l.cp)
                               : std::string(" (no distributed optimizer: every DP rank holds all)");
   const bool mixed = l.precision != "fp32";
+  StateBytes s;
   if (d.host_memory) {
-    // ZeRO 2 and 3 (fp32 only) keep 1/(DP x CP) of the gradients and parameters between uses.
-    StateBytes s{l.zero_stage >= 3 ? 4 / shards : 4,
-                 l.zero_stage >= 2 ? 4 / shards : 4,
-                 8 / shards + (mixed ? 8 : 0),
-                 "",
-                 "",
-                 ""};
+    // The CPU's fp32 master (with --bf16/--fp16) keeps the rank's shard under ZeRO 2 and 3.
+    const double master = !mixed ? 0 : l.zero_stage >= 2 ? 8 / shards : 8;
+    s = {4, 4, 8 / shards + master, "", "", ""};
     s.param_why =
         mixed ? "float storage holding " + l.precision + " values (the CPU backend)" : "fp32";
     s.grad_why = "fp32 gradients, as the CPU backend stores them";
-    if (l.zero_stage >= 3)
-      s.param_why += sfmt(" / %d (ZeRO stage 3; + one layer gathered)", l.dp * l.cp);
-    if (l.zero_stage >= 2)
-      s.grad_why += sfmt(" / %d (ZeRO stage %d; + one layer's before its reduce-scatter)",
-                         l.dp * l.cp, l.zero_stage);
     s.optim_why = "AdamW's two fp32 moments, 8 B" + over +
-                  (mixed ? "; + fp32 master values and gradients, 8 B (not sharded)" : "");
-    return s;
+                  (!mixed              ? ""
+                   : l.zero_stage >= 2 ? "; + fp32 master values and gradients, 8 B" + over
+                                       : "; + fp32 master values and gradients, 8 B (not sharded)");
+  } else if (l.precision == "bf16") {
+    s = {2,
+         4,
+         12 / shards,
+         "bf16",
+         "fp32 main gradients (Megatron's default with --bf16)",
+         "fp32 master, AdamW's two moments: 12 B" + over};
+  } else if (l.precision == "fp16") {
+    s = {2,      2,      16 / shards,
+         "fp16", "fp16", "fp32 gradient copy, master and AdamW's two moments: 16 B" + over};
+  } else {
+    s = {4, 4, 8 / shards, "fp32", "fp32", "AdamW's two fp32 moments: 8 B" + over};
   }
-  if (l.precision == "bf16")
-    return {2,
-            4,
-            12 / shards,
-            "bf16",
-            "fp32 main gradients (Megatron's default with --bf16)",
-            "fp32 master, AdamW's two moments: 12 B" + over};
-  if (l.precision == "fp16")
-    return {2,      2,      16 / shards,
-            "fp16", "fp16", "fp32 gradient copy, master and AdamW's two moments: 16 B" + over};
-  return {4, 4, 8 / shards, "fp32", "fp32", "AdamW's two fp32 moments: 8 B" + over};
+  // ZeRO 2 and 3 keep 1/(DP x CP) of the gradients (and stage 3 of the parameters) between uses.
+  if (l.zero_stage >= 3) {
+    s.param /= shards;
+    s.param_why += sfmt(" / %d (ZeRO stage 3; + one layer gathered)", l.dp * l.cp);
+  }
+  if (l.zero_stage >= 2) {
+    s.grad /= shards;
+    s.grad_why += sfmt(" / %d (ZeRO stage %d; + one layer's before its reduce-scatter)",
+                       l.dp * l.cp, l.zero_stage);
+  }
+  return s;
 }
 
 int activation_element_bytes(const PlanLayout& l, const PlanDevice& d) {

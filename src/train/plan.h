@@ -77,7 +77,7 @@ struct PlanLayout {
   int ep = 1;  // --expert-model-parallel-size: MoE layers' experts split over EP of the DP ranks
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
-  int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too (CPU, fp32)
+  int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too
   std::string recompute;  // "", "full" or "selective"
   std::string recompute_method;
   int recompute_num_layers = 0;
