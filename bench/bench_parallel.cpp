@@ -11,7 +11,8 @@
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --overlap [--dist-opt]
 //                       gradients reduced while the backward runs (--overlap-grad-reduce), with
 //                       the distributed optimizer (its all-gather overlapped too); --bucket N:
-//                       N-element gradient buckets (Megatron's default: 40M, one bucket here)
+//                       N-element gradient buckets (default: an eighth of the gradients, 3.75M
+//                       here)
 //   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
@@ -241,7 +242,7 @@ struct Layout {
   bool moe = false;
   bool overlap = false;   // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
   bool dist_opt = false;  // --use-distributed-optimizer
-  int bucket = 0;         // --ddp-bucket-size (elements); 0: Megatron's default
+  int bucket = 0;         // --ddp-bucket-size (elements); 0: the default (data_parallel.h)
 };
 
 // The bench's MoE layers (with Layout::moe).

@@ -8,8 +8,9 @@
 
 namespace omni {
 
-int64_t default_bucket_size(int group_size) {
-  return std::max<int64_t>(40'000'000, int64_t{1'000'000} * group_size);
+int64_t default_bucket_size(int64_t elements, int group_size) {
+  const int64_t megatron = std::max<int64_t>(40'000'000, int64_t{1'000'000} * group_size);
+  return std::min(megatron, std::max<int64_t>(1'000'000, (elements + 7) / 8));
 }
 
 template <typename T>
@@ -19,9 +20,11 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
                                             const std::vector<int64_t>& close_at)
     : comm_(group), infos_(std::move(layout)), grads_(std::move(grads)), mode_(mode), x_(exec) {
   OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size, ")");
-  const int64_t target =
-      bucket_size > 0 ? static_cast<int64_t>(bucket_size) : default_bucket_size(group.size());
   const std::vector<ParamInfo>& infos = infos_;
+  int64_t elements = 0;  // those this group reduces
+  for (const ParamInfo& p : infos) elements += p.numel;
+  const int64_t target = bucket_size > 0 ? static_cast<int64_t>(bucket_size)
+                                         : default_bucket_size(elements, group.size());
   bucket_of_param_.resize(infos.size());
   param_ready_.assign(infos.size(), false);
   // From the last parameter back, closing a bucket at a parameter's start once it is full.

@@ -16,7 +16,7 @@
 //
 // Buckets are laid from the END of the buffer (backward produces the last layers' gradients
 // first) and close at parameter boundaries once they hold `bucket_size` elements (Megatron's
-// rule; 0 means Megatron's default, max(40M, 1M x group size) elements). Buckets start in
+// rule; 0 means default_bucket_size). Buckets start in
 // that fixed order whatever order mark_ready is called in, so every rank issues the same
 // collectives in the same order. Before its collective a bucket is multiplied by
 // 1/group size (Megatron's gradient_scaling_factor: scale, then sum), so the result is the
@@ -54,8 +54,14 @@ struct ShardRange {
   int64_t begin = 0, end = 0;
 };
 
-// Megatron-Core's default bucket size for a data-parallel group of `group_size` ranks.
-int64_t default_bucket_size(int group_size);
+// The default bucket size (elements) for `elements` gradients reduced over `group_size` ranks:
+// an eighth of them, at least 1M and at most Megatron-Core's default, max(40M, 1M x group
+// size). Megatron's alone never splits a model under 40M elements (GPT-2 small's is one
+// bucket), so its only bucket could start after the whole backward and nothing would overlap;
+// eighths let the last layers' buckets travel while the first layers compute, and the 1M
+// floor keeps each collective large enough that its latency stays small beside its bytes.
+// Models above 320M elements get Megatron's buckets unchanged.
+int64_t default_bucket_size(int64_t elements, int group_size);
 
 // T: the gradients' type (float, or double in the float64 checks; a bf16/f16 model's gradients
 // are float).

@@ -16,8 +16,8 @@ namespace {
 
 using omni::DataParallelBuckets;
 using omni::GradReduce;
-using omni::ParamInfo;
 using omni::ParameterSet;
+using omni::ParamInfo;
 
 // Offsets (16-element aligned): a 0, b 16, c 48, d 96, e 112; 160 elements in all.
 std::vector<ParamInfo> infos() {
@@ -25,7 +25,9 @@ std::vector<ParamInfo> infos() {
 }
 
 // Rank r's local gradient at element i: varied magnitudes so summation order shows.
-float local_grad(int r, int64_t i) { return float((i * 7919 + r * 104729) % 1000) * 1e-3f + r; }
+float local_grad(int r, int64_t i) {
+  return float((i * 7919 + r * 104729) % 1000) * 1e-3f + r;
+}
 
 void fill(ParameterSet<float>& p, int r) {
   for (int64_t i = 0; i < p.size(); ++i) p.grads()[i] = local_grad(r, i);
@@ -65,9 +67,11 @@ TEST(DataParallelBuckets, BucketsAreLaidFromTheEndAtParameterBoundaries) {
   EXPECT_EQ(one.buckets()[0].end, 160);
 }
 
-TEST(DataParallelBuckets, DefaultBucketSizeIsMegatrons) {
-  EXPECT_EQ(omni::default_bucket_size(8), 40'000'000);
-  EXPECT_EQ(omni::default_bucket_size(64), 64'000'000);
+TEST(DataParallelBuckets, DefaultBucketSizeIsAnEighthWithinMegatronsAndOneMillion) {
+  EXPECT_EQ(omni::default_bucket_size(30'000'000, 2), 3'750'000);      // bench_parallel's GPT-2
+  EXPECT_EQ(omni::default_bucket_size(4'000'000, 2), 1'000'000);       // at least 1M
+  EXPECT_EQ(omni::default_bucket_size(7'000'000'000, 8), 40'000'000);  // Megatron's above 320M
+  EXPECT_EQ(omni::default_bucket_size(7'000'000'000, 64), 64'000'000);
 }
 
 TEST(DataParallelBuckets, AllReduceEqualsTheAverageOverRanksForEveryBucketSize) {
