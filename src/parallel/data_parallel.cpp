@@ -52,6 +52,7 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
   }
   params_pending_ = params_in_bucket_;
   requests_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) order_.push_back(b);
   const int64_t r = group.rank(), p = group.size();
   int64_t reduced = 0;
   for (const GradBucket& b : buckets_) {
@@ -89,6 +90,18 @@ void DataParallelBuckets<T>::start(size_t index) {
 }
 
 template <typename T>
+void DataParallelBuckets<T>::start_first(int64_t begin, int64_t end) {
+  OMNI_CHECK(next_start_ == 0, "[ddp] start_first during a step");
+  for (const GradBucket& b : buckets_)
+    OMNI_CHECK(b.end <= begin || end <= b.begin || (begin <= b.begin && b.end <= end),
+               "[ddp] start_first(", begin, ", ", end, ") cuts the bucket [", b.begin, ", ", b.end,
+               ")");
+  std::stable_partition(order_.begin(), order_.end(), [&](size_t b) {
+    return begin <= buckets_[b].begin && buckets_[b].end <= end;
+  });
+}
+
+template <typename T>
 void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
   OMNI_CHECK(0 <= begin && begin <= end && end <= grads_.numel(), "[ddp] mark_ready(", begin, ", ",
              end, ") outside the buffer of ", grads_.numel());
@@ -102,15 +115,16 @@ void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
     param_ready_[i] = true;
     --params_pending_[bucket_of_param_[i]];
   }
-  while (next_start_ < buckets_.size() && params_pending_[next_start_] == 0) start(next_start_++);
+  while (next_start_ < order_.size() && params_pending_[order_[next_start_]] == 0)
+    start(order_[next_start_++]);
   // MPI moves a non-blocking collective's data only inside MPI calls: give it a turn.
-  for (size_t b = 0; b < next_start_; ++b)
-    for (auto& req : requests_[b]) req->test();
+  for (size_t k = 0; k < next_start_; ++k)
+    for (auto& req : requests_[order_[k]]) req->test();
 }
 
 template <typename T>
 void DataParallelBuckets<T>::finish() {
-  while (next_start_ < buckets_.size()) start(next_start_++);
+  while (next_start_ < order_.size()) start(order_[next_start_++]);
   for (auto& reqs : requests_) {
     for (auto& req : reqs) req->wait();
     reqs.clear();

@@ -84,13 +84,22 @@ class DataParallelBuckets {
       : DataParallelBuckets(group, params.infos(), params.grads_tensor(), bucket_size, mode, exec) {
   }
 
+  // Moves the buckets inside [begin, end) (a range whose ends are bucket boundaries: pass its
+  // end in close_at) to the front of the start order, keeping both parts' orders: gradients
+  // final early in the backward (a tied embedding's, once only its output-layer part is
+  // summed there) start their collective before the layers'. Before the first step; every
+  // rank the same.
+  void start_first(int64_t begin, int64_t end);
   // Gradients of [begin, end) (whole parameters) are final for this step.
   void mark_ready(int64_t begin, int64_t end);
   // Starts every bucket not yet started, waits for all and resets for the next step.
   void finish();
 
-  // Buckets in the order their collectives start (from the end of the buffer).
+  // Buckets from the end of the buffer; their collectives start in this order (but for
+  // start_first's).
   const std::vector<GradBucket>& buckets() const { return buckets_; }
+  // Indices into buckets() in the order their collectives start.
+  const std::vector<size_t>& start_order() const { return order_; }
   // This rank's ranges (one per bucket, possibly empty), in bucket order.
   const std::vector<ShardRange>& shard() const { return shard_; }
   // Every rank's shard ranges of `data` (a buffer laid out like the parameters) to every
@@ -115,7 +124,8 @@ class DataParallelBuckets {
   std::vector<size_t> bucket_of_param_;                 // by index into params.infos()
   std::vector<int> params_in_bucket_, params_pending_;  // with elements, per bucket
   std::vector<bool> param_ready_;
-  size_t next_start_ = 0;
+  std::vector<size_t> order_;  // the buckets in the order they start
+  size_t next_start_ = 0;      // into order_
   std::vector<std::vector<std::unique_ptr<CommRequest>>> requests_;  // per bucket
   ops::Exec x_;
   Tensor reduced_;  // ReduceScatter: each bucket's piece, in bucket order (at the first start())

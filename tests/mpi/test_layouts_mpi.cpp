@@ -52,7 +52,8 @@ std::vector<float> params_of(const std::string& model_flags, const fs::path& ckp
 }
 
 fs::path run_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("omnitron_layouts_" + std::to_string(getpid())) / name;
+  const fs::path d =
+      fs::temp_directory_path() / ("omnitron_layouts_" + std::to_string(getpid())) / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -64,8 +65,9 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
   std::string name = model + "_" + std::to_string(ranks) + layout;
   name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
   const fs::path dir = run_dir(name);
-  const std::string args = "train " + tiny_model_flags(model, kSteps) + " " + layout + " --metrics-file " +
-                           (dir / "metrics.jsonl").string() + " --save " + (dir / "ckpt").string();
+  const std::string args = "train " + tiny_model_flags(model, kSteps) + " " + layout +
+                           " --metrics-file " + (dir / "metrics.jsonl").string() + " --save " +
+                           (dir / "ckpt").string();
   if (ranks == 1) {
     const ProcessResult r = run_omnitron_env("OMP_NUM_THREADS=1", args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -76,8 +78,8 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
   }
   std::vector<double> moe = losses_of(dir / "metrics.jsonl", "load_balancing_loss");
   for (double z : losses_of(dir / "metrics.jsonl", "z_loss")) moe.push_back(z);
-  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt"),
-          moe};
+  return {losses_of(dir / "metrics.jsonl"),
+          params_of(tiny_model_flags(model, kSteps), dir / "ckpt"), moe};
 }
 
 const Trained& reference(const std::string& model) {
@@ -133,12 +135,12 @@ const Case kCases[] = {
     {"tp2_pp2_dp2", 8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Mpi, Layouts,
-    ::testing::Combine(::testing::Values("gpt2", "llama"), ::testing::ValuesIn(kCases)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-    });
+INSTANTIATE_TEST_SUITE_P(Mpi, Layouts,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                                            ::testing::ValuesIn(kCases)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+                         });
 
 // The tiny MoE model (tiny_models.h) in the layouts its MoE layers build: data parallel
 // (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines,
@@ -166,11 +168,8 @@ const Case kMoeCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(
-    MpiMoE, Layouts,
-    ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-    });
+    MpiMoE, Layouts, ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 // Dropout 0.1 (Megatron's default, so the layouts above run with it too, given explicitly here)
 // under data parallelism with the distributed optimizer: each rank draws the masks of its
@@ -196,6 +195,32 @@ double worst_relative(const std::vector<double>& got, const std::vector<double>&
   for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
     worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
   return worst;
+}
+
+// --overlap-grad-reduce with GPT-2's tied embedding and micro-batches of 16 tokens (32 over
+// the two ranks, under the vocabulary's 64): the embedding's bucket starts as the last
+// micro-batch's backward begins and its input rows follow as a gathered sparse update
+// (GPTModel::set_deferred_embedding_grads), with and without the distributed optimizer. The
+// losses are the dense all-reduce's to rounding, the parameters within the layouts' bound.
+TEST(MpiOverlap, SparseTiedEmbeddingGradientsMatchTheDenseAllReduce) {
+  const std::string small = " --micro-batch-size 1";
+  const Trained dense = train("gpt2", 2, small);
+  for (const std::string extra : {"", " --use-distributed-optimizer"}) {
+    SCOPED_TRACE(extra);
+    const Trained got = train("gpt2", 2, small + " --overlap-grad-reduce" + extra);
+    ASSERT_EQ(got.losses.size(), size_t(kSteps));
+    const double worst = worst_relative(got.losses, dense.losses);
+    ASSERT_EQ(got.params.size(), dense.params.size());
+    double worst_param = 0, largest = 0;
+    for (size_t i = 0; i < dense.params.size(); ++i) {
+      worst_param = std::max(worst_param, double(std::abs(got.params[i] - dense.params[i])));
+      largest = std::max(largest, double(std::abs(dense.params[i])));
+    }
+    std::printf("gpt2 dp2 overlap%s: largest loss difference %.3g, parameter %.3g\n", extra.c_str(),
+                worst, worst_param);
+    EXPECT_LE(worst, 1e-6);
+    EXPECT_LE(worst_param, 1e-4 * largest);
+  }
 }
 
 // Megatron-DeepSpeed's SP=2 (the launcher variable, read with OMNITRON_ENV_OVERRIDES=1) on 4
@@ -239,8 +264,9 @@ TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
   const std::string flags = tiny_model_flags("gpt2", 1000000);
   MpiRun r{};
   std::thread job([&] {
-    r = mpirun(2, std::string(OMNITRON_BINARY) + " train " + flags + " --metrics-file " +
-                      metrics.string() + " --tensor-model-parallel-size 2",
+    r = mpirun(2,
+               std::string(OMNITRON_BINARY) + " train " + flags + " --metrics-file " +
+                   metrics.string() + " --tensor-model-parallel-size 2",
                "-x OMP_NUM_THREADS=1");
   });
   // Wait until training runs (steps are logged), then kill one rank mid-step.
@@ -265,7 +291,8 @@ TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
 TEST(MpiTraining, ARankThatFailsEndsTheJobWithItsMessage) {
   // Rank 1 alone is given a data path that does not exist (mpirun's MPMD form): it fails
   // while rank 0 waits for it in a collective.
-  const std::string common = std::string(OMNITRON_BINARY) + " train " + tiny_model_flags("gpt2", kSteps);
+  const std::string common =
+      std::string(OMNITRON_BINARY) + " train " + tiny_model_flags("gpt2", kSteps);
   std::string bad = common;
   bad.replace(bad.find("--mock-data"), 11, "--data-path /nonexistent/corpus");
   const MpiRun r = mpirun(1, common + " : -np 1 " + bad);
