@@ -13,7 +13,8 @@
 //                       the distributed optimizer (its all-gather overlapped too); --bucket N:
 //                       N-element gradient buckets (default: an eighth of the gradients, 3.75M
 //                       here)
-//   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
+//   build/bench_parallel --compare       all of these (and one rank at 1 thread; the 2-thread
+//                                        baseline first and last), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
 //
@@ -541,6 +542,9 @@ void compare(const Args& args) {
       {"SP 2 (Ulysses)", mpirun + common + " --sp 2"},
       {"MoE, one rank", "OMP_NUM_THREADS=1 " + common + " --moe"},
       {"MoE EP 2, 1 thr each", mpirun + common + " --dp 2 --ep 2"},
+      // The baseline again: the rows compare with both sittings' mean, so a machine whose
+      // load drifts during the runs moves the baseline as it moved them.
+      {"one rank, 2 thr again", "OMP_NUM_THREADS=2 " + common},
   };
   for (Run& run : runs) {
     std::printf("\n$ %s\n", run.command.c_str());
@@ -561,17 +565,19 @@ void compare(const Args& args) {
   std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %8s %7s\n", "run", "median ms", "min ms",
               "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "exposed", "busy");
   // The MoE rows against the MoE model on one rank at one thread.
-  const size_t moe_one = runs.size() - 2;
+  const size_t moe_one = runs.size() - 3;
+  const double two_ms = (runs.front().ms + runs.back().ms) / 2;
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
-    const Run& two = runs[0];
-    const Run& one = i >= moe_one ? runs[moe_one] : runs[1];
+    const Run& one = i >= moe_one && i + 1 < runs.size() ? runs[moe_one] : runs[1];
     std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %8.0f %6.0f%%\n", run.name,
-                run.ms, run.min_ms, two.ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
+                run.ms, run.min_ms, two_ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
                 run.exposed, 100 * run.busy);
   }
   std::printf(
-      "(vs: one rank's median step time over this run's, on the same global batch, the MoE rows "
+      "(vs 2 threads: the mean of the two one-rank, 2-thread runs' median step times (first and "
+      "last) over this run's; vs: one rank's median step time over this run's, on the same global "
+      "batch, the MoE rows "
       "against the MoE model's one rank at 1 thread in the 'vs 1 thread' column; sent: the "
       "most any rank sends, algorithmic count (MoE: the analytical count assumes evenly spread "
       "routing);\n exposed: ms per step rank 0 spent inside communication calls and waits; busy: "

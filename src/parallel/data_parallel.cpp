@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/trace.h"
+#include "comm/progress.h"
 
 namespace omni {
 
@@ -78,6 +79,8 @@ void DataParallelBuckets<T>::start(size_t index) {
   if (reduced_size_ > 0 && !reduced_.defined())
     reduced_ = Tensor::zeros({reduced_size_}, dtype_of<T>(), grads_.device(), x_.memory());
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
+  // The kernels test the started buckets' requests between their GEMMs (comm/progress.h).
+  set_comm_progress(this, [this] { progress(); });
   if (mode_ == GradReduce::AllReduce) {
     reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
     return;
@@ -117,14 +120,25 @@ void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
   }
   while (next_start_ < order_.size() && params_pending_[order_[next_start_]] == 0)
     start(order_[next_start_++]);
+  progress();
+}
+
+template <typename T>
+void DataParallelBuckets<T>::progress() {
   // MPI moves a non-blocking collective's data only inside MPI calls: give it a turn.
   for (size_t k = 0; k < next_start_; ++k)
     for (auto& req : requests_[order_[k]]) req->test();
 }
 
 template <typename T>
+DataParallelBuckets<T>::~DataParallelBuckets() {
+  set_comm_progress(this, nullptr);
+}
+
+template <typename T>
 void DataParallelBuckets<T>::finish() {
   while (next_start_ < order_.size()) start(order_[next_start_++]);
+  set_comm_progress(this, nullptr);
   for (auto& reqs : requests_) {
     for (auto& req : reqs) req->wait();
     reqs.clear();
