@@ -267,8 +267,8 @@ constexpr int kExperts = 4, kTopK = 2;
 //     without sequence parallelism; only qk-layernorm would).
 //   TP = a(m ((4 L + 2) T h 4 + 3 T 8) + 8, t)
 // Data parallel: the averaged fp32 gradients of this rank's P_t parameters, and the loss
-// (1 double):
-//   DP = a(4 P_t + 8, d),
+// (1 double), and with --overlap-grad-reduce the sparse rows of the tied embedding (below):
+//   DP = a(4 P_t + 8, d) + (d - 1) T (4 h + 8),
 //   P_t = V_t h / t + s h + L (12 h^2 / t + 7 h / t + 6 h) + 2 h,
 // V_t the vocabulary padded to a multiple of 128 t; a layer's QKV, fc1 (weights and biases)
 // and projection, fc2 weights are split t ways, its two layer norms and two output biases
@@ -301,7 +301,13 @@ double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int m
   const double params = vocab * h / t + s * h + L * (12 * h * h / t + 7 * h / t + 6 * h) + 2 * h;
   const double u = l.sp;
   const double sp = micro_batches * (L * 8 * (u - 1) / u * (T / u) * h * 4 + 2 * a(8, u));
-  if (!l.moe) return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp);
+  // --overlap-grad-reduce with the tied embedding on plain data parallelism (GPTModel::
+  // set_deferred_embedding_grads): the last micro-batch's input-embedding rows (T of h fp32)
+  // and their token ids and positions (2 int32 each) are all-gathered, (d-1)/d of d blocks.
+  const bool sparse = l.overlap && l.dp > 1 && l.tp == 1 && l.sp == 1 &&
+                      !c.untie_embeddings_and_output_weights && T * l.dp < c.vocab_size;
+  const double rows = sparse ? (l.dp - 1) * T * (4 * h + 8) : 0;
+  if (!l.moe) return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp) + rows;
   const double E = c.num_moe_experts, F = c.moe_ffn_size(), k = c.moe_router_topk, ep = l.ep;
   const double dense = params - L * (8 * h * h + 5 * h) + L * (E * h + E);
   const double experts = L * E / ep * (2 * F * h + F + h);
