@@ -52,8 +52,7 @@ std::vector<float> params_of(const std::string& model_flags, const fs::path& ckp
 }
 
 fs::path run_dir(const std::string& name) {
-  const fs::path d =
-      fs::temp_directory_path() / ("omnitron_layouts_" + std::to_string(getpid())) / name;
+  const fs::path d = fs::temp_directory_path() / ("omnitron_layouts_" + std::to_string(getpid())) / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -65,9 +64,8 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
   std::string name = model + "_" + std::to_string(ranks) + layout;
   name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
   const fs::path dir = run_dir(name);
-  const std::string args = "train " + tiny_model_flags(model, kSteps) + " " + layout +
-                           " --metrics-file " + (dir / "metrics.jsonl").string() + " --save " +
-                           (dir / "ckpt").string();
+  const std::string args = "train " + tiny_model_flags(model, kSteps) + " " + layout + " --metrics-file " +
+                           (dir / "metrics.jsonl").string() + " --save " + (dir / "ckpt").string();
   if (ranks == 1) {
     const ProcessResult r = run_omnitron_env("OMP_NUM_THREADS=1", args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -78,8 +76,8 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
   }
   std::vector<double> moe = losses_of(dir / "metrics.jsonl", "load_balancing_loss");
   for (double z : losses_of(dir / "metrics.jsonl", "z_loss")) moe.push_back(z);
-  return {losses_of(dir / "metrics.jsonl"),
-          params_of(tiny_model_flags(model, kSteps), dir / "ckpt"), moe};
+  return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt"),
+          moe};
 }
 
 const Trained& reference(const std::string& model) {
@@ -135,12 +133,12 @@ const Case kCases[] = {
     {"tp2_pp2_dp2", 8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Mpi, Layouts,
-                         ::testing::Combine(::testing::Values("gpt2", "llama"),
-                                            ::testing::ValuesIn(kCases)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Mpi, Layouts,
+    ::testing::Combine(::testing::Values("gpt2", "llama"), ::testing::ValuesIn(kCases)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+    });
 
 // The tiny MoE model (tiny_models.h) in the layouts its MoE layers build: data parallel
 // (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines,
@@ -168,8 +166,11 @@ const Case kMoeCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(
-    MpiMoE, Layouts, ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+    MpiMoE, Layouts,
+    ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+    });
 
 // Dropout 0.1 (Megatron's default, so the layouts above run with it too, given explicitly here)
 // under data parallelism with the distributed optimizer: each rank draws the masks of its
@@ -264,9 +265,8 @@ TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
   const std::string flags = tiny_model_flags("gpt2", 1000000);
   MpiRun r{};
   std::thread job([&] {
-    r = mpirun(2,
-               std::string(OMNITRON_BINARY) + " train " + flags + " --metrics-file " +
-                   metrics.string() + " --tensor-model-parallel-size 2",
+    r = mpirun(2, std::string(OMNITRON_BINARY) + " train " + flags + " --metrics-file " +
+                      metrics.string() + " --tensor-model-parallel-size 2",
                "-x OMP_NUM_THREADS=1");
   });
   // Wait until training runs (steps are logged), then kill one rank mid-step.
@@ -291,8 +291,7 @@ TEST(MpiTraining, AKilledRankEndsTheJobWithAClearMessage) {
 TEST(MpiTraining, ARankThatFailsEndsTheJobWithItsMessage) {
   // Rank 1 alone is given a data path that does not exist (mpirun's MPMD form): it fails
   // while rank 0 waits for it in a collective.
-  const std::string common =
-      std::string(OMNITRON_BINARY) + " train " + tiny_model_flags("gpt2", kSteps);
+  const std::string common = std::string(OMNITRON_BINARY) + " train " + tiny_model_flags("gpt2", kSteps);
   std::string bad = common;
   bad.replace(bad.find("--mock-data"), 11, "--data-path /nonexistent/corpus");
   const MpiRun r = mpirun(1, common + " : -np 1 " + bad);

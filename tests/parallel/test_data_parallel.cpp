@@ -16,8 +16,8 @@ namespace {
 
 using omni::DataParallelBuckets;
 using omni::GradReduce;
-using omni::ParameterSet;
 using omni::ParamInfo;
+using omni::ParameterSet;
 
 // Offsets (16-element aligned): a 0, b 16, c 48, d 96, e 112; 160 elements in all.
 std::vector<ParamInfo> infos() {
@@ -25,9 +25,7 @@ std::vector<ParamInfo> infos() {
 }
 
 // Rank r's local gradient at element i: varied magnitudes so summation order shows.
-float local_grad(int r, int64_t i) {
-  return float((i * 7919 + r * 104729) % 1000) * 1e-3f + r;
-}
+float local_grad(int r, int64_t i) { return float((i * 7919 + r * 104729) % 1000) * 1e-3f + r; }
 
 void fill(ParameterSet<float>& p, int r) {
   for (int64_t i = 0; i < p.size(); ++i) p.grads()[i] = local_grad(r, i);
