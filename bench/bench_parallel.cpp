@@ -11,8 +11,10 @@
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --overlap [--dist-opt]
 //                       gradients reduced while the backward runs (--overlap-grad-reduce), with
 //                       the distributed optimizer (its all-gather overlapped too); --bucket N:
-//                       N-element gradient buckets (Megatron's default: 40M, one bucket here)
-//   build/bench_parallel --compare       all of these (and one rank at 1 thread), then a
+//                       N-element gradient buckets (default: an eighth of the gradients, 3.75M
+//                       here)
+//   build/bench_parallel --compare       all of these (and one rank at 1 thread; the 2-thread
+//                                        baseline first and last), then a
 //                                        table of step times against one rank
 //   options: --steps N (default 8), --warmup N (steps left out of the median, default 2)
 //
@@ -241,7 +243,7 @@ struct Layout {
   bool moe = false;
   bool overlap = false;   // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
   bool dist_opt = false;  // --use-distributed-optimizer
-  int bucket = 0;         // --ddp-bucket-size (elements); 0: Megatron's default
+  int bucket = 0;         // --ddp-bucket-size (elements); 0: the default (data_parallel.h)
 };
 
 // The bench's MoE layers (with Layout::moe).
@@ -265,8 +267,8 @@ constexpr int kExperts = 4, kTopK = 2;
 //     without sequence parallelism; only qk-layernorm would).
 //   TP = a(m ((4 L + 2) T h 4 + 3 T 8) + 8, t)
 // Data parallel: the averaged fp32 gradients of this rank's P_t parameters, and the loss
-// (1 double):
-//   DP = a(4 P_t + 8, d),
+// (1 double), and with --overlap-grad-reduce the sparse rows of the tied embedding (below):
+//   DP = a(4 P_t + 8, d) + (d - 1) T (4 h + 8),
 //   P_t = V_t h / t + s h + L (12 h^2 / t + 7 h / t + 6 h) + 2 h,
 // V_t the vocabulary padded to a multiple of 128 t; a layer's QKV, fc1 (weights and biases)
 // and projection, fc2 weights are split t ways, its two layer norms and two output biases
@@ -299,7 +301,13 @@ double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int m
   const double params = vocab * h / t + s * h + L * (12 * h * h / t + 7 * h / t + 6 * h) + 2 * h;
   const double u = l.sp;
   const double sp = micro_batches * (L * 8 * (u - 1) / u * (T / u) * h * 4 + 2 * a(8, u));
-  if (!l.moe) return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp);
+  // --overlap-grad-reduce with the tied embedding on plain data parallelism (GPTModel::
+  // set_deferred_embedding_grads): the last micro-batch's input-embedding rows (T of h fp32)
+  // and their token ids and positions (2 int32 each) are all-gathered, (d-1)/d of d blocks.
+  const bool sparse = l.overlap && l.dp > 1 && l.tp == 1 && l.sp == 1 &&
+                      !c.untie_embeddings_and_output_weights && T * l.dp < c.vocab_size;
+  const double rows = sparse ? (l.dp - 1) * T * (4 * h + 8) : 0;
+  if (!l.moe) return tp + sp + a(4 * params, l.dp * u) + a(8, l.dp) + rows;
   const double E = c.num_moe_experts, F = c.moe_ffn_size(), k = c.moe_router_topk, ep = l.ep;
   const double dense = params - L * (8 * h * h + 5 * h) + L * (E * h + E);
   const double experts = L * E / ep * (2 * F * h + F + h);
@@ -540,6 +548,9 @@ void compare(const Args& args) {
       {"SP 2 (Ulysses)", mpirun + common + " --sp 2"},
       {"MoE, one rank", "OMP_NUM_THREADS=1 " + common + " --moe"},
       {"MoE EP 2, 1 thr each", mpirun + common + " --dp 2 --ep 2"},
+      // The baseline again: the rows compare with both sittings' mean, so a machine whose
+      // load drifts during the runs moves the baseline as it moved them.
+      {"one rank, 2 thr again", "OMP_NUM_THREADS=2 " + common},
   };
   for (Run& run : runs) {
     std::printf("\n$ %s\n", run.command.c_str());
@@ -560,17 +571,19 @@ void compare(const Args& args) {
   std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %8s %7s\n", "run", "median ms", "min ms",
               "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "exposed", "busy");
   // The MoE rows against the MoE model on one rank at one thread.
-  const size_t moe_one = runs.size() - 2;
+  const size_t moe_one = runs.size() - 3;
+  const double two_ms = (runs.front().ms + runs.back().ms) / 2;
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];
-    const Run& two = runs[0];
-    const Run& one = i >= moe_one ? runs[moe_one] : runs[1];
+    const Run& one = i >= moe_one && i + 1 < runs.size() ? runs[moe_one] : runs[1];
     std::printf("%-20s %10.0f %8.0f %12.2fx %11.2fx %16.0f %16.0f %8.0f %6.0f%%\n", run.name,
-                run.ms, run.min_ms, two.ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
+                run.ms, run.min_ms, two_ms / run.ms, one.ms / run.ms, run.bytes, run.analytical,
                 run.exposed, 100 * run.busy);
   }
   std::printf(
-      "(vs: one rank's median step time over this run's, on the same global batch, the MoE rows "
+      "(vs 2 threads: the mean of the two one-rank, 2-thread runs' median step times (first and "
+      "last) over this run's; vs: one rank's median step time over this run's, on the same global "
+      "batch, the MoE rows "
       "against the MoE model's one rank at 1 thread in the 'vs 1 thread' column; sent: the "
       "most any rank sends, algorithmic count (MoE: the analytical count assumes evenly spread "
       "routing);\n exposed: ms per step rank 0 spent inside communication calls and waits; busy: "

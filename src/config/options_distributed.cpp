@@ -134,9 +134,11 @@ void add_distributed_options(std::vector<OptionDef>& t) {
   t.push_back(toggle("--use-tp-pp-dp-mapping", PAR,
                      "rank order tp-cp-ep-pp-dp (default tp-cp-ep-dp-pp)",
                      [](Options& o) -> bool& { return o.use_tp_pp_dp_mapping; }));
-  t.push_back(number<double>("--ddp-bucket-size", "N", PAR,
-                             "gradient elements per data-parallel all-reduce bucket (0: default)",
-                             [](Options& o) -> double& { return o.ddp_bucket_size; }));
+  t.push_back(
+      number<double>("--ddp-bucket-size", "N", PAR,
+                     "gradient elements per data-parallel all-reduce bucket (0: an eighth of the "
+                     "gradients, within [1M, max(40M, 1M x data-parallel size)])",
+                     [](Options& o) -> double& { return o.ddp_bucket_size; }));
   t.push_back(toggle("--overlap-grad-reduce", PAR,
                      "start each gradient bucket's data-parallel reduction as soon as the "
                      "backward pass has finished its gradients (default: all after the backward)",

@@ -466,17 +466,16 @@ void GPTModel<T>::embed(Activations& a, const MicroBatch& mb, const Geometry& g)
 }
 
 template <typename T>
-void GPTModel<T>::embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
+void GPTModel<T>::embed_backward(const T* d_rows, const int32_t* tokens, const int32_t* positions,
                                  const Geometry& g) {
   const int C = cfg_.hidden_size;
   // The positions of this rank's residual rows (sequence parallel: a slice of them), which
   // under context parallelism range over the whole sequence's table, not the local share.
   if (Grad* dwpe = params_.grad_or_null("embedding.position_embeddings.weight"))
-    ops::embedding_backward(x_, static_cast<Grad*>(nullptr), dwpe, a.in.tokens, d_rows, g.rows,
-                            cfg_.max_positions(), C, a.in.positions + tp_.first_row(g.tokens), 0,
-                            1 << 30);
+    ops::embedding_backward(x_, static_cast<Grad*>(nullptr), dwpe, tokens, d_rows, g.rows,
+                            cfg_.max_positions(), C, positions, 0, 1 << 30);
   tp_.embedding_backward(params_.grad("embedding.word_embeddings.weight"),
-                         d_full_.template data<T>(), d_rows, a.in.tokens, vocab_, g.tokens, g.seq);
+                         d_full_.template data<T>(), d_rows, tokens, vocab_, g.tokens, g.seq);
 }
 
 template <typename T>
@@ -597,10 +596,12 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
   Activations& a = activations(chunk, slot);
   const size_t rows = size_t(g.rows) * cfg_.hidden_size;
   T* dres = d_resid_.template data<T>();
+  const bool defer = defer_embedding_ && grads_ready_ && has_loss(chunk) && has_embedding(chunk);
   if (has_loss(chunk)) {
     ops::copy(x_, dres, a.d_final.template data<T>(), rows);
     mark_ready(head_range_);
-    if (!parallel_.pre_process) mark_ready(embedding_range_);  // the classifier's copy
+    // The classifier's copy; or all but the rows kept below.
+    if (!parallel_.pre_process || defer) mark_ready(embedding_range_);
   } else {
     OMNI_CHECK(grad_output, "[gpt] chunk ", chunk, " needs the next stage's gradient");
     ops::copy(x_, dres, grad_output, rows);
@@ -623,7 +624,11 @@ const T* GPTModel<T>::chunk_backward(int chunk, int slot, const MicroBatch& mb,
   }
   if (!has_embedding(chunk)) return dres;
   hidden_dropout(dres, mb, a.in, g, -1, ops::DropoutSite::Embedding);  // its own transpose
-  embed_backward(dres, a, mb, g);
+  if (defer) {
+    defer_embedding_grads(dres, a, g);
+    return nullptr;
+  }
+  embed_backward(dres, a.in.tokens, a.in.positions + tp_.first_row(g.tokens), g);
   mark_ready(embedding_range_);
   return nullptr;
 }

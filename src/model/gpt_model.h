@@ -140,6 +140,18 @@ class GPTModel final : public PipelineChunks<T> {
   void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) override {
     grads_ready_ = std::move(hook);
   }
+  // --overlap-grad-reduce's sparse tied-embedding gradient (gpt_embedding_grad.cpp; one chunk
+  // holding the embedding and the loss, on the CPU). With it on, the backward that has a
+  // grads-ready hook (the step's last micro-batch) marks the embedding's range ready at its
+  // start, when the range holds every gradient but this micro-batch's input-embedding rows
+  // (the tied output layer's is summed in the forward), and keeps those rows' gradients, token
+  // ids and positions; after the data-parallel buckets have averaged the range,
+  // add_deferred_embedding_grads gathers every rank's rows over `group` and adds them x 1/size
+  // in rank order. The sum is the dense path's, rounded in another order.
+  void set_deferred_embedding_grads(bool on) { defer_embedding_ = on; }
+  void add_deferred_embedding_grads(Communicator& group);
+  // The flat range of the embedding's parameters (the grads-ready hook's).
+  std::pair<int64_t, int64_t> embedding_range() const { return embedding_range_; }
   // ZeRO stage 3 (parallel/zero_sharding.h): called with (begin, end, true) before the
   // parameters of a flat range are read, (begin, end, false) after; null: always there.
   void set_params_hook(std::function<void(int64_t, int64_t, bool)> hook) {
@@ -285,8 +297,19 @@ class GPTModel final : public PipelineChunks<T> {
   // Layer i of the chunk's activations: its own, or the scratch a recomputed layer uses.
   LayerActivations& layer_activations(Activations& a, int i);
   void embed(Activations& a, const MicroBatch& mb, const Geometry& g);
-  void embed_backward(const T* d_rows, const Activations& a, const MicroBatch& mb,
+  // Adds the input embedding's gradients of rows d_rows (their token ids, and positions of
+  // this rank's rows).
+  void embed_backward(const T* d_rows, const int32_t* tokens, const int32_t* positions,
                       const Geometry& g);
+  // The step's last micro-batch's input-embedding rows, while deferred (see
+  // set_deferred_embedding_grads).
+  struct DeferredEmbedding {
+    std::vector<int32_t> ids;  // tokens, then positions
+    std::vector<T> rows;       // [rows, hidden]
+    Geometry g{};
+    bool pending = false;
+  };
+  void defer_embedding_grads(const T* d_rows, const Activations& a, const Geometry& g);
   void layer_forward(int layer, LayerActivations& a, const T* x, T* out, const MicroBatch& mb,
                      const Geometry& g, const Inputs& in);
   // dres holds d(out) on entry and d(x) on return.
@@ -358,6 +381,8 @@ class GPTModel final : public PipelineChunks<T> {
   std::vector<double> expert_tokens_;
   std::shared_ptr<MLAState> mla_scratch_;  // multi-latent attention's backward scratch
   std::shared_ptr<MTPState> mtp_;          // multi-token prediction's activations and losses
+  bool defer_embedding_ = false;
+  DeferredEmbedding deferred_;
 };
 
 }  // namespace omni

@@ -5,11 +5,13 @@
 
 #include "base/error.h"
 #include "base/trace.h"
+#include "comm/progress.h"
 
 namespace omni {
 
-int64_t default_bucket_size(int group_size) {
-  return std::max<int64_t>(40'000'000, int64_t{1'000'000} * group_size);
+int64_t default_bucket_size(int64_t elements, int group_size) {
+  const int64_t megatron = std::max<int64_t>(40'000'000, int64_t{1'000'000} * group_size);
+  return std::min(megatron, std::max<int64_t>(1'000'000, (elements + 7) / 8));
 }
 
 template <typename T>
@@ -19,9 +21,11 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
                                             const std::vector<int64_t>& close_at)
     : comm_(group), infos_(std::move(layout)), grads_(std::move(grads)), mode_(mode), x_(exec) {
   OMNI_REQUIRE(bucket_size >= 0, "--ddp-bucket-size must not be negative (got ", bucket_size, ")");
-  const int64_t target =
-      bucket_size > 0 ? static_cast<int64_t>(bucket_size) : default_bucket_size(group.size());
   const std::vector<ParamInfo>& infos = infos_;
+  int64_t elements = 0;  // those this group reduces
+  for (const ParamInfo& p : infos) elements += p.numel;
+  const int64_t target = bucket_size > 0 ? static_cast<int64_t>(bucket_size)
+                                         : default_bucket_size(elements, group.size());
   bucket_of_param_.resize(infos.size());
   param_ready_.assign(infos.size(), false);
   // From the last parameter back, closing a bucket at a parameter's start once it is full.
@@ -49,6 +53,7 @@ DataParallelBuckets<T>::DataParallelBuckets(Communicator& group, std::vector<Par
   }
   params_pending_ = params_in_bucket_;
   requests_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) order_.push_back(b);
   const int64_t r = group.rank(), p = group.size();
   int64_t reduced = 0;
   for (const GradBucket& b : buckets_) {
@@ -74,6 +79,8 @@ void DataParallelBuckets<T>::start(size_t index) {
   if (reduced_size_ > 0 && !reduced_.defined())
     reduced_ = Tensor::zeros({reduced_size_}, dtype_of<T>(), grads_.device(), x_.memory());
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
+  // The kernels test the started buckets' requests between their GEMMs (comm/progress.h).
+  set_comm_progress(this, [this] { progress(); });
   if (mode_ == GradReduce::AllReduce) {
     reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
     return;
@@ -83,6 +90,18 @@ void DataParallelBuckets<T>::start(size_t index) {
                                          b.piece, dtype_of<T>()));
   if (const int64_t rest = n - p * b.piece; rest > 0)
     reqs.push_back(comm_.iall_reduce(g + p * b.piece, rest, dtype_of<T>()));
+}
+
+template <typename T>
+void DataParallelBuckets<T>::start_first(int64_t begin, int64_t end) {
+  OMNI_CHECK(next_start_ == 0, "[ddp] start_first during a step");
+  for (const GradBucket& b : buckets_)
+    OMNI_CHECK(b.end <= begin || end <= b.begin || (begin <= b.begin && b.end <= end),
+               "[ddp] start_first(", begin, ", ", end, ") cuts the bucket [", b.begin, ", ", b.end,
+               ")");
+  std::stable_partition(order_.begin(), order_.end(), [&](size_t b) {
+    return begin <= buckets_[b].begin && buckets_[b].end <= end;
+  });
 }
 
 template <typename T>
@@ -99,15 +118,27 @@ void DataParallelBuckets<T>::mark_ready(int64_t begin, int64_t end) {
     param_ready_[i] = true;
     --params_pending_[bucket_of_param_[i]];
   }
-  while (next_start_ < buckets_.size() && params_pending_[next_start_] == 0) start(next_start_++);
+  while (next_start_ < order_.size() && params_pending_[order_[next_start_]] == 0)
+    start(order_[next_start_++]);
+  progress();
+}
+
+template <typename T>
+void DataParallelBuckets<T>::progress() {
   // MPI moves a non-blocking collective's data only inside MPI calls: give it a turn.
-  for (size_t b = 0; b < next_start_; ++b)
-    for (auto& req : requests_[b]) req->test();
+  for (size_t k = 0; k < next_start_; ++k)
+    for (auto& req : requests_[order_[k]]) req->test();
+}
+
+template <typename T>
+DataParallelBuckets<T>::~DataParallelBuckets() {
+  set_comm_progress(this, nullptr);
 }
 
 template <typename T>
 void DataParallelBuckets<T>::finish() {
-  while (next_start_ < buckets_.size()) start(next_start_++);
+  while (next_start_ < order_.size()) start(order_[next_start_++]);
+  set_comm_progress(this, nullptr);
   for (auto& reqs : requests_) {
     for (auto& req : reqs) req->wait();
     reqs.clear();

@@ -16,7 +16,7 @@
 //
 // Buckets are laid from the END of the buffer (backward produces the last layers' gradients
 // first) and close at parameter boundaries once they hold `bucket_size` elements (Megatron's
-// rule; 0 means Megatron's default, max(40M, 1M x group size) elements). Buckets start in
+// rule; 0 means default_bucket_size). Buckets start in
 // that fixed order whatever order mark_ready is called in, so every rank issues the same
 // collectives in the same order. Before its collective a bucket is multiplied by
 // 1/group size (Megatron's gradient_scaling_factor: scale, then sum), so the result is the
@@ -54,8 +54,14 @@ struct ShardRange {
   int64_t begin = 0, end = 0;
 };
 
-// Megatron-Core's default bucket size for a data-parallel group of `group_size` ranks.
-int64_t default_bucket_size(int group_size);
+// The default bucket size (elements) for `elements` gradients reduced over `group_size` ranks:
+// an eighth of them, at least 1M and at most Megatron-Core's default, max(40M, 1M x group
+// size). Megatron's alone never splits a model under 40M elements (GPT-2 small's is one
+// bucket), so its only bucket could start after the whole backward and nothing would overlap;
+// eighths let the last layers' buckets travel while the first layers compute, and the 1M
+// floor keeps each collective large enough that its latency stays small beside its bytes.
+// Models above 320M elements get Megatron's buckets unchanged.
+int64_t default_bucket_size(int64_t elements, int group_size);
 
 // T: the gradients' type (float, or double in the float64 checks; a bf16/f16 model's gradients
 // are float).
@@ -78,13 +84,25 @@ class DataParallelBuckets {
       : DataParallelBuckets(group, params.infos(), params.grads_tensor(), bucket_size, mode, exec) {
   }
 
+  // Moves the buckets inside [begin, end) (a range whose ends are bucket boundaries: pass its
+  // end in close_at) to the front of the start order, keeping both parts' orders: gradients
+  // final early in the backward (a tied embedding's, once only its output-layer part is
+  // summed there) start their collective before the layers'. Before the first step; every
+  // rank the same.
+  void start_first(int64_t begin, int64_t end);
+  ~DataParallelBuckets();
+  DataParallelBuckets(const DataParallelBuckets&) = delete;
+  DataParallelBuckets& operator=(const DataParallelBuckets&) = delete;
   // Gradients of [begin, end) (whole parameters) are final for this step.
   void mark_ready(int64_t begin, int64_t end);
   // Starts every bucket not yet started, waits for all and resets for the next step.
   void finish();
 
-  // Buckets in the order their collectives start (from the end of the buffer).
+  // Buckets from the end of the buffer; their collectives start in this order (but for
+  // start_first's).
   const std::vector<GradBucket>& buckets() const { return buckets_; }
+  // Indices into buckets() in the order their collectives start.
+  const std::vector<size_t>& start_order() const { return order_; }
   // This rank's ranges (one per bucket, possibly empty), in bucket order.
   const std::vector<ShardRange>& shard() const { return shard_; }
   // Every rank's shard ranges of `data` (a buffer laid out like the parameters) to every
@@ -97,6 +115,7 @@ class DataParallelBuckets {
 
  private:
   void start(size_t bucket);
+  void progress();  // tests the started buckets' requests
 
   T* grads() const { return grads_.template data<T>(); }
 
@@ -109,7 +128,8 @@ class DataParallelBuckets {
   std::vector<size_t> bucket_of_param_;                 // by index into params.infos()
   std::vector<int> params_in_bucket_, params_pending_;  // with elements, per bucket
   std::vector<bool> param_ready_;
-  size_t next_start_ = 0;
+  std::vector<size_t> order_;  // the buckets in the order they start
+  size_t next_start_ = 0;      // into order_
   std::vector<std::vector<std::unique_ptr<CommRequest>>> requests_;  // per bucket
   ops::Exec x_;
   Tensor reduced_;  // ReduceScatter: each bucket's piece, in bucket order (at the first start())

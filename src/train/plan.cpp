@@ -358,7 +358,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   // (DataParallelBuckets; Megatron's reduces inside its gradient buffer), and MPI's collectives
   // copy a whole bucket (measured: DP 2 runs peak one bucket above the rest).
   if (d.host_memory && l.dp * l.cp > 1) {
-    const double bucket = std::min(P, double(default_bucket_size(l.dp * l.cp))) * 4;
+    const double bucket = std::min(P, double(default_bucket_size(int64_t(P), l.dp * l.cp))) * 4;
     comm += bucket;
     if (l.distributed_optimizer && l.zero_stage < 2) comm += P / (l.dp * l.cp) * 4;
     comm_why +=

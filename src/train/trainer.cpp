@@ -158,12 +158,28 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   // Under expert parallelism the experts' gradients are reduced over their own group.
   expert_grads_ = ExpertGradients::make(*grid_, model_infos(), model_grads(), opts.ddp_bucket_size,
                                         opts.use_distributed_optimizer, exec_);
+  // --overlap-grad-reduce with a tied embedding: its bucket starts as the last micro-batch's
+  // backward begins, and that micro-batch's input-embedding rows follow sparsely
+  // (GPTModel::set_deferred_embedding_grads) where they are fewer than the vocabulary's.
+  const auto embedding = with_model([](auto& m) { return m.model.embedding_range(); });
+  sparse_embedding_ = opts.overlap_grad_reduce && grid_->dp_cp().size() > 1 && layout.pp == 1 &&
+                      layout.tp == 1 && layout.cp == 1 && !exec_.gpu && opts.zero_stage < 2 &&
+                      !opts.model.untie_embeddings_and_output_weights &&
+                      opts.model.mtp_num_layers == 0 && embedding.second > embedding.first &&
+                      int64_t(opts.micro_batch_size) * opts.model.seq_length * grid_->dp_size() <
+                          opts.model.vocab_size;
   // ZeRO 2/3 close a bucket at each layer's start, so a layer is a run of whole buckets.
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
       grid_->dp_cp(), ExpertGradients::dense(*grid_, model_infos()), model_grads(),
       opts.ddp_bucket_size,
       opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_,
-      opts.zero_stage >= 2 ? zero_bucket_boundaries(model_infos()) : std::vector<int64_t>{});
+      opts.zero_stage >= 2 ? zero_bucket_boundaries(model_infos())
+      : sparse_embedding_  ? std::vector<int64_t>{embedding.second}
+                           : std::vector<int64_t>{});
+  if (sparse_embedding_) {
+    ddp_->start_first(embedding.first, embedding.second);
+    with_model([](auto& m) { m.model.set_deferred_embedding_grads(true); });
+  }
   // --overlap-grad-reduce: buckets start as soon as their layers' gradients are final (last
   // micro-batch only); the shared word embeddings wait for their sum across the two stages.
   // Without it (Megatron's default) ddp_->finish() starts them all after the backward pass.
@@ -535,6 +551,8 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     zero_->finish();
   else
     ddp_->finish();
+  if (sparse_embedding_)
+    with_model([this](auto& m) { m.model.add_deferred_embedding_grads(grid_->dp_cp()); });
   if (expert_grads_) expert_grads_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : model_infos())

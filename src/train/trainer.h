@@ -182,6 +182,7 @@ class Trainer {
       model_;
   std::unique_ptr<GPTModel<float>> host_model_;  // model()'s copy of a 16-bit GPU model
   std::unique_ptr<DataParallelBuckets<float>> ddp_;
+  bool sparse_embedding_ = false;  // the tied embedding's last rows gathered sparsely
   // Expert parallelism: the experts' gradients, reduced over their own group.
   std::unique_ptr<ExpertGradients> expert_grads_;
   std::unique_ptr<MixedPrecision> mixed_;                        // --bf16, --fp16

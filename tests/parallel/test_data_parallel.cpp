@@ -65,9 +65,29 @@ TEST(DataParallelBuckets, BucketsAreLaidFromTheEndAtParameterBoundaries) {
   EXPECT_EQ(one.buckets()[0].end, 160);
 }
 
-TEST(DataParallelBuckets, DefaultBucketSizeIsMegatrons) {
-  EXPECT_EQ(omni::default_bucket_size(8), 40'000'000);
-  EXPECT_EQ(omni::default_bucket_size(64), 64'000'000);
+TEST(DataParallelBuckets, StartFirstMovesARangesBucketsToTheFrontOfTheStartOrder) {
+  omni::run_ranks(2, [&](omni::Communicator& world) {
+    ParameterSet<float> params(infos());
+    // Buckets [112, 160), [48, 112), [0, 48) (as above); [0, 48) starts first once marked.
+    DataParallelBuckets<float> ddp(world, params, 40, GradReduce::AllReduce);
+    EXPECT_EQ(ddp.start_order(), (std::vector<size_t>{0, 1, 2}));
+    ddp.start_first(0, 48);
+    EXPECT_EQ(ddp.start_order(), (std::vector<size_t>{2, 0, 1}));
+    EXPECT_THROW(ddp.start_first(0, 60), omni::InternalError);  // cuts [48, 112)
+    float* g = params.grads();
+    for (int64_t i = 0; i < params.size(); ++i) g[i] = float(world.rank() + 1);
+    ddp.mark_ready(0, 48);  // started: averaged once finish() waits, whatever comes after
+    ddp.mark_ready(48, 160);
+    ddp.finish();
+    for (int64_t i = 0; i < params.size(); ++i) EXPECT_EQ(g[i], 1.5f) << i;
+  });
+}
+
+TEST(DataParallelBuckets, DefaultBucketSizeIsAnEighthWithinMegatronsAndOneMillion) {
+  EXPECT_EQ(omni::default_bucket_size(30'000'000, 2), 3'750'000);      // bench_parallel's GPT-2
+  EXPECT_EQ(omni::default_bucket_size(4'000'000, 2), 1'000'000);       // at least 1M
+  EXPECT_EQ(omni::default_bucket_size(7'000'000'000, 8), 40'000'000);  // Megatron's above 320M
+  EXPECT_EQ(omni::default_bucket_size(7'000'000'000, 64), 64'000'000);
 }
 
 TEST(DataParallelBuckets, AllReduceEqualsTheAverageOverRanksForEveryBucketSize) {
