@@ -160,7 +160,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                  " and --context-parallel-size ", cp,
                  " on --device gpu: mixture-of-experts layers under tensor or context parallelism "
                  "on the GPU are not built yet");
-    expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
+    expert_tokens_.assign(size_t(cfg_.num_layers + cfg_.mtp_num_layers) * cfg_.num_moe_experts,
+                          0.0);  // multi-token prediction's layers after the decoder's
   }
   OMNI_REQUIRE(!cfg_.multi_latent_attention || cp == 1,
                "--multi-latent-attention with "
@@ -175,13 +176,12 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
         tp > 1   ? "--tensor-model-parallel-size " + std::to_string(tp)
         : cp > 1 ? "--context-parallel-size " + std::to_string(cp)
         : !parallel_.pre_process || !parallel_.post_process ? std::string("pipeline parallelism")
-        : cfg_.num_moe_experts > 0 ? "--num-experts " + std::to_string(cfg_.num_moe_experts)
         : cfg_.position_embedding_type == PositionEmbedding::LearnedAbsolute
             ? std::string("--position-embedding-type learned_absolute")
             : std::string();
     OMNI_REQUIRE(mtp_with.empty(), "--mtp-num-layers ", cfg_.mtp_num_layers, " with ", mtp_with,
                  ": not built yet (multi-token prediction is built for one tensor-, context- and "
-                 "pipeline-parallel rank, dense layers and rope or no position embedding)");
+                 "pipeline-parallel rank, and rope or no position embedding)");
   }
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
