@@ -15,6 +15,7 @@ MoEStepMetrics finish_moe_step(GPTModel<T>& model, const ProcessGrid& grid, int 
   if (c.mtp_num_layers > 0) {  // Megatron's "mtp_<k> loss": per micro-batch, DP-averaged
     std::vector<double> d = model.take_mtp_losses();
     grid.dp_cp().all_reduce(d.data(), d.size());
+    grid.pp().all_reduce(d.data(), d.size());  // the last stage's (zeros elsewhere)
     for (size_t k = 0; k < d.size(); ++k)
       out.losses.emplace_back("mtp_" + std::to_string(k + 1) + " loss",
                               d[k] / (double(micro_batches) * grid.dp_size()));
