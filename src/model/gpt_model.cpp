@@ -68,7 +68,9 @@ std::vector<ParamInfo> GPTModel<T>::parameter_layout(int r) const {
   const bool tied = !cfg_.untie_embeddings_and_output_weights;
   // The first stage embeds; the last holds the classifier (its own copy of the word
   // embeddings when they are tied and it is not also the first stage, as Megatron does).
-  if (parallel_.pre_process || (parallel_.post_process && tied))
+  // Multi-token prediction embeds on the last stage too (Megatron's MTP ranks join the
+  // embedding group): the same copy, summed across the stages by the trainer.
+  if (parallel_.pre_process || (parallel_.post_process && (tied || cfg_.mtp_num_layers > 0)))
     rows("embedding.word_embeddings.weight", {Vl, C}, Vl * tp, ParamInit::Normal, true);
   if (parallel_.pre_process && learned)
     replicated("embedding.position_embeddings.weight", {cfg_.max_positions(), C}, ParamInit::Normal,
@@ -151,7 +153,8 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
     OMNI_REQUIRE(!x_.on_gpu() || cp == 1, "--num-experts with --context-parallel-size ", cp,
                  " on --device gpu: mixture-of-experts layers under context parallelism on the "
                  "GPU are not built yet");
-    expert_tokens_.assign(size_t(cfg_.num_layers) * cfg_.num_moe_experts, 0.0);
+    expert_tokens_.assign(size_t(cfg_.num_layers + cfg_.mtp_num_layers) * cfg_.num_moe_experts,
+                          0.0);  // multi-token prediction's layers after the decoder's
   }
   OMNI_REQUIRE(!cfg_.multi_latent_attention || !x_.on_gpu() || cfg_.v_head_dim <= cfg_.head_dim(),
                "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
@@ -159,16 +162,13 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") is not built yet");
   if (cfg_.mtp_num_layers > 0) {
     const std::string mtp_with =
-        tp > 1   ? "--tensor-model-parallel-size " + std::to_string(tp)
-        : cp > 1 ? "--context-parallel-size " + std::to_string(cp)
-        : !parallel_.pre_process || !parallel_.post_process ? std::string("pipeline parallelism")
-        : cfg_.num_moe_experts > 0 ? "--num-experts " + std::to_string(cfg_.num_moe_experts)
+        cp > 1 ? "--context-parallel-size " + std::to_string(cp)
         : cfg_.position_embedding_type == PositionEmbedding::LearnedAbsolute
             ? std::string("--position-embedding-type learned_absolute")
             : std::string();
     OMNI_REQUIRE(mtp_with.empty(), "--mtp-num-layers ", cfg_.mtp_num_layers, " with ", mtp_with,
-                 ": not built yet (multi-token prediction is built for one tensor-, context- and "
-                 "pipeline-parallel rank, dense layers and rope or no position embedding)");
+                 ": not built yet (multi-token prediction is built for one context-parallel rank, "
+                 "with rope or no position embedding)");
   }
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
@@ -528,7 +528,7 @@ double GPTModel<T>::head_forward(Activations& a, const MicroBatch& mb, const Geo
   }
   if (train) {
     const T* d_norm = tp_.reduce_rows(d_rows_.template data<T>(), dh, g.tokens);
-    if (d_mtp) {  // one rank (the constructor's check): d_norm is dh
+    if (d_mtp) {  // this rank's rows, as d_norm's (dh itself, or reduce-scattered out of it)
       ops::add(x_, dh, d_norm, d_mtp, size_t(g.rows) * C);
       d_norm = dh;
     }

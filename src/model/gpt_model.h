@@ -161,16 +161,18 @@ class GPTModel final : public PipelineChunks<T> {
   // Mixture of experts (model/gpt_moe.cpp; float or double on the CPU, float, bf16 or f16 on a GPU
   // without context parallelism): what the training forwards since the last
   // take_moe_report() reported, per global layer (zero for dense layers and layers this rank
-  // does not hold).
+  // does not hold), multi-token prediction's layers (num_layers + k) after the decoder's.
   struct MoEReport {
     // Summed over the forwards, coefficients excluded (Megatron's tracker values).
     std::vector<double> load_balancing_loss, z_loss;
-    // [num_layers * experts]: the rows each expert processed (capacity padding left out).
+    // [(num_layers + mtp_num_layers) * experts]: the rows each expert processed (capacity
+    // padding left out).
     std::vector<double> tokens_per_expert;
   };
   MoEReport take_moe_report();
   // --moe-router-enable-expert-bias: the routed rows per expert counted since the last update,
-  // [num_layers * experts] (zero for layers this rank does not hold); sum them over the ranks
+  // [(num_layers + mtp_num_layers) * experts] (zero for layers this rank does not hold); sum
+  // them over the ranks
   // that saw other tokens of the global batch, then update_expert_bias applies Megatron's
   // bias += rate * sign(mean - count) per layer and restarts the counts.
   std::vector<double>& expert_token_counts() { return expert_tokens_; }

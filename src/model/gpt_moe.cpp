@@ -162,7 +162,7 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
         mb.loss_divisor > 0 ? moe_grad_scale_ / mb.loss_divisor : moe_grad_scale_;
     if (moe_recomputing_) return;  // reported and counted by the first forward
     MoEReport& r = moe_report_;
-    const size_t L = size_t(cfg_.num_layers);
+    const size_t L = size_t(cfg_.num_layers + cfg_.mtp_num_layers);  // MTP's layers last
     if (r.load_balancing_loss.empty()) {
       r.load_balancing_loss.assign(L, 0.0);
       r.z_loss.assign(L, 0.0);
@@ -205,7 +205,7 @@ template <typename T>
 typename GPTModel<T>::MoEReport GPTModel<T>::take_moe_report() {
   MoEReport r = std::move(moe_report_);
   moe_report_ = MoEReport{};
-  const size_t L = size_t(cfg_.num_layers), E = size_t(cfg_.num_moe_experts);
+  const size_t L = size_t(cfg_.num_layers + cfg_.mtp_num_layers), E = size_t(cfg_.num_moe_experts);
   if (r.load_balancing_loss.empty()) {  // no training forward: zeros, the same size on every rank
     r.load_balancing_loss.assign(L, 0.0);
     r.z_loss.assign(L, 0.0);
@@ -219,19 +219,23 @@ void GPTModel<T>::update_expert_bias() {
   if (!cfg_.moe_router_enable_expert_bias) return;
   const int E = cfg_.num_moe_experts;
   MoEBuffer<Grad> wide(x_, std::is_same_v<T, Grad> ? 0 : E);
-  for (const auto& [first, end] : chunks_)
-    for (int layer = first; layer < end; ++layer) {
-      if (!cfg_.is_moe_layer(layer)) continue;
-      T* bias = params_.value(layer_prefix(layer) + "mlp.router.expert_bias");
-      const double* counts = expert_tokens_.data() + size_t(layer) * E;
-      if constexpr (std::is_same_v<T, Grad>) {
-        ops::moe_expert_bias_update(x_, bias, counts, E, cfg_.moe_router_bias_update_rate);
-      } else {
-        ops::to_float(x_, wide.data(), bias, E);
-        ops::moe_expert_bias_update(x_, wide.data(), counts, E, cfg_.moe_router_bias_update_rate);
-        ops::from_float(x_, bias, wide.data(), E);
-      }
+  auto update = [&](int layer) {
+    if (!cfg_.is_moe_layer(layer)) return;
+    T* bias = params_.value(layer_prefix(layer) + "mlp.router.expert_bias");
+    const double* counts = expert_tokens_.data() + size_t(layer) * E;
+    if constexpr (std::is_same_v<T, Grad>) {
+      ops::moe_expert_bias_update(x_, bias, counts, E, cfg_.moe_router_bias_update_rate);
+    } else {
+      ops::to_float(x_, wide.data(), bias, E);
+      ops::moe_expert_bias_update(x_, wide.data(), counts, E, cfg_.moe_router_bias_update_rate);
+      ops::from_float(x_, bias, wide.data(), E);
     }
+  };
+  for (const auto& [first, end] : chunks_)
+    for (int layer = first; layer < end; ++layer) update(layer);
+  // Multi-token prediction's MoE layers (the last stage's), as Megatron updates every router.
+  if (parallel_.post_process)
+    for (int k = 0; k < cfg_.mtp_num_layers; ++k) update(cfg_.num_layers + k);
   std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);
 }
 

@@ -15,6 +15,14 @@
 //
 // The depths run whole in the loss chunk, forward and then backward in reverse, before the main
 // loss's backward reaches the final norm: what they leave is d(objective)/d(h_0).
+//
+// Tensor parallelism: a depth's rows are the residual stream's (this rank's slice under
+// sequence parallelism), its layer runs as the decoder's, and its loss takes the vocabulary-
+// parallel output layer on the gathered rows. eh_proj is held whole on every rank (Megatron
+// splits its output columns and gathers them: the same product, without that all-gather).
+// Pipeline parallelism: the depths run on the last stage (where Megatron puts them), which
+// holds a copy of the word embeddings summed with the first stage's (as tied embeddings).
+// Their MoE layers (the last decoder layer's spec) report after the decoder's layers.
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -36,7 +44,7 @@ struct GPTModel<T>::MTPState {
     const float* mask = nullptr;
   };
   std::vector<Depth> depths;
-  Tensor t, d_cat, d_h0;  // [N, C], [N, 2C], [N, C]
+  Tensor t, d_cat, d_h0, d_full;  // [N, C], [N, 2C], [N, C], [N, C]
   std::vector<double> losses;
 };
 
@@ -52,15 +60,15 @@ void GPTModel<T>::add_mtp_parameters(const AddReplicated& replicated,
   const int64_t C = cfg_.hidden_size;
   const ParamInit gamma = cfg_.layernorm_zero_centered_gamma ? ParamInit::Zeros : ParamInit::Ones;
   auto norm = [&](const std::string& name) {
-    replicated(name + ".weight", {C}, gamma, false, false);
-    if (cfg_.norm_has_bias()) replicated(name + ".bias", {C}, ParamInit::Zeros, false, false);
+    replicated(name + ".weight", {C}, gamma, false, sp_);
+    if (cfg_.norm_has_bias()) replicated(name + ".bias", {C}, ParamInit::Zeros, false, sp_);
   };
   // Megatron-Core's module order and names.
   for (int k = 0; k < cfg_.mtp_num_layers; ++k) {
     const std::string m = "mtp.layers." + std::to_string(k) + ".";
     norm(m + "enorm");
     norm(m + "hnorm");
-    replicated(m + "eh_proj.weight", {C, 2 * C}, ParamInit::Normal, true, false);
+    replicated(m + "eh_proj.weight", {C, 2 * C}, ParamInit::Normal, true, sp_);
     add_layer(cfg_.num_layers + k);
     norm(m + "final_layernorm");
   }
@@ -78,7 +86,7 @@ template <typename T>
 const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g,
                                            double grad_scale) {
   const int D = cfg_.mtp_num_layers, L = cfg_.num_layers, C = cfg_.hidden_size;
-  const int N = g.tokens, S = g.seq;
+  const int N = g.tokens, S = g.seq, R = g.rows;
   const int64_t max_n = int64_t(max_batch_) * cfg_.seq_length;
   if (!mtp_) {
     mtp_ = std::make_shared<MTPState>();
@@ -91,7 +99,8 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
       allocate_layer(d.layer);
       d.inputs = std::make_unique<Storage>(3 * size_t(max_n) * 4, device_, x_.memory());
     }
-    mtp_->t = buffer({max_n, C}), mtp_->d_h0 = buffer({max_n, C});
+    mtp_->t = buffer({max_n, C}), mtp_->d_h0 = buffer({max_n, C}),
+    mtp_->d_full = buffer({max_n, C});
     mtp_->d_cat = buffer({max_n, 2 * C});
     mtp_->losses.assign(size_t(D), 0.0);
   }
@@ -100,7 +109,7 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
   auto w = [&](const std::string& n) { return params_.value(n); };
   auto b = [&](const std::string& n) { return params_.value_or_null(n); };
   T* t = s.t.template data<T>();
-  const size_t NC = size_t(N) * C;
+  const size_t RC = size_t(R) * C;
   // The main loss's token count: Megatron rescales each depth's mean by it under
   // --calculate-per-token-loss, where the micro-batch's loss is divided by loss_divisor.
   double original = N;
@@ -132,61 +141,67 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
     tp_.embedding_forward(emb, full_.template data<T>(), d.ids, word, vocab_, N, S);
     hidden_dropout(emb, mb, a.in, g, L + k - 1, ops::DropoutSite::Embedding);
     norm_forward(t, d.en_mean.template data<Grad>(), d.en_rstd.template data<Grad>(), emb,
-                 w(m + "enorm.weight"), b(m + "enorm.bias"), N, C);
-    ops::copy_rows(x_, cat, 2 * C, t, C, C, N);
+                 w(m + "enorm.weight"), b(m + "enorm.bias"), R, C);
+    ops::copy_rows(x_, cat, 2 * C, t, C, C, R);
     norm_forward(t, d.hn_mean.template data<Grad>(), d.hn_rstd.template data<Grad>(), h_prev,
-                 w(m + "hnorm.weight"), b(m + "hnorm.bias"), N, C);
-    ops::copy_rows(x_, cat + C, 2 * C, t, C, C, N);
+                 w(m + "hnorm.weight"), b(m + "hnorm.bias"), R, C);
+    ops::copy_rows(x_, cat + C, 2 * C, t, C, C, R);
     T *x = d.x.template data<T>(), *out = d.out.template data<T>(), *h = d.h.template data<T>();
-    ops::linear_forward<T>(x_, x, cat, w(m + "eh_proj.weight"), nullptr, N, 2 * C, C);
+    ops::linear_forward<T>(x_, x, cat, w(m + "eh_proj.weight"), nullptr, R, 2 * C, C);
     layer_forward(L + k - 1, d.layer, x, out, mb, g, a.in);
     norm_forward(h, d.f_mean.template data<Grad>(), d.f_rstd.template data<Grad>(), out,
-                 w(m + "final_layernorm.weight"), b(m + "final_layernorm.bias"), N, C);
+                 w(m + "final_layernorm.weight"), b(m + "final_layernorm.bias"), R, C);
     if (denom == 0) {  // every position of this depth masked: no loss, no gradient
-      ops::zero(x_, d.dh.template data<T>(), NC);
+      ops::zero(x_, d.dh.template data<T>(), RC);
       continue;
     }
     double scale = grad_scale * cfg_.mtp_loss_scaling_factor / D / denom;
     if (mb.loss_divisor > 0) scale *= original / mb.loss_divisor;
+    // Tensor parallelism: the output layer's vocabulary slice on every row (sequence parallel:
+    // gathered), its partial d(h) summed over the group into this rank's rows.
+    const T* h_all = tp_.gather_rows(t, h, N);
+    T* d_full = s.d_full.template data<T>();
     const double part =
-        tp_.vocab_cross_entropy(nullptr, d.dh.template data<T>(), classifier_grad(), h,
-                                classifier_weight(), d.labels, d.mask, vocab_, N, scale);
+        tp_.vocab_cross_entropy(nullptr, d_full, classifier_grad(), h_all, classifier_weight(),
+                                d.labels, d.mask, vocab_, N, scale);
+    const T* dh = tp_.reduce_rows(d.dh.template data<T>(), d_full, N);
+    if (dh != d.dh.template data<T>()) ops::copy(x_, d.dh.template data<T>(), dh, RC);
     s.losses[size_t(k - 1)] += part / denom;
   }
   T* d_h0 = s.d_h0.template data<T>();
   T* d_cat = s.d_cat.template data<T>();
-  ops::zero(x_, d_h0, NC);
+  ops::zero(x_, d_h0, RC);
   for (int k = D; k >= 1; --k) {
     auto& d = s.depths[size_t(k - 1)];
     const std::string m = "mtp.layers." + std::to_string(k - 1) + ".";
     auto gr = [&](const std::string& n) { return params_.grad(n); };
     auto gb = [&](const std::string& n) { return params_.grad_or_null(n); };
     T* d_x = d_resid_.template data<T>();
-    ops::zero(x_, d_x, NC);
+    ops::zero(x_, d_x, RC);
     norm_backward(d_x, gr(m + "final_layernorm.weight"), gb(m + "final_layernorm.bias"),
                   d.dh.template data<T>(), d.out.template data<T>(),
                   w(m + "final_layernorm.weight"), d.f_mean.template data<Grad>(),
-                  d.f_rstd.template data<Grad>(), N, C);
+                  d.f_rstd.template data<Grad>(), R, C);
     layer_backward(L + k - 1, d.layer, d.x.template data<T>(), d_x, mb, g, a.in);
     ops::linear_backward<T>(x_, d_cat, gr(m + "eh_proj.weight"), nullptr, d_x,
-                            d.cat.template data<T>(), w(m + "eh_proj.weight"), N, 2 * C, C);
+                            d.cat.template data<T>(), w(m + "eh_proj.weight"), R, 2 * C, C);
     // The embedding's half: through enorm and embedding dropout to the word embedding.
-    ops::copy_rows(x_, t, C, d_cat, 2 * C, C, N);
-    ops::zero(x_, d_x, NC);
+    ops::copy_rows(x_, t, C, d_cat, 2 * C, C, R);
+    ops::zero(x_, d_x, RC);
     norm_backward(d_x, gr(m + "enorm.weight"), gb(m + "enorm.bias"), t, d.emb.template data<T>(),
                   w(m + "enorm.weight"), d.en_mean.template data<Grad>(),
-                  d.en_rstd.template data<Grad>(), N, C);
+                  d.en_rstd.template data<Grad>(), R, C);
     hidden_dropout(d_x, mb, a.in, g, L + k - 1, ops::DropoutSite::Embedding);
     tp_.embedding_backward(params_.grad("embedding.word_embeddings.weight"),
                            d_full_.template data<T>(), d_x, d.ids, vocab_, N, S);
     // The hidden states' half: into the previous depth's d(h) (norm_backward adds).
-    ops::copy_rows(x_, t, C, d_cat + C, 2 * C, C, N);
+    ops::copy_rows(x_, t, C, d_cat + C, 2 * C, C, R);
     const T* h_prev =
         k == 1 ? a.final_norm.template data<T>() : s.depths[size_t(k - 2)].h.template data<T>();
     T* d_prev = k == 1 ? d_h0 : s.depths[size_t(k - 2)].dh.template data<T>();
     norm_backward(d_prev, gr(m + "hnorm.weight"), gb(m + "hnorm.bias"), t, h_prev,
                   w(m + "hnorm.weight"), d.hn_mean.template data<Grad>(),
-                  d.hn_rstd.template data<Grad>(), N, C);
+                  d.hn_rstd.template data<Grad>(), R, C);
   }
   return d_h0;
 }

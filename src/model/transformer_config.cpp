@@ -158,6 +158,9 @@ std::vector<int> TransformerConfig::moe_layer_pattern() const {
 bool TransformerConfig::is_moe_layer(int layer) const {
   if (num_moe_experts == 0) return false;
   const std::vector<int> p = moe_layer_pattern();
+  // Multi-token prediction's layers (num_layers + k) take the last decoder layer's spec, as
+  // Megatron's gpt_builders does.
+  if (layer >= int(p.size()) && layer < int(p.size()) + mtp_num_layers) layer = int(p.size()) - 1;
   return layer >= 0 && layer < int(p.size()) && p[layer] != 0;
 }
 

@@ -15,12 +15,14 @@ MoEStepMetrics finish_moe_step(GPTModel<T>& model, const ProcessGrid& grid, int 
   if (c.mtp_num_layers > 0) {  // Megatron's "mtp_<k> loss": per micro-batch, DP-averaged
     std::vector<double> d = model.take_mtp_losses();
     grid.dp_cp().all_reduce(d.data(), d.size());
+    grid.pp().all_reduce(d.data(), d.size());  // the last stage's (zeros elsewhere)
     for (size_t k = 0; k < d.size(); ++k)
       out.losses.emplace_back("mtp_" + std::to_string(k + 1) + " loss",
                               d[k] / (double(micro_batches) * grid.dp_size()));
   }
   if (c.num_moe_experts == 0) return out;
-  const int L = c.num_layers, E = c.num_moe_experts;
+  // Multi-token prediction's layers follow the decoder's (GPTModel::MoEReport).
+  const int L = c.num_layers + c.mtp_num_layers, E = c.num_moe_experts;
   if (c.moe_router_enable_expert_bias) {
     std::vector<double>& counts = model.expert_token_counts();
     grid.dp_cp().all_reduce(counts.data(), counts.size());
@@ -43,8 +45,11 @@ MoEStepMetrics finish_moe_step(GPTModel<T>& model, const ProcessGrid& grid, int 
   // Context-parallel ranks report their parts of the same sequences: summed with the rest.
   grid.dp_cp().all_reduce(all.data(), all.size());
   grid.pp().all_reduce(all.data(), all.size());
-  const std::vector<int> pattern = c.moe_layer_pattern();
-  const double moe_layers = double(std::count(pattern.begin(), pattern.end(), 1));
+  std::vector<int> pattern = c.moe_layer_pattern();
+  for (int k = 0; k < c.mtp_num_layers; ++k) pattern.push_back(c.is_moe_layer(c.num_layers + k));
+  // Megatron's tracker counts the MTP layers among the MoE layers (moe_logging.py).
+  const double moe_layers =
+      double(std::count(pattern.begin(), pattern.begin() + c.num_layers, 1) + c.mtp_num_layers);
   // Megatron: the tracker's values times 1/micro-batches, averaged over data-parallel ranks,
   // summed over layers and divided by the MoE layers.
   const double scale = 1.0 / (double(micro_batches) * grid.dp_size() * moe_layers);

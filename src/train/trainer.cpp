@@ -151,7 +151,9 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     attention_line_ = describe_attention_backend(backend, why);
     if (exec_.gpu) exec_.gpu->use_fused_attention(backend == AttentionBackend::Fused);
   }
-  if (layout.pp > 1 && !opts.model.untie_embeddings_and_output_weights)
+  // The last stage's copy of the word embeddings: tied, or multi-token prediction's.
+  if (layout.pp > 1 &&
+      (!opts.model.untie_embeddings_and_output_weights || opts.model.mtp_num_layers > 0))
     for (const ParamInfo& e : model_infos())
       if (e.name == "embedding.word_embeddings.weight")
         shared_embedding_ = {e.offset, e.offset + e.numel};

@@ -81,8 +81,10 @@ double training_objective(GPTModel<double>& model, const MicroBatch& mb, double 
   double loss = 0;
   model.chunk_forward(0, 0, mb, nullptr, true, grad_scale, &loss);
   const TransformerConfig& c = model.config();
+  // Multi-token prediction's depths (model/mtp.cpp), their MoE layers' losses among the rest.
+  for (double d : model.take_mtp_losses()) loss += c.mtp_loss_scaling_factor / c.mtp_num_layers * d;
   const auto r = model.take_moe_report();
-  for (int l = 0; l < c.num_layers; ++l)
+  for (size_t l = 0; l < r.z_loss.size(); ++l)
     loss += c.moe_aux_loss_coeff * r.load_balancing_loss[l] + c.moe_z_loss_coeff * r.z_loss[l];
   model.expert_token_counts().assign(model.expert_token_counts().size(), 0.0);
   return grad_scale * loss;
@@ -104,7 +106,7 @@ void check_moe_model_gradients(const TransformerConfig& cfg, double grad_scale =
   const Vec prior = rng.normal(params.size());
   std::copy(prior.begin(), prior.end(), params.grads());
   model.forward_backward(mb, grad_scale);
-  (void)model.take_moe_report();
+  (void)model.take_moe_report(), (void)model.take_mtp_losses();
   // The objective's training forwards add the head's gradients again: keep this backward's.
   const Vec grads(params.grads(), params.grads() + params.size());
   auto objective = [&] { return training_objective(model, mb, grad_scale); };
@@ -145,6 +147,56 @@ TEST(MoEModelGradient, MatchesFiniteDifferencesWithCapacityDrops) {
   c.moe_token_drop_policy = MoETokenDropPolicy::Position;
   c.moe_pad_expert_input_to_capacity = true;
   check_moe_model_gradients(c);
+}
+
+// Multi-token prediction after a DeepSeek-shaped model: its depths' layers are MoE layers
+// (the last decoder layer's spec), with their routers' aux losses and expert biases.
+TransformerConfig tiny_deepseek_mtp() {
+  TransformerConfig c = tiny_deepseek();
+  c.num_layers = 2;
+  c.moe_layer_freq = "[0,1]";
+  c.mtp_num_layers = 1;
+  c.mtp_loss_scaling_factor = 0.3;
+  c.moe_z_loss_coeff = 0.01;
+  return c;
+}
+
+TEST(MoEModelGradient, MatchesFiniteDifferencesWithMultiTokenPrediction) {
+  check_moe_model_gradients(tiny_deepseek_mtp(), 0.5);
+}
+
+TEST(MoEModel, MultiTokenPredictionLayersAreMoELayersReportedAfterTheDecoders) {
+  const TransformerConfig c = tiny_deepseek_mtp();
+  GPTModel<double> model(c, kBatch, kSeed);
+  for (const char* name : {"mtp.layers.0.mtp_model_layer.mlp.router.weight",
+                           "mtp.layers.0.mtp_model_layer.mlp.experts.linear_fc1.weight",
+                           "mtp.layers.0.mtp_model_layer.mlp.shared_experts.gate_weight",
+                           "mtp.layers.0.mtp_model_layer.mlp.router.expert_bias"})
+    EXPECT_TRUE(model.params().has(name)) << name;
+  EXPECT_FALSE(model.params().has("mtp.layers.0.mtp_model_layer.mlp.linear_fc1.weight"));
+  TestRng rng(13);
+  const Batch batch = random_batch(c, rng);
+  model.forward_backward(batch.micro_batch(c.seq_length), 1.0);
+  const int E = c.num_moe_experts, L = c.num_layers + c.mtp_num_layers;
+  const auto r = model.take_moe_report();
+  ASSERT_EQ(r.z_loss.size(), size_t(L));
+  ASSERT_EQ(r.tokens_per_expert.size(), size_t(L * E));
+  const double routed = double(kBatch * c.seq_length * c.moe_router_topk);
+  for (int l = 1; l < L; ++l) {  // layer 0 dense; 1 the decoder's MoE layer; 2 the depth's
+    EXPECT_GT(r.z_loss[size_t(l)], 0.0) << l;
+    EXPECT_EQ(std::accumulate(r.tokens_per_expert.begin() + l * E,
+                              r.tokens_per_expert.begin() + (l + 1) * E, 0.0),
+              routed)
+        << l;
+  }
+  const std::vector<double> counts = model.expert_token_counts();
+  ASSERT_EQ(counts.size(), size_t(L * E));
+  model.update_expert_bias();
+  const double* bias = model.params().value("mtp.layers.0.mtp_model_layer.mlp.router.expert_bias");
+  for (int e = 0; e < E; ++e) {
+    const double d = counts[size_t(2 * E + e)], mean = routed / E;
+    EXPECT_DOUBLE_EQ(bias[e], d < mean ? 1e-3 : d > mean ? -1e-3 : 0.0) << "expert " << e;
+  }
 }
 
 TEST(MoEModel, ParametersHaveMegatronCoreNamesAndShapes) {

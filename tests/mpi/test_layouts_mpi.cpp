@@ -76,6 +76,7 @@ Trained train(const std::string& model, int ranks, const std::string& layout,
   }
   std::vector<double> moe = losses_of(dir / "metrics.jsonl", "load_balancing_loss");
   for (double z : losses_of(dir / "metrics.jsonl", "z_loss")) moe.push_back(z);
+  for (double m : losses_of(dir / "metrics.jsonl", "mtp_1 loss")) moe.push_back(m);
   return {losses_of(dir / "metrics.jsonl"), params_of(tiny_model_flags(model, kSteps), dir / "ckpt"),
           moe};
 }
@@ -91,6 +92,7 @@ struct Case {
   const char* name;
   int ranks;
   const char* flags;
+  double moe_tolerance = 1e-5;  // of the logged balancing (and MTP) losses, relative
 };
 
 class Layouts : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
@@ -117,7 +119,9 @@ TEST_P(Layouts, MatchTheSingleProcessRun) {
   // The balancing losses as logged: each layout's ranks' parts summed to the one-rank values.
   ASSERT_EQ(got.moe_losses.size(), ref.moe_losses.size());
   for (size_t i = 0; i < ref.moe_losses.size(); ++i)
-    EXPECT_NEAR(got.moe_losses[i], ref.moe_losses[i], 1e-5 * std::abs(ref.moe_losses[i])) << i;
+    EXPECT_NEAR(got.moe_losses[i], ref.moe_losses[i],
+                c.moe_tolerance * std::abs(ref.moe_losses[i]))
+        << i;
 }
 
 const Case kCases[] = {
@@ -168,6 +172,23 @@ const Case kMoeCases[] = {
 INSTANTIATE_TEST_SUITE_P(
     MpiMoE, Layouts,
     ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+    });
+
+// Multi-token prediction (model/mtp.cpp) with its MoE layer: tensor and sequence parallelism
+// (eh_proj replicated), and on the last of two pipeline stages (which then holds a copy of the
+// word embeddings, summed with the first stage's). The first step's gradient norm matches the one-rank run's to 8 digits; over the 20 steps
+// the z-loss drifts to 1.2e-5 relative under tensor parallelism (the other figures within
+// the common bounds), hence its bound of 3e-5 there.
+const Case kMtpCases[] = {
+    {"tp2_sequence_parallel", 2, "--tensor-model-parallel-size 2 --sequence-parallel", 3e-5},
+    {"pp2", 2, "--pipeline-model-parallel-size 2"},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    MpiMTP, Layouts,
+    ::testing::Combine(::testing::Values("moe_mtp"), ::testing::ValuesIn(kMtpCases)),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
     });

@@ -34,6 +34,11 @@ inline std::string tiny_model_flags(const std::string& model, int train_iters) {
            "--moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 "
            "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 "
            "--moe-shared-expert-intermediate-size 16";
+  // The MoE model with a multi-token prediction depth (an MoE layer, as its last layer is;
+  // at a loss weight of 0.3 one routing decision sits at a tie that rounding flips).
+  if (model == "moe_mtp")
+    return tiny_model_flags("moe", train_iters) +
+           " --mtp-num-layers 1 --mtp-loss-scaling-factor 0.2";
   // A vocabulary each layout pads differently (to 72 rows on one rank, 80 at TP2, 96 at
   // TP4): the checkpoint holds the 72 rows whatever the layout.
   if (model == "gpt2_vocab70") return common + "--num-attention-heads 4 --vocab-size 70";
