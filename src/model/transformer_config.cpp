@@ -243,6 +243,11 @@ int64_t TransformerConfig::num_parameters() const {
       (swiglu ? 3 : 2) * C * F + (add_bias_linear ? (swiglu ? 2 * F : F) + C : 0);
   for (int m : moe_layer_pattern())
     if (m) total += moe_parameter_count(*this) - dense_mlp;
+  // Multi-token prediction's depths: enorm, hnorm, eh_proj, a layer of the last decoder
+  // layer's kind and final_layernorm (the word embedding and output layer are shared).
+  for (int k = 0; k < mtp_num_layers; ++k)
+    total += 3 * norm + 2 * C * C + layer +
+             (is_moe_layer(num_layers + k) ? moe_parameter_count(*this) - dense_mlp : 0);
   return total;
 }
 
@@ -253,6 +258,8 @@ int64_t TransformerConfig::num_active_parameters() const {
   int64_t active = num_parameters();
   for (int m : moe_layer_pattern())
     if (m) active -= int64_t(num_moe_experts - moe_router_topk) * expert;
+  for (int k = 0; k < mtp_num_layers; ++k)
+    if (is_moe_layer(num_layers + k)) active -= int64_t(num_moe_experts - moe_router_topk) * expert;
   return active;
 }
 

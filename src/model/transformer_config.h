@@ -148,7 +148,8 @@ struct TransformerConfig {
   // Throws UsageError naming the offending flag, e.g. "--num-query-groups (3) must divide
   // --num-attention-heads (8)".
   void validate() const;
-  // Parameter count (unpadded vocabulary rows included once; MoE layers with every expert).
+  // Parameter count (unpadded vocabulary rows included once; MoE layers with every expert;
+  // multi-token prediction's depths included).
   int64_t num_parameters() const;
   // The parameters one token meets: MoE layers count their router, shared expert and
   // --moe-router-topk of their experts (the "active" figure published for MoE models).

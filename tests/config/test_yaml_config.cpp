@@ -341,11 +341,22 @@ TEST(ModelZoo, MoeSizesMatchThePublishedModels) {
                                 {"Llama 4 Maverick", maverick}})
     std::printf("%s: %.4gB total, %.4gB active\n", name, double(c.num_parameters()) / 1e9,
                 double(c.num_active_parameters()) / 1e9);
-  // DeepSeek-V3 (671B total, 37B activated: its paper's abstract) and DeepSeek-V2-Lite (15.7B,
-  // 2.4B: the DeepSeek-V2 paper, appendix B), the MTP module left out. Their active figures fit
+  // DeepSeek-V3 (671B total, 37B activated: its paper's abstract, the main model) and
+  // DeepSeek-V2-Lite (15.7B, 2.4B: the DeepSeek-V2 paper, appendix B). Their active figures fit
   // the parameters a token meets less the input embedding (a lookup): 36.6B and 2.45B; with
-  // it, 37.6B and 2.66B.
-  const TransformerConfig v3 = zoo_model("deepseek_v3", 129280);
+  // it, 37.6B and 2.66B. DeepSeek-V3's MTP module (its one depth) is published as 14B of the
+  // 685B: its layer, eh_proj and norms, and its own copies of the embedding and output head,
+  // which this model (as Megatron) shares with the main model.
+  const TransformerConfig with_mtp = zoo_model("deepseek_v3", 129280);
+  EXPECT_EQ(with_mtp.mtp_num_layers, 1);
+  EXPECT_TRUE(with_mtp.is_moe_layer(with_mtp.num_layers));  // as the last decoder layer
+  const int64_t head_copies = 2 * int64_t(129280) * 7168;
+  EXPECT_NEAR(double(with_mtp.num_parameters() + head_copies), 685e9, 0.005 * 685e9);
+  TransformerConfig v3 = with_mtp;
+  v3.mtp_num_layers = 0;
+  // 13.46B counted against the published, rounded 14B.
+  EXPECT_NEAR(double(with_mtp.num_parameters() - v3.num_parameters() + head_copies), 14e9,
+              0.05 * 14e9);
   const TransformerConfig lite = zoo_model("deepseek_v2_lite", 102400);
   EXPECT_EQ(v3.head_dim(), 192);
   EXPECT_EQ(v3.value_head_dim(), 128);
@@ -355,7 +366,9 @@ TEST(ModelZoo, MoeSizesMatchThePublishedModels) {
   EXPECT_NEAR(double(v3.num_active_parameters() - int64_t(129280) * 7168), 37e9, 0.015 * 37e9);
   EXPECT_NEAR(double(lite.num_parameters()), 15.7e9, 0.01 * 15.7e9);
   EXPECT_NEAR(double(lite.num_active_parameters() - int64_t(102400) * 2048), 2.4e9, 0.025 * 2.4e9);
-  for (const auto& [name, c] : {std::pair{"DeepSeek-V3", v3}, {"DeepSeek-V2-Lite", lite}})
+  for (const auto& [name, c] : {std::pair{"DeepSeek-V3", v3},
+                                {"DeepSeek-V3 with MTP", with_mtp},
+                                {"DeepSeek-V2-Lite", lite}})
     std::printf("%s: %.4gB total, %.4gB active\n", name, double(c.num_parameters()) / 1e9,
                 double(c.num_active_parameters()) / 1e9);
   // A dense model's active parameters are all of them.

@@ -189,6 +189,11 @@ TEST(MoEModel, MultiTokenPredictionLayersAreMoELayersReportedAfterTheDecoders) {
               routed)
         << l;
   }
+  // Counted as TransformerConfig counts them (the expert bias and vocabulary padding aside).
+  int64_t counted = -int64_t(c.padded_vocab_size() - c.vocab_size) * c.hidden_size * 2;
+  for (const ParamInfo& i : model.params().infos())
+    if (i.name.find("expert_bias") == std::string::npos) counted += i.numel;
+  EXPECT_EQ(counted, c.num_parameters());
   const std::vector<double> counts = model.expert_token_counts();
   ASSERT_EQ(counts.size(), size_t(L * E));
   model.update_expert_bias();
