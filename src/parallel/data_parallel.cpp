@@ -5,7 +5,6 @@
 
 #include "base/error.h"
 #include "base/trace.h"
-#include "comm/progress.h"
 
 namespace omni {
 
@@ -79,8 +78,6 @@ void DataParallelBuckets<T>::start(size_t index) {
   if (reduced_size_ > 0 && !reduced_.defined())
     reduced_ = Tensor::zeros({reduced_size_}, dtype_of<T>(), grads_.device(), x_.memory());
   std::vector<std::unique_ptr<CommRequest>>& reqs = requests_[index];
-  // The kernels test the started buckets' requests between their GEMMs (comm/progress.h).
-  set_comm_progress(this, [this] { progress(); });
   if (mode_ == GradReduce::AllReduce) {
     reqs.push_back(comm_.iall_reduce(g, n, dtype_of<T>()));
     return;
@@ -131,14 +128,8 @@ void DataParallelBuckets<T>::progress() {
 }
 
 template <typename T>
-DataParallelBuckets<T>::~DataParallelBuckets() {
-  set_comm_progress(this, nullptr);
-}
-
-template <typename T>
 void DataParallelBuckets<T>::finish() {
   while (next_start_ < order_.size()) start(order_[next_start_++]);
-  set_comm_progress(this, nullptr);
   for (auto& reqs : requests_) {
     for (auto& req : reqs) req->wait();
     reqs.clear();

@@ -90,9 +90,6 @@ class DataParallelBuckets {
   // summed there) start their collective before the layers'. Before the first step; every
   // rank the same.
   void start_first(int64_t begin, int64_t end);
-  ~DataParallelBuckets();
-  DataParallelBuckets(const DataParallelBuckets&) = delete;
-  DataParallelBuckets& operator=(const DataParallelBuckets&) = delete;
   // Gradients of [begin, end) (whole parameters) are final for this step.
   void mark_ready(int64_t begin, int64_t end);
   // Starts every bucket not yet started, waits for all and resets for the next step.

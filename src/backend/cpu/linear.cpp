@@ -5,7 +5,6 @@
 
 #include "backend/cpu/reduce.h"
 #include "backend/ops.h"
-#include "comm/progress.h"
 
 namespace omni::ops {
 
@@ -30,7 +29,6 @@ void linear_forward(T* y, const T* x, const T* w, const T* bias, int M, int K, i
     for (int m = 0; m < M; ++m) std::memcpy(y + static_cast<size_t>(m) * N, bias, N * sizeof(T));
   }
   gemm<T>(false, true, M, N, K, T(1), x, K, w, K, bias ? T(1) : T(0), y, N);
-  poll_comm_progress();  // a data-parallel bucket's collective may be in flight
 }
 
 template <typename T>
@@ -46,9 +44,7 @@ template <typename T>
 void linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w, int M, int K,
                      int N, bool accumulate_dx) {
   if (dx) gemm<T>(false, false, M, K, N, T(1), dy, N, w, K, accumulate_dx ? T(1) : T(0), dx, K);
-  poll_comm_progress();  // a data-parallel bucket's collective may be in flight
   gemm<T>(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
-  poll_comm_progress();
   if (dbias) {
     cpu::blocked_row_reduce(dbias, M, N, [&](int r0, int r1, double* acc) {
       for (int r = r0; r < r1; ++r) {
