@@ -33,8 +33,11 @@ class GpuMoeOps {
   virtual void topk_routing_backward(T* dlogits, const T* dprobs, const T* logits,
                                      const int32_t* indices,
                                      const ops::MoERoutingArgs& a) const = 0;
+  // a.counts (when given) and counts are device memory.
   virtual double aux_loss(T* dlogits, const T* logits, const ops::MoEAuxLossArgs& a,
                           double grad_scale) const = 0;
+  virtual void aux_loss_counts(double* counts, const T* logits,
+                               const ops::MoEAuxLossArgs& a) const = 0;
   virtual double z_loss(T* dlogits, const T* logits, int tokens, int experts, double coeff,
                         double grad_scale) const = 0;
   // tokens_per_expert is host memory.

@@ -10,6 +10,7 @@
 // dispatch (T*K dropless; fewer with drops; E * capacity when padded to capacity).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
@@ -186,6 +187,24 @@ double moe_aux_loss(const Exec& e, T* dlogits, const T* logits, const MoEAuxLoss
                     double grad_scale) {
   OMNI_MOE_DISPATCH(moe_aux_loss, moe_aux_loss(dlogits, logits, a, grad_scale),
                     aux_loss(dlogits, logits, a, grad_scale));
+}
+// counts [sequences, E] (overwritten) in the Exec's memory: moe_aux_loss_counts. Under context
+// parallelism they are summed over the ranks where they are (a communicator moves the Exec's
+// memory) and given to moe_aux_loss as MoEAuxLossArgs::counts, also the Exec's memory.
+template <typename T>
+void moe_aux_loss_counts(const Exec& e, double* counts, const T* logits, const MoEAuxLossArgs& a) {
+  if (!e.gpu) {
+    if constexpr (is_16bit<T>) {
+      detail::cpu_has_no_16bit("moe_aux_loss_counts");
+    } else {
+      const std::vector<double> c = moe_aux_loss_counts(logits, a);
+      std::copy(c.begin(), c.end(), counts);
+    }
+  } else if constexpr (std::is_same_v<T, double>) {
+    detail::gpu_has_no_double("moe_aux_loss_counts");
+  } else {
+    e.gpu->template moe_ops<T>().aux_loss_counts(counts, logits, a);
+  }
 }
 template <typename T>
 double moe_z_loss(const Exec& e, T* dlogits, const T* logits, int tokens, int experts, double coeff,

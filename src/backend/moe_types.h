@@ -46,8 +46,9 @@ struct MoEAuxLossArgs {
   double coeff = 0;    // --moe-aux-loss-coeff
   // Context parallelism: each sequence is split over `shards` ranks, these rows being this
   // rank's part; `counts` (null: this rank's own) are then moe_aux_loss_counts summed over
-  // those ranks, and the loss is this rank's part of the whole sequences' (Megatron's
-  // tp_cp-reduced tokens_per_expert), so the ranks' parts sum to it.
+  // those ranks (in the memory the logits are in), and the loss is this rank's part of the
+  // whole sequences' (Megatron's tp_cp-reduced tokens_per_expert), so the ranks' parts sum
+  // to it.
   int shards = 1;
   const double* counts = nullptr;
 };

@@ -117,11 +117,6 @@ void finalize_moe(Options& o) {
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "
                "are not built yet)");
-  const bool gpu = o.device == "cuda" || o.device == "hip";
-  OMNI_REQUIRE(!gpu || o.context_parallel_size == 1, experts, " with --device ", o.device,
-               " --context-parallel-size ", o.context_parallel_size,
-               ": not built yet: mixture of experts under context parallelism on the GPU "
-               "(--device cpu trains it)");
 }
 
 void add_moe_options(std::vector<OptionDef>& t) {

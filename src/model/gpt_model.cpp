@@ -150,9 +150,6 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                ") must divide by --tensor-model-parallel-size x --context-parallel-size (", tp,
                " x ", cp, ")");
   if (cfg_.num_moe_experts > 0) {  // model/gpt_moe.cpp
-    OMNI_REQUIRE(!x_.on_gpu() || cp == 1, "--num-experts with --context-parallel-size ", cp,
-                 " on --device gpu: mixture-of-experts layers under context parallelism on the "
-                 "GPU are not built yet");
     expert_tokens_.assign(size_t(cfg_.num_layers + cfg_.mtp_num_layers) * cfg_.num_moe_experts,
                           0.0);  // multi-token prediction's layers after the decoder's
   }

@@ -13,13 +13,16 @@
 // update_expert_bias changes it, once per global batch.
 //
 // Context parallelism: the layer sums its balancing losses' token counts over the cp group
-// (MoELayer); the trainer sums what the layers report over dp x cp (train/moe_step.cpp).
+// (MoELayer; in device memory on a GPU); the trainer sums what the layers report (the kept
+// rows per expert for logging and for the expert bias, counted on the host from the host
+// plan on every device) over dp x cp (train/moe_step.cpp), so every rank updates the bias
+// from the global batch's counts.
 // Tensor parallelism (expert tensor parallelism of the same size): every tp rank routes the
 // gathered tokens with the replicated router and holds its slice of each expert's width;
 // layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
 // parallelism), layer_backward their input gradients. Float or double on the CPU, float, bf16
-// or f16 on a GPU with one cp rank (MoELayer's ops run where the model's Exec says;
-// a 16-bit model's router runs in float32); the constructor refuses the rest.
+// or f16 on a GPU (MoELayer's ops run where the model's Exec says; a 16-bit model's router
+// runs in float32).
 //
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
 // round theirs after each step: the update widens it, adds in float and rounds it back.

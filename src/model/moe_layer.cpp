@@ -177,10 +177,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   const int ranks = ep ? ep->size() : 1;
   OMNI_REQUIRE(E_ % ranks == 0, "--num-experts (", E_,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
-  // The context-parallel token counts are summed on the host.
-  OMNI_REQUIRE(!cp_ || !exec.on_gpu(), "--context-parallel-size ", cp ? cp->size() : 1,
-               " with --num-experts on the GPU: not built yet (one context-parallel rank runs "
-               "there)");
+  aux_counts_.set_exec(exec);
   for (MoEBuffer<Router>* b :
        {&device_bias_, &logits_, &probs_, &aux_dlogits_, &aux_scaled_, &x_router_, &w_router_})
     b->set_exec(exec);
@@ -261,12 +258,13 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
       OMNI_REQUIRE(
           a.type != MoELoadBalancing::SeqAuxLoss || (seq_length > 0 && tokens % seq_length == 0),
           "seq_aux_loss: ", tokens, " tokens are not whole sequences of ", seq_length);
-      std::vector<double> counts;
-      if (cp_) {  // the whole sequences' counts
-        counts = ops::moe_aux_loss_counts(logits_.data(), a);
-        cp_->all_reduce(counts.data(), counts.size());
+      if (cp_) {  // the whole sequences' counts, summed where they are (device memory on a GPU)
+        aux_counts_.resize(
+            size_t(a.type == MoELoadBalancing::SeqAuxLoss ? tokens / seq_length : 1) * E);
+        ops::moe_aux_loss_counts(ex, aux_counts_.data(), logits_.data(), a);
+        cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
         a.shards = cp_->size();
-        a.counts = counts.data();
+        a.counts = aux_counts_.data();
       }
       stats_.aux_loss = ops::moe_aux_loss(ex, aux_dlogits_.data(), logits_.data(), a, 1.0);
     }

@@ -29,9 +29,10 @@
 //
 // On the CPU in float or double (the float64 finite-difference checks), or on a GPU in float,
 // bf16 or f16 through the ops' Exec (backend/moe_ops.h; the activations are then device
-// memory, the routing plan is built on the host), expert parallelism included (the rows move
-// through the ep communicator, which must move the Exec's memory: MPI on the CPU, NCCL/RCCL
-// or the emulator's in-process ranks on a GPU).
+// memory, the routing plan is built on the host), expert and context parallelism included
+// (the rows move through the ep communicator and the balancing losses' counts are summed over
+// the cp one, each of which must move the Exec's memory: MPI on the CPU, NCCL/RCCL or the
+// emulator's in-process ranks on a GPU).
 // With 16-bit storage the router runs in float32, as Megatron-Core's with
 // --moe-router-dtype fp32: x and the router's weights are widened for its GEMM, the logits,
 // scores, top-k, probabilities and the aux and z losses are float, and the probabilities are
@@ -124,7 +125,7 @@ class MoELayer {
   // slices): y and dx are then this rank's parts, for the caller to sum over the group, and
   // so are the router's and the shared gate's gradients (the balancing losses' gradients
   // enter on rank 0 only). `exec`: where the layer runs (x, y and the parameters are its
-  // memory); the GPU takes one cp rank.
+  // memory; the cp and ep groups must move it).
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
                     const ops::Exec& exec = {});
@@ -204,6 +205,7 @@ class MoELayer {
   bool trained_ = false;  // the last forward kept its activations
   MoEBuffer<Router> logits_, probs_, aux_dlogits_;
   MoEBuffer<Router> aux_scaled_;  // the GPU backward's scaled copy of aux_dlogits_
+  MoEBuffer<double> aux_counts_;  // under context parallelism: the whole sequences' counts
   // 16-bit storage: the router's input and weights (then bias) widened to float, and probs_
   // rounded to T for the combine.
   MoEBuffer<Router> x_router_, w_router_;

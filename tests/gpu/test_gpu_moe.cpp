@@ -115,6 +115,45 @@ TEST(GpuMoE, AuxAndZLossesAndTheirGradientsAreTheCpus) {
     }
 }
 
+// Context parallelism's form: the counts (moe_aux_loss_counts, into device memory) are the
+// CPU's exactly, and the loss and its gradient from given counts of sequences split over two
+// shards (this rank's counts plus another rank's) are the CPU's.
+TEST(GpuMoE, AuxLossCountsAndShardedLossAreTheCpus) {
+  OMNI_REQUIRE_GPU();
+  const ops::Exec e = gpu_exec();
+  for (auto score : {MoEScoreFunction::Softmax, MoEScoreFunction::Sigmoid})
+    for (auto type : {MoELoadBalancing::AuxLoss, MoELoadBalancing::SeqAuxLoss}) {
+      SCOPED_TRACE(std::string(to_string(score)) + " " + to_string(type));
+      ops::MoEAuxLossArgs a;
+      a.tokens = 24, a.experts = 8, a.topk = 3, a.score_function = score, a.type = type;
+      a.seq_length = 6, a.coeff = 0.01;
+      const size_t TE = size_t(a.tokens) * a.experts;
+      const size_t B = type == MoELoadBalancing::SeqAuxLoss ? 4 : 1;
+      const std::vector<float> logits = tied_logits(TE, 11), start = random_vector(TE, 12);
+      std::vector<double> counts = ops::moe_aux_loss_counts(logits.data(), a);
+      ASSERT_EQ(counts.size(), B * a.experts);
+      Device<float> d_logits(logits), d_d(start);
+      gpu::DeviceArray<double> d_counts(counts.size());
+      ops::moe_aux_loss_counts(e, d_counts.data(), d_logits.get(), a);
+      std::vector<double> got_counts(counts.size());
+      gpu::synchronize();
+      gpu::copy_to_host(got_counts.data(), d_counts.data(), counts.size() * sizeof(double));
+      EXPECT_EQ(got_counts, counts);
+      // The other shard's counts: another rank's tokens of the same sequences.
+      const std::vector<double> other = ops::moe_aux_loss_counts(tied_logits(TE, 13).data(), a);
+      for (size_t i = 0; i < counts.size(); ++i) counts[i] += other[i];
+      gpu::copy_to_device(d_counts.data(), counts.data(), counts.size() * sizeof(double));
+      a.shards = 2;
+      std::vector<float> d = start;
+      a.counts = counts.data();
+      const double want = ops::moe_aux_loss(d.data(), logits.data(), a, 3.0);
+      a.counts = d_counts.data();
+      const double got = ops::moe_aux_loss(e, d_d.get(), d_logits.get(), a, 3.0);
+      EXPECT_NEAR(got, want, 1e-12 * std::abs(want));
+      EXPECT_TRUE(close(d_d.host(), d, 1e-6, 1e-7));
+    }
+}
+
 TEST(GpuMoE, ExpertBiasUpdateIsTheCpus) {
   OMNI_REQUIRE_GPU();
   const std::vector<float> bias = random_vector(6, 9);

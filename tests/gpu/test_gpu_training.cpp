@@ -7,6 +7,8 @@
 // (float arithmetic in other orders, through six AdamW steps). Resuming from a checkpoint gives
 // the uninterrupted run's losses exactly (the device's arithmetic is deterministic). The
 // layouts' ranks: tensor (+ sequence), pipeline and data parallel, and all three at once.
+// Where the trained parameters are compared too (MoE under context parallelism), each within
+// 1e-4 absolute of the CPU's (Adam moves them by about 1e-2 a step).
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -106,16 +109,52 @@ class GpuTraining : public ::testing::Test {
   }
 };
 
+// Rank 0's trained parameters, in host memory, by name.
+std::map<std::string, std::vector<float>> parameters(Trainer& t) {
+  GPTModel<float>& m = t.model();
+  std::map<std::string, std::vector<float>> out;
+  for (const ParamInfo& p : m.params().infos()) {
+    std::vector<float>& v = out[p.name];
+    v.resize(size_t(p.numel));
+    ops::download(m.exec(), v.data(), m.params().value(p.name), v.size());
+  }
+  return out;
+}
+
 // `model` on one CPU rank, against `model` + `layout` on `world` emulated GPU ranks, each step's
-// loss within `tolerance` (relative).
+// loss within `tolerance` (relative). With param_atol > 0, also rank 0's trained parameters
+// within param_atol of the CPU's (a tensor split over expert-parallel ranks: rank 0's first
+// experts, the start of the CPU's).
 void expect_same_losses(const std::vector<std::string>& model,
-                        const std::vector<std::string>& layout, int world,
-                        double tolerance = 1e-4) {
+                        const std::vector<std::string>& layout, int world, double tolerance = 1e-4,
+                        double param_atol = 0) {
   std::vector<std::string> gpu_flags = model;
   gpu_flags.insert(gpu_flags.end(), layout.begin(), layout.end());
   gpu_flags.insert(gpu_flags.end(), {"--device", "cuda"});
-  const std::vector<double> cpu = losses(tiny_options(model, 1), 1);
-  const std::vector<double> gpu = losses(tiny_options(gpu_flags, world), world);
+  std::map<std::string, std::vector<float>> cpu_params, gpu_params;
+  auto keep = [&](std::map<std::string, std::vector<float>>& into) {
+    return [&into, param_atol](Trainer& t) {
+      if (param_atol > 0) into = parameters(t);
+    };
+  };
+  const std::vector<double> cpu = losses(tiny_options(model, 1), 1, keep(cpu_params));
+  const std::vector<double> gpu = losses(tiny_options(gpu_flags, world), world, keep(gpu_params));
+  if (param_atol > 0) {
+    ASSERT_EQ(gpu_params.size(), cpu_params.size());
+    double worst = 0;
+    for (const auto& [name, want] : cpu_params) {
+      const std::vector<float>& got = gpu_params[name];
+      ASSERT_LE(got.size(), want.size()) << name;
+      ASSERT_FALSE(got.empty()) << name;
+      double diff = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+      EXPECT_LT(diff, param_atol) << name;
+      worst = std::max(worst, diff);
+    }
+    std::printf("%zu parameters: worst absolute difference from the CPU %.2e\n", cpu_params.size(),
+                worst);
+  }
   ASSERT_EQ(gpu.size(), cpu.size());
   // The steps updated the model (an fp16 run whose every step overflowed would not).
   EXPECT_NE(gpu.front(), gpu.back());
@@ -170,6 +209,25 @@ TEST_F(GpuTraining, MoETensorParallel2SequenceParallelMatchesOneCpuRank) {
   std::vector<std::string> model = deepseek_moe();
   model.insert(model.end(), {"--train-iters", "2"});
   expect_same_losses(model, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);
+}
+// Context parallelism: each rank routes its half of every sequence; the balancing losses' token
+// counts (seq_aux_loss: per sequence) are summed over the cp group in device memory, the
+// z-loss is each rank's part, and the expert bias moves with the global batch's counts (summed
+// over dp x cp). Three steps; the trained parameters (expert bias included) too.
+TEST_F(GpuTraining, MoEContextParallel2MatchesOneCpuRank) {
+  std::vector<std::string> model = deepseek_moe();
+  model.insert(model.end(), {"--train-iters", "3"});
+  expect_same_losses(model, {"--context-parallel-size", "2"}, 2, 1e-4, 1e-4);
+}
+// Expert parallelism composed with context parallelism on four ranks (cp 2, dp 2, the experts
+// split over ep 2 of the dp x cp ranks), Megatron's default allgather dispatcher. Two steps.
+TEST_F(GpuTraining, ExpertParallel2ContextParallel2MatchesOneCpuRank) {
+  std::vector<std::string> model = deepseek_moe();
+  model.insert(model.end(), {"--train-iters", "2"});
+  expect_same_losses(model,
+                     {"--context-parallel-size", "2", "--expert-model-parallel-size", "2",
+                      "--moe-token-dispatcher-type", "allgather"},
+                     4, 1e-4, 1e-4);
 }
 TEST_F(GpuTraining, TensorParallel2SequenceParallelMatchesOneCpuRank) {
   expect_same_losses(kLlama, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);

@@ -20,6 +20,10 @@ class MoeOps final : public GpuMoeOps<T> {
                   double grad_scale) const override {
     return gpu::moe_aux_loss(dlogits, logits, a, grad_scale);
   }
+  void aux_loss_counts(double* counts, const T* logits,
+                       const ops::MoEAuxLossArgs& a) const override {
+    gpu::moe_aux_loss_counts(counts, logits, a);
+  }
   double z_loss(T* dlogits, const T* logits, int tokens, int experts, double coeff,
                 double grad_scale) const override {
     return gpu::moe_z_loss(dlogits, logits, tokens, experts, coeff, grad_scale);

@@ -23,9 +23,14 @@ template <typename T>
 void moe_topk_routing_backward(T* dlogits, const T* dprobs, const T* logits, const int32_t* indices,
                                const ops::MoERoutingArgs& a, Stream stream = nullptr);
 // Return the loss (wait for the stream); dlogits (may be null) += grad_scale * its gradient.
+// a.counts, when given, is device memory.
 template <typename T>
 double moe_aux_loss(T* dlogits, const T* logits, const ops::MoEAuxLossArgs& a, double grad_scale,
                     Stream stream = nullptr);
+// counts [sequences, experts] (device memory, overwritten): moe_aux_loss's token counts.
+template <typename T>
+void moe_aux_loss_counts(double* counts, const T* logits, const ops::MoEAuxLossArgs& a,
+                         Stream stream = nullptr);
 template <typename T>
 double moe_z_loss(T* dlogits, const T* logits, int tokens, int experts, double coeff,
                   double grad_scale, Stream stream = nullptr);

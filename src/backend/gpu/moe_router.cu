@@ -2,7 +2,8 @@
 // routing and its backward, the load-balancing and z losses, the expert-bias update. One
 // thread per token walks its row of experts in double, in the CPU's order (backend/cpu/
 // moe_router.cpp), so the choice of experts, ties included, is the CPU's; the losses' sums
-// over tokens are per-token partials added on the host in token order.
+// over tokens are per-token partials added on the host in token order. The load-balancing
+// loss's token counts stay in device memory (summed over the context-parallel ranks there).
 #include <cmath>
 #include <vector>
 
@@ -306,27 +307,61 @@ void moe_topk_routing_backward(T* dlogits, const T* dprobs, const T* logits, con
          static_cast<gpuStream_t>(stream), dlogits, dprobs, logits, indices, a);
 }
 
+namespace {
+// The tokens of one sequence (of the whole micro-batch for aux_loss), checked.
+int aux_sequence(const ops::MoEAuxLossArgs& a) {
+  const int seq = a.type == MoELoadBalancing::SeqAuxLoss ? a.seq_length : a.tokens;
+  OMNI_CHECK(seq > 0 && a.tokens % seq == 0, "[moe_aux_loss] ", a.tokens,
+             " tokens in sequences of ", seq);
+  OMNI_CHECK(a.topk >= 1 && a.topk <= a.experts, "[moe_aux_loss] top-k ", a.topk, " of ", a.experts,
+             " experts");
+  OMNI_CHECK(a.shards >= 1, "[moe_aux_loss] ", a.shards, " shards");
+  return seq;
+}
+
+// The scores [tokens, E] into `scores`, and each sequence's counts into `counts` (null: not
+// wanted), from the workspace `c` (its top-k indices after the caller's pieces).
+template <typename T>
+void aux_scores_and_counts(double* scores, double* counts, Carve& c, const T* logits,
+                           const ops::MoEAuxLossArgs& a, int seq, gpuStream_t s) {
+  const size_t n = size_t(a.tokens);
+  int32_t* top = c.take<int32_t>(n * a.topk);
+  launch(aux_scores_kernel<T>, ceil_div(n, kThreads), kThreads, 0, s, scores, top, logits, a);
+  if (counts)
+    launch(aux_counts_kernel, ceil_div(n / seq * a.experts, kThreads), kThreads, 0, s, counts, top,
+           a.tokens / seq, seq, a.experts, a.topk);
+}
+}  // namespace
+
+template <typename T>
+void moe_aux_loss_counts(double* counts, const T* logits, const ops::MoEAuxLossArgs& a,
+                         Stream stream) {
+  const int seq = aux_sequence(a);
+  const size_t n = size_t(a.tokens);
+  Carve c{static_cast<unsigned char*>(
+      scratch(n * a.experts * 8 + (n * a.topk * 4 + 7) / 8 * 8, kScratchSlot))};
+  double* scores = c.take<double>(n * a.experts);
+  aux_scores_and_counts(scores, counts, c, logits, a, seq, static_cast<gpuStream_t>(stream));
+}
+
 template <typename T>
 double moe_aux_loss(T* dlogits, const T* logits, const ops::MoEAuxLossArgs& a, double grad_scale,
                     Stream stream) {
   const int E = a.experts, K = a.topk;
-  const int seq = a.type == MoELoadBalancing::SeqAuxLoss ? a.seq_length : a.tokens;
-  OMNI_CHECK(seq > 0 && a.tokens % seq == 0, "[moe_aux_loss] ", a.tokens,
-             " tokens in sequences of ", seq);
-  OMNI_CHECK(K >= 1 && K <= E, "[moe_aux_loss] top-k ", K, " of ", E, " experts");
+  const int seq = aux_sequence(a);
   const int batches = a.tokens / seq;
   const size_t n = size_t(a.tokens);
   Carve c{static_cast<unsigned char*>(scratch(
       n * E * 8 + size_t(batches) * E * 8 + n * 8 + (n * K * 4 + 7) / 8 * 8, kScratchSlot))};
   double* scores = c.take<double>(n * E);
-  double* counts = c.take<double>(size_t(batches) * E);
+  double* own = c.take<double>(size_t(batches) * E);
   double* partial = c.take<double>(n);
-  int32_t* top = c.take<int32_t>(n * K);
   const auto s = static_cast<gpuStream_t>(stream);
-  launch(aux_scores_kernel<T>, ceil_div(n, kThreads), kThreads, 0, s, scores, top, logits, a);
-  launch(aux_counts_kernel, ceil_div(size_t(batches) * E, kThreads), kThreads, 0, s, counts, top,
-         batches, seq, E, K);
-  const double factor = double(E) * a.coeff / (double(K) * seq * seq) / batches;
+  // Under context parallelism the caller's counts (device memory) of the whole sequences.
+  aux_scores_and_counts(scores, a.counts ? nullptr : own, c, logits, a, seq, s);
+  const double* counts = a.counts ? a.counts : own;
+  const double whole = double(seq) * a.shards;  // tokens of a whole sequence (or batch)
+  const double factor = double(E) * a.coeff / (double(K) * whole * whole) / batches;
   launch(aux_partial_kernel<T>, ceil_div(n, kThreads), kThreads, 0, s, partial, dlogits, scores,
          counts, logits, a, seq, grad_scale * factor);
   synchronize(stream);
@@ -361,13 +396,14 @@ void moe_expert_bias_update(T* expert_bias, const double* tokens_per_expert, int
          static_cast<gpuStream_t>(stream), expert_bias, counts, experts, rate);
 }
 
-#define OMNI_INSTANTIATE(T)                                                                  \
-  template void moe_topk_routing_forward<T>(T*, int32_t*, const T*, const T*,                \
-                                            const ops::MoERoutingArgs&, Stream);             \
-  template void moe_topk_routing_backward<T>(T*, const T*, const T*, const int32_t*,         \
-                                             const ops::MoERoutingArgs&, Stream);            \
-  template double moe_aux_loss<T>(T*, const T*, const ops::MoEAuxLossArgs&, double, Stream); \
-  template double moe_z_loss<T>(T*, const T*, int, int, double, double, Stream);             \
+#define OMNI_INSTANTIATE(T)                                                                    \
+  template void moe_topk_routing_forward<T>(T*, int32_t*, const T*, const T*,                  \
+                                            const ops::MoERoutingArgs&, Stream);               \
+  template void moe_topk_routing_backward<T>(T*, const T*, const T*, const int32_t*,           \
+                                             const ops::MoERoutingArgs&, Stream);              \
+  template double moe_aux_loss<T>(T*, const T*, const ops::MoEAuxLossArgs&, double, Stream);   \
+  template void moe_aux_loss_counts<T>(double*, const T*, const ops::MoEAuxLossArgs&, Stream); \
+  template double moe_z_loss<T>(T*, const T*, int, int, double, double, Stream);               \
   template void moe_expert_bias_update<T>(T*, const double*, int, double, Stream);
 OMNI_INSTANTIATE(float)
 OMNI_INSTANTIATE(bf16)
