@@ -90,6 +90,9 @@ TEST(GpuMoE, TopKRoutingChoosesTheCpusExpertsTiesIncluded) {
   }
 }
 
+// Then context parallelism's form: the counts (moe_aux_loss_counts, into device memory) are
+// the CPU's exactly, and the loss and its gradient from given counts of sequences split over
+// two shards (this rank's counts plus another rank's) are the CPU's.
 TEST(GpuMoE, AuxAndZLossesAndTheirGradientsAreTheCpus) {
   OMNI_REQUIRE_GPU();
   const ops::Exec e = gpu_exec();
@@ -112,27 +115,9 @@ TEST(GpuMoE, AuxAndZLossesAndTheirGradientsAreTheCpus) {
       EXPECT_NEAR(got, want, 1e-12 * std::abs(want));
       EXPECT_NEAR(got_z, want_z, 1e-12 * std::abs(want_z));
       EXPECT_TRUE(close(d_d.host(), d, 1e-6, 1e-7));
-    }
-}
 
-// Context parallelism's form: the counts (moe_aux_loss_counts, into device memory) are the
-// CPU's exactly, and the loss and its gradient from given counts of sequences split over two
-// shards (this rank's counts plus another rank's) are the CPU's.
-TEST(GpuMoE, AuxLossCountsAndShardedLossAreTheCpus) {
-  OMNI_REQUIRE_GPU();
-  const ops::Exec e = gpu_exec();
-  for (auto score : {MoEScoreFunction::Softmax, MoEScoreFunction::Sigmoid})
-    for (auto type : {MoELoadBalancing::AuxLoss, MoELoadBalancing::SeqAuxLoss}) {
-      SCOPED_TRACE(std::string(to_string(score)) + " " + to_string(type));
-      ops::MoEAuxLossArgs a;
-      a.tokens = 24, a.experts = 8, a.topk = 3, a.score_function = score, a.type = type;
-      a.seq_length = 6, a.coeff = 0.01;
-      const size_t TE = size_t(a.tokens) * a.experts;
-      const size_t B = type == MoELoadBalancing::SeqAuxLoss ? 4 : 1;
-      const std::vector<float> logits = tied_logits(TE, 11), start = random_vector(TE, 12);
       std::vector<double> counts = ops::moe_aux_loss_counts(logits.data(), a);
-      ASSERT_EQ(counts.size(), B * a.experts);
-      Device<float> d_logits(logits), d_d(start);
+      ASSERT_EQ(counts.size(), size_t(type == MoELoadBalancing::SeqAuxLoss ? 4 : 1) * a.experts);
       gpu::DeviceArray<double> d_counts(counts.size());
       ops::moe_aux_loss_counts(e, d_counts.data(), d_logits.get(), a);
       std::vector<double> got_counts(counts.size());
@@ -144,12 +129,11 @@ TEST(GpuMoE, AuxLossCountsAndShardedLossAreTheCpus) {
       for (size_t i = 0; i < counts.size(); ++i) counts[i] += other[i];
       gpu::copy_to_device(d_counts.data(), counts.data(), counts.size() * sizeof(double));
       a.shards = 2;
-      std::vector<float> d = start;
       a.counts = counts.data();
-      const double want = ops::moe_aux_loss(d.data(), logits.data(), a, 3.0);
+      const double want_cp = ops::moe_aux_loss(d.data(), logits.data(), a, 3.0);
       a.counts = d_counts.data();
-      const double got = ops::moe_aux_loss(e, d_d.get(), d_logits.get(), a, 3.0);
-      EXPECT_NEAR(got, want, 1e-12 * std::abs(want));
+      const double got_cp = ops::moe_aux_loss(e, d_d.get(), d_logits.get(), a, 3.0);
+      EXPECT_NEAR(got_cp, want_cp, 1e-12 * std::abs(want_cp));
       EXPECT_TRUE(close(d_d.host(), d, 1e-6, 1e-7));
     }
 }

@@ -311,11 +311,9 @@ namespace {
 // The tokens of one sequence (of the whole micro-batch for aux_loss), checked.
 int aux_sequence(const ops::MoEAuxLossArgs& a) {
   const int seq = a.type == MoELoadBalancing::SeqAuxLoss ? a.seq_length : a.tokens;
-  OMNI_CHECK(seq > 0 && a.tokens % seq == 0, "[moe_aux_loss] ", a.tokens,
-             " tokens in sequences of ", seq);
-  OMNI_CHECK(a.topk >= 1 && a.topk <= a.experts, "[moe_aux_loss] top-k ", a.topk, " of ", a.experts,
-             " experts");
-  OMNI_CHECK(a.shards >= 1, "[moe_aux_loss] ", a.shards, " shards");
+  OMNI_CHECK(seq > 0 && a.tokens % seq == 0 && a.topk >= 1 && a.topk <= a.experts && a.shards >= 1,
+             "[moe_aux_loss] ", a.tokens, " tokens in sequences of ", seq, ", top-", a.topk, " of ",
+             a.experts, " experts, ", a.shards, " shard(s)");
   return seq;
 }
 
