@@ -109,8 +109,10 @@ class GpuTraining : public ::testing::Test {
   }
 };
 
-// Rank 0's trained parameters, in host memory, by name.
+// Rank 0's trained parameters, in host memory, by name (one tensor-parallel rank: its
+// tensors are whole but for the experts split over expert-parallel ranks).
 std::map<std::string, std::vector<float>> parameters(Trainer& t) {
+  EXPECT_EQ(t.grid().tp_size(), 1) << "a tensor-parallel rank's shards are not the CPU's start";
   GPTModel<float>& m = t.model();
   std::map<std::string, std::vector<float>> out;
   for (const ParamInfo& p : m.params().infos()) {
