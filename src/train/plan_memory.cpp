@@ -87,11 +87,13 @@ int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout
   int64_t n = 0;
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) n += moe[i] ? per_layer : 0;
+  if (stage == l.pp - 1)  // multi-token prediction's MoE layers
+    for (int k = 0; k < c.mtp_num_layers; ++k) n += c.is_moe_layer(c.num_layers + k) ? per_layer : 0;
   return n;
 }
 
 int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage) {
-  const int64_t tp = l.tp, C = c.hidden_size, hd = c.head_dim();
+  const int64_t tp = l.tp, C = c.hidden_size, hd = c.head_dim(), vd = c.value_head_dim();
   const int64_t H = c.num_attention_heads, G = c.query_groups(), F = c.ffn_size();
   const int64_t qkv_rows = G / tp * (H / G + 2) * hd, Hl = H / tp, Fl = F / tp;
   const int64_t multiple = int64_t(c.make_vocab_size_divisible_by) * tp;
@@ -102,14 +104,27 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   auto tensor = [](int64_t n) { return (n + 15) / 16 * 16; };
   auto norm = [&](int64_t width) { return tensor(width) * (c.norm_has_bias() ? 2 : 1); };
   int64_t n = 0;
-  if (pre || (post && tied)) n += tensor(vocab_rows * C);
+  // The last stage's copy of the word embeddings: the classifier's when tied, multi-token
+  // prediction's embedding of the shifted tokens (GPTModel::parameter_layout).
+  if (pre || (post && (tied || c.mtp_num_layers > 0))) n += tensor(vocab_rows * C);
   if (pre && c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
     n += tensor(int64_t(c.max_positions()) * C);
   const int64_t fc1_rows = c.swiglu ? 2 * Fl : Fl;
-  int64_t layer = 2 * norm(C) + tensor(qkv_rows * C) + tensor(C * Hl * hd) + tensor(fc1_rows * C) +
-                  tensor(C * Fl);
-  if (c.qkv_bias()) layer += tensor(qkv_rows);
-  if (c.qk_layernorm) layer += 2 * norm(hd);
+  int64_t layer = 2 * norm(C) + tensor(C * Hl * vd) + tensor(fc1_rows * C) + tensor(C * Fl);
+  if (c.multi_latent_attention) {  // GPTModel::add_mla_parameters: the up-projections split
+    const int64_t qk = c.qk_head_dim, pe = c.qk_pos_emb_head_dim;
+    const int64_t ql = c.q_lora_rank, kvl = c.kv_lora_rank;
+    if (ql > 0)
+      layer += tensor(ql * C) + (c.qk_layernorm ? norm(ql) : 0) + tensor(Hl * (qk + pe) * ql);
+    else
+      layer += tensor(Hl * (qk + pe) * C);
+    layer += tensor((kvl + pe) * C) + (c.qk_layernorm ? norm(kvl) : 0) +
+             tensor(Hl * (qk + vd) * kvl);
+  } else {
+    layer += tensor(qkv_rows * C);
+    if (c.qkv_bias()) layer += tensor(qkv_rows);
+    if (c.qk_layernorm) layer += 2 * norm(hd);
+  }
   if (c.add_bias_linear) layer += 2 * tensor(C) + tensor(fc1_rows);
   // An MoE layer holds its router and experts (and the expert bias) in place of the MLP.
   int64_t moe_instead = 0;
@@ -125,6 +140,12 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) n += layer + (moe[i] ? moe_instead : 0);
   if (post) n += norm(C) + (tied ? 0 : tensor(vocab_rows * C));
+  // Multi-token prediction's depths on the last stage (model/mtp.cpp): enorm, hnorm, eh_proj
+  // [C, 2C] whole on every rank, a layer of the last decoder layer's kind, final_layernorm.
+  if (post)
+    for (int k = 0; k < c.mtp_num_layers; ++k)
+      n += 3 * norm(C) + tensor(2 * C * C) + layer +
+           (c.is_moe_layer(c.num_layers + k) ? moe_instead : 0);
   return n;
 }
 
@@ -185,7 +206,17 @@ int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, in
   int in_flight = 0;
   for (int s : slots) in_flight += s;
   if (stage == l.pp - 1) e += slots.back() * (2 * R * C + 2 * R + (sp ? N * C : 0));
-  return e * element_bytes + int64_t(in_flight) * 5 * N * 4;
+  int64_t mtp_ids = 0;
+  if (stage == l.pp - 1 && c.mtp_num_layers > 0) {  // model/mtp.cpp's MTPState, made once
+    e += 5 * N * C;                                  // shared scratch: t, d_h0, d_full, d_cat
+    for (int k = 0; k < c.mtp_num_layers; ++k) {
+      // emb, x, out, h, dh, cat [N, 2C], six norm statistics and the depth's layer
+      e += 7 * N * C + 6 * N + layer_elements(c, l);
+      if (c.is_moe_layer(c.num_layers + k)) e += moe_activation_elements(c, N);
+      mtp_ids += 4 * N * 4;  // rolled ids, labels, mask, positions
+    }
+  }
+  return e * element_bytes + int64_t(in_flight) * 5 * N * 4 + mtp_ids;
 }
 
 }  // namespace omni
