@@ -25,8 +25,8 @@
 // Their MoE layers (the last decoder layer's spec) report after the decoder's layers.
 // Context parallelism: the rolls are the whole sequence's (Megatron's roll_tensor passes each
 // chunk's first row to the rank holding the chunk before it); here the ranks gather the
-// micro-batch's tokens, labels, mask and positions once, and each depth's loss and token
-// count are the whole sequence's. Packed documents (--reset-attention-mask) roll as one
+// micro-batch's tokens, labels, mask and positions once; each depth's token count is the
+// whole sequence's, and take_mtp_losses() this rank's part of its loss. Packed documents (--reset-attention-mask) roll as one
 // sequence, as Megatron's roll without packed_seq_params does.
 // Learned absolute positions (GPT-2): the depth's embedding adds the rolled tokens' positions
 // (Megatron rolls position_ids with the ids), into the one position table.
@@ -176,7 +176,6 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
   std::vector<int32_t> ids(static_cast<size_t>(N)), labels(static_cast<size_t>(N)),
       positions(static_cast<size_t>(N));
   std::vector<float> mask(static_cast<size_t>(N));
-  std::vector<double> parts(size_t(D), 0.0);
   for (int k = 1; k <= D; ++k) {
     auto& d = s.depths[size_t(k - 1)];
     const std::string m = "mtp.layers." + std::to_string(k - 1) + ".";
@@ -234,10 +233,10 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
                                 d.labels, d.mask, vocab_, N, scale);
     const T* dh = tp_.reduce_rows(d.dh.template data<T>(), d_full, N);
     if (dh != d.dh.template data<T>()) ops::copy(x_, d.dh.template data<T>(), dh, RC);
-    parts[size_t(k - 1)] = part / denom;
+    // This rank's part of the whole sequence's mean: the trainer sums the parts over the
+    // data- and context-parallel ranks (train/moe_step.cpp), as the balancing losses.
+    s.losses[size_t(k - 1)] += part / denom;
   }
-  if (cp_->size() > 1) cp_->all_reduce(parts.data(), parts.size());
-  for (int k = 0; k < D; ++k) s.losses[size_t(k)] += parts[size_t(k)];
   T* d_h0 = s.d_h0.template data<T>();
   T* d_cat = s.d_cat.template data<T>();
   ops::zero(x_, d_h0, RC);
