@@ -176,6 +176,10 @@ TEST(ModelParallelMtp, ContextParallel4Gpt2) {
   const Layout layout{.cp = 4};
   check_layout_of(mtp_layout_config(false, layout), layout);
 }
+TEST(ModelParallelMtp, Ulysses2PackedDocuments) {
+  const Layout layout{.cp = 2, .packed = true, .ulysses = true};
+  check_layout_of(mtp_layout_config(true, layout), layout);
+}
 TEST(ModelParallelMtp, ContextParallel2TensorParallel2SequenceParallelGpt2) {
   const Layout layout{.tp = 2, .cp = 2, .sp = true};
   check_layout_of(mtp_layout_config(false, layout), layout);
