@@ -26,8 +26,9 @@
 // Context parallelism: the rolls are the whole sequence's (Megatron's roll_tensor passes each
 // chunk's first row to the rank holding the chunk before it); here the ranks gather the
 // micro-batch's tokens, labels, mask and positions once; each depth's token count is the
-// whole sequence's, and take_mtp_losses() this rank's part of its loss. Packed documents (--reset-attention-mask) roll as one
-// sequence, as Megatron's roll without packed_seq_params does.
+// whole sequence's, and take_mtp_losses() this rank's part of its loss. Packed documents
+// (--reset-attention-mask) roll as one sequence, as Megatron's roll without packed_seq_params
+// does.
 // Learned absolute positions (GPT-2): the depth's embedding adds the rolled tokens' positions
 // (Megatron rolls position_ids with the ids), into the one position table.
 #include <algorithm>

@@ -3,6 +3,7 @@
 // at once (parallel/schedules.h, the schedule the trainer runs).
 #include <algorithm>
 #include <map>
+#include <string>
 
 #include "base/error.h"
 #include "model/moe_layer.h"
@@ -55,6 +56,23 @@ int64_t layer_elements(const TransformerConfig& c, const PlanLayout& l) {
   return e;
 }
 
+// Elements of one MoE tensor on a rank (GPTModel::add_moe_parameters): the experts' split over
+// the EP ranks; under TP each expert's and the shared expert's fc1 rows (and the experts' fc1
+// biases) and fc2 columns split as the dense MLP's; the router, the gate and the experts' fc2
+// biases whole.
+int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
+  auto ends = [&](const char* tail) {
+    const std::string t = tail;
+    return p.name.size() >= t.size() && p.name.compare(p.name.size() - t.size(), t.size(), t) == 0;
+  };
+  const bool expert = is_expert_parameter(p.name);
+  int64_t n = expert ? p.numel() / l.ep : p.numel();
+  const bool split =
+      expert ? ends("linear_fc1.weight") || ends("linear_fc1.bias") || ends("linear_fc2.weight")
+             : ends("shared_experts.linear_fc1.weight") || ends("shared_experts.linear_fc2.weight");
+  return split ? n / l.tp : n;
+}
+
 bool recomputed(const PlanLayout& l, int index_in_chunk) {
   if (l.recompute != "full") return false;
   return l.recompute_method != "block" || index_in_chunk < l.recompute_num_layers;
@@ -82,13 +100,14 @@ int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout
   if (c.num_moe_experts == 0) return 0;
   int64_t per_layer = 0;
   for (const MoEParamInfo& p : moe_parameter_layout(c))
-    if (is_expert_parameter(p.name)) per_layer += (p.numel() / l.ep + 15) / 16 * 16;
+    if (is_expert_parameter(p.name)) per_layer += (moe_rank_numel(p, l) + 15) / 16 * 16;
   const std::vector<int> moe = c.moe_layer_pattern();
   int64_t n = 0;
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) n += moe[i] ? per_layer : 0;
   if (stage == l.pp - 1)  // multi-token prediction's MoE layers
-    for (int k = 0; k < c.mtp_num_layers; ++k) n += c.is_moe_layer(c.num_layers + k) ? per_layer : 0;
+    for (int k = 0; k < c.mtp_num_layers; ++k)
+      n += c.is_moe_layer(c.num_layers + k) ? per_layer : 0;
   return n;
 }
 
@@ -118,8 +137,8 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
       layer += tensor(ql * C) + (c.qk_layernorm ? norm(ql) : 0) + tensor(Hl * (qk + pe) * ql);
     else
       layer += tensor(Hl * (qk + pe) * C);
-    layer += tensor((kvl + pe) * C) + (c.qk_layernorm ? norm(kvl) : 0) +
-             tensor(Hl * (qk + vd) * kvl);
+    layer +=
+        tensor((kvl + pe) * C) + (c.qk_layernorm ? norm(kvl) : 0) + tensor(Hl * (qk + vd) * kvl);
   } else {
     layer += tensor(qkv_rows * C);
     if (c.qkv_bias()) layer += tensor(qkv_rows);
@@ -131,7 +150,7 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   if (c.num_moe_experts > 0) {
     // Under expert parallelism the routed experts' tensors hold E/EP experts.
     for (const MoEParamInfo& p : moe_parameter_layout(c))
-      moe_instead += tensor(is_expert_parameter(p.name) ? p.numel() / l.ep : p.numel());
+      moe_instead += tensor(moe_rank_numel(p, l));
     if (c.moe_router_enable_expert_bias) moe_instead += tensor(c.num_moe_experts);
     moe_instead -= tensor(fc1_rows * C) + tensor(C * Fl);
     if (c.add_bias_linear) moe_instead -= tensor(C) + tensor(fc1_rows);
@@ -208,7 +227,7 @@ int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, in
   if (stage == l.pp - 1) e += slots.back() * (2 * R * C + 2 * R + (sp ? N * C : 0));
   int64_t mtp_ids = 0;
   if (stage == l.pp - 1 && c.mtp_num_layers > 0) {  // model/mtp.cpp's MTPState, made once
-    e += 5 * N * C;                                  // shared scratch: t, d_h0, d_full, d_cat
+    e += 5 * N * C;                                 // shared scratch: t, d_h0, d_full, d_cat
     for (int k = 0; k < c.mtp_num_layers; ++k) {
       // emb, x, out, h, dh, cat [N, 2C], six norm statistics and the depth's layer
       e += 7 * N * C + 6 * N + layer_elements(c, l);

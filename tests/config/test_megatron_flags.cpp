@@ -143,10 +143,11 @@ TEST(MegatronFlags, MultiTokenPredictionVariantsAreRefused) {
     EXPECT_EQ(error.find(std::string(flag) + ": not built yet: "), 0u) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   }
-  EXPECT_EQ(parse_error({"--mtp-hybrid-override-pattern", "MM"}, o).find(
-                "--mtp-hybrid-override-pattern MM: not built yet: multi-token prediction patterns "
+  EXPECT_EQ(
+      parse_error({"--mtp-hybrid-override-pattern", "MM"}, o)
+          .find("--mtp-hybrid-override-pattern MM: not built yet: multi-token prediction patterns "
                 "of Mamba and hybrid models"),
-            0u);
+      0u);
 }
 
 TEST(MegatronFlags, AllRefusedFeaturesOfACommandLineAreNamedInOneError) {

@@ -33,8 +33,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "fixtures hold little-endian float64");
 
 const char* const kFixtures[] = {
-    "gpt2_tiny",          "llama_tiny",        "qwen_tiny", "layernorm_rope_tiny",
-    "rope_variants_tiny", "gpt_erf_gelu_tiny", "mla_tiny",  "mtp_tiny", "mtp_moe_tiny"};
+    "gpt2_tiny",         "llama_tiny", "qwen_tiny", "layernorm_rope_tiny", "rope_variants_tiny",
+    "gpt_erf_gelu_tiny", "mla_tiny",   "mtp_tiny",  "mtp_moe_tiny"};
 
 // ---- Reading a fixture -------------------------------------------------------------------
 

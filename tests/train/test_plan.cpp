@@ -153,7 +153,8 @@ std::vector<Case> cases() {
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
       {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
       {"MoE layers, full recompute", tiny_moe(), layout(1, 1, 1, 1, 1, 2, false, "full")},
-      {"PP 2, MTP 1 over MoE layers", with_mtp(tiny_moe(), 1, "1"), layout(1, 1, 2, 1, 1, 4, false)},
+      {"PP 2, MTP 1 over MoE layers", with_mtp(tiny_moe(), 1, "1"),
+       layout(1, 1, 2, 1, 1, 4, false)},
       {"TP 2 + SP, PP 2, MTP 2 (tied)", with_mtp(tied_llama(), 2), layout(2, 1, 2, 1, 1, 4, true)},
       {"TP 2 + SP, MTP 1 (GPT-2)", with_mtp(tiny_gpt2(), 1), layout(2, 1, 1, 1, 1, 2, true)},
       {"CP 2, MTP 1", with_mtp(tiny_llama(), 1), layout(1, 2, 1, 1, 1, 2, false)},
@@ -179,11 +180,16 @@ TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
   }
 }
 
-// Parameters only (the plan models no MLA activations): multi-latent attention's projections,
-// two multi-token prediction depths and the last stage's embedding copy, at TP 2 x PP 2, as
-// GPTModel lays them out on each rank.
-TEST(Plan, LatentAttentionAndMultiTokenPredictionParametersMatchTheModel) {
+// Parameters only (the plan models neither MLA's nor tensor-parallel MoE activations):
+// multi-latent attention's projections, MoE layers split over TP (a shared expert and the
+// expert bias beside), two multi-token prediction depths (MoE layers, as the last decoder
+// layer is) and the last stage's embedding copy, at TP 2 x PP 2, as GPTModel lays them out.
+TEST(Plan, LatentAttentionMoEAndMultiTokenPredictionParametersMatchTheModel) {
   TransformerConfig cfg = layout_test::mla_layout_config({});
+  cfg.num_moe_experts = 4, cfg.moe_ffn_hidden_size = 12, cfg.moe_layer_freq = "[0,1,0,1]";
+  cfg.moe_shared_expert_intermediate_size = 8, cfg.moe_shared_expert_gate = true;
+  cfg.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  cfg.moe_router_enable_expert_bias = true;
   cfg.mtp_num_layers = 2;
   for (bool sp : {false, true}) {
     const PlanLayout l = layout(2, 1, 2, 1, 1, 4, sp);
