@@ -438,12 +438,6 @@ void add_tuning_of_model_features(std::vector<OptionDef>& t) {
   add_tuning(t, "GTP weight rematerialisation", "--tensor-parallel-num-weight-shards",
              {{"--expert-tensor-parallel-num-weight-shards", "N"},
               {"--gtp-remat-opt-in-modules", "V..."}});
-  add_tuning(t, "multi-token prediction", "--mtp-num-layers",
-             {{"--mtp-standalone", ""},
-              {"--mtp-use-repeated-layer", ""},
-              {"--mtp-detach-heads", ""},
-              {"--mtp-hsm", ""},
-              {"--mtp-hybrid-override-pattern", "V"}});
   add_tuning(t, "activation offloading to the CPU",
              "--cpu-offloading-num-layers / --fine-grained-activation-offloading",
              {{"--cpu-offloading-retain-pinned-cpu-buffers", ""},

@@ -100,6 +100,28 @@ void add_refused_model_features(std::vector<OptionDef>& t) {
   add_refused(
       t, "batch-invariant kernels",
       {{"--batch-invariant-mode", ""}, {"--batch-invariant-backend", "te_native|deepgemm|triton"}});
+  // Multi-token prediction (model/mtp.cpp) builds --mtp-num-layers depths of their own, each
+  // fed by the one before, trained with the main model and run on the last pipeline stage.
+  add_refused(t,
+              "multi-token prediction in a pipeline stage of its own (the depths run on the "
+              "last stage, after its decoder layers)",
+              {{"--mtp-standalone", ""}});
+  add_refused(t,
+              "one multi-token prediction layer shared by every depth (each of the "
+              "--mtp-num-layers depths has its own layer)",
+              {{"--mtp-use-repeated-layer", ""}});
+  add_refused(t,
+              "detached multi-token prediction heads with their own gradient clipping (the "
+              "depths' loss trains the main model too, one gradient norm over all)",
+              {{"--mtp-detach-heads", ""}});
+  add_refused(t,
+              "hidden-state mixing across multi-token prediction depths (each depth reads the "
+              "previous depth's output)",
+              {{"--mtp-hsm", ""}});
+  add_refused(t,
+              "multi-token prediction patterns of Mamba and hybrid models (the depths repeat the "
+              "decoder's last transformer layer)",
+              {{"--mtp-hybrid-override-pattern", "V"}});
   add_refused(t, "Mamba and hybrid models",
               {{"--is-hybrid-model", ""},
                {"--hybrid-layer-pattern", "V"},

@@ -157,16 +157,14 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
                "--multi-latent-attention on the GPU: --v-head-dim (", cfg_.v_head_dim,
                ") above --qk-head-dim + --qk-pos-emb-head-dim (", cfg_.head_dim(),
                ") is not built yet");
-  if (cfg_.mtp_num_layers > 0) {
-    const std::string mtp_with =
-        cp > 1 ? "--context-parallel-size " + std::to_string(cp)
-        : cfg_.position_embedding_type == PositionEmbedding::LearnedAbsolute
-            ? std::string("--position-embedding-type learned_absolute")
-            : std::string();
-    OMNI_REQUIRE(mtp_with.empty(), "--mtp-num-layers ", cfg_.mtp_num_layers, " with ", mtp_with,
-                 ": not built yet (multi-token prediction is built for one context-parallel rank, "
-                 "with rope or no position embedding)");
-  }
+  // Multi-token prediction (mtp.cpp) embeds the rolled tokens' positions on the last stage,
+  // which holds no copy of the position table.
+  OMNI_REQUIRE(cfg_.mtp_num_layers == 0 || parallel_.pre_process ||
+                   cfg_.position_embedding_type != PositionEmbedding::LearnedAbsolute,
+               "--mtp-num-layers ", cfg_.mtp_num_layers,
+               " with --position-embedding-type learned_absolute and "
+               "--pipeline-model-parallel-size above 1: not built yet (the last stage holds no "
+               "copy of the position embeddings; rope and none are built)");
   heads_ = H / tp, groups_ = G / tp, ffn_ = F / tp;
   vocab_ = vocab_shard(cfg_.vocab_size, cfg_.make_vocab_size_divisible_by, tp, tp_.rank());
   chunks_ = parallel_.chunks;

@@ -23,15 +23,69 @@
 // Pipeline parallelism: the depths run on the last stage (where Megatron puts them), which
 // holds a copy of the word embeddings summed with the first stage's (as tied embeddings).
 // Their MoE layers (the last decoder layer's spec) report after the decoder's layers.
+// Context parallelism: the rolls are the whole sequence's (Megatron's roll_tensor passes each
+// chunk's first row to the rank holding the chunk before it); here the ranks gather the
+// micro-batch's tokens, labels, mask and positions once; each depth's token count is the
+// whole sequence's, and take_mtp_losses() this rank's part of its loss. Packed documents
+// (--reset-attention-mask) roll as one sequence, as Megatron's roll without packed_seq_params
+// does.
+// Learned absolute positions (GPT-2): the depth's embedding adds the rolled tokens' positions
+// (Megatron rolls position_ids with the ids), into the one position table.
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "model/gpt_model.h"
+#include "parallel/context_parallel.h"
 
 namespace omni {
+
+namespace {
+
+// A micro-batch's tokens, labels, loss mask and positions over the whole sequence [batch,
+// seq]: this rank's own arrays, or under context parallelism every rank's rows gathered to
+// their indices in the full sequence (MicroBatch::seq_index).
+struct WholeSequence {
+  WholeSequence(const MicroBatch& mb, int local_seq, Communicator& cp) {
+    const int ranks = cp.size();
+    seq = int64_t(local_seq) * ranks;
+    tokens = mb.tokens, labels = mb.labels, loss_mask = mb.loss_mask, positions = mb.position_ids;
+    if (ranks == 1) return;
+    // Five numbers a row (exact as doubles): index, token, label, mask, position.
+    const size_t N = size_t(mb.batch) * local_seq;
+    std::vector<double> mine(5 * N), all(5 * N * size_t(ranks));
+    for (size_t n = 0; n < N; ++n) {
+      const double row[5] = {double(mb.seq_index[n]), double(mb.tokens[n]), double(mb.labels[n]),
+                             mb.loss_mask ? double(mb.loss_mask[n]) : 1.0,
+                             double(mb.position_ids[n])};
+      std::copy(row, row + 5, mine.begin() + 5 * n);
+    }
+    cp.all_gather(all.data(), mine.data(), mine.size());
+    const size_t total = size_t(mb.batch) * size_t(seq);
+    own_tokens.assign(total, 0), own_labels.assign(total, 0), own_positions.assign(total, 0);
+    own_mask.assign(total, 0.0f);
+    for (size_t r = 0; r < size_t(ranks); ++r)
+      for (size_t n = 0; n < N; ++n) {
+        const double* row = all.data() + 5 * (r * N + n);
+        const size_t i = (n / size_t(local_seq)) * size_t(seq) + size_t(row[0]);
+        own_tokens[i] = int32_t(row[1]), own_labels[i] = int32_t(row[2]);
+        own_mask[i] = float(row[3]), own_positions[i] = int32_t(row[4]);
+      }
+    tokens = own_tokens.data(), labels = own_labels.data(), loss_mask = own_mask.data();
+    positions = own_positions.data();
+  }
+  float mask(int64_t i) const { return loss_mask ? loss_mask[i] : 1.0f; }
+  int32_t position(int64_t i) const { return positions ? positions[i] : int32_t(i % seq); }
+
+  int64_t seq = 0;
+  const int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;
+  const float* loss_mask = nullptr;
+  std::vector<int32_t> own_tokens, own_labels, own_positions;
+  std::vector<float> own_mask;
+};
+
+}  // namespace
 
 template <typename T>
 struct GPTModel<T>::MTPState {
@@ -39,8 +93,8 @@ struct GPTModel<T>::MTPState {
     Tensor emb, cat, x, out, h, dh;  // [N, C] but cat [N, 2C]; dh: d(objective)/d(h)
     Tensor en_mean, en_rstd, hn_mean, hn_rstd, f_mean, f_rstd;  // [N]
     LayerActivations layer;
-    std::unique_ptr<Storage> inputs;  // ids, labels [N] int32; mask [N] float
-    const int32_t *ids = nullptr, *labels = nullptr;
+    std::unique_ptr<Storage> inputs;  // ids, labels, positions [N] int32; mask [N] float
+    const int32_t *ids = nullptr, *labels = nullptr, *positions = nullptr;
     const float* mask = nullptr;
   };
   std::vector<Depth> depths;
@@ -87,7 +141,7 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
                                            double grad_scale) {
   const int D = cfg_.mtp_num_layers, L = cfg_.num_layers, C = cfg_.hidden_size;
   const int N = g.tokens, S = g.seq, R = g.rows;
-  const int64_t max_n = int64_t(max_batch_) * cfg_.seq_length;
+  const int64_t max_n = int64_t(max_batch_) * cfg_.seq_length / cp_->size();
   if (!mtp_) {
     mtp_ = std::make_shared<MTPState>();
     mtp_->depths.resize(size_t(D));
@@ -97,7 +151,7 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
       for (Tensor* t : {&d.en_mean, &d.en_rstd, &d.hn_mean, &d.hn_rstd, &d.f_mean, &d.f_rstd})
         *t = stat_buffer({max_n});
       allocate_layer(d.layer);
-      d.inputs = std::make_unique<Storage>(3 * size_t(max_n) * 4, device_, x_.memory());
+      d.inputs = std::make_unique<Storage>(4 * size_t(max_n) * 4, device_, x_.memory());
     }
     mtp_->t = buffer({max_n, C}), mtp_->d_h0 = buffer({max_n, C}),
     mtp_->d_full = buffer({max_n, C});
@@ -110,35 +164,49 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
   auto b = [&](const std::string& n) { return params_.value_or_null(n); };
   T* t = s.t.template data<T>();
   const size_t RC = size_t(R) * C;
+  // The rolls are the whole sequence's (Megatron's roll_tensor), whose 2 x cp chunks the
+  // context-parallel ranks hold two each: row n's tokens k to the right may be another rank's.
+  const WholeSequence whole(mb, S, *cp_);
+  const int64_t Sf = whole.seq;
+  auto index_of = [&](int n) -> int64_t { return mb.seq_index ? mb.seq_index[n] : n % S; };
   // The main loss's token count: Megatron rescales each depth's mean by it under
   // --calculate-per-token-loss, where the micro-batch's loss is divided by loss_divisor.
-  double original = N;
-  if (mb.loss_mask) original = std::accumulate(mb.loss_mask, mb.loss_mask + N, 0.0);
+  double original = 0;
+  for (int64_t i = 0; i < int64_t(mb.batch) * Sf; ++i) original += whole.mask(i);
 
-  std::vector<int32_t> ids(static_cast<size_t>(N)), labels(static_cast<size_t>(N));
+  std::vector<int32_t> ids(static_cast<size_t>(N)), labels(static_cast<size_t>(N)),
+      positions(static_cast<size_t>(N));
   std::vector<float> mask(static_cast<size_t>(N));
   for (int k = 1; k <= D; ++k) {
     auto& d = s.depths[size_t(k - 1)];
     const std::string m = "mtp.layers." + std::to_string(k - 1) + ".";
-    double denom = 0;
     for (int n = 0; n < N; ++n) {
-      const bool in = n % S + k < S;  // rolled k to the left: zero shifted in at the end
-      ids[n] = in ? mb.tokens[n + k] : 0;
-      labels[n] = in ? mb.labels[n + k] : 0;
-      mask[n] = in ? (mb.loss_mask ? mb.loss_mask[n + k] : 1.0f) : 0.0f;
-      denom += mask[n];
+      // Rolled k to the left: zeros shifted in at the sequence's end (positions too).
+      const int64_t j = index_of(n) + k, i = (n / S) * Sf + j;
+      const bool in = j < Sf;
+      ids[n] = in ? whole.tokens[i] : 0;
+      labels[n] = in ? whole.labels[i] : 0;
+      mask[n] = in ? whole.mask(i) : 0.0f;
+      positions[n] = in ? whole.position(i) : 0;
     }
+    double denom = 0;  // the whole sequence's (every context-parallel rank's) unmasked rows
+    for (int64_t i = 0; i < int64_t(mb.batch) * Sf; ++i)
+      if (i % Sf >= k) denom += whole.mask(i);
     int32_t* base = static_cast<int32_t*>(d.inputs->data());
     ops::upload(x_, base, ids.data(), ids.size());
     ops::upload(x_, base + max_n, labels.data(), labels.size());
     float* mask_dev = reinterpret_cast<float*>(base + 2 * max_n);
     ops::upload(x_, mask_dev, mask.data(), mask.size());
-    d.ids = base, d.labels = base + max_n, d.mask = mask_dev;
+    ops::upload(x_, base + 3 * max_n, positions.data(), positions.size());
+    d.ids = base, d.labels = base + max_n, d.mask = mask_dev, d.positions = base + 3 * max_n;
 
     const T* h_prev =
         k == 1 ? a.final_norm.template data<T>() : s.depths[size_t(k - 2)].h.template data<T>();
     T *emb = d.emb.template data<T>(), *cat = d.cat.template data<T>();
     tp_.embedding_forward(emb, full_.template data<T>(), d.ids, word, vocab_, N, S);
+    // Learned absolute positions: those of the rolled tokens (Megatron rolls position_ids).
+    if (const T* wpe = params_.value_or_null("embedding.position_embeddings.weight"))
+      ops::position_embedding_add(x_, emb, wpe, R, S, C, d.positions + tp_.first_row(N));
     hidden_dropout(emb, mb, a.in, g, L + k - 1, ops::DropoutSite::Embedding);
     norm_forward(t, d.en_mean.template data<Grad>(), d.en_rstd.template data<Grad>(), emb,
                  w(m + "enorm.weight"), b(m + "enorm.bias"), R, C);
@@ -166,6 +234,8 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
                                 d.labels, d.mask, vocab_, N, scale);
     const T* dh = tp_.reduce_rows(d.dh.template data<T>(), d_full, N);
     if (dh != d.dh.template data<T>()) ops::copy(x_, d.dh.template data<T>(), dh, RC);
+    // This rank's part of the whole sequence's mean: the trainer sums the parts over the
+    // data- and context-parallel ranks (train/moe_step.cpp), as the balancing losses.
     s.losses[size_t(k - 1)] += part / denom;
   }
   T* d_h0 = s.d_h0.template data<T>();
@@ -192,8 +262,7 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
                   w(m + "enorm.weight"), d.en_mean.template data<Grad>(),
                   d.en_rstd.template data<Grad>(), R, C);
     hidden_dropout(d_x, mb, a.in, g, L + k - 1, ops::DropoutSite::Embedding);
-    tp_.embedding_backward(params_.grad("embedding.word_embeddings.weight"),
-                           d_full_.template data<T>(), d_x, d.ids, vocab_, N, S);
+    embed_backward(d_x, d.ids, d.positions + tp_.first_row(N), g);
     // The hidden states' half: into the previous depth's d(h) (norm_backward adds).
     ops::copy_rows(x_, t, C, d_cat + C, 2 * C, C, R);
     const T* h_prev =

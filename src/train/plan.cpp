@@ -296,10 +296,14 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const std::vector<LayerRange> chunks = plan_stage_layers(c, l, s);
   int layers = 0;
   for (const LayerRange& r : chunks) layers += r.size();
+  const bool last = s == l.pp - 1, mtp = last && c.mtp_num_layers > 0;
   const std::string where = sfmt(
-      "%d layers%s%s", layers, s == 0 ? " + embedding" : "",
-      s == l.pp - 1 ? (c.untie_embeddings_and_output_weights ? " + output layer" : " + final norm")
-                    : "");
+      "%d layers%s%s%s", layers, s == 0 ? " + embedding" : "",
+      last ? (c.untie_embeddings_and_output_weights ? " + output layer" : " + final norm") : "",
+      mtp ? sfmt(" + %d MTP depth%s%s", c.mtp_num_layers, c.mtp_num_layers == 1 ? "" : "s",
+                 s > 0 ? " and their embedding copy" : "")
+                .c_str()
+          : "");
   auto mem = [&](std::string name, double v, std::string why, std::string formula) {
     p.memory.push_back({std::move(name), v, std::move(why), std::move(formula)});
   };
@@ -343,8 +347,9 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "tokens, C' = C/TP under SP, H, G, F per TP rank; x micro-batches in flight; recomputed "
       "layers keep N C' + one scratch layer");
   mem("workspace", double(plan_workspace_bytes(c, l, s, eb)),
-      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s",
-           s == l.pp - 1 ? " + final norm per micro-batch in flight" : ""),
+      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
+           last ? " + final norm per micro-batch in flight" : "",
+           mtp ? " + the MTP depths' activations" : ""),
       "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP)");
   double comm = 0;
   std::string comm_why;

@@ -3,6 +3,7 @@
 // at once (parallel/schedules.h, the schedule the trainer runs).
 #include <algorithm>
 #include <map>
+#include <string>
 
 #include "base/error.h"
 #include "model/moe_layer.h"
@@ -55,6 +56,23 @@ int64_t layer_elements(const TransformerConfig& c, const PlanLayout& l) {
   return e;
 }
 
+// Elements of one MoE tensor on a rank (GPTModel::add_moe_parameters): the experts' split over
+// the EP ranks; under TP each expert's and the shared expert's fc1 rows (and the experts' fc1
+// biases) and fc2 columns split as the dense MLP's; the router, the gate and the experts' fc2
+// biases whole.
+int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
+  auto ends = [&](const char* tail) {
+    const std::string t = tail;
+    return p.name.size() >= t.size() && p.name.compare(p.name.size() - t.size(), t.size(), t) == 0;
+  };
+  const bool expert = is_expert_parameter(p.name);
+  int64_t n = expert ? p.numel() / l.ep : p.numel();
+  const bool split =
+      expert ? ends("linear_fc1.weight") || ends("linear_fc1.bias") || ends("linear_fc2.weight")
+             : ends("shared_experts.linear_fc1.weight") || ends("shared_experts.linear_fc2.weight");
+  return split ? n / l.tp : n;
+}
+
 bool recomputed(const PlanLayout& l, int index_in_chunk) {
   if (l.recompute != "full") return false;
   return l.recompute_method != "block" || index_in_chunk < l.recompute_num_layers;
@@ -82,16 +100,19 @@ int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout
   if (c.num_moe_experts == 0) return 0;
   int64_t per_layer = 0;
   for (const MoEParamInfo& p : moe_parameter_layout(c))
-    if (is_expert_parameter(p.name)) per_layer += (p.numel() / l.ep + 15) / 16 * 16;
+    if (is_expert_parameter(p.name)) per_layer += (moe_rank_numel(p, l) + 15) / 16 * 16;
   const std::vector<int> moe = c.moe_layer_pattern();
   int64_t n = 0;
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) n += moe[i] ? per_layer : 0;
+  if (stage == l.pp - 1)  // multi-token prediction's MoE layers
+    for (int k = 0; k < c.mtp_num_layers; ++k)
+      n += c.is_moe_layer(c.num_layers + k) ? per_layer : 0;
   return n;
 }
 
 int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage) {
-  const int64_t tp = l.tp, C = c.hidden_size, hd = c.head_dim();
+  const int64_t tp = l.tp, C = c.hidden_size, hd = c.head_dim(), vd = c.value_head_dim();
   const int64_t H = c.num_attention_heads, G = c.query_groups(), F = c.ffn_size();
   const int64_t qkv_rows = G / tp * (H / G + 2) * hd, Hl = H / tp, Fl = F / tp;
   const int64_t multiple = int64_t(c.make_vocab_size_divisible_by) * tp;
@@ -102,21 +123,34 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   auto tensor = [](int64_t n) { return (n + 15) / 16 * 16; };
   auto norm = [&](int64_t width) { return tensor(width) * (c.norm_has_bias() ? 2 : 1); };
   int64_t n = 0;
-  if (pre || (post && tied)) n += tensor(vocab_rows * C);
+  // The last stage's copy of the word embeddings: the classifier's when tied, multi-token
+  // prediction's embedding of the shifted tokens (GPTModel::parameter_layout).
+  if (pre || (post && (tied || c.mtp_num_layers > 0))) n += tensor(vocab_rows * C);
   if (pre && c.position_embedding_type == PositionEmbedding::LearnedAbsolute)
     n += tensor(int64_t(c.max_positions()) * C);
   const int64_t fc1_rows = c.swiglu ? 2 * Fl : Fl;
-  int64_t layer = 2 * norm(C) + tensor(qkv_rows * C) + tensor(C * Hl * hd) + tensor(fc1_rows * C) +
-                  tensor(C * Fl);
-  if (c.qkv_bias()) layer += tensor(qkv_rows);
-  if (c.qk_layernorm) layer += 2 * norm(hd);
+  int64_t layer = 2 * norm(C) + tensor(C * Hl * vd) + tensor(fc1_rows * C) + tensor(C * Fl);
+  if (c.multi_latent_attention) {  // GPTModel::add_mla_parameters: the up-projections split
+    const int64_t qk = c.qk_head_dim, pe = c.qk_pos_emb_head_dim;
+    const int64_t ql = c.q_lora_rank, kvl = c.kv_lora_rank;
+    if (ql > 0)
+      layer += tensor(ql * C) + (c.qk_layernorm ? norm(ql) : 0) + tensor(Hl * (qk + pe) * ql);
+    else
+      layer += tensor(Hl * (qk + pe) * C);
+    layer +=
+        tensor((kvl + pe) * C) + (c.qk_layernorm ? norm(kvl) : 0) + tensor(Hl * (qk + vd) * kvl);
+  } else {
+    layer += tensor(qkv_rows * C);
+    if (c.qkv_bias()) layer += tensor(qkv_rows);
+    if (c.qk_layernorm) layer += 2 * norm(hd);
+  }
   if (c.add_bias_linear) layer += 2 * tensor(C) + tensor(fc1_rows);
   // An MoE layer holds its router and experts (and the expert bias) in place of the MLP.
   int64_t moe_instead = 0;
   if (c.num_moe_experts > 0) {
     // Under expert parallelism the routed experts' tensors hold E/EP experts.
     for (const MoEParamInfo& p : moe_parameter_layout(c))
-      moe_instead += tensor(is_expert_parameter(p.name) ? p.numel() / l.ep : p.numel());
+      moe_instead += tensor(moe_rank_numel(p, l));
     if (c.moe_router_enable_expert_bias) moe_instead += tensor(c.num_moe_experts);
     moe_instead -= tensor(fc1_rows * C) + tensor(C * Fl);
     if (c.add_bias_linear) moe_instead -= tensor(C) + tensor(fc1_rows);
@@ -125,6 +159,12 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) n += layer + (moe[i] ? moe_instead : 0);
   if (post) n += norm(C) + (tied ? 0 : tensor(vocab_rows * C));
+  // Multi-token prediction's depths on the last stage (model/mtp.cpp): enorm, hnorm, eh_proj
+  // [C, 2C] whole on every rank, a layer of the last decoder layer's kind, final_layernorm.
+  if (post)
+    for (int k = 0; k < c.mtp_num_layers; ++k)
+      n += 3 * norm(C) + tensor(2 * C * C) + layer +
+           (c.is_moe_layer(c.num_layers + k) ? moe_instead : 0);
   return n;
 }
 
@@ -185,7 +225,17 @@ int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, in
   int in_flight = 0;
   for (int s : slots) in_flight += s;
   if (stage == l.pp - 1) e += slots.back() * (2 * R * C + 2 * R + (sp ? N * C : 0));
-  return e * element_bytes + int64_t(in_flight) * 5 * N * 4;
+  int64_t mtp_ids = 0;
+  if (stage == l.pp - 1 && c.mtp_num_layers > 0) {  // model/mtp.cpp's MTPState, made once
+    e += 5 * N * C;                                 // shared scratch: t, d_h0, d_full, d_cat
+    for (int k = 0; k < c.mtp_num_layers; ++k) {
+      // emb, x, out, h, dh, cat [N, 2C], six norm statistics and the depth's layer
+      e += 7 * N * C + 6 * N + layer_elements(c, l);
+      if (c.is_moe_layer(c.num_layers + k)) e += moe_activation_elements(c, N);
+      mtp_ids += 4 * N * 4;  // rolled ids, labels, mask, positions
+    }
+  }
+  return e * element_bytes + int64_t(in_flight) * 5 * N * 4 + mtp_ids;
 }
 
 }  // namespace omni

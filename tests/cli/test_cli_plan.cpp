@@ -164,6 +164,18 @@ TEST(CliPlan, ModelThatDoesNotFitSaysSoAfterThePlan) {
       "no layout of 8 x H100 fits: the smallest");
 }
 
+// Multi-token prediction's depths count on the last stage, as the model's parameter count
+// counts them: DeepSeek-V3's 671.03 B main model and 11.6 B of its one depth.
+TEST(CliPlan, CountsMultiTokenPredictionDepths) {
+  const std::string v3 = "plan deepseek_v3 --vocab-size 129280 --machine H100 --gpus 1 --bf16 ";
+  const ProcessResult with = run_omnitron(v3);
+  EXPECT_TRUE(has(with.output, "682.64 B parameters x 2 B")) << with.output;
+  EXPECT_TRUE(has(with.output, "+ output layer + 1 MTP depth")) << with.output;
+  const ProcessResult without = run_omnitron(v3 + "--mtp-num-layers 0");
+  EXPECT_TRUE(has(without.output, "671.03 B parameters x 2 B")) << without.output;
+  EXPECT_FALSE(has(without.output, "MTP")) << without.output;
+}
+
 TEST(CliPlan, MistakesAreOneLineErrors) {
   expect_one_line_error(run_omnitron("plan llama3_8b --machine H100"), "--vocab-size N");
   expect_one_line_error(run_omnitron(kLlama8b + "--search --machine H100"),

@@ -129,6 +129,27 @@ TEST(MegatronFlags, MixtureOfExpertsAndExpertParallelismAreBuilt) {
       << knobs.notes[0];
 }
 
+// Multi-token prediction builds --mtp-num-layers separate depths on the last stage; Megatron's
+// variants of it stop with one line naming the flag and what is built instead.
+TEST(MegatronFlags, MultiTokenPredictionVariantsAreRefused) {
+  Options o;
+  EXPECT_EQ(parse_error({"--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"}, o), "");
+  EXPECT_TRUE(o.notes.empty());
+  EXPECT_EQ(parse_error({"--mtp-use-repeated-layer"}, o),
+            "--mtp-use-repeated-layer: not built yet: one multi-token prediction layer shared by "
+            "every depth (each of the --mtp-num-layers depths has its own layer)");
+  for (const char* flag : {"--mtp-standalone", "--mtp-detach-heads", "--mtp-hsm"}) {
+    const std::string error = parse_error({flag}, o);
+    EXPECT_EQ(error.find(std::string(flag) + ": not built yet: "), 0u) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+  EXPECT_EQ(
+      parse_error({"--mtp-hybrid-override-pattern", "MM"}, o)
+          .find("--mtp-hybrid-override-pattern MM: not built yet: multi-token prediction patterns "
+                "of Mamba and hybrid models"),
+      0u);
+}
+
 TEST(MegatronFlags, AllRefusedFeaturesOfACommandLineAreNamedInOneError) {
   Options o;
   EXPECT_EQ(parse_error({"--sample-rate", "0.5", "--fp8-format", "hybrid", "--seed", "3",

@@ -654,6 +654,17 @@ TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiTokenPrediction) {
   check_model_gradients(cfg, mask, 0.7);
 }
 
+// GPT-2's learned absolute positions: a depth's embedding adds the rolled tokens' positions
+// (position 0 where the roll shifted in token 0), so the position table's gradient has MTP
+// terms.
+TEST(GPTModelGradient, MatchesFiniteDifferencesWithMultiTokenPredictionForGpt2) {
+  TransformerConfig cfg = gradient_check::tiny_gpt2();
+  cfg.num_layers = 1;  // one decoder layer and one depth: seconds of finite differences
+  cfg.mtp_num_layers = 1;
+  cfg.mtp_loss_scaling_factor = 0.3;
+  check_model_gradients(cfg, {}, 0.7);
+}
+
 TEST(GPTModel, ZeroCentredNormWeightsAreTheWeightsMinusOne) {
   TransformerConfig plain = tiny_llama(), shifted = plain;
   shifted.layernorm_zero_centered_gamma = true;

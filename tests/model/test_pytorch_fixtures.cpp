@@ -33,8 +33,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "fixtures hold little-endian float64");
 
 const char* const kFixtures[] = {
-    "gpt2_tiny",          "llama_tiny",        "qwen_tiny", "layernorm_rope_tiny",
-    "rope_variants_tiny", "gpt_erf_gelu_tiny", "mla_tiny",  "mtp_tiny"};
+    "gpt2_tiny",         "llama_tiny", "qwen_tiny", "layernorm_rope_tiny", "rope_variants_tiny",
+    "gpt_erf_gelu_tiny", "mla_tiny",   "mtp_tiny",  "mtp_moe_tiny"};
 
 // ---- Reading a fixture -------------------------------------------------------------------
 
@@ -438,15 +438,23 @@ std::vector<Case> all_cases() {
 
 // Multi-token prediction (make_mtp_fixtures.py): the losses above are the main model's and the
 // gradients the whole objective's; here each depth's own loss (Megatron's "mtp_<k> loss").
+// mtp_moe_tiny: one depth whose layer is an MoE layer, with learned absolute positions.
 TEST(PyTorchFixtureMTP, EveryDepthLossMatchesPyTorch) {
-  auto m = load_model<double>(fixture("mtp_tiny"));
-  const std::vector<double>& expected = fixture("mtp_tiny").at("mtp/losses").data;
-  m.model->forward_backward(m.micro_batch(), 1.0);
-  const std::vector<double> losses = m.model->take_mtp_losses();
-  ASSERT_EQ(losses.size(), expected.size());
-  for (size_t k = 0; k < expected.size(); ++k)
-    EXPECT_LE(relative_error(losses[k], expected[k]), 1e-12) << "mtp_" << k + 1 << " loss";
-  for (double l : m.model->take_mtp_losses()) EXPECT_EQ(l, 0.0);  // taken: restarted
+  for (const char* name : {"mtp_tiny", "mtp_moe_tiny"}) {
+    SCOPED_TRACE(name);
+    auto m = load_model<double>(fixture(name));
+    const std::vector<double>& expected = fixture(name).at("mtp/losses").data;
+    m.model->forward_backward(m.micro_batch(), 1.0);
+    const std::vector<double> losses = m.model->take_mtp_losses();
+    ASSERT_EQ(losses.size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k)
+      EXPECT_LE(relative_error(losses[k], expected[k]), 1e-12) << "mtp_" << k + 1 << " loss";
+    for (double l : m.model->take_mtp_losses()) EXPECT_EQ(l, 0.0);  // taken: restarted
+  }
+  // The MoE fixture's depth runs an MoE layer (the last decoder layer's kind).
+  auto moe = load_model<double>(fixture("mtp_moe_tiny"));
+  EXPECT_TRUE(moe.model->params().has("mtp.layers.0.mtp_model_layer.mlp.router.weight"));
+  EXPECT_TRUE(moe.model->params().has("embedding.position_embeddings.weight"));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigs, PyTorchFixture, ::testing::ValuesIn(all_cases()),

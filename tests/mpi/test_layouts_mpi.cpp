@@ -184,6 +184,8 @@ INSTANTIATE_TEST_SUITE_P(
 const Case kMtpCases[] = {
     {"tp2_sequence_parallel", 2, "--tensor-model-parallel-size 2 --sequence-parallel", 3e-5},
     {"pp2", 2, "--pipeline-model-parallel-size 2"},
+    // Context parallelism: each depth's rolled tokens, labels and mask cross the chunks.
+    {"cp2", 2, "--context-parallel-size 2"},
 };
 
 INSTANTIATE_TEST_SUITE_P(

@@ -158,6 +158,51 @@ TEST(ModelParallelMla, Ulysses2Pipeline2PackedDocuments) {
   check_layout_of(mla_layout_config(layout), layout);
 }
 
+// Multi-token prediction (model/mtp.cpp): two depths whose rolled tokens, labels and mask
+// cross the context-parallel chunks' boundaries (and, packed, the documents'); GPT-2's depths
+// add the rolled tokens' learned positions.
+TransformerConfig mtp_layout_config(bool llama, const Layout& layout) {
+  TransformerConfig c = layout_config(llama, layout);
+  c.num_layers = 2;
+  c.mtp_num_layers = 2;
+  c.mtp_loss_scaling_factor = 0.3;
+  return c;
+}
+TEST(ModelParallelMtp, ContextParallel2PackedDocumentsWithDropout) {
+  const Layout layout{.cp = 2, .packed = true, .dropout = true};
+  check_layout_of(mtp_layout_config(true, layout), layout);
+}
+TEST(ModelParallelMtp, ContextParallel4Gpt2) {
+  const Layout layout{.cp = 4};
+  check_layout_of(mtp_layout_config(false, layout), layout);
+}
+TEST(ModelParallelMtp, Ulysses2PackedDocuments) {
+  const Layout layout{.cp = 2, .packed = true, .ulysses = true};
+  check_layout_of(mtp_layout_config(true, layout), layout);
+}
+TEST(ModelParallelMtp, ContextParallel2TensorParallel2SequenceParallelGpt2) {
+  const Layout layout{.tp = 2, .cp = 2, .sp = true};
+  check_layout_of(mtp_layout_config(false, layout), layout);
+}
+// A later pipeline stage holds no position table for GPT-2's depths to embed with: refused in
+// one line (rope's is built: MpiMTP's pp2).
+TEST(ModelParallelMtp, LearnedPositionsOnALaterPipelineStageAreRefused) {
+  TransformerConfig c = mtp_layout_config(false, {});
+  omni::ModelParallel mp;
+  mp.chunks = {{1, c.num_layers}}, mp.pre_process = false;
+  try {
+    GPTModel<double> m(c, kBatch, kSeed, mp);
+    ADD_FAILURE() << "built";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--mtp-num-layers 2 with --position-embedding-type learned_absolute and "
+              "--pipeline-model-parallel-size above 1: not built yet (the last stage holds no "
+              "copy of the position embeddings; rope and none are built)");
+  }
+  mp.pre_process = true, mp.chunks = {{0, c.num_layers}};
+  EXPECT_NO_THROW(GPTModel<double>(c, kBatch, kSeed, mp));
+}
+
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, ModelParallel, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "llama" : "gpt2"; });
 

@@ -121,6 +121,20 @@ TransformerConfig tiny_moe() {
   return c;
 }
 
+// Multi-token prediction (model/mtp.cpp): its depths and, past the first stage, the last
+// stage's copy of the word embeddings; an MoE depth (every layer MoE), a dense one under TP.
+TransformerConfig with_mtp(TransformerConfig c, int depths, const char* moe_freq = nullptr) {
+  c.mtp_num_layers = depths;
+  if (moe_freq) c.moe_layer_freq = moe_freq;
+  return c;
+}
+
+TransformerConfig tied_llama() {
+  TransformerConfig c = tiny_llama();
+  c.untie_embeddings_and_output_weights = false;
+  return c;
+}
+
 std::vector<Case> cases() {
   return {
       {"one rank", tiny_llama(), layout(1, 1, 1, 1, 1, 2, false)},
@@ -139,6 +153,11 @@ std::vector<Case> cases() {
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
       {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
       {"MoE layers, full recompute", tiny_moe(), layout(1, 1, 1, 1, 1, 2, false, "full")},
+      {"PP 2, MTP 1 over MoE layers", with_mtp(tiny_moe(), 1, "1"),
+       layout(1, 1, 2, 1, 1, 4, false)},
+      {"TP 2 + SP, PP 2, MTP 2 (tied)", with_mtp(tied_llama(), 2), layout(2, 1, 2, 1, 1, 4, true)},
+      {"TP 2 + SP, MTP 1 (GPT-2)", with_mtp(tiny_gpt2(), 1), layout(2, 1, 1, 1, 1, 2, true)},
+      {"CP 2, MTP 1", with_mtp(tiny_llama(), 1), layout(1, 2, 1, 1, 1, 2, false)},
   };
 }
 
@@ -158,6 +177,38 @@ TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
         EXPECT_NEAR(double(m.shard), double(m.params) / (k.layout.dp * k.layout.cp), 1.0);
       }
     }
+  }
+}
+
+// Parameters only (the plan models neither MLA's nor tensor-parallel MoE activations):
+// multi-latent attention's projections, MoE layers split over TP (a shared expert and the
+// expert bias beside), two multi-token prediction depths (MoE layers, as the last decoder
+// layer is) and the last stage's embedding copy, at TP 2 x PP 2, as GPTModel lays them out.
+TEST(Plan, LatentAttentionMoEAndMultiTokenPredictionParametersMatchTheModel) {
+  TransformerConfig cfg = layout_test::mla_layout_config({});
+  cfg.num_moe_experts = 4, cfg.moe_ffn_hidden_size = 12, cfg.moe_layer_freq = "[0,1,0,1]";
+  cfg.moe_shared_expert_intermediate_size = 8, cfg.moe_shared_expert_gate = true;
+  cfg.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  cfg.moe_router_enable_expert_bias = true;
+  cfg.mtp_num_layers = 2;
+  for (bool sp : {false, true}) {
+    const PlanLayout l = layout(2, 1, 2, 1, 1, 4, sp);
+    std::vector<int64_t> params(4);
+    std::vector<int> stage(4);
+    run_ranks(4, [&](Communicator& world) {
+      ProcessGrid grid(world, ParallelLayout{.tp = 2, .pp = 2});
+      PipelineSplit split;
+      split.num_layers = cfg.num_layers, split.pipeline_model_parallel_size = 2;
+      ModelParallel mp;
+      mp.tp = &grid.tp(), mp.sequence_parallel = sp;
+      for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
+        mp.chunks.push_back({r.begin, r.end});
+      mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
+      GPTModel<float> model(cfg, l.micro_batch, 5, mp);
+      params[world.rank()] = model.params().size(), stage[world.rank()] = grid.pp_rank();
+    });
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(plan_rank_parameters(cfg, l, stage[r]), params[r]) << "rank " << r << " sp " << sp;
   }
 }
 
