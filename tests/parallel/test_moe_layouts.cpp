@@ -122,6 +122,18 @@ TEST(MoELayouts, Tensor2Context2) {
   check_moe_layout({.tp = 2, .cp = 2});
 }
 
+// Expert parallelism with tensor parallelism on four ranks: two data-parallel ranks, each
+// running two of the four micro-batches, split the experts; each expert's width split over the
+// tp pair (layout_run.h reduces experts' gradients over their expert-data-parallel group).
+TEST(MoELayouts, Expert2Tensor2SequenceParallel) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = tiny_moe();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.tp = 2, .sp = true, .ep = 2}, cfg);
+  }
+}
+
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
   TransformerConfig cfg = tiny_moe();
   cfg.moe_shared_expert_intermediate_size = 0;
