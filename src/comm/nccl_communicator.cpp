@@ -275,11 +275,10 @@ class NcclCommunicator : public Communicator {
   // this rank's own block included, so NCCL progresses them together (posted one by one, two
   // ranks' large sends would each wait for a receive queued behind the other's). Host buffers
   // are staged through device memory as a whole, never copied on the host.
-  void all_to_all_v(void* out, const size_t* recv_counts, const void* in,
-                    const size_t* send_counts, DType t) override {
-    OMNI_CHECK(send_counts[rank_] == recv_counts[rank_], "[comm ", name_,
-               "] all_to_all_v sends ", send_counts[rank_], " elements to itself but receives ",
-               recv_counts[rank_]);
+  void all_to_all_v(void* out, const size_t* recv_counts, const void* in, const size_t* send_counts,
+                    DType t) override {
+    OMNI_CHECK(send_counts[rank_] == recv_counts[rank_], "[comm ", name_, "] all_to_all_v sends ",
+               send_counts[rank_], " elements to itself but receives ", recv_counts[rank_]);
     const size_t es = dtype_size(t);
     std::vector<size_t> send_at(size_ + 1, 0), recv_at(size_ + 1, 0);
     for (int r = 0; r < size_; ++r) {

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "comm/local_communicator.h"
 #include "comm/process_grid.h"
-#include "base/error.h"
 #include "model/gpt_model.h"
 #include "model/moe_layer.h"
 #include "parallel/context_parallel.h"
