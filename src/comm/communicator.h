@@ -54,9 +54,10 @@ class Communicator {
   // Blocks of varying size (MPI_Alltoallv): `in` holds send_counts[r] elements for each rank r
   // back to back in rank order, `out` receives recv_counts[r] elements from each rank r, back
   // to back in rank order (every rank's send count to r is r's receive count from it). Built
-  // on isend/irecv, so every implementation has it; buffers must not overlap.
-  void all_to_all_v(void* out, const size_t* recv_counts, const void* in, const size_t* send_counts,
-                    DType t);
+  // on isend/irecv and host memcpy, so every host-memory implementation has it; NCCL's
+  // overrides it with one group of sends and receives; buffers must not overlap.
+  virtual void all_to_all_v(void* out, const size_t* recv_counts, const void* in,
+                            const size_t* send_counts, DType t);
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;

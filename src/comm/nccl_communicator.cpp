@@ -271,6 +271,38 @@ class NcclCommunicator : public Communicator {
       OMNI_NCCL_CHECK(ncclGroupEnd());
     });
   }
+  // Blocks of varying size (MoE token dispatch): one group of every non-empty send and receive,
+  // this rank's own block included, so NCCL progresses them together (posted one by one, two
+  // ranks' large sends would each wait for a receive queued behind the other's). Host buffers
+  // are staged through device memory as a whole, never copied on the host.
+  void all_to_all_v(void* out, const size_t* recv_counts, const void* in, const size_t* send_counts,
+                    DType t) override {
+    OMNI_CHECK(send_counts[rank_] == recv_counts[rank_], "[comm ", name_, "] all_to_all_v sends ",
+               send_counts[rank_], " elements to itself but receives ", recv_counts[rank_]);
+    const size_t es = dtype_size(t);
+    std::vector<size_t> send_at(size_ + 1, 0), recv_at(size_ + 1, 0);
+    for (int r = 0; r < size_; ++r) {
+      send_at[r + 1] = send_at[r] + send_counts[r];
+      recv_at[r + 1] = recv_at[r] + recv_counts[r];
+    }
+    const size_t in_bytes = send_at[size_] * es, out_bytes = recv_at[size_] * es;
+    if (in_bytes == 0 && out_bytes == 0) return;
+    CollectiveWatch watch(*watch_, "ncclSend/ncclRecv(all_to_all_v)", in_bytes + out_bytes);
+    flush();
+    auto run = [&](void* d_out, const void* d_in) {
+      OMNI_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < size_; ++r) {
+        if (send_counts[r] > 0)
+          OMNI_NCCL_CHECK(ncclSend(at(d_in, send_at[r] * es), send_counts[r], nccl_type(t), r,
+                                   live(), stream_));
+        if (recv_counts[r] > 0)
+          OMNI_NCCL_CHECK(ncclRecv(at(d_out, recv_at[r] * es), recv_counts[r], nccl_type(t), r,
+                                   live(), stream_));
+      }
+      OMNI_NCCL_CHECK(ncclGroupEnd());
+    };
+    staged(out, out_bytes, in, in_bytes, run);
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     OMNI_CHECK(root >= 0 && root < size_, "[comm ", name_, "] broadcast from rank ", root, " of ",
                size_);
@@ -421,11 +453,12 @@ class NcclCommunicator : public Communicator {
     }
   }
   // A call from `in` (in_bytes) to `out` (out_bytes, not overlapping in) as
-  // `run(device_out, device_in)`, staging both when they are host memory.
+  // `run(device_out, device_in)`, staging both when they are host memory. A side of no bytes
+  // (all_to_all_v's) may be any pointer, an empty vector's null: the other side decides.
   template <typename Run>
   void staged(void* out, size_t out_bytes, const void* in, size_t in_bytes, Run run) {
-    const bool device = on_device(out);
-    OMNI_CHECK(device == on_device(in), "[comm ", name_,
+    const bool device = on_device(out_bytes > 0 ? out : in);
+    OMNI_CHECK(out_bytes == 0 || in_bytes == 0 || device == on_device(in), "[comm ", name_,
                "] one buffer of a collective in GPU memory and the other in host memory");
     if (device) {
       run(out, in);
@@ -433,10 +466,10 @@ class NcclCommunicator : public Communicator {
       return;
     }
     std::byte* d = scratch(out_bytes + in_bytes);
-    to_device(d + out_bytes, in, in_bytes);
+    if (in_bytes > 0) to_device(d + out_bytes, in, in_bytes);
     run(d, d + out_bytes);
     finish();
-    to_host(out, d, out_bytes);
+    if (out_bytes > 0) to_host(out, d, out_bytes);
   }
 
   std::unique_ptr<CommRequest> hold(PointToPoint p) {

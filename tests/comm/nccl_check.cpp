@@ -147,6 +147,43 @@ void check_movement(Communicator& c) {
   expect_eq(db.host(), std::vector<uint8_t>(13, 7), c, "broadcast");
 }
 
+// all_to_all_v with uneven blocks, as MoE token dispatch sends them: rank r sends
+// count(r, k) elements to rank k, some blocks empty (its own included on some ranks), and
+// 24 MiB to the next rank, far past NCCL's internal buffers, so that sends launched one by one
+// outside a group would deadlock. Element j of the block from r to k is
+// 1000 r + k + (j mod 4096) / 4, exact in float. On device buffers, then on host buffers
+// (staged through device memory).
+size_t a2av_count(int from, int to, int p) {
+  size_t n = size_t((from + 2 * to) % 4);
+  if (p > 1 && to == (from + 1) % p) n += size_t(6) << 20;
+  return n;
+}
+void check_all_to_all_v(Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  std::vector<size_t> send(p), recv(p);
+  std::vector<float> in, want;
+  for (int k = 0; k < p; ++k) {
+    send[k] = a2av_count(r, k, p), recv[k] = a2av_count(k, r, p);
+    for (size_t j = 0; j < send[k]; ++j) in.push_back(1000.0f * r + k + 0.25f * float(j % 4096));
+    for (size_t j = 0; j < recv[k]; ++j) want.push_back(1000.0f * k + r + 0.25f * float(j % 4096));
+  }
+  DeviceVector<float> din(in), dout(want.size());
+  c.all_to_all_v(dout.get(), recv.data(), din.get(), send.data(), DType::F32);
+  expect_eq(dout.host(), want, c, "all_to_all_v of uneven device blocks");
+
+  std::vector<float> out(want.size(), -1.0f);
+  c.all_to_all_v(out.data(), recv.data(), in.data(), send.data(), DType::F32);
+  expect_eq(out, want, c, "all_to_all_v of uneven host blocks");
+
+  // Only this rank's own block: nothing crosses, the block is copied on the device.
+  std::vector<size_t> self_only(p, 0);
+  self_only[r] = 3;
+  const std::vector<float> own{1.0f * r, 2.0f, 3.0f};
+  DeviceVector<float> down(own), dself(3);
+  c.all_to_all_v(dself.get(), self_only.data(), down.get(), self_only.data(), DType::F32);
+  expect_eq(dself.host(), own, c, "all_to_all_v of this rank's block alone");
+}
+
 // Every rank sends to the next and receives from the previous with isend then irecv: launched
 // one by one, large messages would deadlock (each send waits for a receive queued behind it).
 void check_point_to_point(Communicator& c) {
@@ -261,6 +298,7 @@ int run() {
   expect(nccl->size() == world.size() && nccl->rank() == world.rank(), *nccl, "world layout");
   check_reductions(*nccl);
   check_movement(*nccl);
+  check_all_to_all_v(*nccl);
   check_point_to_point(*nccl);
   check_split(*nccl);
   check_host_buffers(*nccl);

@@ -102,6 +102,15 @@ void check_gpu_layout_of(const TransformerConfig& cfg, const Layout& layout,
               ref_loss, loss_err, worst.value, worst.grad);
   for (const ParamInfo& p : ref.params().infos())
     EXPECT_NE(std::find(seen.begin(), seen.end(), p.name), seen.end()) << p.name;
+  // Expert parallelism split the experts: each one is held by its expert-data-parallel group
+  // (dp * cp / ep ranks), its width split over tp.
+  int64_t experts = 0, held = 0;
+  for (const ParamInfo& p : ref.params().infos())
+    if (is_expert_parameter(p.name)) experts += p.numel;
+  for (const RankResult<T>& r : results)
+    for (const ParamInfo& p : r.infos)
+      if (is_expert_parameter(p.name)) held += p.numel;
+  EXPECT_EQ(held, experts * layout.data_parallel() * layout.cp / layout.ep);
 }
 
 template <typename T = float>
@@ -168,6 +177,32 @@ TEST(GpuLayoutsMla, ContextParallel2TensorParallel2PackedDocuments) {
 
 INSTANTIATE_TEST_SUITE_P(Gpt2AndLlama, GpuLayouts, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "llama" : "gpt2"; });
+
+// Expert parallelism (mixture-of-experts layers, layout_run.h's moe_layout_config): experts split
+// over ep data-parallel ranks, each running its share of the micro-batches, tokens dispatched to
+// their experts' ranks by all-to-all or all-gather on the device; with tensor parallelism the
+// experts are split by width too and the router replicated, with the pipeline the MoE layers
+// on both stages. Each rank's experts are its slice of the one-rank model's.
+class GpuLayoutsMoE : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuLayoutsMoE, ExpertParallel2) {
+  check_gpu_layout_of(moe_layout_config(GetParam()), {.ep = 2});
+}
+TEST_P(GpuLayoutsMoE, ExpertParallel4) {
+  check_gpu_layout_of(moe_layout_config(GetParam()), {.ep = 4});
+}
+// The balancing losses' gradient reaches the replicated router once over the tensor-parallel
+// ranks (moe_layer.cpp adds it on tp rank 0; the ranks' router gradients are then summed):
+// added on both, the router weights' gradients measure 0.75 of their size off.
+TEST_P(GpuLayoutsMoE, ExpertParallel2TensorParallel2SequenceParallel) {
+  check_gpu_layout_of(moe_layout_config(GetParam()), {.tp = 2, .sp = true, .ep = 2});
+}
+TEST_P(GpuLayoutsMoE, ExpertParallel2Pipeline2) {
+  check_gpu_layout_of(moe_layout_config(GetParam()), {.pp = 2, .ep = 2});
+}
+
+INSTANTIATE_TEST_SUITE_P(Dispatchers, GpuLayoutsMoE, ::testing::Values("alltoall", "allgather"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // bf16 weights and activations with fp32 gradients (--bf16 on a GPU): the tensor-parallel
 // all-reduces and reduce-scatters sum bf16 activations, as NCCL does.

@@ -438,5 +438,18 @@ TEST(GpuTrainingOverNccl, AOneRankNcclWorldTrainsSavesAndResumesAsNoWorld) {
 }
 #endif
 
+// Expert parallelism 2 inside data parallelism 4 (two ranks hold each expert: experts'
+// gradients reduced over the expert-data-parallel pair, dense ones over all four) with the
+// distributed optimizer, which shards the dense and the expert parameters over their own
+// groups. One micro-batch of the four per rank; two steps.
+TEST_F(GpuTraining, ExpertParallel2DataParallel4DistributedOptimizerMatchesOneCpuRank) {
+  std::vector<std::string> model = deepseek_moe();
+  model.insert(model.end(), {"--train-iters", "2", "--micro-batch-size", "1"});
+  expect_same_losses(model,
+                     {"--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                      "--moe-token-dispatcher-type", "alltoall"},
+                     4);
+}
+
 }  // namespace
 }  // namespace omni

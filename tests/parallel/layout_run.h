@@ -1,20 +1,24 @@
 // One step of the model under a parallel layout on in-process ranks, shared by the CPU layout
-// tests (parallel/test_model_parallel.cpp, float64) and the GPU ones (gpu/test_gpu_layouts.cpp,
-// the one model on emulated GPU ranks): a tiny GPT-2 or Llama-style model, four micro-batches
-// through the pipeline schedule, and each rank's parameters and gradients copied to the host,
-// with the partial gradients the layout leaves (tensor-parallel norms, context-parallel parts,
-// tied embeddings across stages) summed.
+// tests (parallel/test_model_parallel.cpp, test_moe_layouts.cpp, float64) and the GPU ones
+// (gpu/test_gpu_layouts.cpp, the one model on emulated GPU ranks): a tiny GPT-2, Llama-style or
+// mixture-of-experts model, four micro-batches through the pipeline schedule, split over the
+// data-parallel ranks, and each rank's parameters and gradients copied to the host, with the
+// partial gradients the layout leaves (tensor-parallel norms, context- and data-parallel parts,
+// experts' parts over their expert-data-parallel group, tied embeddings across stages) summed.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "comm/local_communicator.h"
 #include "comm/process_grid.h"
 #include "model/gpt_model.h"
+#include "model/moe_layer.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedules.h"
@@ -52,6 +56,10 @@ struct Layout {
   Recompute::Granularity recompute = Recompute::None;  // of every layer
   bool dropout = false;  // hidden and attention dropout 0.1 (Megatron's defaults)
   bool ulysses = false;  // context parallel by all-to-all (Ulysses) instead of the ring
+  // Expert parallelism: MoE layers' experts split over `ep` of the `dp` data-parallel ranks
+  // (dp 0: ep), each data-parallel rank running its share of the micro-batches.
+  int ep = 1, dp = 0;
+  int data_parallel() const { return dp > 0 ? dp : ep; }
 };
 
 // The model of a layout test: with Layout::dropout, Megatron's dropout 0.1 on.
@@ -70,6 +78,26 @@ inline TransformerConfig mla_layout_config(const Layout& layout) {
   c.q_lora_rank = 8, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
   c.v_head_dim = 6;
   c.rotary_scaling_factor = 4, c.mscale = c.mscale_all_dim = 0.7;
+  c.validate();
+  return c;
+}
+
+// Four Llama layers, the last three mixture-of-experts layers of four experts (two per token)
+// with sigmoid routing, the expert bias, a shared expert and both balancing losses, its tokens
+// dispatched by `dispatcher` ("alltoall" or "allgather").
+inline TransformerConfig moe_layout_config(const std::string& dispatcher) {
+  TransformerConfig c = tiny(true);
+  c.num_layers = 4;
+  c.num_moe_experts = 4;
+  c.moe_ffn_hidden_size = 12;
+  c.moe_router_topk = 2;
+  c.moe_layer_freq = "[0,1,1,1]";
+  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_aux_loss_coeff = 0.05;
+  c.moe_z_loss_coeff = 0.01;
+  c.moe_shared_expert_intermediate_size = 8;
+  c.moe_token_dispatcher_type = dispatcher;
   c.validate();
   return c;
 }
@@ -123,17 +151,25 @@ struct RankResult {
   std::vector<accum_t<T>> grads;
 };
 
-// Runs the step on tp * cp * pp ranks; `exec(rank)` is the device rank `rank` runs on (it is
-// called on that rank's thread). Returns every rank's result, in rank order.
+// Runs the step on tp * cp * pp * dp ranks; `exec(rank)` is the device rank `rank` runs on (it
+// is called on that rank's thread). Every micro-batch's gradient is scaled by 1/kMicroBatches
+// (of the global batch), so the data-parallel sum (Megatron's average of each rank's mean) is
+// the one-rank gradient: dense parameters' summed over data and context parallelism, experts'
+// over their expert-data-parallel group (the ranks holding the same experts), and the loss
+// summed over the data-parallel ranks. Returns every rank's result, in rank order.
 template <typename T>
 std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout& layout,
                                       const Data& data,
                                       const std::function<ops::Exec(int rank)>& exec) {
-  const int world = layout.tp * layout.cp * layout.pp;
+  const int dp = layout.data_parallel(), world = layout.tp * layout.cp * layout.pp * dp;
+  OMNI_REQUIRE(kMicroBatches % dp == 0, "layout test: data-parallel size ", dp,
+               " does not divide the ", kMicroBatches, " micro-batches");
+  const int per_rank = kMicroBatches / dp;
   std::vector<RankResult<T>> results(world);
   run_ranks(world, [&](Communicator& w) {
     const ops::Exec x = exec(w.rank());
-    ProcessGrid grid(w, ParallelLayout{.tp = layout.tp, .cp = layout.cp, .pp = layout.pp});
+    ProcessGrid grid(
+        w, ParallelLayout{.tp = layout.tp, .cp = layout.cp, .ep = layout.ep, .pp = layout.pp});
     PipelineSplit split;
     split.num_layers = cfg.num_layers;
     split.pipeline_model_parallel_size = layout.pp;
@@ -141,25 +177,37 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
     ModelParallel mp;
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = layout.sp;
     mp.ulysses = layout.ulysses;
+    if (layout.ep > 1) mp.ep = &grid.ep();
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
     GPTModel<T> model(cfg, kBatch, kSeed, mp, x);
     model.set_recompute(Recompute{layout.recompute, 0});
 
-    std::vector<ContextParallelBatch> local(kMicroBatches);
-    for (int m = 0; m < kMicroBatches; ++m)
-      local[m].slice(data.batches[m], layout.cp, grid.cp_rank());
+    // This data-parallel rank's micro-batches, each this context-parallel rank's part.
+    const int first = grid.dp_rank() * per_rank;
+    std::vector<ContextParallelBatch> local(per_rank);
+    for (int m = 0; m < per_rank; ++m)
+      local[m].slice(data.batches[first + m], layout.cp, grid.cp_rank());
     PipelineExecutor<T> pipe(model, grid.pp());
     auto batch = [&](int m) -> const MicroBatch& {
-      return layout.cp > 1 ? local[m].batch() : data.batches[m];
+      return layout.cp > 1 ? local[m].batch() : data.batches[first + m];
     };
-    // Context-parallel ranks each hold part of every gradient: their sum is the gradient.
-    const double l = pipe.run(kMicroBatches, batch, true, 1.0 / kMicroBatches);
+    double l = pipe.run(per_rank, batch, true, 1.0 / kMicroBatches);
+    grid.dp().all_reduce(&l, 1);
     ParameterSet<T>& ps = model.params();
     for (const ParamInfo& p : ps.infos())
       if (p.tp_partial_grad) grid.tp().all_reduce(ps.grads() + p.offset, p.numel);
-    grid.cp().all_reduce(ps.grads(), ps.size());
+    // Context- and data-parallel ranks each hold part of every gradient: their sum is the
+    // gradient; experts' parts are on the ranks holding the same experts.
+    const auto& infos = ps.infos();
+    if (std::none_of(infos.begin(), infos.end(),
+                     [](const ParamInfo& p) { return is_expert_parameter(p.name); }))
+      grid.dp_cp().all_reduce(ps.grads(), ps.size());
+    else
+      for (const ParamInfo& p : infos)
+        (is_expert_parameter(p.name) ? grid.expert_dp() : grid.dp_cp())
+            .all_reduce(ps.grads() + p.offset, p.numel);
     if (layout.pp > 1 && ps.has("embedding.word_embeddings.weight") &&
         !cfg.untie_embeddings_and_output_weights) {
       const ParamInfo& e = ps.info("embedding.word_embeddings.weight");

@@ -22,19 +22,9 @@ namespace {
 
 using namespace layout_test;
 
+// layout_run.h's four-layer MoE model, with a capacity factor (0: dropless).
 TransformerConfig tiny_moe(const std::string& dispatcher, double capacity_factor = 0) {
-  TransformerConfig c = tiny(true);
-  c.num_layers = 4;
-  c.num_moe_experts = 4;
-  c.moe_ffn_hidden_size = 12;
-  c.moe_router_topk = 2;
-  c.moe_layer_freq = "[0,1,1,1]";
-  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
-  c.moe_router_enable_expert_bias = true;
-  c.moe_aux_loss_coeff = 0.05;
-  c.moe_z_loss_coeff = 0.01;
-  c.moe_shared_expert_intermediate_size = 8;
-  c.moe_token_dispatcher_type = dispatcher;
+  TransformerConfig c = moe_layout_config(dispatcher);
   c.moe_expert_capacity_factor = capacity_factor;
   c.validate();
   return c;

@@ -20,19 +20,12 @@ namespace {
 
 using namespace layout_test;
 
-// Eight Llama layers, every other one an MoE layer from layer 1, with sigmoid routing, the
-// expert bias, a shared expert and both balancing losses.
+// layout_run.h's MoE model on eight layers, every other one an MoE layer from layer 1, with the
+// default dispatcher.
 TransformerConfig tiny_moe() {
-  TransformerConfig c = tiny(true);
-  c.num_moe_experts = 4;
-  c.moe_ffn_hidden_size = 12;
-  c.moe_router_topk = 2;
+  TransformerConfig c = moe_layout_config(TransformerConfig{}.moe_token_dispatcher_type);
+  c.num_layers = 8;
   c.moe_layer_freq = "[0,1,0,1,0,1,1,1]";
-  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
-  c.moe_router_enable_expert_bias = true;
-  c.moe_aux_loss_coeff = 0.05;
-  c.moe_z_loss_coeff = 0.01;
-  c.moe_shared_expert_intermediate_size = 8;
   c.validate();
   return c;
 }
@@ -120,6 +113,18 @@ TEST(MoELayouts, Tensor2SequenceParallel) {
 }
 TEST(MoELayouts, Tensor2Context2) {
   check_moe_layout({.tp = 2, .cp = 2});
+}
+
+// Expert parallelism with tensor parallelism on four ranks: two data-parallel ranks, each
+// running two of the four micro-batches, split the experts; each expert's width split over the
+// tp pair (layout_run.h reduces experts' gradients over their expert-data-parallel group).
+TEST(MoELayouts, Expert2Tensor2SequenceParallel) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = tiny_moe();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.tp = 2, .sp = true, .ep = 2}, cfg);
+  }
 }
 
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
