@@ -1,7 +1,8 @@
 // Training-step throughput on one GPU: GPT-2 124M at sequence 1024 and a Llama 3.2 1B-shaped
 // model at sequence 2048, bf16 with fp32 master weights and AdamW, on random tokens. Prints
-// step time, tokens/s, model TFLOP/s by Megatron's formula (train/flops.h: attention counted
-// whole, as Megatron counts it) and MFU against the dense bf16 peak; never passes or fails.
+// step time, tokens/s, model TFLOP/s by Megatron's formula (train/flops.h: causal attention
+// counted as half, as Megatron counts it since January 2026) and MFU against the dense bf16
+// peak; never passes or fails.
 //
 //   build/bench_gpu_train_step [--model gpt2|llama1b|all] [--steps N] [--warmup N]
 //                              [--micro-batch B] [--dtype bf16|f32] [--peak-tflops P]

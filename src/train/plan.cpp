@@ -218,7 +218,7 @@ double Plan::tokens_per_second() const {
 }
 
 double Plan::model_tflops_per_rank() const {
-  return megatron_flops_per_iteration(model, layout.global_batch) / step_seconds() / layout.gpus /
+  return narayanan_flops_per_iteration(model, layout.global_batch) / step_seconds() / layout.gpus /
          1e12;
 }
 
@@ -390,7 +390,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
 
   // Time: the slowest stage's compute, exposed communication, the bubble, the optimizer.
   const double V = c.padded_vocab_size();
-  const double flops = megatron_flops_per_iteration(c, l.global_batch);
+  const double flops = narayanan_flops_per_iteration(c, l.global_batch);
   const double logits = 6.0 * l.global_batch * double(c.seq_length) * c.hidden_size * V;
   const double per_layer = (flops - logits) / c.num_layers;
   const double peak = (l.precision == "fp32" ? d.fp32_tflops : d.bf16_tflops) * 1e12;

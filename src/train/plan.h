@@ -7,8 +7,8 @@
 // The memory model is omnitron's own trainer: the same tensors GPTModel allocates (its
 // activations per micro-batch in flight, as the pipeline schedule keeps them), ParameterSet's
 // flat buffers and the optimizer's states, so tests/train/test_plan.cpp compares it with
-// what a small model really allocates. The time model is analytic: Megatron's FLOP formula
-// (train/flops.h) as matrix products at a per-size efficiency of the device's peak plus the
+// what a small model really allocates. The time model is analytic: Megatron's 2021 FLOP formula
+// (train/flops.h, narayanan_flops_per_iteration) as matrix products at a per-size efficiency of the device's peak plus the
 // memory-bound passes at its memory bandwidth on GPUs (one measured fraction on the CPU), ring
 // collectives at the link bandwidth, and the 1F1B bubble of Narayanan et al. 2021.
 #pragma once
@@ -107,7 +107,7 @@ struct Plan {
   double step_seconds() const { return time.back().value; }
   bool fits() const;  // total memory within the device's
   double tokens_per_second() const;
-  double model_tflops_per_rank() const;  // Megatron's FLOPs / step time / ranks
+  double model_tflops_per_rank() const;  // the 2021 formula's FLOPs / step time / ranks
 };
 
 // The layout that `opts` names (finalized Options: data_parallel_size set from `gpus`).

@@ -25,10 +25,11 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
   for (int tp : divisors(gpus)) {
     // Tensor parallelism stays within a node, and must split the heads and the MLP.
     if (tp > device.ranks_per_node || c.query_groups() % tp || c.ffn_size() % tp) continue;
-    if (tp > 1 && c.num_moe_experts > 0) continue;  // MoE layers run at TP 1 (and CP 1)
+    // MoE layers train under TP, but the activation model does not yet count their rows
+    // under TP (plan_memory.cpp): the search keeps them at TP 1.
+    if (tp > 1 && c.num_moe_experts > 0) continue;
     for (int cp : divisors(gpus / tp)) {
-      if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp)) || (cp > 1 && c.num_moe_experts > 0))
-        continue;
+      if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp))) continue;
       for (int pp : divisors(gpus / (tp * cp))) {
         if (pp > c.num_layers || c.num_layers % pp) continue;
         const int dp = gpus / (tp * cp * pp);

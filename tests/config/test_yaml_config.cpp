@@ -17,6 +17,7 @@
 #include "config/config_test_helpers.h"
 #include "config/options.h"
 #include "model/gpt_model.h"
+#include "train/flops.h"
 
 namespace omni {
 namespace {
@@ -374,6 +375,29 @@ TEST(ModelZoo, MoeSizesMatchThePublishedModels) {
   // A dense model's active parameters are all of them.
   const TransformerConfig dense = zoo_model("mistral_7b", 32000);
   EXPECT_EQ(dense.num_active_parameters(), dense.num_parameters());
+}
+
+// The throughput's FLOPs are Megatron's (train/flops.h): the figures its training.py gives for
+// one sequence of four zoo models, from tests/fixtures/make_flops_reference.py (causal
+// attention halved; DeepSeek-V3's multi-latent attention, dense first layers, shared expert
+// and MTP depth with its own logits).
+TEST(ModelZoo, FlopsPerIterationAreMegatronsFormula) {
+  const struct {
+    const char* name;
+    int vocab;
+    double flops;
+  } rows[] = {{"gpt2_124m", 50257, 817184636928.0},
+              {"llama3_8b", 128256, 421645529382912.0},
+              {"mixtral_8x7b", 32000, 326477644038144.0},
+              {"deepseek_v3", 129280, 1064931126411264.0}};
+  for (const auto& r : rows) {
+    const TransformerConfig c = zoo_model(r.name, r.vocab);
+    EXPECT_NEAR(megatron_flops_per_iteration(c, 1) / r.flops, 1.0, 1e-12) << r.name;
+    EXPECT_NEAR(megatron_flops_per_iteration(c, 8) / r.flops, 8.0, 1e-11) << r.name;
+  }
+  // The 2021 formula counts attention whole: more than today's for a dense model.
+  const TransformerConfig gpt2 = zoo_model("gpt2_124m", 50257);
+  EXPECT_NEAR(narayanan_flops_per_iteration(gpt2, 1) / (854654976.0 * 1024), 1.0, 1e-12);
 }
 
 }  // namespace

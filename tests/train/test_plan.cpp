@@ -370,12 +370,19 @@ TEST(Plan, NarayananTable1WithinFifteenPercent) {
   }
 }
 
-TEST(Plan, SearchKeepsMoeModelsAtOneTensorAndContextParallelRank) {
+// MoE layers train under TP and CP, but the activation model does not count their rows under
+// TP yet: the search keeps them at TP 1 and tries CP.
+TEST(Plan, SearchKeepsMoeModelsAtOneTensorParallelRank) {
   PlanLayout base;
   base.gpus = 8, base.global_batch = 64;
   const PlanSearch s = search_plans(tiny_moe(), base, h100(), 100);
   ASSERT_FALSE(s.fitting.empty());
-  for (const Plan& p : s.fitting) EXPECT_TRUE(p.layout.tp == 1 && p.layout.cp == 1);
+  bool context_parallel = false;
+  for (const Plan& p : s.fitting) {
+    EXPECT_EQ(p.layout.tp, 1);
+    context_parallel = context_parallel || p.layout.cp > 1;
+  }
+  EXPECT_TRUE(context_parallel);
 }
 
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
