@@ -384,8 +384,9 @@ Args parse_args(int argc, char** argv) {
                    " (expected --tp, --dp, --sp, --ep, --moe, --allgather, --overlap, --dist-opt, "
                    "--bucket, --steps, --warmup, --compare)");
   }
-  OMNI_REQUIRE(!r.layout.allgather || r.layout.ep > 1,
-               "bench_parallel: --allgather needs --ep above 1 (the dispatcher of expert parallelism)");
+  OMNI_REQUIRE(
+      !r.layout.allgather || r.layout.ep > 1,
+      "bench_parallel: --allgather needs --ep above 1 (the dispatcher of expert parallelism)");
   OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
                ") must exceed --warmup (", r.warmup, ")");
   return r;
@@ -441,12 +442,11 @@ void measure(const Args& args) {
                        "--no-progress"},
                       o);
   if (layout.moe)
-    omni::parse_options(
-        {"--num-experts", std::to_string(kExperts), "--moe-router-topk", std::to_string(kTopK),
-         "--moe-ffn-hidden-size", "768", "--moe-token-dispatcher-type",
-         layout.allgather ? "allgather" : "alltoall",
-         "--expert-model-parallel-size", std::to_string(layout.ep)},
-        o);
+    omni::parse_options({"--num-experts", std::to_string(kExperts), "--moe-router-topk",
+                         std::to_string(kTopK), "--moe-ffn-hidden-size", "768",
+                         "--moe-token-dispatcher-type", layout.allgather ? "allgather" : "alltoall",
+                         "--expert-model-parallel-size", std::to_string(layout.ep)},
+                        o);
   if (layout.overlap) omni::parse_options({"--overlap-grad-reduce"}, o);
   if (layout.bucket > 0)
     omni::parse_options({"--ddp-bucket-size", std::to_string(layout.bucket)}, o);

@@ -303,8 +303,8 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
       ops::from_float(ex, probs_all_.data(), wide.data(), wide.size());
     }
     gathered_plan_ =
-        ops::MoEPlan(ex, expert_allgather_plan(routing.indices.data(), routing.probs.data(),
-                                               tokens, n, E, K, cap, first_expert_, El));
+        ops::MoEPlan(ex, expert_allgather_plan(routing.indices.data(), routing.probs.data(), tokens,
+                                               n, E, K, cap, first_expert_, El));
   } else if (expert_parallel()) {
     a2a_.emplace(*ep_, plan_.host(), E);
   }

@@ -44,7 +44,9 @@ ExpertGradients::ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo>
   buckets_.set_gradient_scale(1.0 / (double(grid.ep_size()) * grid.expert_dp().size()));
 }
 
-void ExpertGradients::finish() { buckets_.finish(); }
+void ExpertGradients::finish() {
+  buckets_.finish();
+}
 
 std::vector<ShardRange> ExpertGradients::ranges() const {
   std::vector<ShardRange> r;

@@ -635,9 +635,8 @@ void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
   double sums[2] = {norm ? sum_over_params(master.values(), ranges, sum_squares_op()) : 0,
                     zeros ? sum_over_params(master.grads(), ranges, count_zeros) : 0};
   if (expert_grads_) {
-    expert_grads_->complete_sums(
-        sums, {{master.values(), norm ? sum_squares_op() : nothing},
-               {master.grads(), zeros ? count_zeros : nothing}});
+    expert_grads_->complete_sums(sums, {{master.values(), norm ? sum_squares_op() : nothing},
+                                        {master.grads(), zeros ? count_zeros : nothing}});
   } else {
     grid_->model_parallel().all_reduce(sums, 2);
     if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);

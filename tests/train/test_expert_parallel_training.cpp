@@ -191,7 +191,8 @@ std::vector<std::vector<double>> step_statistics(int ranks, std::vector<std::str
   const std::string file =
       ::testing::TempDir() + "omnitron_ep_stats_" + std::to_string(getpid()) + ".jsonl";
   fs::remove(file);
-  flags.insert(flags.end(), {"--log-params-norm", "--log-num-zeros-in-grad", "--log-interval", "1"});
+  flags.insert(flags.end(),
+               {"--log-params-norm", "--log-num-zeros-in-grad", "--log-interval", "1"});
   run_ranks(ranks, [&](Communicator& world) {
     Options o = options(ranks, flags);
     Trainer t(o, make_mock_data(o.model.vocab_size, uint64_t(o.seed)), 0, std::nullopt, &world);
