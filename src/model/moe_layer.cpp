@@ -491,10 +491,14 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     dx_all.resize(x_all_.size());
     dprobs_all.resize(probs_all_.size());
     dx_mine.resize(static_cast<size_t>(N) * C);
-    ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
     ops::moe_row_weights_backward(ex, dprobs_all.data(), d_row_weight.data(), rows_plan);
+    // The probabilities' gradients travel while the rows' are summed per token; both sums
+    // then complete together (one wait for the other ranks, not two).
+    const std::unique_ptr<CommRequest> probs_sum =
+        ep_->ireduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size(), dtype_of<T>());
+    ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
     ep_->reduce_scatter(dx_mine.data(), dx_all.data(), dx_mine.size());
-    ep_->reduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size());
+    probs_sum->wait();
     dx_experts = dx_mine.data();
   } else {
     ops::moe_row_weights_backward(ex, dprobs.data(), d_row_weight.data(), plan_);
