@@ -8,6 +8,7 @@
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --sp 2   (Ulysses, all-to-all)
 //   build/bench_parallel --moe                             the MoE model on one rank
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --ep 2   expert parallel
+//                       (--allgather: the allgather token dispatcher, Megatron's default)
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --overlap [--dist-opt]
 //                       gradients reduced while the backward runs (--overlap-grad-reduce), with
 //                       the distributed optimizer (its all-gather overlapped too); --bucket N:
@@ -26,7 +27,7 @@
 // SP 2 (DeepSpeed-Ulysses) rank both with half of every sequence. With --moe (implied by
 // --ep) each MLP is an MoE layer of 4 experts of half the MLP's width, top-2 (the same active
 // FLOPs), and --ep N splits the experts over N data-parallel ranks
-// (--moe-token-dispatcher-type alltoall).
+// (--moe-token-dispatcher-type alltoall, or allgather with --allgather).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -241,6 +242,7 @@ struct Layout {
   int tp = 1, dp = 1, sp = 1;  // sp: Ulysses (--context-parallel-size with --cp-comm-type a2a)
   int ep = 1;
   bool moe = false;
+  bool allgather = false;  // --moe-token-dispatcher-type allgather
   bool overlap = false;   // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
   bool dist_opt = false;  // --use-distributed-optimizer
   int bucket = 0;         // --ddp-bucket-size (elements); 0: the default (data_parallel.h)
@@ -287,9 +289,20 @@ constexpr int kExperts = 4, kTopK = 2;
 // micro-batch and MoE layer the alltoall dispatcher exchanges its row counts (E/ep f64 to
 // each other rank) and four times rows of h floats (the tokens to their experts and back,
 // forward and backward): with routing spread evenly, (ep-1)/ep of the T k rows go to other
-// ranks, so the measured figure differs by the routing's imbalance. Per step: the MoE
-// figures (2 L + L E f64) over the data-parallel ranks and one f64 (the experts' gradient
-// norm) over the expert-parallel ones.
+// ranks, so the measured figure differs by the routing's imbalance. The allgather dispatcher
+// instead all-gathers, per micro-batch and MoE layer, the tokens (T h floats) and the routing
+// packed in one buffer (the token count, T k probabilities and T k expert indices: 1 + 2 T k
+// floats), reduce-scatters the experts' output (T h floats per rank's block); backward it
+// all-gathers the output's gradient and reduce-scatters the tokens' and the probabilities'
+// (T h and T k floats per block): (ep-1) of each rank's block leave it, whatever the routing,
+//   (ep-1) (4 T h + 1 + 3 T k) 4 bytes.
+// Megatron's allgather dispatcher (token_dispatcher.py, MoEAllGatherTokenDispatcher) moves the
+// same T h rows but, in place of the packed routing and its gradient (4 + 12 T k bytes), the
+// probabilities and the routing map over every expert, T E floats and T E bytes, and the
+// probabilities' gradient, T E floats (9 T E bytes): more whenever 12 k + 4 / T < 9 E (here
+// k = 2, E = 4). Per step: the MoE figures (2 L + L E f64)
+// over the data-parallel ranks and one f64 (the gradient norm's experts' part, added to the
+// dense part before one all-reduce) over the expert-parallel ones.
 double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int micro_batches,
                         const Layout& l) {
   auto a = [](double bytes, double p) { return 2 * (p - 1) / p * bytes; };
@@ -311,7 +324,8 @@ double analytical_bytes(const omni::TransformerConfig& c, int micro_batch, int m
   const double E = c.num_moe_experts, F = c.moe_ffn_size(), k = c.moe_router_topk, ep = l.ep;
   const double dense = params - L * (8 * h * h + 5 * h) + L * (E * h + E);
   const double experts = L * E / ep * (2 * F * h + F + h);
-  const double dispatch = (ep - 1) * (E / ep) * 8 + 4 * T * k * (ep - 1) / ep * h * 4;
+  const double dispatch = l.allgather ? (ep - 1) * (4 * T * h + 1 + 3 * T * k) * 4
+                                      : (ep - 1) * (E / ep) * 8 + 4 * T * k * (ep - 1) / ep * h * 4;
   return a(4 * dense + 8, l.dp) + a(4 * experts, l.dp / ep) + micro_batches * L * dispatch +
          a((2 * L + L * E) * 8, l.dp) + a(8, ep);
 }
@@ -340,11 +354,13 @@ Args parse_args(int argc, char** argv) {
   Args r;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--compare" || a == "--moe" || a == "--overlap" || a == "--dist-opt") {
-      (a == "--moe"        ? r.layout.moe
-       : a == "--overlap"  ? r.layout.overlap
-       : a == "--dist-opt" ? r.layout.dist_opt
-                           : r.compare) = true;
+    if (a == "--compare" || a == "--moe" || a == "--overlap" || a == "--dist-opt" ||
+        a == "--allgather") {
+      (a == "--moe"         ? r.layout.moe
+       : a == "--overlap"   ? r.layout.overlap
+       : a == "--dist-opt"  ? r.layout.dist_opt
+       : a == "--allgather" ? r.layout.allgather
+                            : r.compare) = true;
       continue;
     }
     OMNI_REQUIRE(i + 1 < argc, "bench_parallel: ", a, " needs a value");
@@ -365,9 +381,12 @@ Args parse_args(int argc, char** argv) {
       r.warmup = v;
     else
       OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
-                   " (expected --tp, --dp, --sp, --ep, --moe, --overlap, --dist-opt, --bucket, "
-                   "--steps, --warmup, --compare)");
+                   " (expected --tp, --dp, --sp, --ep, --moe, --allgather, --overlap, --dist-opt, "
+                   "--bucket, --steps, --warmup, --compare)");
   }
+  OMNI_REQUIRE(
+      !r.layout.allgather || r.layout.ep > 1,
+      "bench_parallel: --allgather needs --ep above 1 (the dispatcher of expert parallelism)");
   OMNI_REQUIRE(r.steps > r.warmup && r.warmup >= 0, "bench_parallel: --steps (", r.steps,
                ") must exceed --warmup (", r.warmup, ")");
   return r;
@@ -423,11 +442,11 @@ void measure(const Args& args) {
                        "--no-progress"},
                       o);
   if (layout.moe)
-    omni::parse_options(
-        {"--num-experts", std::to_string(kExperts), "--moe-router-topk", std::to_string(kTopK),
-         "--moe-ffn-hidden-size", "768", "--moe-token-dispatcher-type", "alltoall",
-         "--expert-model-parallel-size", std::to_string(layout.ep)},
-        o);
+    omni::parse_options({"--num-experts", std::to_string(kExperts), "--moe-router-topk",
+                         std::to_string(kTopK), "--moe-ffn-hidden-size", "768",
+                         "--moe-token-dispatcher-type", layout.allgather ? "allgather" : "alltoall",
+                         "--expert-model-parallel-size", std::to_string(layout.ep)},
+                        o);
   if (layout.overlap) omni::parse_options({"--overlap-grad-reduce"}, o);
   if (layout.bucket > 0)
     omni::parse_options({"--ddp-bucket-size", std::to_string(layout.bucket)}, o);
@@ -456,8 +475,9 @@ void measure(const Args& args) {
           layout.dist_opt ? "distributed optimizer (reduce-scatter, all-gather)" : "all-reduced",
           layout.overlap ? ", overlapped with the backward (--overlap-grad-reduce)" : "");
     if (layout.moe)
-      std::printf("MoE: every MLP %d experts of width %d, top-%d; expert parallel %d\n",
-                  m.num_moe_experts, m.moe_ffn_size(), m.moe_router_topk, layout.ep);
+      std::printf("MoE: every MLP %d experts of width %d, top-%d; expert parallel %d (%s)\n",
+                  m.num_moe_experts, m.moe_ffn_size(), m.moe_router_topk, layout.ep,
+                  m.moe_token_dispatcher_type.c_str());
     std::fflush(stdout);
   }
 
@@ -548,6 +568,7 @@ void compare(const Args& args) {
       {"SP 2 (Ulysses)", mpirun + common + " --sp 2"},
       {"MoE, one rank", "OMP_NUM_THREADS=1 " + common + " --moe"},
       {"MoE EP 2, 1 thr each", mpirun + common + " --dp 2 --ep 2"},
+      {"MoE EP 2, allgather", mpirun + common + " --dp 2 --ep 2 --allgather"},
       // The baseline again: the rows compare with both sittings' mean, so a machine whose
       // load drifts during the runs moves the baseline as it moved them.
       {"one rank, 2 thr again", "OMP_NUM_THREADS=2 " + common},
@@ -571,7 +592,7 @@ void compare(const Args& args) {
   std::printf("\n%-20s %10s %8s %13s %12s %16s %16s %8s %7s\n", "run", "median ms", "min ms",
               "vs 2 threads", "vs 1 thread", "sent bytes/step", "analytical", "exposed", "busy");
   // The MoE rows against the MoE model on one rank at one thread.
-  const size_t moe_one = runs.size() - 3;
+  const size_t moe_one = runs.size() - 4;
   const double two_ms = (runs.front().ms + runs.back().ms) / 2;
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& run = runs[i];

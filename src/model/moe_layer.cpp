@@ -284,25 +284,24 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   a2a_.reset();
   const int El = local_experts_;
   if (allgather()) {
+    // Every rank's routing in one all-gather (it checks that their token counts agree), then
+    // their tokens; the plan is built on the host.
     const int n = ep_->size();
-    double mine = tokens;
-    std::vector<double> all(n), index_all(size_t(n) * tokens * K);
-    ep_->all_gather(all.data(), &mine, 1);
-    for (int r = 0; r < n; ++r)
-      OMNI_REQUIRE(all[r] == mine, "--moe-token-dispatcher-type allgather: expert-parallel rank ",
-                   r, " routes ", all[r], " tokens, this rank ", tokens,
-                   " (the ranks' micro-batches must be the same size)");
+    const GatheredRouting<Router> routing =
+        gather_routing(*ep_, probs_.host().data(), indices_.host().data(), tokens, K);
     x_all_.resize(size_t(n) * tokens * C);
-    MoEBuffer<Router> probs_all(ex, size_t(n) * tokens * K);  // for the plan, on the host
     ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
-    ep_->all_gather(probs_all.data(), probs_.data(), probs_.size());
-    probs_all_.resize(probs_all.size());
-    ep_->all_gather(probs_all_.data(), combine_probs(), probs_.size());
-    const std::vector<double> index_mine(indices_.host().begin(), indices_.host().end());
-    ep_->all_gather(index_all.data(), index_mine.data(), index_mine.size());
-    const std::vector<int32_t> indices_all(index_all.begin(), index_all.end());
+    probs_all_.resize(routing.probs.size());  // every rank's combine_probs()
+    if constexpr (std::is_same_v<T, Router>) {
+      ops::upload(ex, probs_all_.data(), routing.probs.data(), routing.probs.size());
+    } else {  // rounded to T as combine_probs() rounds them (the scratch is free here)
+      MoEBuffer<Router>& wide = scratch_->probs_wide;
+      wide.resize(routing.probs.size());
+      ops::upload(ex, wide.data(), routing.probs.data(), wide.size());
+      ops::from_float(ex, probs_all_.data(), wide.data(), wide.size());
+    }
     gathered_plan_ =
-        ops::MoEPlan(ex, expert_allgather_plan(indices_all.data(), probs_all.host().data(), tokens,
+        ops::MoEPlan(ex, expert_allgather_plan(routing.indices.data(), routing.probs.data(), tokens,
                                                n, E, K, cap, first_expert_, El));
   } else if (expert_parallel()) {
     a2a_.emplace(*ep_, plan_.host(), E);
@@ -490,10 +489,14 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     dx_all.resize(x_all_.size());
     dprobs_all.resize(probs_all_.size());
     dx_mine.resize(static_cast<size_t>(N) * C);
-    ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
     ops::moe_row_weights_backward(ex, dprobs_all.data(), d_row_weight.data(), rows_plan);
+    // The probabilities' gradients travel while the rows' are summed per token; both sums
+    // then complete together (one wait for the other ranks, not two).
+    const std::unique_ptr<CommRequest> probs_sum =
+        ep_->ireduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size(), dtype_of<T>());
+    ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
     ep_->reduce_scatter(dx_mine.data(), dx_all.data(), dx_mine.size());
-    ep_->reduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size());
+    probs_sum->wait();
     dx_experts = dx_mine.data();
   } else {
     ops::moe_row_weights_backward(ex, dprobs.data(), d_row_weight.data(), plan_);

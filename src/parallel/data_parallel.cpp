@@ -70,10 +70,11 @@ void DataParallelBuckets<T>::start(size_t index) {
   const int p = comm_.size();
   T* g = grads() + b.begin;
   const int64_t n = b.end - b.begin;
+  const double scale = scale_ > 0 ? scale_ : 1.0 / p;
+  if (scale != 1.0) ops::scale(x_, g, scale, size_t(n));
   // One rank holds the whole sum already. (The one-rank communicator's copies are of host
   // memory, and the gradients may live on a GPU.)
   if (p == 1) return;
-  ops::scale(x_, g, 1.0 / p, size_t(n));
   // Allocated at first use: ZeRO 2/3 reduce into their own shard-sized accumulator.
   if (reduced_size_ > 0 && !reduced_.defined())
     reduced_ = Tensor::zeros({reduced_size_}, dtype_of<T>(), grads_.device(), x_.memory());

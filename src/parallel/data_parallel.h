@@ -109,6 +109,9 @@ class DataParallelBuckets {
   void all_gather(T* data, size_t first, size_t last) const;
   Communicator& group() const { return comm_; }
   GradReduce mode() const { return mode_; }
+  // The factor each bucket is multiplied by as its collective starts (Megatron's
+  // gradient_scaling_factor), 1/group size unless set; also applied on a group of one rank.
+  void set_gradient_scale(double factor) { scale_ = factor; }
 
  private:
   void start(size_t bucket);
@@ -129,6 +132,7 @@ class DataParallelBuckets {
   size_t next_start_ = 0;      // into order_
   std::vector<std::vector<std::unique_ptr<CommRequest>>> requests_;  // per bucket
   ops::Exec x_;
+  double scale_ = 0;  // 0: 1/group size
   Tensor reduced_;  // ReduceScatter: each bucket's piece, in bucket order (at the first start())
   int64_t reduced_size_ = 0;
   std::vector<int64_t> reduced_offset_;  // per bucket, into reduced_

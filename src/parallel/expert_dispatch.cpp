@@ -101,6 +101,35 @@ void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width, const ops
   exchange_rows(*ep_, e, rows, recv, staging, send);
 }
 
+template <typename P>
+GatheredRouting<P> gather_routing(Communicator& ep, const P* probs, const int32_t* indices,
+                                  int tokens, int topk) {
+  const int n = ep.size();
+  const size_t nk = size_t(tokens) * topk, block = 1 + 2 * nk;
+  std::vector<P> mine(block), all(size_t(n) * block);
+  mine[0] = P(tokens);
+  std::copy(probs, probs + nk, mine.begin() + 1);
+  for (size_t i = 0; i < nk; ++i) {
+    OMNI_CHECK(indices[i] >= 0 && indices[i] < (1 << 24), "[expert dispatch] expert index ",
+               indices[i]);
+    mine[1 + nk + i] = P(indices[i]);
+  }
+  ep.all_gather(all.data(), mine.data(), block);
+  GatheredRouting<P> r;
+  r.probs.resize(size_t(n) * nk);
+  r.indices.resize(size_t(n) * nk);
+  for (int s = 0; s < n; ++s) {
+    const P* from = all.data() + size_t(s) * block;
+    OMNI_REQUIRE(from[0] == P(tokens),
+                 "--moe-token-dispatcher-type allgather: expert-parallel rank ", s, " routes ",
+                 double(from[0]), " tokens, this rank ", tokens,
+                 " (the ranks' micro-batches must be the same size)");
+    std::copy(from + 1, from + 1 + nk, r.probs.begin() + ptrdiff_t(s * nk));
+    for (size_t i = 0; i < nk; ++i) r.indices[s * nk + i] = int32_t(from[1 + nk + i]);
+  }
+  return r;
+}
+
 template <typename T>
 ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* probs, int tokens,
                                            int ranks, int experts, int topk,
@@ -145,9 +174,10 @@ OMNI_EXPERT_ROWS(double)
 OMNI_EXPERT_ROWS(bf16)  // a 16-bit MoE layer's rows (its routing plans are float's)
 OMNI_EXPERT_ROWS(f16)
 #undef OMNI_EXPERT_ROWS
-#define OMNI_EXPERT_PLAN(T)                               \
-  template ops::MoEDispatchPlan expert_allgather_plan<T>( \
-      const int32_t*, const T*, int, int, int, int, const ops::MoECapacityArgs&, int, int);
+#define OMNI_EXPERT_PLAN(T)                                                                 \
+  template ops::MoEDispatchPlan expert_allgather_plan<T>(                                   \
+      const int32_t*, const T*, int, int, int, int, const ops::MoECapacityArgs&, int, int); \
+  template GatheredRouting<T> gather_routing<T>(Communicator&, const T*, const int32_t*, int, int);
 OMNI_EXPERT_PLAN(float)
 OMNI_EXPERT_PLAN(double)
 #undef OMNI_EXPERT_PLAN

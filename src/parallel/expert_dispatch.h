@@ -54,6 +54,21 @@ class ExpertAllToAll {
   std::vector<int32_t> order_;
 };
 
+// The allgather dispatcher's routing of every rank of `ep`, in rank order: probabilities
+// and expert indices [ranks tokens, topk] (host memory).
+template <typename P>
+struct GatheredRouting {
+  std::vector<P> probs;
+  std::vector<int32_t> indices;
+};
+// Collective over `ep`: one all-gather of every rank's token count, probabilities and
+// indices (host arrays [tokens, topk]) packed as 1 + 2 tokens topk values of P (an index is
+// exact in P). UsageError naming the dispatcher when the ranks' token counts differ (their
+// micro-batches must be the same size).
+template <typename P>
+GatheredRouting<P> gather_routing(Communicator& ep, const P* probs, const int32_t* indices,
+                                  int tokens, int topk);
+
 // The allgather dispatcher's plan over the gathered tokens: `indices` and `probs` [ep tokens,
 // topk] are every rank's routing in rank order (`tokens` per rank); the plan lists the rows
 // of local experts [first_expert, first_expert + local_experts) (its `experts`), with

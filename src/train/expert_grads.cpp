@@ -35,18 +35,16 @@ ExpertGradients::ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo>
                                  const ops::Exec& exec)
     : grid_(grid),
       experts_(std::move(experts)),
-      grads_(grads),
       sharded_(sharded),
       exec_(exec),
       buckets_(grid.expert_dp(), experts_, grads, bucket_size,
-               sharded ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec) {}
+               sharded ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec) {
+  // The buckets sum over the expert-data-parallel ranks; Megatron divides that sum by the
+  // data-parallel size (dp x cp: ep times the group's size), in the one scaling pass.
+  buckets_.set_gradient_scale(1.0 / (double(grid.ep_size()) * grid.expert_dp().size()));
+}
 
 void ExpertGradients::finish() {
-  // The buckets average over the expert-data-parallel ranks; Megatron divides the sum by the
-  // data-parallel size (dp x cp, ep times the group's size).
-  float* g = grads_.data<float>();
-  for (const ParamInfo& p : experts_)
-    ops::scale(exec_, g + p.offset, 1.0 / grid_.ep_size(), size_t(p.numel));
   buckets_.finish();
 }
 
@@ -56,18 +54,23 @@ std::vector<ShardRange> ExpertGradients::ranges() const {
   return r;
 }
 
-double ExpertGradients::sum(const float* data,
-                            const std::function<double(const float*, size_t)>& op) const {
-  double s = 0;
+void ExpertGradients::complete_sums(double* sums, const std::vector<Part>& parts) const {
+  const size_t n = parts.size();
+  std::vector<double> experts(n, 0.0);
   for (const ShardRange& r : sharded_ ? buckets_.shard() : ranges())
     for (const ParamInfo& p : experts_) {
       const int64_t b = std::max(r.begin, p.offset), e = std::min(r.end, p.offset + p.numel);
-      if (b < e) s += op(data + b, size_t(e - b));
+      if (b < e)
+        for (size_t i = 0; i < n; ++i) experts[i] += parts[i].op(parts[i].data + b, size_t(e - b));
     }
-  if (sharded_) grid_.expert_dp().all_reduce(&s, 1);
-  grid_.ep().all_reduce(&s, 1);
-  grid_.model_parallel().all_reduce(&s, 1);
-  return s;
+  if (sharded_) {  // every rank holds a shard of both: one sum over all their ranks
+    for (size_t i = 0; i < n; ++i) sums[i] += experts[i];
+    grid_.dp_cp().all_reduce(sums, n);
+  } else {  // the dense parts are whole here, the experts' split over the expert-parallel ranks
+    grid_.ep().all_reduce(experts.data(), n);
+    for (size_t i = 0; i < n; ++i) sums[i] += experts[i];
+  }
+  if (grid_.model_parallel().size() > 1) grid_.model_parallel().all_reduce(sums, n);
 }
 
 void ExpertGradients::make_optimizer(const OptimizerConfig& config,

@@ -30,12 +30,22 @@ class ExpertGradients {
   // The parameters the data-parallel buckets reduce: all but the experts' when ep > 1.
   static std::vector<ParamInfo> dense(const ProcessGrid& grid, const std::vector<ParamInfo>& infos);
 
-  // After the backward: the experts' gradients reduced (with sharding: this rank's shard).
+  // After the backward: the experts' gradients reduced (with sharding: this rank's shard),
+  // scaled by 1/dp as the buckets' collective starts (no pass of its own).
   void finish();
-  // op summed over the experts' elements of `data` (laid out like the parameters) that this
-  // rank owns (its shard when sharded), then over every rank: each expert counts once.
-  // Collective over the expert-data-parallel, expert-parallel and model-parallel groups.
-  double sum(const float* data, const std::function<double(const float*, size_t)>& op) const;
+  // Sums over every parameter, each element counted once over the whole grid. On entry
+  // sums[i] is this rank's part over the dense parameters (its dense shard when sharded, a
+  // tensor-parallel replicated tensor on one tp rank only); parts[i] adds its op over the
+  // experts' elements of its data (laid out like the parameters) that this rank owns. All n
+  // then travel in one buffer: sharded, one all-reduce over the data x context-parallel
+  // group (the expert-parallel and expert-data-parallel groups together span it); else
+  // one over the expert-parallel group (the dense parts are whole on every rank); then one
+  // over the model-parallel group where it has several ranks. Collective over those groups.
+  struct Part {
+    const float* data;
+    std::function<double(const float*, size_t)> op;
+  };
+  void complete_sums(double* sums, const std::vector<Part>& parts) const;
   // The experts' ranges of the flat buffer, and (sharded) this rank's shard of them.
   std::vector<ShardRange> ranges() const;
   const std::vector<ShardRange>& shard() const { return buckets_.shard(); }
@@ -49,7 +59,6 @@ class ExpertGradients {
                   double bucket_size, bool sharded, const ops::Exec& exec);
   const ProcessGrid& grid_;
   std::vector<ParamInfo> experts_;
-  Tensor grads_;
   bool sharded_;
   ops::Exec exec_;
   DataParallelBuckets<float> buckets_;

@@ -585,9 +585,12 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   ParameterSet<float>& master = optimizer_params();
   double norm2 = gradient_norm_squared(
       dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}});
-  grid_->model_parallel().all_reduce(&norm2, 1);
-  if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
-  if (expert_grads_) norm2 += expert_grads_->sum(master.grads(), sum_squares_op());
+  if (expert_grads_) {  // the experts' part added, one collective per group
+    expert_grads_->complete_sums(&norm2, {{master.grads(), sum_squares_op()}});
+  } else {
+    grid_->model_parallel().all_reduce(&norm2, 1);
+    if (dist_optimizer_) grid_->dp_cp().all_reduce(&norm2, 1);
+  }
   step.grad_norm = std::sqrt(norm2);
   OMNI_REQUIRE(std::isfinite(step.grad_norm) || !opts_.check_for_nan_in_loss_and_grad, "iteration ",
                iteration, ": the gradient norm is not finite (lm loss ", step.loss,
@@ -624,20 +627,19 @@ void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
   ParameterSet<float>& master = optimizer_params();
   const std::vector<ShardRange> ranges =
       dist_optimizer_ ? ddp_->shard() : std::vector<ShardRange>{{0, master.size()}};
+  const std::function<double(const float*, size_t)> count_zeros =
+      [x = exec_](const float* data, size_t n) { return ops::count_zeros(x, data, n); };
+  const std::function<double(const float*, size_t)> nothing = [](const float*, size_t) {
+    return 0.0;
+  };
   double sums[2] = {norm ? sum_over_params(master.values(), ranges, sum_squares_op()) : 0,
-                    zeros ? sum_over_params(master.grads(), ranges,
-                                            [x = exec_](const float* data, size_t n) {
-                                              return ops::count_zeros(x, data, n);
-                                            })
-                          : 0};
-  grid_->model_parallel().all_reduce(sums, 2);
-  if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);
+                    zeros ? sum_over_params(master.grads(), ranges, count_zeros) : 0};
   if (expert_grads_) {
-    if (norm) sums[0] += expert_grads_->sum(master.values(), sum_squares_op());
-    if (zeros)
-      sums[1] += expert_grads_->sum(master.grads(), [x = exec_](const float* data, size_t n) {
-        return ops::count_zeros(x, data, n);
-      });
+    expert_grads_->complete_sums(sums, {{master.values(), norm ? sum_squares_op() : nothing},
+                                        {master.grads(), zeros ? count_zeros : nothing}});
+  } else {
+    grid_->model_parallel().all_reduce(sums, 2);
+    if (dist_optimizer_) grid_->dp_cp().all_reduce(sums, 2);
   }
   if (norm) m.params_norm = std::sqrt(sums[0]);
   if (zeros) m.num_zeros_in_grad = int64_t(sums[1]);

@@ -6,15 +6,18 @@
 // Checkpoints: an EP 2 save writes every element once, and state saved at EP 2 loads at one rank
 // and back bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "comm/local_communicator.h"
 #include "data/datasets/dataset.h"
@@ -178,6 +181,51 @@ TEST(ExpertParallelTraining, Ep2TimesTp2SequenceParallelMatchesOneRank) {
 }
 TEST(ExpertParallelTraining, Ep2DistributedOptimizerMatchesOneRank) {
   expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"});
+}
+
+// The gradient norm, the parameters' norm and the gradients' zeros (the experts' parts added
+// to the dense parts before one collective per group): each step's on the last rank, as the
+// metrics file has them. At EP 2 x DP 2 (the experts' replicas), with the distributed
+// optimizer (every rank a shard of both) and at EP 2 x PP 2 (a sum over the stages too).
+std::vector<std::vector<double>> step_statistics(int ranks, std::vector<std::string> flags) {
+  const std::string file =
+      ::testing::TempDir() + "omnitron_ep_stats_" + std::to_string(getpid()) + ".jsonl";
+  fs::remove(file);
+  flags.insert(flags.end(),
+               {"--log-params-norm", "--log-num-zeros-in-grad", "--log-interval", "1"});
+  run_ranks(ranks, [&](Communicator& world) {
+    Options o = options(ranks, flags);
+    Trainer t(o, make_mock_data(o.model.vocab_size, uint64_t(o.seed)), 0, std::nullopt, &world);
+    if (world.rank() == ranks - 1) o.metrics_file = file;
+    MetricsSink sink(o, nullptr);
+    t.run(sink);
+  });
+  std::vector<std::vector<double>> steps;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const json::Value v = json::parse(line, file);
+    steps.push_back({v.find("grad_norm")->num(), v.find("params_norm")->num(),
+                     v.find("num_zeros_in_grad")->num()});
+  }
+  fs::remove(file);
+  return steps;
+}
+
+TEST(ExpertParallelTraining, GradientAndParameterNormsAndZerosAreOneRanks) {
+  const std::vector<std::vector<double>> one = step_statistics(1, {});
+  ASSERT_EQ(one.size(), 3u);
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--expert-model-parallel-size", "2"},
+        {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
+        {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}}) {
+    const std::vector<std::vector<double>> got = step_statistics(4, layout);
+    ASSERT_EQ(got.size(), one.size()) << layout.back();
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(got[i][0], one[i][0], 1e-5 * one[i][0]) << layout.back() << " step " << i;
+      EXPECT_NEAR(got[i][1], one[i][1], 1e-5 * one[i][1]) << layout.back() << " step " << i;
+      EXPECT_EQ(got[i][2], one[i][2]) << layout.back() << " step " << i;
+    }
+  }
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> everything(const std::string& dir) {
