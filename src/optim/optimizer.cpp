@@ -72,8 +72,9 @@ double& Optimizer<T>::scalar(const std::string& name) const {
 
 template <typename T>
 void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
-                     const T* g, T* m, T* v, int64_t n) {
+                     const T* g, T* m, T* v, int64_t n, double grad_scale) {
   const double wd = decay ? cfg.weight_decay : 0.0;
+  const T gs = T(grad_scale);  // x * 1 is x: an unscaled update is unchanged
   switch (cfg.kind) {
     case OptimizerKind::AdamW: {
       const double b1 = cfg.adam_beta1, b2 = cfg.adam_beta2;
@@ -84,7 +85,7 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
       for (int64_t i = 0; i < n; ++i) {
         // Decay applied to the weights directly, not folded into the gradient (Loshchilov &
         // Hutter, "Decoupled Weight Decay"; torch.optim.AdamW's order: decay, then Adam).
-        const T grad = g[i];
+        const T grad = g[i] * gs;
         w[i] -= tlr * twd * w[i];
         m[i] = tb1 * m[i] + (T(1) - tb1) * grad;
         v[i] = tb2 * v[i] + (T(1) - tb2) * grad * grad;
@@ -93,6 +94,7 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
       break;
     }
     case OptimizerKind::SGD: {
+      OMNI_CHECK(grad_scale == 1.0, "[optimizer] SGD takes its gradients clipped beforehand");
       const T mom = T(cfg.sgd_momentum), tlr = T(lr), twd = T(wd);
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < n; ++i) {
@@ -109,14 +111,24 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
 }
 
 template <typename T>
-void Optimizer<T>::step(ParameterSet<T>& params, double lr) {
+void Optimizer<T>::step(ParameterSet<T>& params, double lr, double grad_scale) {
+  // AdamW on the CPU reads the gradients only through products, so the scale folded into
+  // its loop rounds as a pass of its own would. SGD (its sum could contract into another
+  // FMA), the zoo and the GPU's kernels read clipped gradients: scaled in place first.
+  const bool fused = cfg_.kind == OptimizerKind::AdamW && !zoo_ && !x_.on_gpu();
+  if (grad_scale != 1.0 && !fused) scale_gradients(params, grad_scale, x_);
   ++step_;
   if (zoo_) return zoo_->step(params, lr, step_);
   T* m = m_.template data<T>();
   T* v = v_.defined() ? v_.template data<T>() : nullptr;
-  for (const ParamInfo& p : params.infos())
-    update_elements(x_, cfg_, step_, lr, p.weight_decay, params.values() + p.offset,
-                    params.grads() + p.offset, m + p.offset, v ? v + p.offset : nullptr, p.numel);
+  for (const ParamInfo& p : params.infos()) {
+    T *w = params.values() + p.offset, *mp = m + p.offset, *vp = v ? v + p.offset : nullptr;
+    const T* g = params.grads() + p.offset;
+    if (fused)
+      update_elements(cfg_, step_, lr, p.weight_decay, w, g, mp, vp, p.numel, grad_scale);
+    else
+      update_elements(x_, cfg_, step_, lr, p.weight_decay, w, g, mp, vp, p.numel);
+  }
 }
 
 template <typename T>
@@ -147,9 +159,9 @@ template void update_elements<float>(const ops::Exec&, const OptimizerConfig&, i
 template void update_elements<double>(const ops::Exec&, const OptimizerConfig&, int64_t, double,
                                       bool, double*, const double*, double*, double*, int64_t);
 template void update_elements<float>(const OptimizerConfig&, int64_t, double, bool, float*,
-                                     const float*, float*, float*, int64_t);
+                                     const float*, float*, float*, int64_t, double);
 template void update_elements<double>(const OptimizerConfig&, int64_t, double, bool, double*,
-                                      const double*, double*, double*, int64_t);
+                                      const double*, double*, double*, int64_t, double);
 template class Optimizer<float>;
 template class Optimizer<double>;
 

@@ -53,9 +53,12 @@ void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exe
 // One update of n consecutive elements of one parameter (weights w, gradients g, state m
 // and, for Adam, v) at step `step` (1-based). Optimizer and DistributedOptimizer both call
 // it, so a sharded update does the same arithmetic per element as the whole one.
+// AdamW's `grad_scale` multiplies each gradient as it is read, as g * T(grad_scale): the
+// clipping scale_gradients would do in a pass of its own, with the same rounding (SGD's must
+// be 1).
 template <typename T>
 void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
-                     const T* g, T* m, T* v, int64_t n);
+                     const T* g, T* m, T* v, int64_t n, double grad_scale = 1.0);
 // The same update on `exec`'s device (AdamW only on a GPU).
 template <typename T>
 void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t step, double lr,
@@ -72,8 +75,10 @@ class Optimizer {
   // whole tensor's).
   Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
             const ops::Exec& exec = {}, Communicator* tensor_parallel = nullptr);
-  // One update with learning rate `lr` from the current gradients (already clipped).
-  void step(ParameterSet<T>& params, double lr);
+  // One update with learning rate `lr` from the current gradients (already clipped), or
+  // from the gradients times `grad_scale`: the clipping applied as the update reads them
+  // (the gradients are left as they are); the same update as scale_gradients then step.
+  void step(ParameterSet<T>& params, double lr, double grad_scale = 1.0);
   int64_t steps() const { return step_; }
   // The state buffers by PyTorch's names ("exp_avg", "exp_avg_sq"; "momentum_buffer"),
   // each laid out like the parameters' flat buffer. Checkpoints save and restore these

@@ -596,21 +596,26 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
                iteration, ": the gradient norm is not finite (lm loss ", step.loss,
                "); lower --lr or enable --clip-grad (--no-check-for-nan-in-loss-and-grad trains "
                "on)");
-  // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
+  // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1. The whole
+  // optimizer applies it as its update reads the gradients (one pass over them fewer),
+  // unless the clipped gradients' zeros are to be counted.
+  double clip = 1.0;
   if (opts_.optim.clip_grad > 0) {
     const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
     if (coeff < 1.0) {
       if (zero_)  // only this rank's shard of the gradients is held
         dist_optimizer_->scale_gradients(master, coeff);
-      else
+      else if (dist_optimizer_ || opts_.log_num_zeros_in_grad)
         scale_gradients(master, coeff, exec_);
+      else
+        clip = coeff;
     }
   }
   if (dist_optimizer_) {
     dist_optimizer_->step(master, step.lr);
     if (expert_grads_) expert_grads_->optimizer()->step(master, step.lr);
   } else
-    optimizer_->step(master, step.lr);
+    optimizer_->step(master, step.lr, clip);
   if (mixed_) mixed_->copy_master_to_model();
   if (zero_) zero_->params_updated();
   ++lr_steps_;

@@ -135,6 +135,35 @@ TEST(Optimizer, SgdWithMomentumAccumulatesVelocity) {
   EXPECT_NEAR(p.value("w")[0], 1.0 - 0.1 * 2.5 * 0.1, 1e-15);
 }
 
+// The trainer's clipping folded into the update (Optimizer::step's grad_scale) gives the
+// bits scale_gradients then step gives, for AdamW (fused) and SGD (scaled first); 1003
+// elements take the vector loop and its remainder.
+TEST(GradientClipping, ScaleInTheUpdateEqualsScalingTheGradientsFirst) {
+  for (omni::OptimizerKind kind : {omni::OptimizerKind::AdamW, omni::OptimizerKind::SGD}) {
+    auto make = [] {
+      omni::ParameterSet<float> p({{"w", {1003}, omni::ParamInit::Zeros, true},
+                                   {"b", {17}, omni::ParamInit::Zeros, false}});
+      for (int64_t i = 0; i < p.size(); ++i) p.values()[i] = float(std::sin(0.7 * double(i)));
+      return p;
+    };
+    omni::ParameterSet<float> a = make(), b = make();
+    omni::OptimizerConfig c;
+    c.kind = kind;
+    c.weight_decay = 0.1;
+    omni::Optimizer<float> first(c, a), fused(c, b);
+    const double scales[] = {0.37, 1.0, 0.0123};
+    for (int step = 0; step < 3; ++step) {
+      for (int64_t i = 0; i < a.size(); ++i)
+        a.grads()[i] = b.grads()[i] = float(std::cos(1.3 * double(i) + step) * (1 + i % 7));
+      omni::scale_gradients(a, scales[step]);
+      first.step(a, 1e-2);
+      fused.step(b, 1e-2, scales[step]);
+      for (int64_t i = 0; i < a.size(); ++i)
+        ASSERT_EQ(a.values()[i], b.values()[i]) << "element " << i << ", step " << step;
+    }
+  }
+}
+
 TEST(GradientClipping, NormIsTheGlobalL2NormOverAllParameters) {
   auto p = two_params();
   EXPECT_NEAR(omni::gradient_norm(p), std::sqrt(0.01 + 0.04 + 0.09), 1e-15);

@@ -36,19 +36,20 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
     const int rows = std::min(chunk, N - r0);
     const T* hb = h + static_cast<size_t>(r0) * C;
     if (V > 0) gemm<T>(false, true, rows, V, C, T(1), hb, C, w, C, T(0), z0, V);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < rows; ++i) {
+    // Three passes over each row: its maximum, its exponentials and their sum, its loss and
+    // gradient. A vocabulary-parallel group combines the maxima and the sums across its
+    // ranks between them; otherwise each row takes all three at once, while it is in the
+    // core's cache (a row of 50k logits is 200 KB; the chunk's are hundreds of MB).
+    auto find_max = [&](int i) {
       const T* z = z0 + static_cast<size_t>(i) * V;
       T mx = std::numeric_limits<T>::lowest();
       for (int j = 0; j < V; ++j) mx = std::max(mx, z[j]);
       row_max[i] = static_cast<double>(mx);
-    }
-    if (a.reduce) a.reduce(row_max.data(), rows, true);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < rows; ++i) {
+    };
+    auto exponentiate = [&](int i) {
       const int n = r0 + i;
       T* z = z0 + static_cast<size_t>(i) * V;
-      if (!live(n)) continue;
+      if (!live(n)) return;
       const int t = targets[n] - v0;
       const T mx = static_cast<T>(row_max[i]);
       row_sums[2 * i + 1] = t >= 0 && t < V ? static_cast<double>(z[t]) : 0.0;
@@ -59,17 +60,15 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
         sum += z[j];
       }
       row_sums[2 * i] = static_cast<double>(sum);
-    }
-    if (a.reduce) a.reduce(row_sums.data(), 2 * rows, false);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < rows; ++i) {
+    };
+    auto loss_and_gradient = [&](int i) {
       const int n = r0 + i;
       T* z = z0 + static_cast<size_t>(i) * V;
       if (!live(n)) {
         row_loss[n] = 0.0;
         if (losses) losses[n] = T(0);
         std::fill(z, z + V, T(0));
-        continue;
+        return;
       }
       const double sum = row_sums[2 * i], zt = row_sums[2 * i + 1];
       const double lt = std::log(sum) + row_max[i] - zt;  // logsumexp(z) - z_t
@@ -82,6 +81,23 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
         for (int j = 0; j < V; ++j) z[j] = z[j] * inv * g;
         const int t = targets[n] - v0;
         if (t >= 0 && t < V) z[t] -= g;
+      }
+    };
+    if (a.reduce) {
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < rows; ++i) find_max(i);
+      a.reduce(row_max.data(), rows, true);
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < rows; ++i) exponentiate(i);
+      a.reduce(row_sums.data(), 2 * rows, false);
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < rows; ++i) loss_and_gradient(i);
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < rows; ++i) {
+        find_max(i);
+        exponentiate(i);
+        loss_and_gradient(i);
       }
     }
     if (dh) {
