@@ -100,9 +100,11 @@ class GPT(nn.Module):
 
 
 def megatron_flops(ffn_active):
-    """Megatron's per-iteration formula (as src/train/flops.h) with the MLP's active width,
-    multi-head attention, no gated MLP, the vocabulary padded to 50304 as omnitron pads it."""
-    return 12.0 * B * S * L * C * C * ((1 + 1 + S / C) + ffn_active / C + 50304 / (2.0 * L * C))
+    """Megatron's per-iteration formula (as src/train/flops.h: causal attention halved) with
+    the MLP's active width, multi-head attention, no gated MLP, the vocabulary padded to 50304
+    as omnitron pads it."""
+    per_token = L * (4 * C * C + 2 * C * ffn_active) + C * 50304
+    return 6.0 * B * S * (per_token + S * L * C)
 
 
 def run(name, make_mlp, ffn_active, steps):
