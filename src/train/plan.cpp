@@ -270,6 +270,13 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                              (l.dp * l.cp) % l.ep == 0),
                "--expert-model-parallel-size (", l.ep, ") must divide --num-experts (",
                c.num_moe_experts, ") and the data-parallel ranks (", l.dp * l.cp, ")");
+  OMNI_REQUIRE(c.mtp_num_layers == 0 || l.pp == 1 ||
+                   c.position_embedding_type != PositionEmbedding::LearnedAbsolute,
+               "--mtp-num-layers ", c.mtp_num_layers,
+               " with --position-embedding-type learned_absolute and "
+               "--pipeline-model-parallel-size ",
+               l.pp, ": training refuses it (the last stage holds no copy of the position "
+               "embeddings)");
   const StateBytes sb = state_bytes(l, d);
   const int eb = activation_element_bytes(l, d);
   const int M = l.micro_batches();

@@ -187,6 +187,11 @@ TEST(CliPlan, MistakesAreOneLineErrors) {
                                                 "--tensor-model-parallel-size 8 "
                                                 "--num-query-groups 4"),
                         "--num-query-groups (4) must be divisible by --tensor-model-parallel-size");
+  // What training refuses, the plan refuses in the same words.
+  expect_one_line_error(run_omnitron("plan gpt2_124m --vocab-size 50257 --machine H100 --gpus 2 "
+                                     "--mtp-num-layers 1 --pipeline-model-parallel-size 2"),
+                        "--position-embedding-type learned_absolute and "
+                        "--pipeline-model-parallel-size 2");
 }
 
 }  // namespace
