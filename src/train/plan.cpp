@@ -384,8 +384,9 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
           moe_rows_note(c, l),
       "per layer and micro-batch: N(4 C' + 2 + Hd + Gd + Gv + H + Hv + C' + F' + F) with N = b "
       "s/CP tokens, C' = C/TP under SP, H, G, F per TP rank, d the query/key and v the value "
-      "head width; MLA adds the latents N(q_lora + kv_lora + rope + kv_lora) (their norms' "
-      "copies), the up-projected N H (qk + v) and the rope key; an MoE layer adds its routing "
+      "head width (per-row statistics in float under 16-bit storage); MLA adds the latents "
+      "N(q_lora + kv_lora + rope + kv_lora) (their norms' copies), the up-projected N H (qk + v) "
+      "and the rope key; an MoE layer adds its routing "
       "(2 N E + N k router floats), the expert rows (expected k N dropless, E x capacity padded; "
       "each 2C + F_e'/ETP (x2 SwiGLU) + F_e/ETP) and the shared expert's N (F_s' + F_s + C)/TP, "
       "every TP rank routing all N tokens (EP allgather: + EP N (C + k) gathered); x "

@@ -43,26 +43,28 @@ RankShape rank_shape(const TransformerConfig& c, const PlanLayout& l) {
   return r;
 }
 
-// Elements one layer keeps for its backward (GPTModel::allocate_layer), per micro-batch. An
-// MoE layer keeps the dense MLP's fc1 and activation tensors too (allocate_layer makes them for
+// Per-row statistics (norms' means and reciprocal stds, the attention's log-sum-exp) are the
+// model's Grad type: float for 16-bit storage.
+int64_t stat_bytes(int element_bytes) {
+  return element_bytes == 2 ? 4 : element_bytes;
+}
+
+// Bytes one layer keeps for its backward (GPTModel::allocate_layer), per micro-batch. An MoE
+// layer keeps the dense MLP's fc1 and activation tensors too (allocate_layer makes them for
 // every layer), its routing and experts besides (plan_moe_layer_bytes).
-int64_t layer_elements(const TransformerConfig& c, const PlanLayout& l) {
+int64_t layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
   const auto [N, R, C, hd, vd, H, G, F, fc1_out, sp] = rank_shape(c, l);
-  int64_t e = 2 * (R * C + 2 * R);            // ln1, ln2 with their means and reciprocal stds
+  int64_t e = 2 * R * C, stats = 4 * R;       // ln1, ln2; their means and reciprocal stds
   if (sp) e += 2 * N * C;                     // ln1_full, ln2_full: the gathered rows
   e += N * H * hd + N * G * hd + N * G * vd;  // q, k, v
-  if (c.qk_layernorm) e += N * H * hd + N * G * hd + 2 * N * H + 2 * N * G;
+  if (c.qk_layernorm) e += N * H * hd + N * G * hd, stats += 2 * N * H + 2 * N * G;
   if (l.cp > 1) e += N * l.cp * G * (hd + vd);  // every rank's keys and values (ring attention)
-  e += N * H;                                   // log-sum-exp
+  stats += N * H;                               // log-sum-exp
   e += N * H * vd;                              // attention output
   e += R * C;                                   // residual stream after attention
   e += N * fc1_out + N * F;                     // fc1 and the activation
-  return e;
-}
-
-// Bytes of one layer's kept tensors: the attention's and MLP's, multi-latent attention's.
-int64_t layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
-  return layer_elements(c, l) * element_bytes + plan_mla_layer_bytes(c, l, element_bytes);
+  return e * element_bytes + stats * stat_bytes(element_bytes) +
+         plan_mla_layer_bytes(c, l, element_bytes);
 }
 
 // The expected rows at a rank's experts and this rank's own (token, k) rows per MoE layer and
@@ -228,12 +230,13 @@ int64_t plan_mla_layer_bytes(const TransformerConfig& c, const PlanLayout& l, in
   const int64_t H = c.num_attention_heads / l.tp, qk = c.qk_head_dim, vd = c.v_head_dim;
   const int64_t pe = c.qk_pos_emb_head_dim, ql = c.q_lora_rank, kvl = c.kv_lora_rank;
   const bool normed = c.qk_layernorm;
-  int64_t e = 0;
-  if (ql > 0) e += N * ql + (normed ? N * ql + 2 * N : 0);  // cq (+ normed, mean, rstd)
-  e += N * (kvl + pe) + N * kvl;                            // ckv, its latent part c
-  if (normed) e += N * kvl + 2 * N;                         // cn, mean, rstd
-  e += N * H * (qk + vd) + N * pe;                          // kv per head, the rope key
-  return e * element_bytes;
+  int64_t e = 0, stats = 0;
+  if (ql > 0) e += N * ql + (normed ? N * ql : 0);    // cq (+ normed)
+  e += N * (kvl + pe) + N * kvl;                      // ckv, its latent part c
+  if (normed) e += N * kvl;                           // cn
+  if (normed) stats += (ql > 0 ? 2 * N : 0) + 2 * N;  // the latent norms' means and rstds
+  e += N * H * (qk + vd) + N * pe;                    // kv per head, the rope key
+  return e * element_bytes + stats * stat_bytes(element_bytes);
 }
 
 int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
