@@ -10,27 +10,18 @@
 
 #include "gpu/gpu_test.h"
 #include "model/gpt_model.h"
+#include "parallel/layout_run.h"
 #include "train/plan.h"
 
 namespace omni::gpu_test {
 namespace {
 
+// layout_run.h's DeepSeek-shaped latent attention with three MoE layers after a dense one.
 TransformerConfig tiny_deepseek_mla() {
-  TransformerConfig c;
-  c.num_layers = 3, c.hidden_size = 32, c.num_attention_heads = 4, c.seq_length = 8;
-  c.ffn_hidden_size = 48, c.vocab_size = 40, c.make_vocab_size_divisible_by = 8;
-  c.normalization = Normalization::RMSNorm, c.position_embedding_type = PositionEmbedding::Rope;
-  c.swiglu = true, c.add_bias_linear = false, c.untie_embeddings_and_output_weights = true;
-  c.init_method_std = 0.1;
-  c.multi_latent_attention = true, c.qk_layernorm = true;
-  c.q_lora_rank = 8, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 6;
-  c.num_moe_experts = 4, c.moe_ffn_hidden_size = 16, c.moe_router_topk = 2;
-  c.moe_layer_freq = "[0,1,1]";
-  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
-  c.moe_router_enable_expert_bias = true;
+  TransformerConfig c = layout_test::mla_layout_config({});
+  c.num_moe_experts = 4, c.moe_ffn_hidden_size = 12, c.moe_layer_freq = "[0,1,1,1]";
+  c.moe_router_score_function = MoEScoreFunction::Sigmoid, c.moe_router_enable_expert_bias = true;
   c.moe_shared_expert_intermediate_size = 8, c.moe_shared_expert_gate = true;
-  c.validate();
   return c;
 }
 
@@ -40,7 +31,8 @@ TEST(GpuModel, MoEAndLatentAttentionBf16ActivationBytesAreThePlans) {
   const int batch = 2, n = batch * cfg.seq_length;
   std::mt19937 rng(3);
   std::vector<int32_t> tokens(n), labels(n);
-  for (int i = 0; i < n; ++i) tokens[i] = int32_t(rng() % 40), labels[i] = int32_t(rng() % 40);
+  for (int i = 0; i < n; ++i)
+    tokens[i] = int32_t(rng() % cfg.vocab_size), labels[i] = int32_t(rng() % cfg.vocab_size);
   GPTModel<bf16> model(cfg, batch, 42, {}, ops::Exec{&gpu::backend()});
   model.forward_backward(MicroBatch{tokens.data(), labels.data(), nullptr, batch, cfg.seq_length},
                          1.0);
