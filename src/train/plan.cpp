@@ -191,12 +191,31 @@ LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const Plan
   }
   return k;
 }
+// What the activations figure assumes of the MoE layers' expert rows.
+std::string moe_rows_note(const TransformerConfig& c, const PlanLayout& l) {
+  if (c.num_moe_experts == 0) return "";
+  const double N = double(l.micro_batch) * c.seq_length / l.cp;
+  const double E = c.num_moe_experts, K = c.moe_router_topk;
+  if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity)
+    return sfmt("; MoE layers: %.0f expert rows each (E x capacity %.0f, exact)",
+                E * std::ceil(N * K / E * c.moe_expert_capacity_factor),
+                std::ceil(N * K / E * c.moe_expert_capacity_factor));
+  return sfmt(
+      "; MoE layers: %.0f expert rows each (top-%d x %.0f tokens%s%s)", N * K, c.moe_router_topk, N,
+      c.moe_expert_capacity_factor > 0 ? ", at most: tokens over capacity are dropped"
+                                       : ", dropless",
+      l.ep > 1
+          ? sfmt(", the mean over EP %d: a rank's peak follows the routing balance", l.ep).c_str()
+          : "");
+}
+
 }  // namespace
 
 std::string PlanLayout::describe() const {
   std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
   if (vp > 1) s += sfmt(" (VPP %d)", vp);
   if (ep > 1) s += sfmt(" (EP %d)", ep);
+  if (etp > 0 && etp != tp) s += sfmt(" (ETP %d)", etp);
   s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
             global_batch, micro_batches(), micro_batches() == 1 ? "" : "es", precision.c_str());
   if (sequence_parallel) s += ", SP";
@@ -229,6 +248,7 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   l.pp = o.pipeline_model_parallel_size;
   l.dp = data_parallel_size(gpus, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
   l.ep = o.expert_model_parallel_size;
+  l.etp = o.expert_tensor_parallel_size;  // 0 or TP today (options_moe.cpp refuses others)
   l.vp = o.num_layers_per_virtual_pipeline_stage > 0
              ? o.model.num_layers / (l.pp * o.num_layers_per_virtual_pipeline_stage)
              : 1;
@@ -270,6 +290,17 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                              (l.dp * l.cp) % l.ep == 0),
                "--expert-model-parallel-size (", l.ep, ") must divide --num-experts (",
                c.num_moe_experts, ") and the data-parallel ranks (", l.dp * l.cp, ")");
+  // MoE layers under TP, as `omnitron train` checks them (config/options_moe.cpp, MoELayer).
+  OMNI_REQUIRE(c.num_moe_experts == 0 || (c.moe_ffn_size() % l.expert_tp() == 0 &&
+                                          c.moe_shared_expert_intermediate_size % l.tp == 0),
+               "--moe-ffn-hidden-size (", c.moe_ffn_size(),
+               ") and --moe-shared-expert-intermediate-size (",
+               c.moe_shared_expert_intermediate_size,
+               ") must be divisible by --tensor-model-parallel-size (", l.tp, ")");
+  OMNI_REQUIRE(c.num_moe_experts == 0 || l.tp == 1 || !c.add_bias_linear, "--num-experts ",
+               c.num_moe_experts, " with --tensor-model-parallel-size ", l.tp,
+               " needs --disable-bias-linear (the experts' biases under tensor parallelism are "
+               "not built yet)");
   OMNI_REQUIRE(c.mtp_num_layers == 0 || l.pp == 1 ||
                    c.position_embedding_type != PositionEmbedding::LearnedAbsolute,
                "--mtp-num-layers ", c.mtp_num_layers,
@@ -349,10 +380,17 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                        : "interleaved 1F1B warm-up",
            l.pp == 1 ? "" : ", counted in the trainer's schedule", eb,
            rc ? sfmt("; %d of them recomputed keep only their input", rc).c_str() : "",
-           l.sequence_parallel ? "; SP: norms and residuals 1/TP" : ""),
-      "per layer and micro-batch: N(4 C' + 2 + Hd + 2Gd + H + Hd + C' + F' + F) with N = b s/CP "
-      "tokens, C' = C/TP under SP, H, G, F per TP rank; x micro-batches in flight; recomputed "
-      "layers keep N C' + one scratch layer");
+           l.sequence_parallel ? "; SP: norms and residuals 1/TP" : "") +
+          moe_rows_note(c, l),
+      "per layer and micro-batch: N(4 C' + 2 + Hd + Gd + Gv + H + Hv + C' + F' + F) with N = b "
+      "s/CP tokens, C' = C/TP under SP, H, G, F per TP rank, d the query/key and v the value "
+      "head width (per-row statistics in float under 16-bit storage); MLA adds the latents "
+      "N(q_lora + kv_lora + rope + kv_lora) (their norms' copies), the up-projected N H (qk + v) "
+      "and the rope key; an MoE layer adds its routing "
+      "(2 N E + N k router floats), the expert rows (expected k N dropless, E x capacity padded; "
+      "each 2C + F_e'/ETP (x2 SwiGLU) + F_e/ETP) and the shared expert's N (F_s' + F_s + C)/TP, "
+      "every TP rank routing all N tokens (EP allgather: + EP N (C + k) gathered); x "
+      "micro-batches in flight; recomputed layers keep N C' + one scratch layer");
   mem("workspace", double(plan_workspace_bytes(c, l, s, eb)),
       sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
            last ? " + final norm per micro-batch in flight" : "",
@@ -482,8 +520,9 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                  l.sequence_parallel ? "all-gather+reduce-scatter pairs" : "all-reduces",
                  gib(act_bytes).c_str(), tp_link.c_str()),
       "per layer: 2 forward + 2 backward all-reduces (SP: all-gather + reduce-scatter, the same "
-      "bytes) of b s/CP h, + 2 under full recompute; ring: 2 (TP-1)/TP x bytes / bandwidth; not "
-      "overlapped");
+      "bytes) of b s/CP h, + 2 under full recompute; an MoE layer's as the dense MLP's (its "
+      "input gathered, its experts' partial outputs reduced); ring: 2 (TP-1)/TP x bytes / "
+      "bandwidth; not overlapped");
   const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
   const double cp_bw = link_gbps(d, l.tp * l.cp, l.tp, &cp_link);
   const double t_cp = l.cp > 1 ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) * (l.cp - 1) *
@@ -567,9 +606,12 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       sfmt("AdamW over %s parameters, about 32 B read and written each at %.0f GB/s",
            millions(opt_elems).c_str(), d.hbm_gbps),
       "memory-bound: elements x 32 B / memory bandwidth");
-  // Expert parallelism: each MoE layer's dispatch and combine all-to-alls, forward and
-  // backward (and a recomputed forward's two), of the micro-batch's top-k rows, of which
-  // (EP-1)/EP leave the rank, over the expert-parallel group's link.
+  // Expert parallelism: each MoE layer's dispatch and combine, forward and backward (and a
+  // recomputed forward's two), over the expert-parallel group's link. alltoall: the
+  // micro-batch's top-k rows, of which (EP-1)/EP leave the rank; allgather: every rank's
+  // tokens all-gathered (forward: x, backward: dy) and the outputs (input gradients)
+  // reduce-scattered, (EP-1) x b s/CP x h each. Every TP rank moves its whole micro-batch (the
+  // MoE layer routes the tokens SP gathered); the routing's own gather is left out.
   int moe_layers = 0;
   {
     const std::vector<int> moe = c.moe_layer_pattern();
@@ -578,19 +620,26 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   }
   std::string ep_link;
   const double ep_bw = link_gbps(d, l.tp * l.cp * l.ep, l.tp * l.cp, &ep_link);
-  const double a2a_bytes = tokens * c.moe_router_topk * c.hidden_size * eb;
+  const bool gathers = c.moe_token_dispatcher_type == "allgather";
+  const double a2a_bytes = tokens * (gathers ? 1 : c.moe_router_topk) * c.hidden_size * eb;
+  const double sent = gathers ? double(l.ep - 1) : double(l.ep - 1) / l.ep;
   const int a2a = 4 + (slow_rc ? 2 : 0);
   const double t_ep =
-      l.ep > 1 ? double(M) * moe_layers * a2a * double(l.ep - 1) / l.ep * a2a_bytes / (ep_bw * 1e9)
-               : 0.0;
-  tim("EP all-to-all", t_ep,
+      l.ep > 1 ? double(M) * moe_layers * a2a * sent * a2a_bytes / (ep_bw * 1e9) : 0.0;
+  tim("EP dispatch", t_ep,
       l.ep == 1 ? "none: EP 1"
-                : sfmt("%d micro-batches x %d MoE layers x %d all-to-alls of %s (top-%d rows), "
-                       "%d/%d of it leaving the rank, at %s",
-                       M, moe_layers, a2a, gib(a2a_bytes).c_str(), c.moe_router_topk, l.ep - 1,
-                       l.ep, ep_link.c_str()),
+      : gathers
+          ? sfmt("allgather: %d micro-batches x %d MoE layers x %d all-gathers/reduce-scatters "
+                 "of %s per rank's tokens, %d other ranks' each, at %s",
+                 M, moe_layers, a2a, gib(a2a_bytes).c_str(), l.ep - 1, ep_link.c_str())
+          : sfmt("alltoall: %d micro-batches x %d MoE layers x %d all-to-alls of %s (top-%d "
+                 "rows), %d/%d of it leaving the rank, at %s",
+                 M, moe_layers, a2a, gib(a2a_bytes).c_str(), c.moe_router_topk, l.ep - 1, l.ep,
+                 ep_link.c_str()),
       "per MoE layer and micro-batch: dispatch and combine, forward and backward (+2 when "
-      "recomputed), of b s/CP x top-k x h x bytes, (EP-1)/EP of it sent; not overlapped");
+      "recomputed); alltoall: b s/CP x top-k x h x bytes, (EP-1)/EP of it sent; allgather: "
+      "all-gather / reduce-scatter of b s/CP x h x bytes per rank, (EP-1) x that received; "
+      "every TP rank its whole micro-batch; not overlapped");
   double step = 0;
   for (const PlanFigure& f : p.time) step += f.value;
   tim("step", step,

@@ -75,6 +75,11 @@ struct PlanFigure {
 struct PlanLayout {
   int gpus = 1, tp = 1, cp = 1, pp = 1, vp = 1, dp = 1;
   int ep = 1;  // --expert-model-parallel-size: MoE layers' experts split over EP of the DP ranks
+  // --expert-tensor-parallel-size: each routed expert's width split over ETP ranks. 0: TP's
+  // (Megatron's default, and the only size omnitron trains today); expert_tp() is the one
+  // place the plan reads it.
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
   int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too
@@ -124,6 +129,20 @@ int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout
 // holds at once, and recompute's scratch layer. `element_bytes`: the storage type's size.
 int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
                               int element_bytes);
+// Bytes one MoE layer keeps for its backward per micro-batch on a rank (MoELayer::
+// activation_bytes after a training forward): every TP rank routes the micro-batch's whole
+// b s/CP tokens (gathered under SP) with the replicated router; its experts' rows are the
+// expected top-k x tokens when dropless (exact for EP 1; under EP the mean over the
+// expert-parallel ranks, the peak rank's depending on the routing balance), E x capacity with
+// --moe-pad-expert-input-to-capacity, each row 1/ETP of the experts' width; the shared expert
+// 1/TP of its width on every token; allgather's gathered tokens (EP x b s/CP rows) or
+// alltoall's returned rows. `element_bytes`: the storage type's size (16-bit: the router's
+// tensors float, as the model keeps them).
+int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes);
+// Bytes one multi-latent-attention layer keeps besides the attention's q, k, v (per micro-batch,
+// on a rank: the latents, their norms, the up-projection's keys and values of this rank's
+// heads, the rope key), as GPTModel::allocate_mla allocates them; 0 for other models.
+int64_t plan_mla_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes);
 // The model chunks of pipeline rank `stage` (pipeline_rank_layers), and per chunk the most
 // micro-batches that hold activations at once in its schedule (pipeline_schedule), which is
 // how many activation slots the pipeline executor allocates.

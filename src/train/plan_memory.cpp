@@ -2,6 +2,7 @@
 // activations it keeps per micro-batch, and how many micro-batches the pipeline schedule holds
 // at once (parallel/schedules.h, the schedule the trainer runs).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -25,9 +26,10 @@ PipelineSplit split_of(const TransformerConfig& c, const PlanLayout& l) {
 }
 
 // One micro-batch's sizes on a rank: N tokens (after CP), R rows of the residual stream
-// (N/TP under SP), and this rank's heads, groups and MLP columns.
+// (N/TP under SP), and this rank's heads, groups and MLP columns; hd the query and key head
+// width, vd the value's (multi-latent attention: qk + rope and v_head_dim, one group per head).
 struct RankShape {
-  int64_t N, R, C, hd, H, G, F, fc1_out;
+  int64_t N, R, C, hd, vd, H, G, F, fc1_out;
   bool sp;
 };
 
@@ -35,31 +37,56 @@ RankShape rank_shape(const TransformerConfig& c, const PlanLayout& l) {
   RankShape r;
   r.sp = l.sequence_parallel && l.tp > 1;
   r.N = int64_t(l.micro_batch) * c.seq_length / l.cp, r.R = r.sp ? r.N / l.tp : r.N;
-  r.C = c.hidden_size, r.hd = c.head_dim();
+  r.C = c.hidden_size, r.hd = c.head_dim(), r.vd = c.value_head_dim();
   r.H = c.num_attention_heads / l.tp, r.G = c.query_groups() / l.tp, r.F = c.ffn_size() / l.tp;
   r.fc1_out = c.swiglu ? 2 * r.F : r.F;
   return r;
 }
 
-// Elements one layer keeps for its backward (GPTModel::allocate_layer), per micro-batch.
-int64_t layer_elements(const TransformerConfig& c, const PlanLayout& l) {
-  const auto [N, R, C, hd, H, G, F, fc1_out, sp] = rank_shape(c, l);
-  int64_t e = 2 * (R * C + 2 * R);   // ln1, ln2 with their means and reciprocal stds
-  if (sp) e += 2 * N * C;            // ln1_full, ln2_full: the gathered rows
-  e += N * H * hd + 2 * N * G * hd;  // q, k, v
-  if (c.qk_layernorm) e += N * H * hd + N * G * hd + 2 * N * H + 2 * N * G;
-  if (l.cp > 1) e += 2 * N * l.cp * G * hd;  // every rank's keys and values (ring attention)
-  e += N * H;                                // log-sum-exp
-  e += N * H * hd;                           // attention output
-  e += R * C;                                // residual stream after attention
-  e += N * fc1_out + N * F;                  // fc1 and the activation
-  return e;
+// Per-row statistics (norms' means and reciprocal stds, the attention's log-sum-exp) are the
+// model's Grad type: float for 16-bit storage.
+int64_t stat_bytes(int element_bytes) {
+  return element_bytes == 2 ? 4 : element_bytes;
+}
+
+// Bytes one layer keeps for its backward (GPTModel::allocate_layer), per micro-batch. An MoE
+// layer keeps the dense MLP's fc1 and activation tensors too (allocate_layer makes them for
+// every layer), its routing and experts besides (plan_moe_layer_bytes).
+int64_t layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
+  const auto [N, R, C, hd, vd, H, G, F, fc1_out, sp] = rank_shape(c, l);
+  int64_t e = 2 * R * C, stats = 4 * R;       // ln1, ln2; their means and reciprocal stds
+  if (sp) e += 2 * N * C;                     // ln1_full, ln2_full: the gathered rows
+  e += N * H * hd + N * G * hd + N * G * vd;  // q, k, v
+  if (c.qk_layernorm) e += N * H * hd + N * G * hd, stats += 2 * N * H + 2 * N * G;
+  if (l.cp > 1) e += N * l.cp * G * (hd + vd);  // every rank's keys and values (ring attention)
+  stats += N * H;                               // log-sum-exp
+  e += N * H * vd;                              // attention output
+  e += R * C;                                   // residual stream after attention
+  e += N * fc1_out + N * F;                     // fc1 and the activation
+  return e * element_bytes + stats * stat_bytes(element_bytes) +
+         plan_mla_layer_bytes(c, l, element_bytes);
+}
+
+// The expected rows at a rank's experts and this rank's own (token, k) rows per MoE layer and
+// micro-batch of N tokens: top-k x N dropless (each rank's experts receive that on average
+// under EP), E x capacity when padded to capacity (exact on every rank).
+struct MoERows {
+  int64_t expert, own;
+};
+
+MoERows moe_rows(const TransformerConfig& c, int64_t N) {
+  const int64_t E = c.num_moe_experts, K = c.moe_router_topk;
+  if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity) {
+    const int64_t cap = int64_t(std::ceil(double(N) * K / E * c.moe_expert_capacity_factor));
+    return {E * cap, E * cap};
+  }
+  return {N * K, N * K};  // dropping without padding keeps at most this
 }
 
 // Elements of one MoE tensor on a rank (GPTModel::add_moe_parameters): the experts' split over
-// the EP ranks; under TP each expert's and the shared expert's fc1 rows (and the experts' fc1
-// biases) and fc2 columns split as the dense MLP's; the router, the gate and the experts' fc2
-// biases whole.
+// the EP ranks; each expert's fc1 rows (and fc1 biases) and fc2 columns over the ETP ranks
+// (expert_tp(): TP today), the shared expert's over TP, as the dense MLP's; the router, the
+// gate and the experts' fc2 biases whole.
 int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
   auto ends = [&](const char* tail) {
     const std::string t = tail;
@@ -67,10 +94,36 @@ int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
   };
   const bool expert = is_expert_parameter(p.name);
   int64_t n = expert ? p.numel() / l.ep : p.numel();
+  if (expert)  // the routed experts' width over the expert-tensor-parallel ranks
+    return ends("linear_fc1.weight") || ends("linear_fc1.bias") || ends("linear_fc2.weight")
+               ? n / l.expert_tp()
+               : n;
   const bool split =
-      expert ? ends("linear_fc1.weight") || ends("linear_fc1.bias") || ends("linear_fc2.weight")
-             : ends("shared_experts.linear_fc1.weight") || ends("shared_experts.linear_fc2.weight");
+      ends("shared_experts.linear_fc1.weight") || ends("shared_experts.linear_fc2.weight");
   return split ? n / l.tp : n;
+}
+
+// MoELayer::Scratch, one set for the model's MoE layers, each buffer grown to the largest use
+// (model/moe_buffer.h): the backward's gradients of the experts' rows, of the shared expert's,
+// the exchange's staging, the router's gradients.
+int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
+  const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb;
+  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;
+  const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
+  const int64_t F = c.moe_ffn_size() / l.expert_tp(), F1 = c.swiglu ? 2 * F : F;
+  const int64_t Fs = c.moe_shared_expert_intermediate_size / l.tp, Fs1 = c.swiglu ? 2 * Fs : Fs;
+  const bool ep = l.ep > 1, allgather = ep && c.moe_token_dispatcher_type == "allgather";
+  const MoERows rows = moe_rows(c, N);
+  const int64_t R = rows.expert, all = l.ep * N;
+  int64_t e = std::max({R * C, Fs > 0 ? N * C : 0, allgather ? all * C : 0});  // rows_out
+  e += allgather ? R : rows.own;                                               // row_weight
+  e += std::max(R * F, N * Fs) + std::max(R * F1, N * Fs1) + R * C + N * K;    // act .. probs
+  // allgather: the gathered rows' gradients and probabilities'; alltoall: this rank's rows
+  // and the exchange's staging.
+  e += allgather ? all * C + all * K : ep ? rows.own * C + R * C : 0;
+  int64_t b = e * eb + N * E * rb;                             // + the logits' gradient
+  if (eb == 2) b += (N * C + (allgather ? all : N) * K) * rb;  // the router's float copies
+  return b;
 }
 
 bool recomputed(const PlanLayout& l, int index_in_chunk) {
@@ -168,19 +221,67 @@ int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, in
   return n;
 }
 
+int64_t plan_mla_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
+  if (!c.multi_latent_attention) return 0;
+  // GPTModel::allocate_mla: the down-projections and latent norms are replicated over TP (each
+  // rank keeps the whole latents of the micro-batch's tokens, also under SP: they are made
+  // from the gathered ln1 rows), the up-projection's keys and values are this rank's heads'.
+  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;
+  const int64_t H = c.num_attention_heads / l.tp, qk = c.qk_head_dim, vd = c.v_head_dim;
+  const int64_t pe = c.qk_pos_emb_head_dim, ql = c.q_lora_rank, kvl = c.kv_lora_rank;
+  const bool normed = c.qk_layernorm;
+  int64_t e = 0, stats = 0;
+  if (ql > 0) e += N * ql + (normed ? N * ql : 0);    // cq (+ normed)
+  e += N * (kvl + pe) + N * kvl;                      // ckv, its latent part c
+  if (normed) e += N * kvl;                           // cn
+  if (normed) stats += (ql > 0 ? 2 * N : 0) + 2 * N;  // the latent norms' means and rstds
+  e += N * H * (qk + vd) + N * pe;                    // kv per head, the rope key
+  return e * element_bytes + stats * stat_bytes(element_bytes);
+}
+
+int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
+  if (c.num_moe_experts == 0) return 0;
+  const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb, ib = 4;  // storage, router, int32
+  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;   // every TP rank's tokens
+  const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
+  const int64_t F = c.moe_ffn_size() / l.expert_tp(), F1 = c.swiglu ? 2 * F : F;
+  const int64_t Fs = c.moe_shared_expert_intermediate_size / l.tp, Fs1 = c.swiglu ? 2 * Fs : Fs;
+  const bool ep = l.ep > 1, allgather = ep && c.moe_token_dispatcher_type == "allgather";
+  const MoERows rows = moe_rows(c, N);
+  // The router: logits, the balancing losses' gradient, probabilities; 16-bit storage keeps
+  // its float copies of x and of the router's weights, and the probabilities rounded for the
+  // combine (not under allgather, whose gathered probabilities are rounded instead).
+  int64_t b = (2 * N * E + N * K) * rb;
+  if (eb == 2) {
+    b += (N * C + E * C + (c.add_bias_linear ? E : 0)) * rb;
+    if (!allgather) b += N * K * eb;
+  }
+  // The routing plan (int32): indices, expert offsets, each row's token and slot, the tokens'
+  // offsets, the tokens' rows (as many as rows, padding included).
+  b += (N * K + (E + 1) + 3 * rows.own + (N + 1)) * ib;
+  // The experts' rows: input, fc1 output, activation, output; the combine's weights (of the
+  // rows the combine reads: this rank's own, or under allgather its experts' of every rank).
+  b += rows.expert * (2 * C + F1 + F) * eb + (allgather ? rows.expert : rows.own) * eb;
+  if (ep && !allgather) b += rows.own * C * eb;               // alltoall: the outputs returned
+  if (allgather) b += l.ep * N * C * eb + l.ep * N * K * eb;  // every rank's tokens and probs
+  if (Fs > 0) b += N * (Fs1 + Fs + C) * eb + (c.moe_shared_expert_gate ? N * eb : 0);
+  return b;
+}
+
 int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
                               int element_bytes) {
   const int64_t R = rank_shape(c, l).R;
-  const int64_t per_layer = layer_elements(c, l);
+  const int64_t per_layer = layer_bytes(c, l, element_bytes);
   // An MoE layer keeps its routing and experts' rows besides (model/moe_layer.h).
   const std::vector<int> moe = c.moe_layer_pattern();
-  const int64_t per_moe = c.num_moe_experts ? moe_activation_elements(c, rank_shape(c, l).N) : 0;
+  const int64_t per_moe = plan_moe_layer_bytes(c, l, element_bytes);
   const std::vector<LayerRange> chunks = plan_stage_layers(c, l, stage);
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
-  int64_t e = 0;
+  int64_t b = 0;
   bool any_recomputed = false, moe_recomputed = false;
   for (size_t k = 0; k < chunks.size(); ++k) {
-    int64_t per_slot = int64_t(chunks[k].size() + 1) * R * c.hidden_size;  // residual streams
+    // residual streams
+    int64_t per_slot = int64_t(chunks[k].size() + 1) * R * c.hidden_size * element_bytes;
     for (int i = 0; i < chunks[k].size(); ++i) {
       const bool is_moe = moe[chunks[k].begin + i] != 0;
       if (recomputed(l, i)) {
@@ -190,11 +291,11 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
         per_slot += per_layer + (is_moe ? per_moe : 0);
       }
     }
-    e += slots[k] * per_slot;
+    b += slots[k] * per_slot;
   }
   // The scratch layer a recomputed forward refills.
-  if (any_recomputed) e += per_layer + (moe_recomputed ? per_moe : 0);
-  return e * element_bytes;
+  if (any_recomputed) b += per_layer + (moe_recomputed ? per_moe : 0);
+  return b;
 }
 
 // Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
@@ -216,26 +317,39 @@ double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l) 
 // staged token ids: what activation_bytes() leaves out.
 int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
                              int element_bytes) {
-  const auto [N, R, C, hd, H, G, F, fc1_out, sp] = rank_shape(c, l);
-  int64_t e = N + N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out +
-              2 * N * H * hd + 2 * N * G * hd;
+  const auto [N, R, C, hd, vd, H, G, F, fc1_out, sp] = rank_shape(c, l);
+  // token losses, qkv, full, d_full, d_resid, d_rows, d_ffn, d_fc1, d_attn, dq, dk, dv
+  int64_t e = N + N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out + N * H * vd +
+              N * H * hd + N * G * hd + N * G * vd;
   if (c.qk_layernorm) e += N * H * hd + N * G * hd;
   if (l.cp > 1) e += 2 * N * H * hd + N * H + 6 * N * G * hd;
+  if (c.multi_latent_attention) {  // gpt_mla.cpp's scratch gradients, made once
+    const int64_t ql = c.q_lora_rank, kvl = c.kv_lora_rank, pe = c.qk_pos_emb_head_dim;
+    e += (c.q_lora_rank > 0 ? 2 * N * ql : 0) + N * H * (c.qk_head_dim + c.v_head_dim) +
+         2 * N * pe + 2 * N * kvl + N * (kvl + pe);
+  }
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
   int in_flight = 0;
   for (int s : slots) in_flight += s;
   if (stage == l.pp - 1) e += slots.back() * (2 * R * C + 2 * R + (sp ? N * C : 0));
-  int64_t mtp_ids = 0;
+  int64_t mtp_ids = 0, mtp_bytes = 0;
+  bool moe_here = false;
   if (stage == l.pp - 1 && c.mtp_num_layers > 0) {  // model/mtp.cpp's MTPState, made once
     e += 5 * N * C;                                 // shared scratch: t, d_h0, d_full, d_cat
     for (int k = 0; k < c.mtp_num_layers; ++k) {
       // emb, x, out, h, dh, cat [N, 2C], six norm statistics and the depth's layer
-      e += 7 * N * C + 6 * N + layer_elements(c, l);
-      if (c.is_moe_layer(c.num_layers + k)) e += moe_activation_elements(c, N);
+      e += 7 * N * C + 6 * N;
+      mtp_bytes += layer_bytes(c, l, element_bytes);
+      if (c.is_moe_layer(c.num_layers + k))
+        mtp_bytes += plan_moe_layer_bytes(c, l, element_bytes), moe_here = true;
       mtp_ids += 4 * N * 4;  // rolled ids, labels, mask, positions
     }
   }
-  return e * element_bytes + int64_t(in_flight) * 5 * N * 4 + mtp_ids;
+  const std::vector<int> moe = c.moe_layer_pattern();
+  for (const LayerRange& r : plan_stage_layers(c, l, stage))
+    for (int i = r.begin; i < r.end; ++i) moe_here = moe_here || moe[i];
+  return e * element_bytes + mtp_bytes + (moe_here ? moe_scratch_bytes(c, l, element_bytes) : 0) +
+         int64_t(in_flight) * 5 * N * 4 + mtp_ids;
 }
 
 }  // namespace omni

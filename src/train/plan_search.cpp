@@ -25,9 +25,8 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
   for (int tp : divisors(gpus)) {
     // Tensor parallelism stays within a node, and must split the heads and the MLP.
     if (tp > device.ranks_per_node || c.query_groups() % tp || c.ffn_size() % tp) continue;
-    // MoE layers train under TP, but the activation model does not yet count their rows
-    // under TP (plan_memory.cpp): the search keeps them at TP 1.
-    if (tp > 1 && c.num_moe_experts > 0) continue;
+    // MoE models too: their experts' and shared expert's widths split over TP with SP (as
+    // Megatron requires for MoE under TP); make_plan refuses what the MoE layer cannot split.
     for (int cp : divisors(gpus / tp)) {
       if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp))) continue;
       for (int pp : divisors(gpus / (tp * cp))) {

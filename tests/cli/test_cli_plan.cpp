@@ -82,7 +82,7 @@ TEST(CliPlan, ExpertParallelism) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "(EP 2) x DP 4")) << r.output;
   EXPECT_TRUE(has(r.output, "(E/EP 2 of 4) over the 2 expert-data-parallel ranks")) << r.output;
-  EXPECT_TRUE(has(r.output, "  EP all-to-all ")) << r.output;
+  EXPECT_TRUE(has(r.output, "  EP dispatch ")) << r.output;
   expect_one_line_error(run_omnitron(moe + "--gpus 2 --expert-model-parallel-size 4"),
                         "--expert-model-parallel-size (4) must divide --num-experts (4) and the "
                         "data-parallel ranks (2)");

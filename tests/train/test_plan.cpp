@@ -72,13 +72,14 @@ std::vector<Measured> measure(const Case& k) {
     for (int i = 0; i < n; ++i) tokens[m][i] = id(rng), labels[m][i] = id(rng);
   std::vector<Measured> out(l.gpus);
   run_ranks(l.gpus, [&](Communicator& world) {
-    ProcessGrid grid(world, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
+    ProcessGrid grid(world, ParallelLayout{.tp = l.tp, .cp = l.cp, .ep = l.ep, .pp = l.pp});
     PipelineSplit split;
     split.num_layers = cfg.num_layers;
     split.pipeline_model_parallel_size = l.pp;
     split.num_layers_per_virtual_pipeline_stage = l.vp > 1 ? cfg.num_layers / (l.pp * l.vp) : 0;
     ModelParallel mp;
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = l.sequence_parallel;
+    if (l.ep > 1) mp.ep = &grid.ep();
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
@@ -129,6 +130,37 @@ TransformerConfig with_mtp(TransformerConfig c, int depths, const char* moe_freq
   return c;
 }
 
+// Multi-latent attention (layout_run.h's DeepSeek-shaped tiny model: q and kv latents with
+// their RMSNorms, a rope part, v_head_dim 6 beside qk_head_dim 4 + rope 4).
+TransformerConfig tiny_mla() {
+  return layout_test::mla_layout_config({});
+}
+
+// DeepSeek's shape in small: MLA with MoE layers (a gated shared expert beside), `dispatcher`
+// moving the tokens under expert parallelism.
+TransformerConfig tiny_mla_moe(const char* dispatcher = "allgather") {
+  TransformerConfig c = tiny_mla();
+  c.num_moe_experts = 4, c.moe_ffn_hidden_size = 12, c.moe_layer_freq = "[0,1,1,1]";
+  c.moe_router_topk = 2, c.moe_shared_expert_intermediate_size = 8;
+  c.moe_shared_expert_gate = true;
+  c.moe_router_score_function = MoEScoreFunction::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_token_dispatcher_type = dispatcher;
+  return c;
+}
+
+// MoE layers whose experts take at most their capacity, padded to it (exact rows per expert).
+TransformerConfig padded_moe() {
+  TransformerConfig c = tiny_moe();
+  c.moe_expert_capacity_factor = 1.5, c.moe_pad_expert_input_to_capacity = true;
+  return c;
+}
+
+PlanLayout with_ep(PlanLayout l, int ep) {
+  l.ep = ep;
+  return l;
+}
+
 TransformerConfig tied_llama() {
   TransformerConfig c = tiny_llama();
   c.untie_embeddings_and_output_weights = false;
@@ -158,21 +190,42 @@ std::vector<Case> cases() {
       {"TP 2 + SP, PP 2, MTP 2 (tied)", with_mtp(tied_llama(), 2), layout(2, 1, 2, 1, 1, 4, true)},
       {"TP 2 + SP, MTP 1 (GPT-2)", with_mtp(tiny_gpt2(), 1), layout(2, 1, 1, 1, 1, 2, true)},
       {"CP 2, MTP 1", with_mtp(tiny_llama(), 1), layout(1, 2, 1, 1, 1, 2, false)},
+      {"MLA", tiny_mla(), layout(1, 1, 1, 1, 1, 2, false)},
+      {"MLA, TP 2 + SP", tiny_mla(), layout(2, 1, 1, 1, 1, 2, true)},
+      {"MLA, TP 2, selective recompute", tiny_mla(), layout(2, 1, 1, 1, 1, 2, false, "selective")},
+      {"MLA, CP 2, full recompute", tiny_mla(), layout(1, 2, 1, 1, 1, 2, false, "full")},
+      {"MoE layers, TP 2 + SP", tiny_moe(), layout(2, 1, 1, 1, 1, 2, true)},
+      {"MoE layers, TP 2 + SP, full recompute", tiny_moe(), layout(2, 1, 1, 1, 1, 2, true, "full")},
+      {"MoE padded to capacity, TP 2 + SP", padded_moe(), layout(2, 1, 1, 1, 1, 2, true)},
+      {"MLA + MoE, TP 2 + SP, PP 2", tiny_mla_moe(), layout(2, 1, 2, 1, 1, 4, true)},
+      {"MLA + MoE, TP 2 + SP, EP 2 allgather", tiny_mla_moe("allgather"),
+       with_ep(layout(2, 1, 1, 1, 2, 1, true), 2)},
+      {"MLA + MoE, EP 2 alltoall, CP 2", tiny_mla_moe("alltoall"),
+       with_ep(layout(1, 2, 1, 1, 2, 1, false), 2)},
   };
 }
 
 TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
   for (const Case& k : cases()) {
     SCOPED_TRACE(k.name);
-    for (const Measured& m : measure(k)) {
+    const std::vector<Measured> all = measure(k);
+    for (const Measured& m : all) {
       const int64_t params = plan_rank_parameters(k.model, k.layout, m.pp_rank);
       const int64_t act = plan_activation_bytes(k.model, k.layout, m.pp_rank, 4);
-      std::printf("%-36s stage %d: parameters %lld (plan %lld), activations %lld B (plan %lld)\n",
-                  k.name, m.pp_rank, (long long)m.params, (long long)params,
-                  (long long)m.activation_bytes, (long long)act);
+      // Under expert parallelism a rank's experts get the rows its routing sends them: the
+      // plan's expected rows are the mean over the stage's ranks (exact when dropless).
+      double measured = 0;
+      int ranks = 0;
+      for (const Measured& o : all)
+        if (o.pp_rank == m.pp_rank) measured += double(o.activation_bytes), ++ranks;
+      if (k.layout.ep == 1) measured = double(m.activation_bytes), ranks = 1;
+      measured /= ranks;
+      std::printf(
+          "%-40s stage %d: parameters %lld (plan %lld), activations %lld B%s (plan %lld)\n", k.name,
+          m.pp_rank, (long long)m.params, (long long)params, (long long)m.activation_bytes,
+          ranks > 1 ? (", mean " + std::to_string(int64_t(measured))).c_str() : "", (long long)act);
       EXPECT_EQ(params, m.params) << "stage " << m.pp_rank;
-      EXPECT_NEAR(double(act), double(m.activation_bytes), 0.01 * double(m.activation_bytes))
-          << "stage " << m.pp_rank;
+      EXPECT_NEAR(double(act), measured, 0.01 * measured) << "stage " << m.pp_rank;
       if (k.layout.distributed_optimizer) {  // buckets split with remainders: within an element
         EXPECT_NEAR(double(m.shard), double(m.params) / (k.layout.dp * k.layout.cp), 1.0);
       }
@@ -180,8 +233,8 @@ TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
   }
 }
 
-// Parameters only (the plan models neither MLA's nor tensor-parallel MoE activations):
-// multi-latent attention's projections, MoE layers split over TP (a shared expert and the
+// Parameters (activations: MemoryModelMatchesWhatTheTrainerAllocates): multi-latent
+// attention's projections, MoE layers split over TP (a shared expert and the
 // expert bias beside), two multi-token prediction depths (MoE layers, as the last decoder
 // layer is) and the last stage's embedding copy, at TP 2 x PP 2, as GPTModel lays them out.
 TEST(Plan, LatentAttentionMoEAndMultiTokenPredictionParametersMatchTheModel) {
@@ -247,8 +300,8 @@ TEST(Plan, ExpertParallelMemoryMatchesTheModel) {
   const Plan p = make_plan(cfg, l, plan_device("H100", 1));
   EXPECT_DOUBLE_EQ(p.memory[2].value,
                    double(planned - planned_experts) * 8 / 2 + double(planned_experts) * 8);
-  EXPECT_GT(p.time[8].value, 0.0);  // the all-to-alls
-  EXPECT_EQ(p.time[8].name, "EP all-to-all");
+  EXPECT_GT(p.time[8].value, 0.0);  // the dispatch's collectives
+  EXPECT_EQ(p.time[8].name, "EP dispatch");
 }
 
 // The pipeline holds min(PP - stage, M) micro-batches on each rank under 1F1B, and more on the
@@ -370,19 +423,70 @@ TEST(Plan, NarayananTable1WithinFifteenPercent) {
   }
 }
 
-// MoE layers train under TP and CP, but the activation model does not count their rows under
-// TP yet: the search keeps them at TP 1 and tries CP.
-TEST(Plan, SearchKeepsMoeModelsAtOneTensorParallelRank) {
+// MoE models are searched under TP (with SP, as Megatron requires for MoE) and CP: the tiny
+// MoE model's fitting layouts include both, and every TP > 1 one runs SP.
+TEST(Plan, SearchTriesMoeModelsUnderTensorAndContextParallelism) {
   PlanLayout base;
   base.gpus = 8, base.global_batch = 64;
-  const PlanSearch s = search_plans(tiny_moe(), base, h100(), 100);
+  const PlanSearch s = search_plans(tiny_moe(), base, h100(), 1000);
   ASSERT_FALSE(s.fitting.empty());
-  bool context_parallel = false;
+  bool tensor_parallel = false, context_parallel = false;
   for (const Plan& p : s.fitting) {
-    EXPECT_EQ(p.layout.tp, 1);
+    if (p.layout.tp > 1) {
+      EXPECT_TRUE(p.layout.sequence_parallel) << p.layout.describe();
+    }
+    tensor_parallel = tensor_parallel || p.layout.tp > 1;
     context_parallel = context_parallel || p.layout.cp > 1;
   }
+  EXPECT_TRUE(tensor_parallel);
   EXPECT_TRUE(context_parallel);
+}
+
+// One MoE layer too big for a rank's memory at TP 1, which neither PP (one layer), CP (8190
+// tokens: not a multiple of 2 CP) nor recompute can shrink: only TP > 1 + SP layouts fit, and the
+// search finds them. The plan's MoE figures follow TP: the experts' parameters and rows 1/TP wide.
+TEST(Plan, SearchSplitsAnMoeModelThatOnlyFitsUnderTensorParallelism) {
+  TransformerConfig c = tiny_llama();
+  c.qk_layernorm = false, c.init_method_std = 0.02;
+  c.num_layers = 1, c.hidden_size = 8192, c.num_attention_heads = 64, c.num_query_groups = 8;
+  c.ffn_hidden_size = 28672, c.seq_length = 8190, c.vocab_size = 32000;
+  c.num_moe_experts = 8, c.moe_router_topk = 8, c.moe_ffn_hidden_size = 57344;
+  c.moe_token_dispatcher_type = "alltoall";
+  PlanLayout base;
+  base.gpus = 8, base.global_batch = 16, base.precision = "bf16";
+  const PlanSearch s = search_plans(c, base, h100(), 1000);
+  ASSERT_FALSE(s.fitting.empty());
+  for (const Plan& p : s.fitting) {
+    EXPECT_GT(p.layout.tp, 1) << p.layout.describe();
+    EXPECT_TRUE(p.layout.sequence_parallel) << p.layout.describe();
+  }
+  PlanLayout one = base, two = base;
+  one.dp = 8, two.tp = 2, two.dp = 4, two.sequence_parallel = true;
+  one.micro_batch = two.micro_batch = 2;
+  EXPECT_FALSE(make_plan(c, one, h100()).fits());
+  const int64_t experts1 = plan_rank_expert_parameters(c, one, 0);
+  EXPECT_EQ(plan_rank_expert_parameters(c, two, 0), experts1 / 2);
+  // Each TP rank routes the micro-batch's 2 x 8190 tokens to top-8 rows of half the width.
+  const double rows = 2.0 * 8190 * 8;
+  const double one_b = double(plan_moe_layer_bytes(c, one, 2));
+  const double two_b = double(plan_moe_layer_bytes(c, two, 2));
+  EXPECT_NEAR(one_b - two_b, rows * (3.0 * 57344 / 2) * 2, 0.001 * one_b);
+}
+
+// The EP figure: alltoall moves top-k x tokens rows, (EP-1)/EP of them; allgather every
+// rank's tokens, (EP-1) x a rank's.
+TEST(Plan, ExpertDispatchTimeFollowsTheDispatcher) {
+  TransformerConfig c = tiny_moe();
+  c.moe_router_topk = 2;
+  PlanLayout l = layout(1, 1, 1, 1, 4, 1, false);
+  l.ep = 4;
+  c.moe_token_dispatcher_type = "alltoall";
+  const Plan a = make_plan(c, l, h100());
+  c.moe_token_dispatcher_type = "allgather";
+  const Plan g = make_plan(c, l, h100());
+  ASSERT_EQ(a.time[8].name, "EP dispatch");
+  // allgather / alltoall = (EP - 1) / ((EP - 1)/EP x top-k) = EP / top-k = 2.
+  EXPECT_NEAR(g.time[8].value / a.time[8].value, 2.0, 1e-9);
 }
 
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
