@@ -24,11 +24,18 @@
 // or f16 on a GPU (MoELayer's ops run where the model's Exec says; a 16-bit model's router
 // runs in float32).
 //
+// Expert tensor parallelism of one rank under tp > 1 (--expert-tensor-parallel-size 1, the
+// experts' own grid: comm/process_grid.h): the layer routes each tp rank's sequence-parallel
+// rows only (MoELayer), the experts are whole on every rank of an expert-parallel group of
+// the expert grid, and the figures the layer reports (its part of the balancing losses, its
+// rows' counts) are summed over tp here so that every tp rank reports what ETP = TP would.
+//
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
 // round theirs after each step: the update widens it, adds in float and rounds it back.
 #include <algorithm>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "base/error.h"
 #include "model/gpt_model.h"
@@ -58,13 +65,18 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// Whether the experts have their own tensor-parallel group (ETP 1 under TP > 1).
+bool own_expert_rows(const ModelParallel& mp, int tp) {
+  return mp.expert_tp && mp.expert_tp->size() != tp;
+}
+
 }  // namespace
 
 template <typename T>
 struct GPTModel<T>::MoEState {
   MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp,
-           const ops::Exec& x)
-      : layer(c, ep, cp, tp, x) {}
+           const ops::Exec& x, Communicator* expert_tp)
+      : layer(c, ep, cp, tp, x, expert_tp) {}
   MoELayer<T> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
@@ -79,6 +91,8 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
   // MLP's, while the router is replicated (initialised, saved and resharded as the one-rank
   // tensor's slices).
   const int ranks = parallel_.ep ? parallel_.ep->size() : 1, tp = tp_.size(), r = tp_.rank();
+  // ETP 1 under TP: whole experts on every tp rank (split over ep only).
+  const bool whole_experts = own_expert_rows(parallel_, tp);
   OMNI_REQUIRE(cfg_.num_moe_experts % ranks == 0, "--num-experts (", cfg_.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
   const int64_t local = cfg_.num_moe_experts / ranks;
@@ -107,7 +121,7 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
       e.shard_dim = 0;
       e.segments = {{0, first, local}};
     }
-    if (tp == 1) continue;
+    if (tp == 1 || (expert && whole_experts)) continue;
     if (expert && ends_with(m.name, "linear_fc1.weight"))
       split(e, 1, F, true);
     else if (expert && ends_with(m.name, "linear_fc1.bias"))
@@ -134,7 +148,9 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
                               const MicroBatch& mb, const Geometry& g) {
   {
     if (!a.moe) {
-      a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
+      const bool own = own_expert_rows(parallel_, tp_.size());
+      a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, own ? parallel_.tp_cp : cp_,
+                                         parallel_.tp, x_, own ? parallel_.expert_tp : nullptr);
       using Scratch = typename MoELayer<T>::Scratch;  // one for every MoE layer
       if (!moe_scratch_) moe_scratch_ = a.moe->layer.scratch();
       a.moe->layer.share_scratch(std::static_pointer_cast<Scratch>(moe_scratch_));
@@ -171,18 +187,26 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
       r.z_loss.assign(L, 0.0);
       r.tokens_per_expert.assign(L * E, 0.0);
     }
-    if (cfg_.moe_aux_loss_coeff > 0)
-      r.load_balancing_loss[layer] += s.aux_loss / cfg_.moe_aux_loss_coeff;
-    if (cfg_.moe_z_loss_coeff > 0) r.z_loss[layer] += s.z_loss / cfg_.moe_z_loss_coeff;
     // Rows routed to each expert and kept (capacity padding left out), as Megatron counts
-    // its routing map after dropping.
+    // its routing map after dropping; then the balancing losses.
     const ops::MoEDispatchPlan& plan = m.plan();
-    for (int e = 0; e < E; ++e) {
-      int64_t kept = 0;
+    std::vector<double> figures(size_t(E) + 2);
+    for (int e = 0; e < E; ++e)
       for (int32_t row = plan.expert_offsets[e]; row < plan.expert_offsets[e + 1]; ++row)
-        kept += plan.row_slot[row] >= 0;
-      r.tokens_per_expert[size_t(layer) * E + e] += double(kept);
-      if (cfg_.moe_router_enable_expert_bias) expert_tokens_[size_t(layer) * E + e] += double(kept);
+        figures[e] += plan.row_slot[row] >= 0;
+    figures[E] = s.aux_loss, figures[E + 1] = s.z_loss;
+    if (own_expert_rows(parallel_, tp_.size())) {  // each tp rank's rows: summed (its memory)
+      MoEBuffer<double> sum(x_, figures.size());
+      ops::upload(x_, sum.data(), figures.data(), figures.size());
+      parallel_.tp->all_reduce(sum.data(), figures.size());
+      ops::download(x_, figures.data(), sum.data(), figures.size());
+    }
+    if (cfg_.moe_aux_loss_coeff > 0)
+      r.load_balancing_loss[layer] += figures[E] / cfg_.moe_aux_loss_coeff;
+    if (cfg_.moe_z_loss_coeff > 0) r.z_loss[layer] += figures[E + 1] / cfg_.moe_z_loss_coeff;
+    for (int e = 0; e < E; ++e) {
+      r.tokens_per_expert[size_t(layer) * E + e] += figures[e];
+      if (cfg_.moe_router_enable_expert_bias) expert_tokens_[size_t(layer) * E + e] += figures[e];
     }
   }
 }

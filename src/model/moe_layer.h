@@ -126,9 +126,19 @@ class MoELayer {
   // so are the router's and the shared gate's gradients (the balancing losses' gradients
   // enter on rank 0 only). `exec`: where the layer runs (x, y and the parameters are its
   // memory; the cp and ep groups must move it).
+  //
+  // `expert_tp`: the experts' own tensor-parallel group (--expert-tensor-parallel-size; null
+  // or of tp's size: the above). Of one rank under tp > 1 (Megatron's ETP 1): x and y are
+  // still the micro-batch's whole rows, but each tp rank routes only its sequence-parallel
+  // rows [r tokens/tp, (r+1) tokens/tp) with the replicated router, sends them to the
+  // experts' ranks over `ep` (the expert grid's group) and runs whole experts (the experts'
+  // tensors [E/ep, ...] unsplit); y and dx hold its rows' whole results there and zeros in
+  // the other rows, plus the shared expert's part (split over tp as above) in every row, so
+  // the caller's sum over tp is the layer's output. `cp` is then the tp x cp group: the
+  // balancing losses' counts are summed over it and every rank's loss is its part.
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
-                    const ops::Exec& exec = {});
+                    const ops::Exec& exec = {}, Communicator* expert_tp = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -191,6 +201,10 @@ class MoELayer {
   Communicator* ep_ = nullptr;
   Communicator* cp_ = nullptr;
   int tp_size_ = 1, tp_rank_ = 0;
+  bool own_rows_ = false;  // expert_tp of one rank under tp > 1: this rank routes its rows
+  // The shared expert's input: the whole rows (x_ and tokens_ are the routed ones).
+  const T* shared_x_ = nullptr;
+  int shared_tokens_ = 0;
   ops::Exec exec_;
   int local_experts_ = 0, first_expert_ = 0;  // this rank's experts
   ops::MoERoutingArgs routing_;

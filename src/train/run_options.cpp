@@ -144,7 +144,8 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, Opt
       data_parallel_size(world_size, ParallelLayout{.tp = o.tensor_model_parallel_size,
                                                     .cp = o.context_parallel_size,
                                                     .ep = o.expert_model_parallel_size,
-                                                    .pp = o.pipeline_model_parallel_size});
+                                                    .pp = o.pipeline_model_parallel_size,
+                                                    .etp = o.expert_tensor_parallel_size});
   finalize(o);
   return run;
 }

@@ -133,8 +133,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
             "the world of 1 ranks is not divisible by --tensor-model-parallel-size (1) x "
             "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
-            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
-            "expert tensor parallelism of another size than tensor parallelism"},
+            "the world of 1 ranks is not divisible by --expert-tensor-parallel-size (2) x "
+            "--expert-model-parallel-size (1) x --pipeline-model-parallel-size (1) = 2"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
            {"--moe-layer-freq '[1,0,1]'",
             "--moe-layer-freq: '[1,0,1]' names 3 layers, but --num-layers is 2"},
@@ -146,9 +146,10 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
 }
 
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
-// Context parallelism and tensor parallelism with expert tensor parallelism of the same size
-// are built; other expert tensor-parallel sizes and the experts' biases under tensor
-// parallelism are refused by finalize, in one line naming the flags.
+// Context parallelism and tensor parallelism with expert tensor parallelism of the same size,
+// or of 1 with sequence parallelism, are built; other expert tensor-parallel sizes and the
+// experts' biases under tensor parallelism are refused by finalize, in one line naming the
+// flags.
 TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--context-parallel-size 2", ""},
@@ -156,8 +157,16 @@ TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
            {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 2",
             ""},
            {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 1",
-            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 2: not built yet: "
-            "expert tensor parallelism of another size than tensor parallelism"},
+            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 2 needs "
+            "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
+            "sequence-parallel tokens)"},
+           {"--tensor-model-parallel-size 2 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 1",
+            ""},
+           {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 2",
+            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over another number of ranks than 1 or --tensor-model-parallel-size"},
            {"--tensor-model-parallel-size 2",
             "--num-experts 4 with --tensor-model-parallel-size 2 needs --disable-bias-linear (the "
             "experts' biases under tensor parallelism are not built yet)"}}) {

@@ -197,6 +197,12 @@ TEST_P(GpuLayoutsMoE, ExpertParallel4) {
 TEST_P(GpuLayoutsMoE, ExpertParallel2TensorParallel2SequenceParallel) {
   check_gpu_layout_of(moe_layout_config(GetParam()), {.tp = 2, .sp = true, .ep = 2});
 }
+// Expert tensor parallelism 1 under TP 2 + SP (the experts' own grid): each tp rank routes its
+// sequence-parallel rows to whole experts over the tp pair (the expert grid's ep group).
+TEST_P(GpuLayoutsMoE, ExpertTensor1ExpertParallel2TensorParallel2SequenceParallel) {
+  check_gpu_layout_of(moe_layout_config(GetParam()),
+                      {.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
 TEST_P(GpuLayoutsMoE, ExpertParallel2Pipeline2) {
   check_gpu_layout_of(moe_layout_config(GetParam()), {.pp = 2, .ep = 2});
 }

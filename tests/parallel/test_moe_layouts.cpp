@@ -127,6 +127,25 @@ TEST(MoELayouts, Expert2Tensor2SequenceParallel) {
   }
 }
 
+// Expert tensor parallelism of one rank under TP 2 + SP (Megatron's most used MoE layout):
+// each tp rank routes its own sequence-parallel rows to whole experts. On 2 ranks with EP 2
+// the expert-parallel group is the tp pair (both dispatchers); with EP 1 the tp pair holds the
+// same whole experts and sums their gradients as their expert-data-parallel group; on 4
+// ranks EP 2 x DP 2 (expert-data-parallel groups across the data-parallel ranks).
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallel) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = tiny_moe();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    cfg.moe_shared_expert_gate = true;
+    check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1}, cfg);
+  }
+  check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 1, .etp = 1});
+}
+TEST(MoELayouts, ExpertTensor1Expert2Data2UnderTensor2SequenceParallel) {
+  check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 2, .etp = 1});
+}
+
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
   TransformerConfig cfg = tiny_moe();
   cfg.moe_shared_expert_intermediate_size = 0;
