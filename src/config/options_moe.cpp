@@ -122,8 +122,6 @@ void finalize_moe(Options& o) {
                  " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                  "rank routes its sequence-parallel tokens)");
     const std::pair<bool, const char*> unbuilt[] = {
-        {o.context_parallel_size > 1, "--context-parallel-size > 1"},
-        {o.pipeline_model_parallel_size > 1, "--pipeline-model-parallel-size > 1"},
         {o.model.moe_router_load_balancing_type == MoELoadBalancing::SeqAuxLoss,
          "--moe-router-load-balancing-type seq_aux_loss"},
         {o.zero_stage > 0, "--zero-stage"},

@@ -103,14 +103,15 @@ void check_gpu_layout_of(const TransformerConfig& cfg, const Layout& layout,
   for (const ParamInfo& p : ref.params().infos())
     EXPECT_NE(std::find(seen.begin(), seen.end(), p.name), seen.end()) << p.name;
   // Expert parallelism split the experts: each one is held by its expert-data-parallel group
-  // (dp * cp / ep ranks), its width split over tp.
+  // (tp * cp * dp / (etp * ep) ranks), its width split over the etp ranks.
+  const int etp = layout.etp > 0 ? layout.etp : layout.tp;
   int64_t experts = 0, held = 0;
   for (const ParamInfo& p : ref.params().infos())
     if (is_expert_parameter(p.name)) experts += p.numel;
   for (const RankResult<T>& r : results)
     for (const ParamInfo& p : r.infos)
       if (is_expert_parameter(p.name)) held += p.numel;
-  EXPECT_EQ(held, experts * layout.data_parallel() * layout.cp / layout.ep);
+  EXPECT_EQ(held, experts * layout.tp * layout.cp * layout.data_parallel() / (etp * layout.ep));
 }
 
 template <typename T = float>

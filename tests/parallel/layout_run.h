@@ -172,11 +172,10 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
   std::vector<RankResult<T>> results(world);
   run_ranks(world, [&](Communicator& w) {
     const ops::Exec x = exec(w.rank());
-    ProcessGrid grid(w, ParallelLayout{.tp = layout.tp,
-                                       .cp = layout.cp,
-                                       .ep = layout.ep,
-                                       .pp = layout.pp,
-                                       .etp = layout.etp});
+    ProcessGrid grid(
+        w,
+        ParallelLayout{
+            .tp = layout.tp, .cp = layout.cp, .ep = layout.ep, .pp = layout.pp, .etp = layout.etp});
     PipelineSplit split;
     split.num_layers = cfg.num_layers;
     split.pipeline_model_parallel_size = layout.pp;

@@ -145,6 +145,14 @@ TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallel) {
 TEST(MoELayouts, ExpertTensor1Expert2Data2UnderTensor2SequenceParallel) {
   check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 2, .etp = 1});
 }
+// With the pipeline (MoE layers on both stages) and with context parallelism (the balancing
+// losses' counts summed over the tp x cp ranks).
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelPipeline2) {
+  check_moe_layout({.tp = 2, .pp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelContext2) {
+  check_moe_layout({.tp = 2, .cp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
 
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
   TransformerConfig cfg = tiny_moe();
