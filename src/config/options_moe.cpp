@@ -110,14 +110,18 @@ void finalize_moe(Options& o) {
   const int tp = o.tensor_model_parallel_size, etp = o.expert_tensor_parallel_size;
   OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
   if (etp != 0 && etp != tp) {
-    // Built: ETP 1 under TP > 1 with sequence parallelism (each rank routes its own rows to
-    // whole experts over the expert grid's expert-parallel group: comm/process_grid.h).
+    // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
+    // its own rows to experts split over it, over the expert grid's expert-parallel group:
+    // comm/process_grid.h).
     const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
                              " with --tensor-model-parallel-size " + std::to_string(tp);
-    if (etp != 1)
+    if (tp % etp != 0)
       throw NotBuiltError(what,
-                          "experts split over another number of ranks than 1 or "
+                          "experts split over a number of ranks that does not divide "
                           "--tensor-model-parallel-size");
+    OMNI_REQUIRE(o.model.moe_ffn_size() % etp == 0, "--moe-ffn-hidden-size (",
+                 o.model.moe_ffn_size(), ") must be divisible by --expert-tensor-parallel-size (",
+                 etp, ")");
     OMNI_REQUIRE(o.sequence_parallel, what,
                  " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                  "rank routes its sequence-parallel tokens)");

@@ -24,11 +24,13 @@
 // or f16 on a GPU (MoELayer's ops run where the model's Exec says; a 16-bit model's router
 // runs in float32).
 //
-// Expert tensor parallelism of one rank under tp > 1 (--expert-tensor-parallel-size 1, the
-// experts' own grid: comm/process_grid.h): the layer routes each tp rank's sequence-parallel
-// rows only (MoELayer), the experts are whole on every rank of an expert-parallel group of
-// the expert grid, and the figures the layer reports (its part of the balancing losses, its
-// rows' counts) are summed over tp here so that every tp rank reports what ETP = TP would.
+// Expert tensor parallelism of another size than tp (--expert-tensor-parallel-size ETP
+// dividing TP, the experts' own grid: comm/process_grid.h): each block of ETP consecutive tp
+// ranks routes its sequence-parallel rows only (MoELayer), the experts' widths are split over
+// the block (whole with ETP 1) on every rank of an expert-parallel group of the expert grid,
+// and the figures the layer reports (its block's part of the balancing losses, its rows'
+// counts) are summed over tp here, over ETP, so that every tp rank reports what ETP = TP
+// would.
 //
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
 // round theirs after each step: the update widens it, adds in float and rounds it back.
@@ -91,15 +93,19 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
   // MLP's, while the router is replicated (initialised, saved and resharded as the one-rank
   // tensor's slices).
   const int ranks = parallel_.ep ? parallel_.ep->size() : 1, tp = tp_.size(), r = tp_.rank();
-  // ETP 1 under TP: whole experts on every tp rank (split over ep only).
-  const bool whole_experts = own_expert_rows(parallel_, tp);
+  // The experts' own tensor-parallel group (ETP < TP): their widths split over its etp ranks
+  // (ETP 1: whole experts on every tp rank, split over ep only).
+  const bool own = own_expert_rows(parallel_, tp);
+  const int etp = own ? parallel_.expert_tp->size() : tp;
+  const int etp_rank = own ? parallel_.expert_tp->rank() : r;
   OMNI_REQUIRE(cfg_.num_moe_experts % ranks == 0, "--num-experts (", cfg_.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
   const int64_t local = cfg_.num_moe_experts / ranks;
   const int64_t first = local * (parallel_.ep ? parallel_.ep->rank() : 0);
-  // The width F of an fc1 ([.., F1, C]) or fc2 ([.., C, F]) split over the tp ranks.
-  auto split = [&](ParamInfo& e, int dim, int64_t F, bool fc1) {
-    const int64_t Fl = F / tp;
+  // The width F of an fc1 ([.., F1, C]) or fc2 ([.., C, F]) split over n ranks (this rank
+  // the r-th).
+  auto split = [&](ParamInfo& e, int dim, int64_t F, bool fc1, int n, int r) {
+    const int64_t Fl = F / n;
     if (e.global_shape.empty()) e.global_shape = e.shape;
     e.shard_dim = dim;
     e.segments = {{0, r * Fl, Fl}};
@@ -121,17 +127,17 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
       e.shard_dim = 0;
       e.segments = {{0, first, local}};
     }
-    if (tp == 1 || (expert && whole_experts)) continue;
+    if (tp == 1 || (expert && etp == 1)) continue;
     if (expert && ends_with(m.name, "linear_fc1.weight"))
-      split(e, 1, F, true);
+      split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc1.bias"))
-      split(e, 1, F, true);
+      split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc2.weight"))
-      split(e, 2, F, false);
+      split(e, 2, F, false, etp, etp_rank);
     else if (ends_with(m.name, "shared_experts.linear_fc1.weight"))
-      split(e, 0, Fs, true);
+      split(e, 0, Fs, true, tp, r);
     else if (ends_with(m.name, "shared_experts.linear_fc2.weight"))
-      split(e, 1, Fs, false);
+      split(e, 1, Fs, false, tp, r);
     else  // the router, the shared expert's gate: each rank's gradient is its part's
       e.tp_replicated = e.tp_partial_grad = true;
     if (e.shard_dim > 0 && ranks > 1 && expert) e.dim0_start = first;
@@ -195,11 +201,14 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
       for (int32_t row = plan.expert_offsets[e]; row < plan.expert_offsets[e + 1]; ++row)
         figures[e] += plan.row_slot[row] >= 0;
     figures[E] = s.aux_loss, figures[E + 1] = s.z_loss;
-    if (own_expert_rows(parallel_, tp_.size())) {  // each tp rank's rows: summed (its memory)
+    if (own_expert_rows(parallel_, tp_.size())) {
+      // Each block of etp tp ranks' rows (every rank of the block with the same figures):
+      // summed over tp (in the Exec's memory), over etp.
       MoEBuffer<double> sum(x_, figures.size());
       ops::upload(x_, sum.data(), figures.data(), figures.size());
       parallel_.tp->all_reduce(sum.data(), figures.size());
       ops::download(x_, figures.data(), sum.data(), figures.size());
+      for (double& f : figures) f /= parallel_.expert_tp->size();
     }
     if (cfg_.moe_aux_loss_coeff > 0)
       r.load_balancing_loss[layer] += figures[E] / cfg_.moe_aux_loss_coeff;

@@ -191,11 +191,17 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   C_ = cfg_.hidden_size;
   const int tp_ranks = tp_size_;
   own_rows_ = expert_tp && expert_tp->size() != tp_size_;
-  OMNI_REQUIRE(!own_rows_ || expert_tp->size() == 1, "--expert-tensor-parallel-size ",
-               expert_tp ? expert_tp->size() : 0, " with --tensor-model-parallel-size ", tp_ranks,
-               ": not built yet: experts split over other ranks than the tensor-parallel ones "
-               "(only 1 or --tensor-model-parallel-size is built)");
-  const int expert_ranks = own_rows_ ? 1 : tp_ranks;
+  if (own_rows_) {
+    etp_size_ = expert_tp->size(), etp_rank_ = expert_tp->rank();
+    OMNI_REQUIRE(tp_ranks % etp_size_ == 0, "--expert-tensor-parallel-size ", etp_size_,
+                 " with --tensor-model-parallel-size ", tp_ranks,
+                 ": not built yet: experts split over ranks that do not divide the "
+                 "tensor-parallel ones");
+    OMNI_CHECK(etp_rank_ == tp_rank_ % etp_size_,
+               "[moe] the expert tensor-parallel group is not a block of consecutive "
+               "tensor-parallel ranks");
+  }
+  const int expert_ranks = own_rows_ ? etp_size_ : tp_ranks;
   OMNI_REQUIRE(cfg_.moe_ffn_size() % expert_ranks == 0, "--moe-ffn-hidden-size (",
                cfg_.moe_ffn_size(), ") must be divisible by --expert-tensor-parallel-size (",
                expert_ranks, ")");
@@ -232,13 +238,13 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   shared_x_ = x;
   shared_tokens_ = tokens;
   T* const y_whole = y;
-  if (own_rows_) {  // this rank's sequence-parallel rows; zeros in the others
+  if (own_rows_) {  // this rank's block's sequence-parallel rows; zeros in the others
     OMNI_REQUIRE(tokens % tp_size_ == 0, "[moe] ", tokens, " tokens do not split over ", tp_size_,
                  " tensor-parallel ranks");
     ops::zero(exec_, y, size_t(tokens) * C);
-    tokens /= tp_size_;
-    x += size_t(tp_rank_) * tokens * C;
-    y += size_t(tp_rank_) * tokens * C;
+    tokens /= tp_size_ / etp_size_;
+    x += size_t(block()) * tokens * C;
+    y += size_t(block()) * tokens * C;
   }
   x_ = x;
   tokens_ = tokens;
@@ -280,7 +286,10 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
             size_t(a.type == MoELoadBalancing::SeqAuxLoss ? tokens / seq_length : 1) * E);
         ops::moe_aux_loss_counts(ex, aux_counts_.data(), logits_.data(), a);
         cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
-        a.shards = cp_->size();
+        // A block's etp ranks hold the same rows: each row is counted etp times, which the
+        // coefficient takes back (the loss is linear in the counts; no double op on a GPU).
+        a.shards = cp_->size() / etp_size_;
+        a.coeff /= etp_size_;
         a.counts = aux_counts_.data();
       }
       stats_.aux_loss = ops::moe_aux_loss(ex, aux_dlogits_.data(), logits_.data(), a, 1.0);
@@ -288,8 +297,9 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     // Under context parallelism this rank's part of the mean over the whole sequences
     // (Megatron divides the coefficient by the tp_cp size; the ranks' tokens are equal).
     if (cfg_.moe_z_loss_coeff > 0)
-      stats_.z_loss = ops::moe_z_loss(ex, aux_dlogits_.data(), logits_.data(), tokens, E,
-                                      cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() : 1), 1.0);
+      stats_.z_loss =
+          ops::moe_z_loss(ex, aux_dlogits_.data(), logits_.data(), tokens, E,
+                          cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() / etp_size_ : 1), 1.0);
   }
 
   // Dispatch, experts, combine.
@@ -459,8 +469,8 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   T* const dx_whole = dx;
   if (own_rows_) {  // this rank's rows (zeros in the others, the shared expert's added below)
     ops::zero(exec_, dx, size_t(shared_tokens_) * C);
-    dx += size_t(tp_rank_) * N * C;
-    dy += size_t(tp_rank_) * N * C;
+    dx += size_t(block()) * N * C;
+    dy += size_t(block()) * N * C;
   }
 
   // Combine and experts: the gradients of the experts' output rows and of their weights.
@@ -543,7 +553,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs_r, logits_.data(), indices_.data(),
                                  routing_);
   // Once over the tensor-parallel ranks, unless each routes its own rows.
-  if (!aux_dlogits_.empty() && (own_rows_ || tp_rank_ == 0)) {
+  if (!aux_dlogits_.empty() && (own_rows_ ? etp_rank_ : tp_rank_) == 0) {
     if (ex.on_gpu()) {  // the aux losses' gradient, scaled in a copy (it stays the forward's)
       aux_scaled_.resize(aux_dlogits_.size());
       ops::copy(ex, aux_scaled_.data(), aux_dlogits_.data(), aux_dlogits_.size());

@@ -147,8 +147,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
 
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
 // Context parallelism and tensor parallelism with expert tensor parallelism of the same size,
-// or of 1 with sequence parallelism, are built; other expert tensor-parallel sizes and the
-// experts' biases under tensor parallelism are refused by finalize, in one line naming the
+// or of a divisor of it with sequence parallelism, are built; other expert tensor-parallel sizes
+// and the experts' biases under tensor parallelism are refused by finalize, in one line naming the
 // flags.
 TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
@@ -165,8 +165,12 @@ TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
             ""},
            {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
             "--expert-tensor-parallel-size 2",
-            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 4: not built yet: "
-            "experts split over another number of ranks than 1 or --tensor-model-parallel-size"},
+            ""},
+           {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 8",
+            "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that does not divide "
+            "--tensor-model-parallel-size"},
            {"--tensor-model-parallel-size 2",
             "--num-experts 4 with --tensor-model-parallel-size 2 needs --disable-bias-linear (the "
             "experts' biases under tensor parallelism are not built yet)"}}) {

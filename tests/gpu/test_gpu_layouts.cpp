@@ -211,6 +211,13 @@ TEST_P(GpuLayoutsMoE, ExpertParallel2Pipeline2) {
 INSTANTIATE_TEST_SUITE_P(Dispatchers, GpuLayoutsMoE, ::testing::Values("alltoall", "allgather"),
                          [](const auto& info) { return std::string(info.param); });
 
+// ETP 2 under TP 4 + SP (one dispatcher): each pair of tp ranks routes its rows to experts
+// split over the pair, the balancing losses' counts summed over the four ranks.
+TEST(GpuLayoutsMoEExpertTensor, ExpertTensor2ExpertParallel2TensorParallel4SequenceParallel) {
+  check_gpu_layout_of(moe_layout_config("allgather"),
+                      {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
+}
+
 // bf16 weights and activations with fp32 gradients (--bf16 on a GPU): the tensor-parallel
 // all-reduces and reduce-scatters sum bf16 activations, as NCCL does.
 class GpuLayoutsBf16 : public ::testing::TestWithParam<bool> {};

@@ -3,8 +3,9 @@
 // EP 2 x PP 2, EP 2 x CP 2, EP 2 x TP 2 + SP and EP 2 with the distributed optimizer, for
 // both token dispatchers, against one rank: the losses within 1e-5 relative and the final
 // parameters (each rank's experts, the expert bias) the one-rank run's within 1e-5 of the largest.
+// The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP) too.
 // Checkpoints: an EP 2 save writes every element once, and state saved at EP 2 loads at one rank
-// and back bit for bit.
+// and back bit for bit; likewise between ETP 1 and ETP = TP.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -204,6 +205,12 @@ TEST(ExpertParallelTraining, Etp1UnderTp2SpEp2Pipeline2MatchesOneRank) {
   expect_matches_one_rank(4, with_tp2_etp1({"--expert-model-parallel-size", "2",
                                             "--pipeline-model-parallel-size", "2"}));
 }
+// ETP 2 under TP 4 + SP, EP 2: each pair of tp ranks routes its rows to experts split over it.
+TEST(ExpertParallelTraining, Etp2UnderTp4SequenceParallelEp2MatchesOneRank) {
+  expect_matches_one_rank(
+      4, {"--tensor-model-parallel-size", "4", "--sequence-parallel",
+          "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"});
+}
 TEST(ExpertParallelTraining, Etp1UnderTp2SpEp2Dp2DistributedOptimizerMatchesOneRank) {
   expect_matches_one_rank(
       4, with_tp2_etp1({"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}));
@@ -355,7 +362,8 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   EXPECT_EQ(error_of({"--mock-data", "--vocab-size", "64", "--expert-model-parallel-size", "2"}),
             "--expert-model-parallel-size 2 needs --num-experts (a dense model has no experts to "
             "split)");
-  // The experts' own tensor-parallel size: 1 or TP is built, 1 with sequence parallelism.
+  // The experts' own tensor-parallel size: TP or a divisor of it with sequence parallelism,
+  // whose experts' width it divides.
   std::string grid = "not thrown";
   const std::vector<std::string> moe = {"--mock-data",
                                         "--vocab-size",
@@ -369,9 +377,13 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
     extra.insert(extra.begin(), moe.begin(), moe.end());
     return extra;
   };
-  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2"})),
-            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 4: not built yet: "
-            "experts split over another number of ranks than 1 or --tensor-model-parallel-size");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "3"})),
+            "--expert-tensor-parallel-size 3 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that does not divide "
+            "--tensor-model-parallel-size");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
+                           "--moe-ffn-hidden-size", "15"})),
+            "--moe-ffn-hidden-size (15) must be divisible by --expert-tensor-parallel-size (2)");
   EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "1"})),
             "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 4 needs "
             "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
