@@ -133,8 +133,9 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
             "the world of 1 ranks is not divisible by --tensor-model-parallel-size (1) x "
             "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
-            "the world of 1 ranks is not divisible by --expert-tensor-parallel-size (2) x "
-            "--expert-model-parallel-size (1) x --pipeline-model-parallel-size (1) = 2"},
+            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
+            "experts split over a number of ranks that does not divide "
+            "--tensor-model-parallel-size"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
            {"--moe-layer-freq '[1,0,1]'",
             "--moe-layer-freq: '[1,0,1]' names 3 layers, but --num-layers is 2"},
@@ -143,6 +144,21 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
   }
+}
+
+// One process given the experts' own tensor-parallel size: the ranks to start are what both
+// grids divide (TP 2 ETP 1 EP 2: 2, not TP x EP).
+TEST(CliMoE, OneProcessWithExpertTensorParallelismSaysHowManyRanks) {
+  const ProcessResult r = run_omnitron(
+      "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 "
+      "--disable-bias-linear --tensor-model-parallel-size 2 --sequence-parallel "
+      "--expert-model-parallel-size 2 --expert-tensor-parallel-size 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--tensor-model-parallel-size 2 x --expert-model-parallel-size 2 with "
+                          "--expert-tensor-parallel-size 1 needs 2 ranks, and this is a single "
+                          "process"),
+            std::string::npos)
+      << r.output;
 }
 
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
