@@ -20,14 +20,13 @@ std::vector<Dim> ordered_dims(int world_size, const ParallelLayout& l) {
   return {{"tp", l.tp}, {"cp", l.cp}, {"dp", dp}, {"pp", l.pp}};
 }
 
-// The expert layers' dimensions (Megatron's expert RankGenerator: expert tensor parallel = tp,
-// no cp, expert data parallel = world / (tp ep pp)).
+// The expert layers' dimensions (Megatron's expert RankGenerator: expert tensor parallel =
+// etp, no cp, expert data parallel = world / (etp ep pp)).
 std::vector<Dim> expert_dims(int world_size, const ParallelLayout& l) {
-  const int edp = data_parallel_size(world_size, l) * l.cp / l.ep;
-  // (With --use-tp-pp-dp-mapping the expert groups would not keep the dense pipeline stages
-  // for ep > 1; finalize_moe refuses that.)
-  if (l.tp_pp_dp_mapping) return {{"tp", l.tp}, {"ep", l.ep}, {"pp", l.pp}, {"edp", edp}};
-  return {{"tp", l.tp}, {"ep", l.ep}, {"edp", edp}, {"pp", l.pp}};
+  data_parallel_size(world_size, l);  // the checks
+  const int etp = l.expert_tp(), edp = world_size / (etp * l.ep * l.pp);
+  if (l.tp_pp_dp_mapping) return {{"tp", etp}, {"ep", l.ep}, {"pp", l.pp}, {"edp", edp}};
+  return {{"tp", etp}, {"ep", l.ep}, {"edp", edp}, {"pp", l.pp}};
 }
 
 std::vector<std::vector<int>> groups_of(int world_size, const std::vector<Dim>& order,
@@ -42,6 +41,21 @@ int data_parallel_size(int world_size, const ParallelLayout& l) {
                                                {"--pipeline-model-parallel-size", l.pp}};
   for (const auto& [flag, size] : flags)
     OMNI_REQUIRE(size >= 1, flag, " must be at least 1 (got ", size, ")");
+  const int etp = l.expert_tp();
+  OMNI_REQUIRE(l.etp >= 0, "--expert-tensor-parallel-size must be at least 1 (got ", l.etp, ")");
+  if (etp != l.tp) {  // Megatron's two grids: each must divide the world
+    const int dense = l.tp * l.cp * l.pp, expert = etp * l.ep * l.pp;
+    OMNI_REQUIRE(world_size % dense == 0, "the world of ", world_size,
+                 " ranks is not divisible by --tensor-model-parallel-size (", l.tp,
+                 ") x --context-parallel-size (", l.cp, ") x --pipeline-model-parallel-size (",
+                 l.pp, ") = ", dense);
+    OMNI_REQUIRE(world_size % expert == 0, "the world of ", world_size,
+                 " ranks is not divisible by --expert-tensor-parallel-size (", etp,
+                 ") x --expert-model-parallel-size (", l.ep, ") x --pipeline-model-parallel-size (",
+                 l.pp, ") = ", expert,
+                 "; the experts' data parallelism takes the ranks that remain");
+    return world_size / dense;
+  }
   const int model = l.tp * l.cp * l.ep * l.pp;
   OMNI_REQUIRE(world_size % model == 0, "the world of ", world_size,
                " ranks is not divisible by --tensor-model-parallel-size (", l.tp,
@@ -115,8 +129,19 @@ ProcessGrid::ProcessGrid(Communicator& world, const ParallelLayout& layout)
   pp_ = split("pp", "pp");
   dp_cp_ = split("dp-cp", "dp_cp");
   mp_ = split("tp-pp", "mp");
+  tp_cp_ = split("tp-cp", "tp_cp");
+  // Megatron's assertion: the expert grid keeps the dense pipeline stages.
+  OMNI_REQUIRE(expert_rank_groups(n, layout, "pp") == rank_groups(n, layout, "pp"),
+               "--expert-tensor-parallel-size (", layout.expert_tp(),
+               ") x --expert-model-parallel-size (", layout.ep,
+               ") gives the experts other pipeline groups than the dense layers' "
+               "(--use-tp-pp-dp-mapping with pipeline parallelism needs their product to be "
+               "--tensor-model-parallel-size x --context-parallel-size, ",
+               layout.tp * layout.cp, ")");
   ep_ = split("ep", "ep", true);
   expert_dp_ = split("edp", "expert_dp", true);
+  expert_tp_ = split("tp", "expert_tp", true);
+  expert_mp_ = split("tp-ep-pp", "expert_mp", true);
   // Embedding groups: the ends of each pipeline; every other rank is alone.
   const auto pipelines = rank_groups(n, layout, "pp");
   int color = static_cast<int>(pipelines.size()) + me;

@@ -21,6 +21,15 @@
 // dimension, so with tp = cp = 1 an expert-parallel group is `ep` consecutive data-parallel
 // ranks and the expert-data-parallel group (the ranks holding the same experts, over which
 // experts' gradients are reduced) the ranks ep apart.
+//
+// The expert grid's tensor-parallel size is `etp` (--expert-tensor-parallel-size; 0 means tp,
+// Megatron's default): the expert grid is then etp-ep-edp-pp with edp = world / (etp ep pp),
+// the same world cut another way. With tp 2, etp 1, ep 2 on 2 ranks the expert-parallel group
+// is the dense tensor-parallel group [0,1] and every expert-tensor-parallel group one rank;
+// with world 8, tp 2, etp 1, ep 4 the expert-parallel groups are [0,1,2,3] [4,5,6,7] and the
+// expert-data-parallel groups [0,4] [1,5] [2,6] [3,7]. The pipeline groups of both grids must
+// agree (Megatron's assertion; with --use-tp-pp-dp-mapping and pp > 1 that needs
+// etp x ep = tp x cp).
 #pragma once
 
 #include <memory>
@@ -33,11 +42,14 @@ namespace omni {
 
 struct ParallelLayout {
   int tp = 1, cp = 1, ep = 1, pp = 1;
+  int etp = 0;  // the experts' tensor-parallel size; 0: tp
   bool tp_pp_dp_mapping = false;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
 };
 
 // Checks that the layout fits a world of world_size ranks (UsageError naming the flags
-// and numbers otherwise) and returns the data-parallel size, world / (tp * cp * pp).
+// and numbers otherwise: tp cp ep pp must divide it when etp is tp, else tp cp pp and
+// etp ep pp) and returns the data-parallel size, world / (tp * cp * pp).
 int data_parallel_size(int world_size, const ParallelLayout& layout);
 
 // Every group of one kind, each listing world ranks in ascending order, the groups in
@@ -46,7 +58,8 @@ int data_parallel_size(int world_size, const ParallelLayout& layout);
 // parallel), ... (as Megatron's RankGenerator.get_ranks).
 std::vector<std::vector<int>> rank_groups(int world_size, const ParallelLayout& layout,
                                           const std::string& dims);
-// The same over the expert grid's dimensions "tp", "ep", "edp", "pp" (see above).
+// The same over the expert grid's dimensions "tp" (of size etp), "ep", "edp", "pp" (see
+// above).
 std::vector<std::vector<int>> expert_rank_groups(int world_size, const ParallelLayout& layout,
                                                  const std::string& dims);
 
@@ -71,8 +84,19 @@ class ProcessGrid {
   // ranks holding the same experts (experts' gradients are reduced over it).
   Communicator& ep() const { return *ep_; }
   Communicator& expert_dp() const { return *expert_dp_; }
+  // The ranks that split each expert's width (etp of them; the dense tp group when etp = tp).
+  Communicator& expert_tp() const { return *expert_tp_; }
+  // The expert grid's tp-ep-pp ranks (Megatron's expert tensor-model-pipeline group): each
+  // expert element lives once on them, so experts' norms are summed over it.
+  Communicator& expert_model_parallel() const { return *expert_mp_; }
+  // Tensor and context parallel together (Megatron's tp_cp group): with etp < tp every rank
+  // routes its own sequence-parallel rows, and the balancing losses' counts are summed over it.
+  Communicator& tp_cp() const { return *tp_cp_; }
   int ep_rank() const { return ep_->rank(); }
   int ep_size() const { return layout_.ep; }
+  int expert_tp_size() const { return layout_.expert_tp(); }
+  // Whether the experts have a tensor-parallel size of their own (etp != tp).
+  bool own_expert_tp() const { return layout_.expert_tp() != layout_.tp; }
 
   const ParallelLayout& layout() const { return layout_; }
   int tp_rank() const { return tp_->rank(); }
@@ -90,6 +114,7 @@ class ProcessGrid {
   Communicator* world_;
   ParallelLayout layout_;
   std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, mp_, embedding_, ep_, expert_dp_;
+  std::unique_ptr<Communicator> expert_tp_, expert_mp_, tp_cp_;
 };
 
 }  // namespace omni

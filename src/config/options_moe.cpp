@@ -109,10 +109,31 @@ void finalize_moe(Options& o) {
   const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
   const int tp = o.tensor_model_parallel_size, etp = o.expert_tensor_parallel_size;
   OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
-  if (etp != 0 && etp != tp)
-    throw NotBuiltError("--expert-tensor-parallel-size " + std::to_string(etp) +
-                            " with --tensor-model-parallel-size " + std::to_string(tp),
-                        "expert tensor parallelism of another size than tensor parallelism");
+  if (etp != 0 && etp != tp) {
+    // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
+    // its own rows to experts split over it, over the expert grid's expert-parallel group:
+    // comm/process_grid.h).
+    const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
+                             " with --tensor-model-parallel-size " + std::to_string(tp);
+    if (tp % etp != 0)
+      throw NotBuiltError(what,
+                          "experts split over a number of ranks that does not divide "
+                          "--tensor-model-parallel-size");
+    OMNI_REQUIRE(o.model.moe_ffn_size() % etp == 0, "--moe-ffn-hidden-size (",
+                 o.model.moe_ffn_size(), ") must be divisible by --expert-tensor-parallel-size (",
+                 etp, ")");
+    OMNI_REQUIRE(o.sequence_parallel, what,
+                 " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
+                 "rank routes its sequence-parallel tokens)");
+    const std::pair<bool, const char*> unbuilt[] = {
+        {o.model.moe_router_load_balancing_type == MoELoadBalancing::SeqAuxLoss,
+         "--moe-router-load-balancing-type seq_aux_loss"},
+        {o.zero_stage > 0, "--zero-stage"},
+        {o.optimizer != "adam" && o.optimizer != "sgd", "optimizers other than adam and sgd"},
+    };
+    for (const auto& [on, flag] : unbuilt)
+      if (on) throw NotBuiltError(what + " and " + flag, "expert tensor parallelism of 1 there");
+  }
   OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "
@@ -216,8 +237,9 @@ void add_moe_options(std::vector<OptionDef>& t) {
                           "data-parallel ranks (each keeps its own micro-batches)",
                           [](Options& o) -> int& { return o.expert_model_parallel_size; }));
   t.push_back(number<int>("--expert-tensor-parallel-size", "N", "parallelism",
-                          "ranks that split each expert's width (default: "
-                          "--tensor-model-parallel-size; only that size is built)",
+                          "ranks that split each expert's width, the experts' own grid "
+                          "(default: --tensor-model-parallel-size; 1 is built too, with "
+                          "--sequence-parallel)",
                           [](Options& o) -> int& { return o.expert_tensor_parallel_size; }));
   // Router and expert variants that change the numbers: Megatron's defaults are accepted;
   // other values of these are refused at once.

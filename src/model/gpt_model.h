@@ -62,7 +62,11 @@ struct ModelParallel {
   Communicator* cp = nullptr;  // context-parallel group; null: this rank alone
   // Attention over the cp group by all-to-all (parallel/ulysses.h) instead of the ring.
   bool ulysses = false;
-  Communicator* ep = nullptr;      // expert-parallel group (MoE layers); null: this rank alone
+  Communicator* ep = nullptr;  // expert-parallel group (MoE layers); null: this rank alone
+  // The experts' own tensor-parallel group (--expert-tensor-parallel-size) and the tp x cp
+  // group; null, or expert_tp of tp's size: the experts split over tp (Megatron's default).
+  Communicator* expert_tp = nullptr;
+  Communicator* tp_cp = nullptr;
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.

@@ -24,11 +24,20 @@
 // or f16 on a GPU (MoELayer's ops run where the model's Exec says; a 16-bit model's router
 // runs in float32).
 //
+// Expert tensor parallelism of another size than tp (--expert-tensor-parallel-size ETP
+// dividing TP, the experts' own grid: comm/process_grid.h): each block of ETP consecutive tp
+// ranks routes its sequence-parallel rows only (MoELayer), the experts' widths are split over
+// the block (whole with ETP 1) on every rank of an expert-parallel group of the expert grid,
+// and the figures the layer reports (its block's part of the balancing losses, its rows'
+// counts) are summed over tp here, over ETP, so that every tp rank reports what ETP = TP
+// would.
+//
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
 // round theirs after each step: the update widens it, adds in float and rounds it back.
 #include <algorithm>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "base/error.h"
 #include "model/gpt_model.h"
@@ -58,13 +67,18 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// Whether the experts have their own tensor-parallel group (ETP 1 under TP > 1).
+bool own_expert_rows(const ModelParallel& mp, int tp) {
+  return mp.expert_tp && mp.expert_tp->size() != tp;
+}
+
 }  // namespace
 
 template <typename T>
 struct GPTModel<T>::MoEState {
   MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp,
-           const ops::Exec& x)
-      : layer(c, ep, cp, tp, x) {}
+           const ops::Exec& x, Communicator* expert_tp)
+      : layer(c, ep, cp, tp, x, expert_tp) {}
   MoELayer<T> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
@@ -79,13 +93,19 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
   // MLP's, while the router is replicated (initialised, saved and resharded as the one-rank
   // tensor's slices).
   const int ranks = parallel_.ep ? parallel_.ep->size() : 1, tp = tp_.size(), r = tp_.rank();
+  // The experts' own tensor-parallel group (ETP < TP): their widths split over its etp ranks
+  // (ETP 1: whole experts on every tp rank, split over ep only).
+  const bool own = own_expert_rows(parallel_, tp);
+  const int etp = own ? parallel_.expert_tp->size() : tp;
+  const int etp_rank = own ? parallel_.expert_tp->rank() : r;
   OMNI_REQUIRE(cfg_.num_moe_experts % ranks == 0, "--num-experts (", cfg_.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
   const int64_t local = cfg_.num_moe_experts / ranks;
   const int64_t first = local * (parallel_.ep ? parallel_.ep->rank() : 0);
-  // The width F of an fc1 ([.., F1, C]) or fc2 ([.., C, F]) split over the tp ranks.
-  auto split = [&](ParamInfo& e, int dim, int64_t F, bool fc1) {
-    const int64_t Fl = F / tp;
+  // The width F of an fc1 ([.., F1, C]) or fc2 ([.., C, F]) split over n ranks (this rank
+  // the r-th).
+  auto split = [&](ParamInfo& e, int dim, int64_t F, bool fc1, int n, int r) {
+    const int64_t Fl = F / n;
     if (e.global_shape.empty()) e.global_shape = e.shape;
     e.shard_dim = dim;
     e.segments = {{0, r * Fl, Fl}};
@@ -107,17 +127,17 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
       e.shard_dim = 0;
       e.segments = {{0, first, local}};
     }
-    if (tp == 1) continue;
+    if (tp == 1 || (expert && etp == 1)) continue;
     if (expert && ends_with(m.name, "linear_fc1.weight"))
-      split(e, 1, F, true);
+      split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc1.bias"))
-      split(e, 1, F, true);
+      split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc2.weight"))
-      split(e, 2, F, false);
+      split(e, 2, F, false, etp, etp_rank);
     else if (ends_with(m.name, "shared_experts.linear_fc1.weight"))
-      split(e, 0, Fs, true);
+      split(e, 0, Fs, true, tp, r);
     else if (ends_with(m.name, "shared_experts.linear_fc2.weight"))
-      split(e, 1, Fs, false);
+      split(e, 1, Fs, false, tp, r);
     else  // the router, the shared expert's gate: each rank's gradient is its part's
       e.tp_replicated = e.tp_partial_grad = true;
     if (e.shard_dim > 0 && ranks > 1 && expert) e.dim0_start = first;
@@ -134,7 +154,9 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
                               const MicroBatch& mb, const Geometry& g) {
   {
     if (!a.moe) {
-      a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, cp_, parallel_.tp, x_);
+      const bool own = own_expert_rows(parallel_, tp_.size());
+      a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, own ? parallel_.tp_cp : cp_,
+                                         parallel_.tp, x_, own ? parallel_.expert_tp : nullptr);
       using Scratch = typename MoELayer<T>::Scratch;  // one for every MoE layer
       if (!moe_scratch_) moe_scratch_ = a.moe->layer.scratch();
       a.moe->layer.share_scratch(std::static_pointer_cast<Scratch>(moe_scratch_));
@@ -171,18 +193,29 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
       r.z_loss.assign(L, 0.0);
       r.tokens_per_expert.assign(L * E, 0.0);
     }
-    if (cfg_.moe_aux_loss_coeff > 0)
-      r.load_balancing_loss[layer] += s.aux_loss / cfg_.moe_aux_loss_coeff;
-    if (cfg_.moe_z_loss_coeff > 0) r.z_loss[layer] += s.z_loss / cfg_.moe_z_loss_coeff;
     // Rows routed to each expert and kept (capacity padding left out), as Megatron counts
-    // its routing map after dropping.
+    // its routing map after dropping; then the balancing losses.
     const ops::MoEDispatchPlan& plan = m.plan();
-    for (int e = 0; e < E; ++e) {
-      int64_t kept = 0;
+    std::vector<double> figures(size_t(E) + 2);
+    for (int e = 0; e < E; ++e)
       for (int32_t row = plan.expert_offsets[e]; row < plan.expert_offsets[e + 1]; ++row)
-        kept += plan.row_slot[row] >= 0;
-      r.tokens_per_expert[size_t(layer) * E + e] += double(kept);
-      if (cfg_.moe_router_enable_expert_bias) expert_tokens_[size_t(layer) * E + e] += double(kept);
+        figures[e] += plan.row_slot[row] >= 0;
+    figures[E] = s.aux_loss, figures[E + 1] = s.z_loss;
+    if (own_expert_rows(parallel_, tp_.size())) {
+      // Each block of etp tp ranks' rows (every rank of the block with the same figures):
+      // summed over tp (in the Exec's memory), over etp.
+      MoEBuffer<double> sum(x_, figures.size());
+      ops::upload(x_, sum.data(), figures.data(), figures.size());
+      parallel_.tp->all_reduce(sum.data(), figures.size());
+      ops::download(x_, figures.data(), sum.data(), figures.size());
+      for (double& f : figures) f /= parallel_.expert_tp->size();
+    }
+    if (cfg_.moe_aux_loss_coeff > 0)
+      r.load_balancing_loss[layer] += figures[E] / cfg_.moe_aux_loss_coeff;
+    if (cfg_.moe_z_loss_coeff > 0) r.z_loss[layer] += figures[E + 1] / cfg_.moe_z_loss_coeff;
+    for (int e = 0; e < E; ++e) {
+      r.tokens_per_expert[size_t(layer) * E + e] += figures[e];
+      if (cfg_.moe_router_enable_expert_bias) expert_tokens_[size_t(layer) * E + e] += figures[e];
     }
   }
 }

@@ -165,7 +165,7 @@ MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c) {
 
 template <typename T>
 MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communicator* cp,
-                      Communicator* tp, const ops::Exec& exec)
+                      Communicator* tp, const ops::Exec& exec, Communicator* expert_tp)
     : cfg_(config),
       ep_(ep),
       cp_(cp && cp->size() > 1 ? cp : nullptr),
@@ -190,11 +190,23 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   first_expert_ = (ep ? ep->rank() : 0) * local_experts_;
   C_ = cfg_.hidden_size;
   const int tp_ranks = tp_size_;
-  OMNI_REQUIRE(cfg_.moe_ffn_size() % tp_ranks == 0 &&
-                   cfg_.moe_shared_expert_intermediate_size % tp_ranks == 0,
-               "--moe-ffn-hidden-size (", cfg_.moe_ffn_size(),
-               ") and --moe-shared-expert-intermediate-size (",
-               cfg_.moe_shared_expert_intermediate_size,
+  own_rows_ = expert_tp && expert_tp->size() != tp_size_;
+  if (own_rows_) {
+    etp_size_ = expert_tp->size(), etp_rank_ = expert_tp->rank();
+    OMNI_REQUIRE(tp_ranks % etp_size_ == 0, "--expert-tensor-parallel-size ", etp_size_,
+                 " with --tensor-model-parallel-size ", tp_ranks,
+                 ": not built yet: experts split over ranks that do not divide the "
+                 "tensor-parallel ones");
+    OMNI_CHECK(etp_rank_ == tp_rank_ % etp_size_,
+               "[moe] the expert tensor-parallel group is not a block of consecutive "
+               "tensor-parallel ranks");
+  }
+  const int expert_ranks = own_rows_ ? etp_size_ : tp_ranks;
+  OMNI_REQUIRE(cfg_.moe_ffn_size() % expert_ranks == 0, "--moe-ffn-hidden-size (",
+               cfg_.moe_ffn_size(), ") must be divisible by --expert-tensor-parallel-size (",
+               expert_ranks, ")");
+  OMNI_REQUIRE(cfg_.moe_shared_expert_intermediate_size % tp_ranks == 0,
+               "--moe-shared-expert-intermediate-size (", cfg_.moe_shared_expert_intermediate_size,
                ") must be divisible by --tensor-model-parallel-size (", tp_ranks, ")");
   OMNI_REQUIRE(tp_ranks == 1 || !cfg_.add_bias_linear,
                "--num-experts with "
@@ -202,7 +214,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
                tp_ranks,
                " needs --disable-bias-linear (the "
                "experts' biases under tensor parallelism are not built yet)");
-  F_ = cfg_.moe_ffn_size() / tp_ranks;
+  F_ = cfg_.moe_ffn_size() / expert_ranks;
   F1_ = cfg_.swiglu ? 2 * F_ : F_;
   Fs_ = cfg_.moe_shared_expert_intermediate_size / tp_ranks;
   Fs1_ = cfg_.swiglu ? 2 * Fs_ : Fs_;
@@ -223,6 +235,17 @@ template <typename T>
 const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_length,
                                      const MoEParams<T>& p, bool train, bool recomputing) {
   const int E = E_, C = C_, K = K_;
+  shared_x_ = x;
+  shared_tokens_ = tokens;
+  T* const y_whole = y;
+  if (own_rows_) {  // this rank's block's sequence-parallel rows; zeros in the others
+    OMNI_REQUIRE(tokens % tp_size_ == 0, "[moe] ", tokens, " tokens do not split over ", tp_size_,
+                 " tensor-parallel ranks");
+    ops::zero(exec_, y, size_t(tokens) * C);
+    tokens /= tp_size_ / etp_size_;
+    x += size_t(block()) * tokens * C;
+    y += size_t(block()) * tokens * C;
+  }
   x_ = x;
   tokens_ = tokens;
   trained_ = train;
@@ -263,7 +286,10 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
             size_t(a.type == MoELoadBalancing::SeqAuxLoss ? tokens / seq_length : 1) * E);
         ops::moe_aux_loss_counts(ex, aux_counts_.data(), logits_.data(), a);
         cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
-        a.shards = cp_->size();
+        // A block's etp ranks hold the same rows: each row is counted etp times, which the
+        // coefficient takes back (the loss is linear in the counts; no double op on a GPU).
+        a.shards = cp_->size() / etp_size_;
+        a.coeff /= etp_size_;
         a.counts = aux_counts_.data();
       }
       stats_.aux_loss = ops::moe_aux_loss(ex, aux_dlogits_.data(), logits_.data(), a, 1.0);
@@ -271,8 +297,9 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     // Under context parallelism this rank's part of the mean over the whole sequences
     // (Megatron divides the coefficient by the tp_cp size; the ranks' tokens are equal).
     if (cfg_.moe_z_loss_coeff > 0)
-      stats_.z_loss = ops::moe_z_loss(ex, aux_dlogits_.data(), logits_.data(), tokens, E,
-                                      cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() : 1), 1.0);
+      stats_.z_loss =
+          ops::moe_z_loss(ex, aux_dlogits_.data(), logits_.data(), tokens, E,
+                          cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() / etp_size_ : 1), 1.0);
   }
 
   // Dispatch, experts, combine.
@@ -344,7 +371,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   } else {
     ops::moe_unpermute(ex, y, out_rows, row_weight_.data(), plan_, C);
   }
-  if (Fs_ > 0) shared_expert_forward(y, x, p);
+  if (Fs_ > 0) shared_expert_forward(y_whole, shared_x_, p);
 
   const ops::MoEDispatchPlan& plan = plan_.host();
   stats_.tokens_per_expert.resize(E);
@@ -411,7 +438,7 @@ const T* MoELayer<T>::combine_probs() {
 
 template <typename T>
 void MoELayer<T>::shared_expert_forward(T* y, const T* x, const MoEParams<T>& p) {
-  const int N = tokens_, C = C_;
+  const int N = shared_tokens_, C = C_;
   shared_fc1_out_.resize(static_cast<size_t>(N) * Fs1_);
   shared_act_.resize(static_cast<size_t>(N) * Fs_);
   shared_out_.resize(static_cast<size_t>(N) * C);
@@ -438,6 +465,13 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
                            double aux_loss_grad_scale) {
   OMNI_CHECK(trained_, "MoELayer::backward needs a training forward just before it");
   const int N = tokens_, C = C_, K = K_;
+  const T* const dy_whole = dy;
+  T* const dx_whole = dx;
+  if (own_rows_) {  // this rank's rows (zeros in the others, the shared expert's added below)
+    ops::zero(exec_, dx, size_t(shared_tokens_) * C);
+    dx += size_t(block()) * N * C;
+    dy += size_t(block()) * N * C;
+  }
 
   // Combine and experts: the gradients of the experts' output rows and of their weights.
   const ops::Exec& ex = exec_;
@@ -518,7 +552,8 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   }
   ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs_r, logits_.data(), indices_.data(),
                                  routing_);
-  if (!aux_dlogits_.empty() && tp_rank_ == 0) {  // once over the tensor-parallel ranks
+  // Once over the tensor-parallel ranks, unless each routes its own rows.
+  if (!aux_dlogits_.empty() && (own_rows_ ? etp_rank_ : tp_rank_) == 0) {
     if (ex.on_gpu()) {  // the aux losses' gradient, scaled in a copy (it stays the forward's)
       aux_scaled_.resize(aux_dlogits_.size());
       ops::copy(ex, aux_scaled_.data(), aux_dlogits_.data(), aux_dlogits_.size());
@@ -534,21 +569,21 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     ops::add(ex, dx, dx, dx_experts, static_cast<size_t>(N) * C);
   else
     ops::moe_permute_backward(ex, dx, d_rows_in, plan_, C, /*accumulate=*/true);
-  if (Fs_ > 0) shared_expert_backward(dx, dy, p, g);
+  if (Fs_ > 0) shared_expert_backward(dx_whole, dy_whole, p, g);
 }
 
 template <typename T>
 void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>& p,
                                          const MoEParams<Router>& g) {
-  const int N = tokens_, C = C_;
+  const int N = shared_tokens_, C = C_;
   const ops::Exec& ex = exec_;
   MoEBuffer<T>& d_out = scratch_->rows_out;  // the routed experts' are done
   const T* d_shared = dy;
   if (p.shared_gate_weight) {
     d_out.resize(static_cast<size_t>(N) * C);
     ops::moe_shared_gate_backward(ex, d_out.data(), dx, g.shared_gate_weight, dy,
-                                  shared_out_.data(), shared_gate_.data(), x_, p.shared_gate_weight,
-                                  N, C);
+                                  shared_out_.data(), shared_gate_.data(), shared_x_,
+                                  p.shared_gate_weight, N, C);
     d_shared = d_out.data();
   }
   MoEBuffer<T>&d_act = scratch_->act, &d_fc1 = scratch_->fc1;
@@ -557,8 +592,8 @@ void MoELayer<T>::shared_expert_backward(T* dx, const T* dy, const MoEParams<T>&
   ops::linear_backward(ex, d_act.data(), g.shared_fc2_weight, static_cast<Router*>(nullptr),
                        d_shared, shared_act_.data(), p.shared_fc2_weight, N, Fs_, C);
   activation_backward(ex, d_fc1.data(), d_act.data(), shared_fc1_out_.data(), N, Fs_, cfg_);
-  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<Router*>(nullptr), d_fc1.data(), x_,
-                       p.shared_fc1_weight, N, C, Fs1_, /*accumulate_dx=*/true);
+  ops::linear_backward(ex, dx, g.shared_fc1_weight, static_cast<Router*>(nullptr), d_fc1.data(),
+                       shared_x_, p.shared_fc1_weight, N, C, Fs1_, /*accumulate_dx=*/true);
 }
 
 template <typename T>

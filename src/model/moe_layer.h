@@ -126,9 +126,22 @@ class MoELayer {
   // so are the router's and the shared gate's gradients (the balancing losses' gradients
   // enter on rank 0 only). `exec`: where the layer runs (x, y and the parameters are its
   // memory; the cp and ep groups must move it).
+  //
+  // `expert_tp`: the experts' own tensor-parallel group (--expert-tensor-parallel-size; null
+  // or of tp's size: the above), of etp ranks dividing tp, consecutive tp ranks (the expert
+  // grid's order). x and y are still the micro-batch's whole rows, but each block of etp tp
+  // ranks routes only its sequence-parallel rows (block b = tp rank / etp: rows
+  // [b tokens etp/tp, (b+1) tokens etp/tp)) with the replicated router, sends them to the
+  // experts' ranks over `ep` (the expert grid's group) and runs its 1/etp of each expert's
+  // width (whole experts with ETP 1, Megatron's most used case); y and dx hold its part of
+  // its rows' results there and zeros in the other rows, plus the shared expert's part (split
+  // over tp as above) in every row, so the caller's sum over tp is the layer's output. `cp`
+  // is then the tp x cp group: the balancing losses' counts are summed over it (over etp:
+  // a block's ranks count the same rows), each block's loss is its part, and its gradient
+  // enters on the block's first rank.
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
-                    const ops::Exec& exec = {});
+                    const ops::Exec& exec = {}, Communicator* expert_tp = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -191,6 +204,13 @@ class MoELayer {
   Communicator* ep_ = nullptr;
   Communicator* cp_ = nullptr;
   int tp_size_ = 1, tp_rank_ = 0;
+  // expert_tp of etp < tp ranks: this rank's block of etp tp ranks routes its rows.
+  bool own_rows_ = false;
+  int etp_size_ = 1, etp_rank_ = 0;
+  int block() const { return tp_rank_ / etp_size_; }
+  // The shared expert's input: the whole rows (x_ and tokens_ are the routed ones).
+  const T* shared_x_ = nullptr;
+  int shared_tokens_ = 0;
   ops::Exec exec_;
   int local_experts_ = 0, first_expert_ = 0;  // this rank's experts
   ops::MoERoutingArgs routing_;

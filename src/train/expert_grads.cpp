@@ -19,7 +19,7 @@ std::unique_ptr<ExpertGradients> ExpertGradients::make(const ProcessGrid& grid,
                                                        const std::vector<ParamInfo>& infos,
                                                        const Tensor& grads, double bucket_size,
                                                        bool sharded, const ops::Exec& exec) {
-  if (grid.ep_size() == 1) return nullptr;
+  if (grid.ep_size() == 1 && !grid.own_expert_tp()) return nullptr;
   // Also on a pipeline stage without MoE layers (no experts): sum() stays collective.
   return std::unique_ptr<ExpertGradients>(
       new ExpertGradients(grid, experts_of(infos, true), grads, bucket_size, sharded, exec));
@@ -27,7 +27,7 @@ std::unique_ptr<ExpertGradients> ExpertGradients::make(const ProcessGrid& grid,
 
 std::vector<ParamInfo> ExpertGradients::dense(const ProcessGrid& grid,
                                               const std::vector<ParamInfo>& infos) {
-  return grid.ep_size() == 1 ? infos : experts_of(infos, false);
+  return grid.ep_size() == 1 && !grid.own_expert_tp() ? infos : experts_of(infos, false);
 }
 
 ExpertGradients::ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo> experts,
@@ -40,8 +40,9 @@ ExpertGradients::ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo>
       buckets_(grid.expert_dp(), experts_, grads, bucket_size,
                sharded ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec) {
   // The buckets sum over the expert-data-parallel ranks; Megatron divides that sum by the
-  // data-parallel size (dp x cp: ep times the group's size), in the one scaling pass.
-  buckets_.set_gradient_scale(1.0 / (double(grid.ep_size()) * grid.expert_dp().size()));
+  // data-parallel size (dp x cp: ep times the group's size when etp = tp), in the one
+  // scaling pass.
+  buckets_.set_gradient_scale(1.0 / double(grid.dp_cp().size()));
 }
 
 void ExpertGradients::finish() {
@@ -66,6 +67,14 @@ void ExpertGradients::complete_sums(double* sums, const std::vector<Part>& parts
   if (sharded_) {  // every rank holds a shard of both: one sum over all their ranks
     for (size_t i = 0; i < n; ++i) sums[i] += experts[i];
     grid_.dp_cp().all_reduce(sums, n);
+  } else if (grid_.own_expert_tp()) {
+    // The experts' elements each once on the expert grid's tp-ep-pp ranks, the dense ones on
+    // the dense tp-pp ranks: two sums.
+    if (grid_.expert_model_parallel().size() > 1)
+      grid_.expert_model_parallel().all_reduce(experts.data(), n);
+    if (grid_.model_parallel().size() > 1) grid_.model_parallel().all_reduce(sums, n);
+    for (size_t i = 0; i < n; ++i) sums[i] += experts[i];
+    return;
   } else {  // the dense parts are whole here, the experts' split over the expert-parallel ranks
     grid_.ep().all_reduce(experts.data(), n);
     for (size_t i = 0; i < n; ++i) sums[i] += experts[i];

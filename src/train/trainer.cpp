@@ -70,6 +70,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                               .cp = opts.context_parallel_size,
                               .ep = opts.expert_model_parallel_size,
                               .pp = opts.pipeline_model_parallel_size,
+                              .etp = opts.expert_tensor_parallel_size,
                               .tp_pp_dp_mapping = opts.use_tp_pp_dp_mapping};
   grid_ = std::make_unique<ProcessGrid>(*world, layout);
   OMNI_CHECK(grid_->dp_size() == opts.data_parallel_size, "[trainer] options finalized for ",
@@ -88,6 +89,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   mp.tp = &grid_->tp(), mp.cp = &grid_->cp(), mp.sequence_parallel = opts.sequence_parallel;
   mp.ulysses = opts.cp_comm_type == "a2a";
   mp.ep = &grid_->ep();
+  mp.expert_tp = &grid_->expert_tp(), mp.tp_cp = &grid_->tp_cp();
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();
@@ -298,6 +300,20 @@ RankState Trainer::rank_state(bool with_optimizer) {
   ParameterSet<float>& params = optimizer_params();
   const int64_t n = params.size();
   const bool replica = grid_->dp_rank() == 0 && grid_->cp_rank() == 0;
+  // What a replica writes: all it holds, less the experts where another rank of its expert
+  // data-parallel group writes them (a tp rank past the first, with whole experts: ETP 1).
+  const bool other_writes_experts = expert_grads_ && grid_->expert_dp().rank() != 0;
+  auto replica_spans = [&](float* data) {
+    if (!other_writes_experts) return std::vector<FlatSpan>{{0, n, data}};
+    std::vector<FlatSpan> spans;
+    int64_t at = 0;
+    for (const ShardRange& r : expert_grads_->ranges()) {
+      if (r.begin > at) spans.push_back({at, r.begin, data + at});
+      at = std::max(at, r.end);
+    }
+    if (at < n) spans.push_back({at, n, data + at});
+    return spans;
+  };
   RankState state;
   state.infos = params.infos();
   state.padded_vocab = opts_.model.padded_vocab_size();
@@ -308,7 +324,7 @@ RankState Trainer::rank_state(bool with_optimizer) {
       values.spans.push_back({r.begin, r.end, params.values() + r.begin});
     state.buffers.push_back(std::move(values));
   } else {
-    state.buffers.push_back({"", {{0, n, params.values()}}, replica});
+    state.buffers.push_back({"", replica_spans(params.values()), replica});
   }
   // Expert parallelism: the first expert-data-parallel rank of each expert-parallel rank
   // writes its experts (the first data-parallel rank writes all it holds above).
@@ -326,7 +342,7 @@ RankState Trainer::rank_state(bool with_optimizer) {
   for (const std::string& name : names) {
     StateBuffer b{"optimizer." + name + ".", {}, true};
     if (optimizer_) {
-      b.spans = {{0, n, optimizer_->state_buffer(name)}}, b.written = replica;
+      b.spans = replica_spans(optimizer_->state_buffer(name)), b.written = replica;
       if (expert_writer)
         state.buffers.push_back({b.prefix, expert_spans(optimizer_->state_buffer(name)), true});
     } else {

@@ -77,8 +77,8 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
   expect_usage_error(kTiny + "--num-experts 8 --expert-tensor-parallel-size 2",
                      "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not "
-                     "built yet: expert tensor parallelism of another size than tensor "
-                     "parallelism");
+                     "built yet: experts split over a number of ranks that does not divide "
+                     "--tensor-model-parallel-size");
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {

@@ -134,7 +134,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
             "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
             "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
-            "expert tensor parallelism of another size than tensor parallelism"},
+            "experts split over a number of ranks that does not divide "
+            "--tensor-model-parallel-size"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
            {"--moe-layer-freq '[1,0,1]'",
             "--moe-layer-freq: '[1,0,1]' names 3 layers, but --num-layers is 2"},
@@ -145,10 +146,26 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
   }
 }
 
+// One process given the experts' own tensor-parallel size: the ranks to start are what both
+// grids divide (TP 2 ETP 1 EP 2: 2, not TP x EP).
+TEST(CliMoE, OneProcessWithExpertTensorParallelismSaysHowManyRanks) {
+  const ProcessResult r = run_omnitron(
+      "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 "
+      "--disable-bias-linear --tensor-model-parallel-size 2 --sequence-parallel "
+      "--expert-model-parallel-size 2 --expert-tensor-parallel-size 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--tensor-model-parallel-size 2 x --expert-model-parallel-size 2 with "
+                          "--expert-tensor-parallel-size 1 needs 2 ranks, and this is a single "
+                          "process"),
+            std::string::npos)
+      << r.output;
+}
+
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
-// Context parallelism and tensor parallelism with expert tensor parallelism of the same size
-// are built; other expert tensor-parallel sizes and the experts' biases under tensor
-// parallelism are refused by finalize, in one line naming the flags.
+// Context parallelism and tensor parallelism with expert tensor parallelism of the same size,
+// or of a divisor of it with sequence parallelism, are built; other expert tensor-parallel sizes
+// and the experts' biases under tensor parallelism are refused by finalize, in one line naming the
+// flags.
 TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--context-parallel-size 2", ""},
@@ -156,8 +173,20 @@ TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
            {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 2",
             ""},
            {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 1",
-            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 2: not built yet: "
-            "expert tensor parallelism of another size than tensor parallelism"},
+            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 2 needs "
+            "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
+            "sequence-parallel tokens)"},
+           {"--tensor-model-parallel-size 2 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 1",
+            ""},
+           {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 2",
+            ""},
+           {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 8",
+            "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that does not divide "
+            "--tensor-model-parallel-size"},
            {"--tensor-model-parallel-size 2",
             "--num-experts 4 with --tensor-model-parallel-size 2 needs --disable-bias-linear (the "
             "experts' biases under tensor parallelism are not built yet)"}}) {

@@ -139,3 +139,69 @@ TEST(ProcessGrid, EmbeddingGroupJoinsThePipelineEnds) {
 }
 
 }  // namespace
+
+// The expert grid with its own tensor-parallel size against Megatron-Core's RankGenerator
+// (fixtures/expert_grid_groups.py writes the lists; checked there against parallel_state.py),
+// and the grid's expert communicators against those lists.
+struct ExpertGridCase {
+  int world, tp, cp, ep, pp, etp;
+  bool mapping;
+  std::vector<Groups> groups;  // tp (of size etp), ep, edp, pp, tp-ep-pp
+};
+const std::vector<ExpertGridCase>& expert_grid_cases() {
+  static const std::vector<ExpertGridCase> cases = {
+#include "fixtures/expert_grid_groups.inc"
+  };
+  return cases;
+}
+ParallelLayout layout_of(const ExpertGridCase& c) {
+  return {
+      .tp = c.tp, .cp = c.cp, .ep = c.ep, .pp = c.pp, .etp = c.etp, .tp_pp_dp_mapping = c.mapping};
+}
+
+TEST(ProcessGroups, ExpertGridOfItsOwnTensorParallelSizeAsMegatrons) {
+  const char* kinds[] = {"tp", "ep", "edp", "pp", "tp-ep-pp"};
+  for (const ExpertGridCase& c : expert_grid_cases())
+    for (int k = 0; k < 5; ++k)
+      EXPECT_EQ(omni::expert_rank_groups(c.world, layout_of(c), kinds[k]), c.groups[k])
+          << "world " << c.world << " tp " << c.tp << " cp " << c.cp << " ep " << c.ep << " pp "
+          << c.pp << " etp " << c.etp << (c.mapping ? " mapped" : "") << ": " << kinds[k];
+}
+
+TEST(ProcessGrid, ExpertCommunicatorsMatchTheGroupLists) {
+  for (const ExpertGridCase& c : expert_grid_cases()) {
+    const ParallelLayout l = layout_of(c);
+    omni::run_ranks(c.world, [&](omni::Communicator& world) {
+      const int me = world.rank();
+      omni::ProcessGrid grid(world, l);
+      EXPECT_EQ(members(grid.expert_tp(), me), group_of(c.groups[0], me));
+      EXPECT_EQ(members(grid.ep(), me), group_of(c.groups[1], me));
+      EXPECT_EQ(members(grid.expert_dp(), me), group_of(c.groups[2], me));
+      EXPECT_EQ(members(grid.expert_model_parallel(), me), group_of(c.groups[4], me));
+      EXPECT_EQ(members(grid.tp_cp(), me), group_of(rank_groups(c.world, l, "tp-cp"), me));
+      EXPECT_EQ(grid.own_expert_tp(), c.etp != c.tp);
+    });
+  }
+}
+
+TEST(ProcessGroups, TheExpertGridMustFitTheWorldAndKeepThePipelines) {
+  // etp ep pp = 6 does not divide 8 (tp cp pp = 2 does).
+  try {
+    omni::data_parallel_size(8, {.tp = 2, .ep = 3, .etp = 1});
+    FAIL();
+  } catch (const omni::UsageError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--expert-tensor-parallel-size (1) x --expert-model-parallel-size (3)"),
+              std::string::npos)
+        << msg;
+  }
+  // TP 2, ETP 1 fits 2 ranks with EP 2 (Megatron's most used case), which tp ep pp would not.
+  EXPECT_EQ(omni::data_parallel_size(2, {.tp = 2, .ep = 2, .etp = 1}), 1);
+  EXPECT_THROW(omni::data_parallel_size(4, {.tp = 2, .etp = -1}), omni::UsageError);
+  // --use-tp-pp-dp-mapping with PP 2 and etp ep (2) != tp cp (4): other pipeline groups.
+  omni::run_ranks(8, [](omni::Communicator& world) {
+    EXPECT_THROW(
+        omni::ProcessGrid(world, {.tp = 4, .ep = 2, .pp = 2, .etp = 1, .tp_pp_dp_mapping = true}),
+        omni::UsageError);
+  });
+}

@@ -103,14 +103,15 @@ void check_gpu_layout_of(const TransformerConfig& cfg, const Layout& layout,
   for (const ParamInfo& p : ref.params().infos())
     EXPECT_NE(std::find(seen.begin(), seen.end(), p.name), seen.end()) << p.name;
   // Expert parallelism split the experts: each one is held by its expert-data-parallel group
-  // (dp * cp / ep ranks), its width split over tp.
+  // (tp * cp * dp / (etp * ep) ranks), its width split over the etp ranks.
+  const int etp = layout.etp > 0 ? layout.etp : layout.tp;
   int64_t experts = 0, held = 0;
   for (const ParamInfo& p : ref.params().infos())
     if (is_expert_parameter(p.name)) experts += p.numel;
   for (const RankResult<T>& r : results)
     for (const ParamInfo& p : r.infos)
       if (is_expert_parameter(p.name)) held += p.numel;
-  EXPECT_EQ(held, experts * layout.data_parallel() * layout.cp / layout.ep);
+  EXPECT_EQ(held, experts * layout.tp * layout.cp * layout.data_parallel() / (etp * layout.ep));
 }
 
 template <typename T = float>
@@ -197,12 +198,25 @@ TEST_P(GpuLayoutsMoE, ExpertParallel4) {
 TEST_P(GpuLayoutsMoE, ExpertParallel2TensorParallel2SequenceParallel) {
   check_gpu_layout_of(moe_layout_config(GetParam()), {.tp = 2, .sp = true, .ep = 2});
 }
+// Expert tensor parallelism 1 under TP 2 + SP (the experts' own grid): each tp rank routes its
+// sequence-parallel rows to whole experts over the tp pair (the expert grid's ep group).
+TEST_P(GpuLayoutsMoE, ExpertTensor1ExpertParallel2TensorParallel2SequenceParallel) {
+  check_gpu_layout_of(moe_layout_config(GetParam()),
+                      {.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
 TEST_P(GpuLayoutsMoE, ExpertParallel2Pipeline2) {
   check_gpu_layout_of(moe_layout_config(GetParam()), {.pp = 2, .ep = 2});
 }
 
 INSTANTIATE_TEST_SUITE_P(Dispatchers, GpuLayoutsMoE, ::testing::Values("alltoall", "allgather"),
                          [](const auto& info) { return std::string(info.param); });
+
+// ETP 2 under TP 4 + SP (one dispatcher): each pair of tp ranks routes its rows to experts
+// split over the pair, the balancing losses' counts summed over the four ranks.
+TEST(GpuLayoutsMoEExpertTensor, ExpertTensor2ExpertParallel2TensorParallel4SequenceParallel) {
+  check_gpu_layout_of(moe_layout_config("allgather"),
+                      {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
+}
 
 // bf16 weights and activations with fp32 gradients (--bf16 on a GPU): the tensor-parallel
 // all-reduces and reduce-scatters sum bf16 activations, as NCCL does.

@@ -167,6 +167,11 @@ const Case kMoeCases[] = {
     {"ep2_tp2_sequence_parallel_alltoall", 4,
      "--expert-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel "
      "--moe-token-dispatcher-type alltoall"},
+    // Expert tensor parallelism 1 under TP 2 + SP: each rank routes its sequence-parallel
+    // tokens to whole experts, the tp pair being the expert grid's expert-parallel group.
+    {"etp1_ep2_tp2_sequence_parallel_alltoall", 2,
+     "--expert-tensor-parallel-size 1 --expert-model-parallel-size 2 "
+     "--tensor-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall"},
 };
 
 INSTANTIATE_TEST_SUITE_P(

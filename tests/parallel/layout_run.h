@@ -59,6 +59,10 @@ struct Layout {
   // Expert parallelism: MoE layers' experts split over `ep` of the `dp` data-parallel ranks
   // (dp 0: ep), each data-parallel rank running its share of the micro-batches.
   int ep = 1, dp = 0;
+  // The experts' own tensor-parallel size (0: tp); 1 under tp > 1: each tp rank routes its
+  // sequence-parallel rows to whole experts over the expert grid's ep group (then dp must be
+  // given: the expert grid etp x ep x edp spans the tp x dp ranks).
+  int etp = 0;
   int data_parallel() const { return dp > 0 ? dp : ep; }
 };
 
@@ -169,7 +173,9 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
   run_ranks(world, [&](Communicator& w) {
     const ops::Exec x = exec(w.rank());
     ProcessGrid grid(
-        w, ParallelLayout{.tp = layout.tp, .cp = layout.cp, .ep = layout.ep, .pp = layout.pp});
+        w,
+        ParallelLayout{
+            .tp = layout.tp, .cp = layout.cp, .ep = layout.ep, .pp = layout.pp, .etp = layout.etp});
     PipelineSplit split;
     split.num_layers = cfg.num_layers;
     split.pipeline_model_parallel_size = layout.pp;
@@ -178,6 +184,7 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = layout.sp;
     mp.ulysses = layout.ulysses;
     if (layout.ep > 1) mp.ep = &grid.ep();
+    if (grid.own_expert_tp()) mp.expert_tp = &grid.expert_tp(), mp.tp_cp = &grid.tp_cp();
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();

@@ -2,7 +2,8 @@
 // one-rank model, in float64 on in-process ranks (parallel/layout_run.h): MoE layers on
 // several stages, micro-batches in flight through 1F1B and the interleaved schedule (each
 // keeps its own routing for its backward), with and without full recompute; sequences split
-// over cp ranks; experts split by width over tp ranks. The parameters must be the one-rank model's
+// over cp ranks; experts split by width over tp ranks, or over their own expert
+// tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4). The parameters must be the one-rank model's
 // values, and the gradients (the aux and z losses' included) and the loss equal to rounding.
 #include <gtest/gtest.h>
 
@@ -125,6 +126,46 @@ TEST(MoELayouts, Expert2Tensor2SequenceParallel) {
     cfg.moe_token_dispatcher_type = dispatcher;
     check_moe_layout({.tp = 2, .sp = true, .ep = 2}, cfg);
   }
+}
+
+// Expert tensor parallelism of its own under TP + SP, with both dispatchers and the gated
+// shared expert at EP 2, then at EP 1 (the experts' data-parallel group spanning the block
+// rows' ranks).
+void check_expert_tensor_layout(Layout layout) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = tiny_moe();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    cfg.moe_shared_expert_gate = true;
+    check_moe_layout(layout, cfg);
+  }
+  layout.ep = 1;
+  check_moe_layout(layout);
+}
+
+// ETP 1 under TP 2 + SP (Megatron's most used MoE layout): each tp rank routes its own
+// sequence-parallel rows to whole experts. On 2 ranks with EP 2 the expert-parallel group is
+// the tp pair; with EP 1 the tp pair holds the same whole experts and sums their gradients as
+// their expert-data-parallel group; on 4 ranks EP 2 x DP 2 (expert-data-parallel groups
+// across the data-parallel ranks).
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallel) {
+  check_expert_tensor_layout({.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
+TEST(MoELayouts, ExpertTensor1Expert2Data2UnderTensor2SequenceParallel) {
+  check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 2, .etp = 1});
+}
+// ETP 2 under TP 4 + SP: each pair of tp ranks routes its rows to experts split over the pair
+// (EP 2: the expert-parallel groups [0,2] [1,3]; EP 1: every rank's experts its pair's half).
+TEST(MoELayouts, ExpertTensor2UnderTensor4SequenceParallel) {
+  check_expert_tensor_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
+}
+// With the pipeline (MoE layers on both stages) and with context parallelism (the balancing
+// losses' counts summed over the tp x cp ranks).
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelPipeline2) {
+  check_moe_layout({.tp = 2, .pp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelContext2) {
+  check_moe_layout({.tp = 2, .cp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
 }
 
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {

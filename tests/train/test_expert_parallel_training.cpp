@@ -3,8 +3,9 @@
 // EP 2 x PP 2, EP 2 x CP 2, EP 2 x TP 2 + SP and EP 2 with the distributed optimizer, for
 // both token dispatchers, against one rank: the losses within 1e-5 relative and the final
 // parameters (each rank's experts, the expert bias) the one-rank run's within 1e-5 of the largest.
+// The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP) too.
 // Checkpoints: an EP 2 save writes every element once, and state saved at EP 2 loads at one rank
-// and back bit for bit.
+// and back bit for bit; likewise between ETP 1 and ETP = TP.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -183,6 +184,38 @@ TEST(ExpertParallelTraining, Ep2DistributedOptimizerMatchesOneRank) {
   expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"});
 }
 
+// Expert tensor parallelism 1 under TP 2 + SP (the experts' own grid): each tp rank routes its
+// sequence-parallel rows to whole experts. EP 2 on 2 ranks (the expert-parallel group is the
+// tp pair); EP 1 on 2 ranks (the tp pair the experts' data-parallel group); EP 2 x DP 2 on 4
+// ranks with the distributed optimizer (the experts' states sharded over the pairs across
+// data-parallel ranks).
+const std::vector<std::string> kTp2Sp = {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                         "--expert-tensor-parallel-size", "1"};
+std::vector<std::string> with_tp2_etp1(std::vector<std::string> flags) {
+  flags.insert(flags.begin(), kTp2Sp.begin(), kTp2Sp.end());
+  return flags;
+}
+TEST(ExpertParallelTraining, Etp1UnderTp2SequenceParallelMatchesOneRank) {
+  expect_matches_one_rank(2, with_tp2_etp1({"--expert-model-parallel-size", "2"}));
+  expect_matches_one_rank(2, with_tp2_etp1({}));
+}
+// (Context parallelism: parallel/test_moe_layouts.cpp in float64; here, in float32 through
+// Adam, its parameters come within 1.0e-5 of the largest, at the bound.)
+TEST(ExpertParallelTraining, Etp1UnderTp2SpEp2Pipeline2MatchesOneRank) {
+  expect_matches_one_rank(4, with_tp2_etp1({"--expert-model-parallel-size", "2",
+                                            "--pipeline-model-parallel-size", "2"}));
+}
+// ETP 2 under TP 4 + SP, EP 2: each pair of tp ranks routes its rows to experts split over it.
+TEST(ExpertParallelTraining, Etp2UnderTp4SequenceParallelEp2MatchesOneRank) {
+  expect_matches_one_rank(
+      4, {"--tensor-model-parallel-size", "4", "--sequence-parallel",
+          "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"});
+}
+TEST(ExpertParallelTraining, Etp1UnderTp2SpEp2Dp2DistributedOptimizerMatchesOneRank) {
+  expect_matches_one_rank(
+      4, with_tp2_etp1({"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}));
+}
+
 // The gradient norm, the parameters' norm and the gradients' zeros (the experts' parts added
 // to the dense parts before one collective per group): each step's on the last rank, as the
 // metrics file has them. At EP 2 x DP 2 (the experts' replicas), with the distributed
@@ -214,18 +247,27 @@ std::vector<std::vector<double>> step_statistics(int ranks, std::vector<std::str
 TEST(ExpertParallelTraining, GradientAndParameterNormsAndZerosAreOneRanks) {
   const std::vector<std::vector<double>> one = step_statistics(1, {});
   ASSERT_EQ(one.size(), 3u);
+  // ETP 1 under TP 2 + SP against ETP = TP 2 (TP 2 pads the vocabulary further, with rows
+  // initialised but without gradients): without and with the distributed optimizer.
+  const std::vector<std::vector<double>> tp2 =
+      step_statistics(4, {"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                          "--sequence-parallel"});
   for (const std::vector<std::string>& layout :
        {std::vector<std::string>{"--expert-model-parallel-size", "2"},
         {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
-        {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}}) {
+        {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"},
+        with_tp2_etp1({"--expert-model-parallel-size", "2"}),
+        with_tp2_etp1({"--expert-model-parallel-size", "2", "--use-distributed-optimizer"})}) {
     const std::vector<std::vector<double>> got = step_statistics(4, layout);
-    ASSERT_EQ(got.size(), one.size()) << layout.back();
-    for (size_t i = 0; i < one.size(); ++i) {
-      EXPECT_NEAR(got[i][0], one[i][0], 1e-5 * one[i][0]) << layout.back() << " step " << i;
-      EXPECT_NEAR(got[i][1], one[i][1], 1e-5 * one[i][1]) << layout.back() << " step " << i;
-      EXPECT_EQ(got[i][2], one[i][2]) << layout.back() << " step " << i;
+    const std::vector<std::vector<double>>& ref = layout[0] == kTp2Sp[0] ? tp2 : one;
+    ASSERT_EQ(got.size(), ref.size()) << layout.back();
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR(got[i][0], ref[i][0], 1e-5 * ref[i][0]) << layout.back() << " step " << i;
+      EXPECT_NEAR(got[i][1], ref[i][1], 1e-5 * ref[i][1]) << layout.back() << " step " << i;
+      EXPECT_EQ(got[i][2], ref[i][2]) << layout.back() << " step " << i;
     }
   }
+  EXPECT_NEAR(tp2[0][0], one[0][0], 1e-5 * one[0][0]) << "the gradient norm at TP 2";
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> everything(const std::string& dir) {
@@ -280,6 +322,29 @@ TEST(ExpertParallelTraining, CheckpointsSavedAtExpertAndTensorParallelLoadAtOneR
   expect_same_state(ep_tp, one);
 }
 
+// Saved at ETP 1 under TP 2 + SP with EP 1 (2 ranks holding the same whole experts: one
+// writes them), loaded at ETP = TP 2 x EP 2 (4 ranks, the experts split by width) and saved,
+// loaded at one rank and saved, loaded at ETP 1 x EP 2 (2 ranks) and saved: the same state
+// each time, bit for bit, each element written once.
+TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertTensorLayouts) {
+  const std::string base = ::testing::TempDir() + "omnitron_etp_ckpt_";
+  const std::string etp1 = base + "etp1", etp2 = base + "etp2", one = base + "one",
+                    back = base + "back";
+  for (const std::string& d : {etp1, etp2, one, back}) fs::remove_all(d);
+  const int64_t written = train(2, with_tp2_etp1({"--save", etp1})).written;
+  train(4,
+        {"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+         "--sequence-parallel", "--load", etp1, "--save", etp2},
+        true);
+  EXPECT_EQ(written, train(1, {"--load", etp2, "--save", one}, true).written)
+      << "each element of the model and its states is written once";
+  train(2, with_tp2_etp1({"--expert-model-parallel-size", "2", "--load", one, "--save", back}),
+        true);
+  expect_same_state(etp1, etp2);
+  expect_same_state(etp1, one);
+  expect_same_state(etp1, back);
+}
+
 TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   auto error_of = [](const std::vector<std::string>& args) {
     Options o;
@@ -297,8 +362,53 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   EXPECT_EQ(error_of({"--mock-data", "--vocab-size", "64", "--expert-model-parallel-size", "2"}),
             "--expert-model-parallel-size 2 needs --num-experts (a dense model has no experts to "
             "split)");
+  // The experts' own tensor-parallel size: TP or a divisor of it with sequence parallelism,
+  // whose experts' width it divides.
+  std::string grid = "not thrown";
+  const std::vector<std::string> moe = {"--mock-data",
+                                        "--vocab-size",
+                                        "64",
+                                        "--num-experts",
+                                        "4",
+                                        "--disable-bias-linear",
+                                        "--tensor-model-parallel-size",
+                                        "4"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), moe.begin(), moe.end());
+    return extra;
+  };
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "3"})),
+            "--expert-tensor-parallel-size 3 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that does not divide "
+            "--tensor-model-parallel-size");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
+                           "--moe-ffn-hidden-size", "15"})),
+            "--moe-ffn-hidden-size (15) must be divisible by --expert-tensor-parallel-size (2)");
+  EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "1"})),
+            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 4 needs "
+            "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
+            "sequence-parallel tokens)");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                           "--moe-router-load-balancing-type", "seq_aux_loss"})),
+            "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 4 and "
+            "--moe-router-load-balancing-type seq_aux_loss: not built yet: expert tensor "
+            "parallelism of 1 there");
+  EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "-1"})),
+            "--expert-tensor-parallel-size must be positive (got -1)");
+  // The expert grid (ETP x EP x PP) must divide the world too.
+  try {
+    data_parallel_size(4, ParallelLayout{.tp = 2, .ep = 3, .etp = 1});
+    grid.clear();
+  } catch (const UsageError& e) {
+    grid = e.what();
+  }
+  EXPECT_NE(
+      grid.find("the world of 4 ranks is not divisible by --expert-tensor-parallel-size (1) "
+                "x --expert-model-parallel-size (3) x --pipeline-model-parallel-size (1) = 3"),
+      std::string::npos)
+      << grid;
   // Expert-parallel ranks are data-parallel ranks: EP must divide them.
-  std::string grid;
+  grid.clear();
   try {
     data_parallel_size(6, ParallelLayout{.ep = 4, .pp = 1});
   } catch (const UsageError& e) {
