@@ -176,6 +176,23 @@ TEST(CliPlan, CountsMultiTokenPredictionDepths) {
   EXPECT_FALSE(has(without.output, "MTP")) << without.output;
 }
 
+// --search varies expert parallelism: DeepSeek-V3 on 1024 H100s fits at no layout with EP 8 as
+// given, and at EP above 8 when the search chooses it (EP in a column of the table).
+TEST(CliPlan, SearchVariesExpertParallelismUnlessGiven) {
+  const std::string v3 =
+      "plan deepseek_v3 --vocab-size 129280 --machine H100 --gpus 1024 --bf16 "
+      "--global-batch-size 2048 --search --top 1 ";
+  const ProcessResult r = run_omnitron(v3);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "expert parallelism over the divisors of 256 experts")) << r.output;
+  EXPECT_TRUE(has(r.output, "GiB/rank    EP layout")) << r.output;
+  const size_t at = r.output.find("(EP ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_GT(std::stoi(r.output.substr(at + 4)), 8) << r.output;
+  expect_one_line_error(run_omnitron(v3 + "--expert-model-parallel-size 8"),
+                        "no layout of 1024 x H100 fits: the smallest");
+}
+
 TEST(CliPlan, MistakesAreOneLineErrors) {
   expect_one_line_error(run_omnitron("plan llama3_8b --machine H100"), "--vocab-size N");
   expect_one_line_error(run_omnitron(kLlama8b + "--search --machine H100"),
