@@ -266,7 +266,8 @@ LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const Plan
                 "micro-batch%s%s",
                 smallest / 1e9, largest / 1e9,
                 c.multi_latent_attention ? ", MLA's down/up projections" : "",
-                moe_layers > 0 ? sfmt(", %d experts of %.0f rows each", c.num_moe_experts / l.ep,
+                moe_layers > 0 ? sfmt(", %d expert%s of %.0f rows each", c.num_moe_experts / l.ep,
+                                      c.num_moe_experts / l.ep == 1 ? "" : "s",
                                       expert_rows * l.ep / c.num_moe_experts)
                                      .c_str()
                                : "")
@@ -319,6 +320,10 @@ std::string moe_rows_note(const TransformerConfig& c, const PlanLayout& l) {
 std::string PlanLayout::describe() const {
   std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
   if (vp > 1) s += sfmt(" (VPP %d)", vp);
+  if (first_stage_layers > 0 || last_stage_layers > 0)
+    s += sfmt(" (layers: first stage %s, last %s)",
+              first_stage_layers > 0 ? std::to_string(first_stage_layers).c_str() : "even",
+              last_stage_layers > 0 ? std::to_string(last_stage_layers).c_str() : "even");
   if (ep > 1) s += sfmt(" (EP %d)", ep);
   if (etp > 0 && etp != tp) s += sfmt(" (ETP %d)", etp);
   s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
@@ -411,7 +416,8 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                "--mtp-num-layers ", c.mtp_num_layers,
                " with --position-embedding-type learned_absolute and "
                "--pipeline-model-parallel-size ",
-               l.pp, ": training refuses it (the last stage holds no copy of the position "
+               l.pp,
+               ": training refuses it (the last stage holds no copy of the position "
                "embeddings)");
   const StateBytes sb = state_bytes(l, d);
   const int eb = activation_element_bytes(l, d);

@@ -35,7 +35,17 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
     for (int cp : divisors(gpus / tp)) {
       if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp))) continue;
       for (int pp : divisors(gpus / (tp * cp))) {
-        if (pp > c.num_layers || c.num_layers % pp) continue;
+        if (pp > c.num_layers) continue;
+        // Layers that do not divide among the stages (DeepSeek-V3's 61) split unevenly, as
+        // --decoder-first/last-pipeline-num-layers do: the middle stages the most layers that
+        // leave at least one to each edge stage, the rest shared by the first and last.
+        int first = 0, last = 0;
+        if (c.num_layers % pp) {
+          const int middle = pp > 2 ? (c.num_layers - 2) / (pp - 2) : 0;
+          const int rest = c.num_layers - (pp - 2) * middle;
+          first = rest - rest / 2, last = rest / 2;
+          if (pp > 2 && first > middle + 1) continue;  // edge stages far above the rest
+        }
         const int dp = gpus / (tp * cp * pp);
         for (int mb : {1, 2, 4, 8}) {
           if (base.global_batch % (mb * dp)) continue;
@@ -52,7 +62,7 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
                 l.distributed_optimizer = dp * cp > 1;
                 l.recompute = recompute, l.recompute_method = "uniform";
                 l.recompute_num_layers = *recompute ? 1 : 0;
-                l.first_stage_layers = l.last_stage_layers = 0;
+                l.first_stage_layers = first, l.last_stage_layers = last;
                 Plan p;
                 try {
                   p = make_plan(c, l, device);

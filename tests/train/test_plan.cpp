@@ -502,6 +502,31 @@ TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
   EXPECT_FALSE(search_plans(tiny_llama(), base, h100(), 1).searched_ep);
 }
 
+// Layers that do not divide among the stages split unevenly, as --decoder-first/last-pipeline-
+// num-layers do: 5 layers over PP 2 as 3 + 2, over PP 4 as 2 + 1 + 1 + 1; every stage's share
+// adds up to the model.
+TEST(Plan, SearchSplitsLayersUnevenlyOverTheStages) {
+  TransformerConfig c = tiny_llama();
+  c.num_layers = 5;
+  PlanLayout base;
+  base.gpus = 4, base.global_batch = 16;
+  const PlanSearch s = search_plans(c, base, h100(), 1000);
+  std::vector<int> pipelines;
+  for (const Plan& p : s.fitting) {
+    if (p.layout.pp == 1) continue;
+    int layers = 0;
+    for (int stage = 0; stage < p.layout.pp; ++stage)
+      for (const LayerRange& r : plan_stage_layers(c, p.layout, stage)) layers += r.size();
+    EXPECT_EQ(layers, 5) << p.layout.describe();
+    EXPECT_EQ(p.layout.first_stage_layers, p.layout.pp == 2 ? 3 : 2) << p.layout.describe();
+    EXPECT_EQ(p.layout.last_stage_layers, p.layout.pp == 2 ? 2 : 1) << p.layout.describe();
+    if (std::find(pipelines.begin(), pipelines.end(), p.layout.pp) == pipelines.end())
+      pipelines.push_back(p.layout.pp);
+  }
+  std::sort(pipelines.begin(), pipelines.end());
+  EXPECT_EQ(pipelines, (std::vector<int>{2, 4}));
+}
+
 // The GPU time model takes each product at its own size: an MoE layer of 64 experts (top-8, each
 // 1/8 of the dense MLP's width, so the same FLOPs by the model's count) runs its experts on
 // 1/8 of the tokens each, small products at a lower fraction of peak, and its router besides:
