@@ -178,12 +178,12 @@ TEST(CliPlan, CountsMultiTokenPredictionDepths) {
 
 // --search varies expert parallelism, and splits DeepSeek-V3's 61 layers unevenly over the
 // stages: on 1024 H100s its fastest layout has EP above 8 (in a column of the table) and a
-// pipeline; a given EP stays in every layout, and one that fits nowhere says so.
+// pipeline. A given EP stays (Plan.SearchVariesExpertParallelismUnlessGiven): one that fits
+// nowhere says so.
 TEST(CliPlan, SearchVariesExpertParallelismUnlessGiven) {
-  const std::string v3 =
+  const ProcessResult r = run_omnitron(
       "plan deepseek_v3 --vocab-size 129280 --machine H100 --gpus 1024 --bf16 "
-      "--global-batch-size 2048 --search --top 3 ";
-  const ProcessResult r = run_omnitron(v3);
+      "--global-batch-size 2048 --search --top 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "expert parallelism over the divisors of 256 experts")) << r.output;
   EXPECT_TRUE(has(r.output, "GiB/rank    EP layout")) << r.output;
@@ -191,15 +191,6 @@ TEST(CliPlan, SearchVariesExpertParallelismUnlessGiven) {
   const size_t at = r.output.find("(EP ");
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_GT(std::stoi(r.output.substr(at + 4)), 8) << r.output;
-  const ProcessResult given = run_omnitron(v3 + "--expert-model-parallel-size 8");
-  ASSERT_EQ(given.exit_code, 0) << given.output;
-  EXPECT_TRUE(has(given.output, "EP 8 as given")) << given.output;
-  EXPECT_EQ(count_lines(given.output), 6) << given.output;  // header, columns, 3 layouts, hint
-  size_t rows = 0;
-  for (size_t p = given.output.find("(EP 8)"); p != std::string::npos;
-       p = given.output.find("(EP 8)", p + 1))
-    ++rows;
-  EXPECT_EQ(rows, 3u) << given.output;
   expect_one_line_error(
       run_omnitron("plan deepseek_v3 --vocab-size 129280 --machine H100 --gpus 128 --bf16 "
                    "--global-batch-size 2048 --search --expert-model-parallel-size 1"),

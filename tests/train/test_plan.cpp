@@ -486,8 +486,7 @@ TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
   for (const Plan& p : s.fitting) {
     EXPECT_EQ(4 % p.layout.ep, 0) << p.layout.describe();
     EXPECT_EQ(p.layout.dp * p.layout.cp % p.layout.ep, 0) << p.layout.describe();
-    if (std::find(seen.begin(), seen.end(), p.layout.ep) == seen.end())
-      seen.push_back(p.layout.ep);
+    if (std::find(seen.begin(), seen.end(), p.layout.ep) == seen.end()) seen.push_back(p.layout.ep);
   }
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(seen, (std::vector<int>{1, 2, 4}));
@@ -548,8 +547,7 @@ TEST(Plan, SmallExpertsTakeLongerPerFlopThanADenseMlp) {
   // 1 x 4096 tokens: the dense fc1 is 2 x 4096 x 4096 x 2 x 14336 = 962 GFLOP (0.7 of peak), an
   // expert's 4096 x 8 / 64 = 512 rows of 1792: 15 GFLOP (0.6), its fc2 7.5 GFLOP.
   EXPECT_GT(m.time[0].value, 1.05 * d.time[0].value);
-  EXPECT_NE(m.time[0].why.find("64 experts of 512 rows each"), std::string::npos)
-      << m.time[0].why;
+  EXPECT_NE(m.time[0].why.find("64 experts of 512 rows each"), std::string::npos) << m.time[0].why;
   l.ep = 8;  // 4096 rows per expert, 8 experts per rank
   const Plan m8 = make_plan(moe, l, h100());
   EXPECT_NE(m8.time[0].why.find("8 experts of 4096 rows each"), std::string::npos)
