@@ -8,10 +8,11 @@
 // activations per micro-batch in flight, as the pipeline schedule keeps them), ParameterSet's
 // flat buffers and the optimizer's states, so tests/train/test_plan.cpp compares it with
 // what a small model really allocates. The time model is analytic: Megatron's 2021 FLOP formula
-// (train/flops.h, narayanan_flops_per_iteration) as matrix products at a per-size efficiency of the
-// device's peak plus the memory-bound passes at its memory bandwidth on GPUs (one measured fraction
-// on the CPU), ring collectives at the link bandwidth, and the 1F1B bubble of Narayanan et al.
-// 2021.
+// (train/flops.h, narayanan_flops_per_iteration) as matrix products at a per-size efficiency of
+// the device's peak (each product of the model's layers at its own shape: attention's or MLA's
+// projections, the dense MLP, an MoE layer's router, experts and shared expert) plus the
+// memory-bound passes at its memory bandwidth on GPUs (one measured fraction on the CPU), ring
+// collectives at the link bandwidth, and the 1F1B bubble of Narayanan et al. 2021.
 #pragma once
 
 #include <cstdint>
