@@ -167,7 +167,8 @@ int plan(const std::vector<std::string>& raw_args) {
         "--micro-batch-size, --global-batch-size, --sequence-parallel, "
         "--use-distributed-optimizer, --recompute-granularity, --bf16/--fp16); data parallelism "
         "takes the rest of --gpus.\n"
-        "--search lists the fastest layouts of --gpus N that fit.\n"
+        "--search lists the fastest layouts of --gpus N that fit (MoE models: expert "
+        "parallelism too, unless --expert-model-parallel-size is given).\n"
         "--compute-efficiency F: one fraction of peak for all the compute (no per-size curve, "
         "no memory traffic). --scatter-gather-p2p: the pipeline's sends split over the TP "
         "ranks' links (Megatron 2021). --attention-backend local|unfused: attention that "
@@ -238,7 +239,11 @@ int plan(const std::vector<std::string>& raw_args) {
   layout.scatter_gather_p2p = flags.scatter_gather;
   if (flags.search) {
     layout.gpus = gpus;
-    const PlanSearch found = search_plans(o.model, layout, device, flags.top);
+    // A given --expert-model-parallel-size (flag or config) stays; else the search varies EP.
+    bool given_ep = false;
+    for (const std::string& a : *resolved)
+      given_ep = given_ep || a.rfind("--expert-model-parallel-size", 0) == 0;
+    const PlanSearch found = search_plans(o.model, layout, device, flags.top, given_ep);
     const Plan& least = found.smallest;
     OMNI_REQUIRE(found.tried > 0, "no layout of ", gpus, " GPUs can take this model (",
                  "heads, MLP width and layers must divide among the ranks)");
@@ -246,17 +251,29 @@ int plan(const std::vector<std::string>& raw_args) {
       throw UsageError("no layout of " + std::to_string(gpus) + " x " + device.name +
                        " fits: the smallest (" + least.layout.describe() + ") needs " +
                        gib(least.memory_bytes()) + " per rank of " + gib(device.memory_gib * kGiB) +
-                       "; add GPUs");
-    std::printf("%d layouts of %d x %s tried, %d do not fit in %.1f GiB; the fastest %zu:\n",
-                found.tried, gpus, device.name.c_str(), found.too_big, device.memory_gib,
-                found.fitting.size());
-    std::printf("  %10s %12s %9s %6s %9s  %s\n", "step ms", "tokens/s", "TFLOP/s", "MFU",
-                "GiB/rank", "layout");
+                       "; add GPUs" +
+                       (given_ep && o.model.num_moe_experts > 0
+                            ? " or leave --expert-model-parallel-size to the search"
+                            : ""));
+    const std::string ep_note =
+        found.searched_ep ? ", expert parallelism over the divisors of " +
+                                std::to_string(o.model.num_moe_experts) + " experts"
+        : o.model.num_moe_experts > 0 ? ", EP " + std::to_string(layout.ep) + " as given"
+                                      : "";
+    std::printf("%d layouts of %d x %s tried%s, %d do not fit in %.1f GiB; the fastest %zu:\n",
+                found.tried, gpus, device.name.c_str(), ep_note.c_str(), found.too_big,
+                device.memory_gib, found.fitting.size());
+    // MoE models: EP in a column of its own (describe() names it only above 1).
+    const bool moe = o.model.num_moe_experts > 0;
+    std::printf("  %10s %12s %9s %6s %9s %s %s\n", "step ms", "tokens/s", "TFLOP/s", "MFU",
+                "GiB/rank", moe ? "   EP" : "", "layout");
     for (const Plan& p : found.fitting) {
       const double peak = (layout.precision == "fp32" ? device.fp32_tflops : device.bf16_tflops);
-      std::printf("  %10.1f %12.0f %9.1f %5.1f%% %9.2f  %s\n", p.step_seconds() * 1e3,
+      char ep[16] = "";
+      if (moe) std::snprintf(ep, sizeof ep, "%5d", p.layout.ep);
+      std::printf("  %10.1f %12.0f %9.1f %5.1f%% %9.2f %s %s\n", p.step_seconds() * 1e3,
                   p.tokens_per_second(), p.model_tflops_per_rank(),
-                  100.0 * p.model_tflops_per_rank() / peak, p.memory_bytes() / kGiB,
+                  100.0 * p.model_tflops_per_rank() / peak, p.memory_bytes() / kGiB, ep,
                   p.layout.describe().c_str());
     }
     std::printf("(omnitron plan with a layout's flags explains each of its figures)\n");

@@ -146,6 +146,79 @@ bool materialised_attention(const PlanLayout& l) {
   return l.attention_backend == "local" || l.attention_backend == "unfused";
 }
 
+// One matrix product of a layer on one rank: `flops` executed, `counted` of them in the model's
+// FLOP count (flops.h): less for products every TP rank repeats (MLA's down-projections, the
+// router) or rows padded to the experts' capacity.
+struct Product {
+  double flops, counted;
+  double times = 1;  // how many such products (an MoE layer's experts)
+};
+
+// The forward products of one micro-batch on one rank (the backward's have the same shapes),
+// per kind of layer: attention (MLA's or grouped-query), a dense MLP, an MoE layer.
+std::vector<Product> attention_products(const TransformerConfig& c, const PlanLayout& l) {
+  const double N = double(l.micro_batch) * c.seq_length / l.cp, h = c.hidden_size;
+  const double heads = c.num_attention_heads / l.tp, tp = l.tp;
+  const double scores = double(l.micro_batch) * heads * (c.seq_length / l.cp) * c.seq_length;
+  if (c.multi_latent_attention) {
+    // The down-projections and latent norms are replicated over TP (model/mla.h): each rank
+    // computes the whole product, of which the model counts 1/TP.
+    const double qk = c.qk_head_dim, pe = c.qk_pos_emb_head_dim, v = c.v_head_dim;
+    std::vector<Product> f;
+    if (c.q_lora_rank > 0) {
+      f.push_back({2 * N * h * c.q_lora_rank, 2 * N * h * c.q_lora_rank / tp});
+      f.push_back(
+          {2 * N * c.q_lora_rank * heads * (qk + pe), 2 * N * c.q_lora_rank * heads * (qk + pe)});
+    } else {
+      f.push_back({2 * N * h * heads * (qk + pe), 2 * N * h * heads * (qk + pe)});
+    }
+    const double down = 2 * N * h * (c.kv_lora_rank + pe);
+    f.push_back({down, down / tp});
+    const double up = 2 * N * c.kv_lora_rank * heads * (qk + v);
+    f.push_back({up, up});
+    f.push_back({2 * N * heads * v * h, 2 * N * heads * v * h});
+    f.push_back({2 * scores * (qk + pe), 2 * scores * (qk + pe)});
+    f.push_back({2 * scores * v, 2 * scores * v});
+    return f;
+  }
+  const double Hd = heads * c.head_dim(), Gd = double(c.query_groups() / l.tp) * c.head_dim();
+  const double qkv = 2 * N * h * (Hd + 2 * Gd), proj = 2 * N * Hd * h;
+  const double core = 2 * scores * c.head_dim();
+  return {{qkv, qkv}, {proj, proj}, {core, core}, {core, core}};
+}
+
+// fc1 (twice as wide under SwiGLU) and fc2 of `rows` tokens through an MLP `width` wide.
+void mlp_products(std::vector<Product>& f, const TransformerConfig& c, double rows, double width,
+                  double counted_share, double times = 1) {
+  const double fc1 = 2 * rows * c.hidden_size * width * (c.swiglu ? 2 : 1);
+  const double fc2 = 2 * rows * width * c.hidden_size;
+  f.push_back({fc1, fc1 * counted_share, times});
+  f.push_back({fc2, fc2 * counted_share, times});
+}
+
+// An MoE layer: the router (every TP rank scores all b s/CP tokens; flops.h leaves it out),
+// each of this rank's E/EP experts on its rows -- top-k x tokens / E from each of the EP ranks
+// when dropless (the expected share), its capacity from each with padding -- 1/ETP of the
+// experts' width, and the shared expert 1/TP wide on every token.
+std::vector<Product> moe_products(const TransformerConfig& c, const PlanLayout& l,
+                                  double* rows_total) {
+  const double N = double(l.micro_batch) * c.seq_length / l.cp;
+  const double E = c.num_moe_experts, K = c.moe_router_topk;
+  std::vector<Product> f = {{2 * N * c.hidden_size * E, 0}};
+  double rows = K * N / E * l.ep, share = 1;
+  if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity) {
+    const double capacity = std::ceil(N * K / E * c.moe_expert_capacity_factor);
+    share = std::min(1.0, K * N / (E * capacity));
+    rows = capacity * l.ep;
+  }
+  const double width = double(c.moe_ffn_size()) / l.expert_tp();
+  mlp_products(f, c, rows, width, share, E / l.ep);
+  *rows_total = rows * E / l.ep;
+  if (c.moe_shared_expert_intermediate_size > 0)
+    mlp_products(f, c, N, double(c.moe_shared_expert_intermediate_size) / l.tp, 1);
+  return f;
+}
+
 LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const PlanDevice& d, int eb) {
   LayerCost k;
   if (d.host_memory || d.gemm_efficiency.empty()) {
@@ -154,29 +227,62 @@ LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const Plan
   }
   k.flat = false;
   const double N = double(l.micro_batch) * c.seq_length / l.cp, h = c.hidden_size;
-  const double Hd = double(c.num_attention_heads / l.tp) * c.head_dim();
-  const double Gd = double(c.query_groups() / l.tp) * c.head_dim();
   const double F = double(c.ffn_size()) / l.tp;
   const double heads = c.num_attention_heads / l.tp;
   const double score_elems = double(l.micro_batch) * heads * (c.seq_length / l.cp) * c.seq_length;
-  // Forward products: QKV, output projection, fc1 (twice as wide under SwiGLU), fc2, and the
-  // two attention products; the backward's have the same shapes.
-  const double f[] = {2 * N * h * (Hd + 2 * Gd),          2 * N * Hd * h,
-                      2 * N * h * F * (c.swiglu ? 2 : 1), 2 * N * F * h,
-                      2 * score_elems * c.head_dim(),     2 * score_elems * c.head_dim()};
-  double sum = 0, time = 0, largest = 0;
-  for (double x : f) sum += x, time += x / curve_efficiency(d, x), largest = std::max(largest, x);
-  k.gemm_eff = sum / time;
+  // The model's layers: every one's attention, the dense layers' MLP, the MoE layers'. The
+  // efficiency is the counted FLOPs over the products' time at each one's own size, so that
+  // many small experts, a small router and products repeated on every TP rank take longer
+  // per counted FLOP; the FLOP count itself stays the model's (flops.h).
+  int moe_layers = 0;
+  if (c.num_moe_experts > 0)
+    for (int is_moe : c.moe_layer_pattern()) moe_layers += is_moe != 0;
+  const int dense_layers = c.num_layers - moe_layers;
+  std::vector<Product> dense_mlp;
+  mlp_products(dense_mlp, c, N, F, 1);
+  double expert_rows = 0;
+  const std::vector<Product> moe =
+      moe_layers > 0 ? moe_products(c, l, &expert_rows) : std::vector<Product>{};
+  double counted = 0, time = 0, largest = 0, smallest = 0;
+  auto add = [&](const std::vector<Product>& f, double layers) {
+    if (layers <= 0) return;
+    for (const Product& x : f) {
+      counted += layers * x.times * x.counted;
+      time += layers * x.times * x.flops / curve_efficiency(d, x.flops);
+      largest = std::max(largest, x.flops);
+      smallest = smallest == 0 ? x.flops : std::min(smallest, x.flops);
+    }
+  };
+  add(attention_products(c, l), c.num_layers);
+  add(dense_mlp, dense_layers);
+  add(moe, moe_layers);
+  k.gemm_eff = counted / time;
   const double logit_f = 2 * N * h * c.padded_vocab_size() / l.tp;
   k.logits_eff = curve_efficiency(d, logit_f);
   k.gemm_why =
-      sfmt("FLOP-weighted over products of up to %.3g GFLOP per micro-batch", largest / 1e9);
+      moe_layers > 0 || c.multi_latent_attention
+          ? sfmt(
+                "counted FLOPs over the time of products of %.3g to %.3g GFLOP per "
+                "micro-batch%s%s",
+                smallest / 1e9, largest / 1e9,
+                c.multi_latent_attention ? ", MLA's down/up projections" : "",
+                moe_layers > 0 ? sfmt(", %d expert%s of %.0f rows each", c.num_moe_experts / l.ep,
+                                      c.num_moe_experts / l.ep == 1 ? "" : "s",
+                                      expert_rows * l.ep / c.num_moe_experts)
+                                     .c_str()
+                               : "")
+          : sfmt("FLOP-weighted over products of up to %.3g GFLOP per micro-batch", largest / 1e9);
   // Elementwise, forward: two norms (read, write), two bias-dropout-adds (read the output and
   // the residual, write; a 1-byte mask with dropout) over N h (N h / TP under SP), the
   // activation over N F' (GELU reads and writes; SwiGLU reads two halves).
+  // MoE layers' activation runs over their expert rows and the shared expert's tokens instead.
   const double rows = N * h / (l.sequence_parallel ? l.tp : 1);
-  k.elementwise_fwd =
-      rows * (10.0 * eb + (c.hidden_dropout > 0 ? 2 : 0)) + N * F * eb * (c.swiglu ? 3 : 2);
+  const double act = c.swiglu ? 3 : 2;
+  const double moe_act = (expert_rows * c.moe_ffn_size() / l.expert_tp() +
+                          N * double(c.moe_shared_expert_intermediate_size) / l.tp) *
+                         eb * act;
+  k.elementwise_fwd = rows * (10.0 * eb + (c.hidden_dropout > 0 ? 2 : 0)) +
+                      (dense_layers * N * F * eb * act + moe_layers * moe_act) / c.num_layers;
   k.traffic_why = "norms, bias-dropout-adds, activation";
   if (materialised_attention(l)) {
     // The QK^T product writes the scores; the fused scale-mask-softmax reads and writes them;
@@ -214,6 +320,10 @@ std::string moe_rows_note(const TransformerConfig& c, const PlanLayout& l) {
 std::string PlanLayout::describe() const {
   std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
   if (vp > 1) s += sfmt(" (VPP %d)", vp);
+  if (first_stage_layers > 0 || last_stage_layers > 0)
+    s += sfmt(" (layers: first stage %s, last %s)",
+              first_stage_layers > 0 ? std::to_string(first_stage_layers).c_str() : "even",
+              last_stage_layers > 0 ? std::to_string(last_stage_layers).c_str() : "even");
   if (ep > 1) s += sfmt(" (EP %d)", ep);
   if (etp > 0 && etp != tp) s += sfmt(" (ETP %d)", etp);
   s += sfmt(" x DP %d, micro-batch %d, global batch %d (%d micro-batch%s), %s", dp, micro_batch,
@@ -306,7 +416,8 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                "--mtp-num-layers ", c.mtp_num_layers,
                " with --position-embedding-type learned_absolute and "
                "--pipeline-model-parallel-size ",
-               l.pp, ": training refuses it (the last stage holds no copy of the position "
+               l.pp,
+               ": training refuses it (the last stage holds no copy of the position "
                "embeddings)");
   const StateBytes sb = state_bytes(l, d);
   const int eb = activation_element_bytes(l, d);

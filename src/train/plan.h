@@ -8,7 +8,9 @@
 // activations per micro-batch in flight, as the pipeline schedule keeps them), ParameterSet's
 // flat buffers and the optimizer's states, so tests/train/test_plan.cpp compares it with
 // what a small model really allocates. The time model is analytic: Megatron's 2021 FLOP formula
-// (train/flops.h, narayanan_flops_per_iteration) as matrix products at a per-size efficiency of the device's peak plus the
+// (train/flops.h, narayanan_flops_per_iteration) as matrix products at a per-size efficiency of
+// the device's peak (each product of the model's layers at its own shape: attention's or MLA's
+// projections, the dense MLP, an MoE layer's router, experts and shared expert) plus the
 // memory-bound passes at its memory bandwidth on GPUs (one measured fraction on the CPU), ring
 // collectives at the link bandwidth, and the 1F1B bubble of Narayanan et al. 2021.
 #pragma once
@@ -162,14 +164,17 @@ double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l);
 Plan make_plan(const TransformerConfig& model, const PlanLayout& layout, const PlanDevice& device);
 
 // --search: every layout of `gpus` ranks (TP within a node, PP, CP, micro-batch, recompute,
-// interleaving; SP and the distributed optimizer where they apply) for `global_batch`, the
-// fitting ones fastest first (at most `top`), and how many were tried and did not fit.
+// interleaving; SP and the distributed optimizer where they apply; for MoE models expert
+// parallelism over the divisors of the experts count that divide DP x CP, unless `keep_ep`:
+// then base.ep, as the user gave it) for `global_batch`, the fitting ones fastest first (at
+// most `top`), and how many were tried and did not fit.
 struct PlanSearch {
   std::vector<Plan> fitting;
   int tried = 0, too_big = 0;
+  bool searched_ep = false;  // the layouts' EP varied
   Plan smallest;  // the layout that needs the least memory (for the message when none fits)
 };
 PlanSearch search_plans(const TransformerConfig& model, const PlanLayout& base,
-                        const PlanDevice& device, int top);
+                        const PlanDevice& device, int top, bool keep_ep = false);
 
 }  // namespace omni

@@ -18,8 +18,13 @@ std::vector<int> divisors(int n) {
 }  // namespace
 
 PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
-                        const PlanDevice& device, int top) {
+                        const PlanDevice& device, int top, bool keep_ep) {
   PlanSearch out;
+  // Expert parallelism: base.ep when the user gave it (or the model has no experts), else every
+  // divisor of the experts count that also divides the layout's DP x CP ranks (Megatron carves
+  // the expert-parallel group out of them).
+  const bool vary_ep = !keep_ep && c.num_moe_experts > 0;
+  out.searched_ep = vary_ep;
   const int gpus = base.gpus;
   double least = -1;
   for (int tp : divisors(gpus)) {
@@ -30,34 +35,49 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
     for (int cp : divisors(gpus / tp)) {
       if (cp > 8 || (cp > 1 && c.seq_length % (2 * cp))) continue;
       for (int pp : divisors(gpus / (tp * cp))) {
-        if (pp > c.num_layers || c.num_layers % pp) continue;
+        if (pp > c.num_layers) continue;
+        // Layers that do not divide among the stages (DeepSeek-V3's 61) split unevenly, as
+        // --decoder-first/last-pipeline-num-layers do: the middle stages the most layers that
+        // leave at least one to each edge stage, the rest shared by the first and last.
+        int first = 0, last = 0;
+        if (c.num_layers % pp) {
+          const int middle = pp > 2 ? (c.num_layers - 2) / (pp - 2) : 0;
+          const int rest = c.num_layers - (pp - 2) * middle;
+          first = rest - rest / 2, last = rest / 2;
+          if (pp > 2 && first > middle + 1) continue;  // edge stages far above the rest
+        }
         const int dp = gpus / (tp * cp * pp);
         for (int mb : {1, 2, 4, 8}) {
           if (base.global_batch % (mb * dp)) continue;
           const int m = base.global_batch / (mb * dp);
           for (int vp : {1, 2, 4}) {
             if (vp > 1 && (pp == 1 || c.num_layers % (pp * vp) || m % pp)) continue;
-            for (const char* recompute : {"", "full"}) {
-              PlanLayout l = base;
-              l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.micro_batch = mb;
-              l.sequence_parallel = tp > 1;
-              l.distributed_optimizer = dp * cp > 1;
-              l.recompute = recompute, l.recompute_method = "uniform";
-              l.recompute_num_layers = *recompute ? 1 : 0;
-              l.first_stage_layers = l.last_stage_layers = 0;
-              Plan p;
-              try {
-                p = make_plan(c, l, device);
-              } catch (const UsageError&) {
-                continue;  // a layout the model cannot take
+            for (int ep : vary_ep ? divisors(c.num_moe_experts) : std::vector<int>{base.ep}) {
+              if (vary_ep && (dp * cp) % ep) continue;
+              for (const char* recompute : {"", "full"}) {
+                PlanLayout l = base;
+                l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.micro_batch = mb;
+                l.ep = ep;
+                l.sequence_parallel = tp > 1;
+                l.distributed_optimizer = dp * cp > 1;
+                l.recompute = recompute, l.recompute_method = "uniform";
+                l.recompute_num_layers = *recompute ? 1 : 0;
+                l.first_stage_layers = first, l.last_stage_layers = last;
+                Plan p;
+                try {
+                  p = make_plan(c, l, device);
+                } catch (const UsageError&) {
+                  continue;  // a layout the model cannot take
+                }
+                ++out.tried;
+                if (least < 0 || p.memory_bytes() < least)
+                  least = p.memory_bytes(), out.smallest = p;
+                if (!p.fits()) {
+                  ++out.too_big;
+                  continue;
+                }
+                out.fitting.push_back(std::move(p));
               }
-              ++out.tried;
-              if (least < 0 || p.memory_bytes() < least) least = p.memory_bytes(), out.smallest = p;
-              if (!p.fits()) {
-                ++out.too_big;
-                continue;
-              }
-              out.fitting.push_back(std::move(p));
             }
           }
         }

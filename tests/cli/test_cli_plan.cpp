@@ -176,6 +176,30 @@ TEST(CliPlan, CountsMultiTokenPredictionDepths) {
   EXPECT_FALSE(has(without.output, "MTP")) << without.output;
 }
 
+// --search varies expert parallelism, and splits DeepSeek-V3's 61 layers unevenly over the
+// stages: on 1024 H100s its fastest layout has EP above 8 (in a column of the table) and a
+// pipeline. A given EP stays (Plan.SearchVariesExpertParallelismUnlessGiven): one that fits
+// nowhere says so.
+TEST(CliPlan, SearchVariesExpertParallelismUnlessGiven) {
+  const ProcessResult r = run_omnitron(
+      "plan deepseek_v3 --vocab-size 129280 --machine H100 --gpus 1024 --bf16 "
+      "--global-batch-size 2048 --search --top 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "expert parallelism over the divisors of 256 experts")) << r.output;
+  EXPECT_TRUE(has(r.output, "GiB/rank    EP layout")) << r.output;
+  EXPECT_TRUE(has(r.output, "(layers: first stage ")) << r.output;
+  const size_t at = r.output.find("(EP ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_GT(std::stoi(r.output.substr(at + 4)), 8) << r.output;
+  expect_one_line_error(
+      run_omnitron("plan deepseek_v3 --vocab-size 129280 --machine H100 --gpus 128 --bf16 "
+                   "--global-batch-size 2048 --search --expert-model-parallel-size 1"),
+      "fits: the smallest (TP 8 x CP 1 x PP 16 (layers: first stage 3, last 2) x DP 1, "
+      "micro-batch 1, global batch 2048 (2048 micro-batches), bf16, SP, recompute full) needs "
+      "102.9 GiB per rank of 74.5 GiB; add GPUs or leave --expert-model-parallel-size to the "
+      "search");
+}
+
 TEST(CliPlan, MistakesAreOneLineErrors) {
   expect_one_line_error(run_omnitron("plan llama3_8b --machine H100"), "--vocab-size N");
   expect_one_line_error(run_omnitron(kLlama8b + "--search --machine H100"),

@@ -6,6 +6,7 @@
 // adding up, and the search's order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -20,6 +21,7 @@
 #include "parallel/layout_run.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedules.h"
+#include "train/flops.h"
 #include "train/plan.h"
 
 namespace omni {
@@ -471,6 +473,86 @@ TEST(Plan, SearchSplitsAnMoeModelThatOnlyFitsUnderTensorParallelism) {
   const double one_b = double(plan_moe_layer_bytes(c, one, 2));
   const double two_b = double(plan_moe_layer_bytes(c, two, 2));
   EXPECT_NEAR(one_b - two_b, rows * (3.0 * 57344 / 2) * 2, 0.001 * one_b);
+}
+
+// --search varies expert parallelism over the divisors of the experts count (4) that divide DP x
+// CP; a given EP (keep_ep) stays in every layout tried.
+TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
+  PlanLayout base;
+  base.gpus = 8, base.global_batch = 64;
+  const PlanSearch s = search_plans(tiny_moe(), base, h100(), 1000);
+  EXPECT_TRUE(s.searched_ep);
+  std::vector<int> seen;
+  for (const Plan& p : s.fitting) {
+    EXPECT_EQ(4 % p.layout.ep, 0) << p.layout.describe();
+    EXPECT_EQ(p.layout.dp * p.layout.cp % p.layout.ep, 0) << p.layout.describe();
+    if (std::find(seen.begin(), seen.end(), p.layout.ep) == seen.end()) seen.push_back(p.layout.ep);
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 4}));
+  base.ep = 2;
+  const PlanSearch kept = search_plans(tiny_moe(), base, h100(), 1000, true);
+  EXPECT_FALSE(kept.searched_ep);
+  ASSERT_FALSE(kept.fitting.empty());
+  for (const Plan& p : kept.fitting) EXPECT_EQ(p.layout.ep, 2) << p.layout.describe();
+  EXPECT_LT(kept.tried, s.tried);
+  // A dense model has no EP to vary.
+  base.ep = 1;
+  EXPECT_FALSE(search_plans(tiny_llama(), base, h100(), 1).searched_ep);
+}
+
+// Layers that do not divide among the stages split unevenly, as --decoder-first/last-pipeline-
+// num-layers do: 5 layers over PP 2 as 3 + 2, over PP 4 as 2 + 1 + 1 + 1; every stage's share
+// adds up to the model.
+TEST(Plan, SearchSplitsLayersUnevenlyOverTheStages) {
+  TransformerConfig c = tiny_llama();
+  c.num_layers = 5;
+  PlanLayout base;
+  base.gpus = 4, base.global_batch = 16;
+  const PlanSearch s = search_plans(c, base, h100(), 1000);
+  std::vector<int> pipelines;
+  for (const Plan& p : s.fitting) {
+    if (p.layout.pp == 1) continue;
+    int layers = 0;
+    for (int stage = 0; stage < p.layout.pp; ++stage)
+      for (const LayerRange& r : plan_stage_layers(c, p.layout, stage)) layers += r.size();
+    EXPECT_EQ(layers, 5) << p.layout.describe();
+    EXPECT_EQ(p.layout.first_stage_layers, p.layout.pp == 2 ? 3 : 2) << p.layout.describe();
+    EXPECT_EQ(p.layout.last_stage_layers, p.layout.pp == 2 ? 2 : 1) << p.layout.describe();
+    if (std::find(pipelines.begin(), pipelines.end(), p.layout.pp) == pipelines.end())
+      pipelines.push_back(p.layout.pp);
+  }
+  std::sort(pipelines.begin(), pipelines.end());
+  EXPECT_EQ(pipelines, (std::vector<int>{2, 4}));
+}
+
+// The GPU time model takes each product at its own size: an MoE layer of 64 experts (top-8, each
+// 1/8 of the dense MLP's width, so the same FLOPs by the model's count) runs its experts on
+// 1/8 of the tokens each, small products at a lower fraction of peak, and its router besides:
+// the same FLOPs take longer. Expert parallelism gathers more rows per expert (EP x as many):
+// larger products, faster per FLOP.
+TEST(Plan, SmallExpertsTakeLongerPerFlopThanADenseMlp) {
+  TransformerConfig dense = llama3_8b();
+  dense.num_layers = 4, dense.seq_length = 4096;
+  TransformerConfig moe = dense;
+  moe.num_moe_experts = 64, moe.moe_router_topk = 8;
+  moe.moe_ffn_hidden_size = dense.ffn_hidden_size / 8;
+  moe.moe_token_dispatcher_type = "alltoall";
+  ASSERT_DOUBLE_EQ(narayanan_flops_per_iteration(moe, 64),
+                   narayanan_flops_per_iteration(dense, 64));
+  PlanLayout l = layout(1, 1, 1, 1, 8, 8, false);
+  l.micro_batch = 1, l.global_batch = 64, l.precision = "bf16";
+  const Plan d = make_plan(dense, l, h100()), m = make_plan(moe, l, h100());
+  ASSERT_EQ(d.time[0].name, "compute");
+  // 1 x 4096 tokens: the dense fc1 is 2 x 4096 x 4096 x 2 x 14336 = 962 GFLOP (0.7 of peak), an
+  // expert's 4096 x 8 / 64 = 512 rows of 1792: 15 GFLOP (0.6), its fc2 7.5 GFLOP.
+  EXPECT_GT(m.time[0].value, 1.05 * d.time[0].value);
+  EXPECT_NE(m.time[0].why.find("64 experts of 512 rows each"), std::string::npos) << m.time[0].why;
+  l.ep = 8;  // 4096 rows per expert, 8 experts per rank
+  const Plan m8 = make_plan(moe, l, h100());
+  EXPECT_NE(m8.time[0].why.find("8 experts of 4096 rows each"), std::string::npos)
+      << m8.time[0].why;
+  EXPECT_LT(m8.time[0].value, m.time[0].value);
 }
 
 // The EP figure: alltoall moves top-k x tokens rows, (EP-1)/EP of them; allgather every
