@@ -108,17 +108,24 @@ struct MoE {
   omni::MoEParams<float> p, g;
   std::unique_ptr<omni::MoELayer<float>> layer;
   const float* x;
-  MoE(int tokens, const float* input, const std::vector<std::string>& flags)
-      : N(tokens), x(input) {
+  MoE(int tokens, const float* input, const std::vector<std::string>& flags) : N(tokens), x(input) {
     omni::Options o;
-    std::vector<std::string> args = {"--mock-data", "--vocab-size", "50257", "--num-layers",
-                                     "1",             "--hidden-size",
+    std::vector<std::string> args = {"--mock-data",
+                                     "--vocab-size",
+                                     "50257",
+                                     "--num-layers",
+                                     "1",
+                                     "--hidden-size",
                                      std::to_string(kHidden),
                                      "--num-attention-heads",
-                                     "6",             "--seq-length",
-                                     "256",           "--moe-router-load-balancing-type",
-                                     "aux_loss",      "--moe-aux-loss-coeff",
-                                     "0.01",          "--moe-grouped-gemm",
+                                     "6",
+                                     "--seq-length",
+                                     "256",
+                                     "--moe-router-load-balancing-type",
+                                     "aux_loss",
+                                     "--moe-aux-loss-coeff",
+                                     "0.01",
+                                     "--moe-grouped-gemm",
                                      "--moe-token-dispatcher-type",
                                      "alltoall"};
     args.insert(args.end(), flags.begin(), flags.end());
@@ -156,8 +163,10 @@ int main(int argc, char** argv) {
              (only == "dense" || only == "moe8" || only == "moe16"))
       continue;
     else {
-      std::fprintf(stderr, "bench_moe_layer: unknown argument %s (expected --reps N, --tokens N, "
-                           "--only dense|moe8|moe16)\n", a.c_str());
+      std::fprintf(stderr,
+                   "bench_moe_layer: bad argument %s (expected --reps N, --tokens N, "
+                   "--only dense|moe8|moe16)\n",
+                   a.c_str());
       return 2;
     }
   }
@@ -176,9 +185,13 @@ int main(int argc, char** argv) {
   };
   auto moe_hash = [](const MoE& m) { return fnv({&m.y, &m.dx, &m.grads}); };
   std::vector<Row> rows = {
-      {"dense", [&] { dense.step(); },
-       [&] { return fnv({&dense.y, &dense.dx, &dense.g1, &dense.gb1, &dense.g2, &dense.gb2}); },
-       {}, {}},
+      {"dense",
+       [&] { dense.step(); },
+       [&] {
+         return fnv({&dense.y, &dense.dx, &dense.g1, &dense.gb1, &dense.g2, &dense.gb2});
+       },
+       {},
+       {}},
       {"moe8", [&] { moe8.step(); }, [&] { return moe_hash(moe8); }, {}, {}},
       {"moe16", [&] { moe16.step(); }, [&] { return moe_hash(moe16); }, {}, {}}};
   std::erase_if(rows, [&](const Row& r) { return !only.empty() && only != r.name; });
@@ -212,7 +225,8 @@ int main(int argc, char** argv) {
     if (dense_c > 0) std::printf(" %8.3fx", dense_c / c);
     std::printf("  %016llx\n", static_cast<unsigned long long>(hashes[i]));
   }
-  std::printf("(/dense: the dense row's time over this row's, i.e. this row's rate as a fraction "
-              "of dense's)\n");
+  std::printf(
+      "(/dense: the dense row's time over this row's, i.e. this row's rate as a fraction "
+      "of dense's)\n");
   return 0;
 }
