@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "bench_moe_layer: bad argument %s (expected --reps N, --tokens N, "
                    "--only dense|moe8|moe16)\n",
-                   a.c_str());
+                   argv[i]);
       return 2;
     }
   }
