@@ -11,8 +11,11 @@
 //   moe8    8 experts, top 2, each 768 wide: the same active FLOPs, plus the router;
 //   moe16   16 experts, top 4, each 192 wide, plus a shared expert 768 wide, no biases.
 // Each repetition runs every chosen row once in turn (dense, moe8, moe16, dense, ...), so a
-// moment of load from other work lands on all of them; the medians are printed, with each MoE
-// row's time as a fraction of the dense row's (>= 1: slower). Prints figures; never fails.
+// moment of load from other work lands on all of them. Printed: the medians of wall and of
+// process CPU time (all threads; less swayed by other work on a shared machine), each beside
+// the dense row's time over this row's (this row's rate as a fraction of dense's: < 1 slower),
+// and a hash of the outputs and gradients of one step (equal before and after a change: the
+// same bits). Prints figures; never fails.
 #include <time.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -66,6 +70,13 @@ uint64_t fnv(std::initializer_list<const std::vector<float>*> vs) {
   return h;
 }
 
+std::vector<std::string> words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -108,27 +119,14 @@ struct MoE {
   omni::MoEParams<float> p, g;
   std::unique_ptr<omni::MoELayer<float>> layer;
   const float* x;
-  MoE(int tokens, const float* input, const std::vector<std::string>& flags) : N(tokens), x(input) {
+  MoE(int tokens, const float* input, const std::string& extra) : N(tokens), x(input) {
     omni::Options o;
-    std::vector<std::string> args = {"--mock-data",
-                                     "--vocab-size",
-                                     "50257",
-                                     "--num-layers",
-                                     "1",
-                                     "--hidden-size",
-                                     std::to_string(kHidden),
-                                     "--num-attention-heads",
-                                     "6",
-                                     "--seq-length",
-                                     "256",
-                                     "--moe-router-load-balancing-type",
-                                     "aux_loss",
-                                     "--moe-aux-loss-coeff",
-                                     "0.01",
-                                     "--moe-grouped-gemm",
-                                     "--moe-token-dispatcher-type",
-                                     "alltoall"};
-    args.insert(args.end(), flags.begin(), flags.end());
+    // bench_train_step's MoE rows: one layer of its 6-layer model, Mixtral's recipe's defaults.
+    std::vector<std::string> args = words(
+        "--mock-data --vocab-size 50257 --num-layers 1 --hidden-size " + std::to_string(kHidden) +
+        " --num-attention-heads 6 --seq-length 256 --moe-router-load-balancing-type aux_loss "
+        "--moe-aux-loss-coeff 0.01 --moe-grouped-gemm --moe-token-dispatcher-type alltoall");
+    for (std::string& w : words(extra)) args.push_back(std::move(w));
     omni::parse_options(args, o);
     omni::finalize(o);
     cfg = o.model;
@@ -172,11 +170,10 @@ int main(int argc, char** argv) {
   }
   const std::vector<float> x = normal(size_t(tokens) * kHidden, 1.0f, 1);
   Dense dense(tokens, x.data());
-  MoE moe8(tokens, x.data(),
-           {"--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "768"});
+  MoE moe8(tokens, x.data(), "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 768");
   MoE moe16(tokens, x.data(),
-            {"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "192",
-             "--moe-shared-expert-intermediate-size", "768", "--disable-bias-linear"});
+            "--num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 192 "
+            "--moe-shared-expert-intermediate-size 768 --disable-bias-linear");
   struct Row {
     const char* name;
     std::function<void()> step;
