@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -119,6 +120,12 @@ void moe_grouped_linear_forward(T* y, const T* x, const T* w, const T* bias, con
 template <typename T>
 void moe_grouped_linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w,
                                  const int32_t* offsets, int experts, int K, int N);
+
+// body(e) for each expert e < experts with rows (offsets [experts + 1]); with two or more
+// such experts per CPU thread they run in parallel, each whole on one thread, largest first
+// (a BLAS call inside body then runs on its thread alone), else one after another. Each body
+// must touch only its expert's rows and weights.
+void moe_for_each_expert(const int32_t* offsets, int experts, const std::function<void(int)>& body);
 
 // The shared expert's gate (SharedExpertMLP, --moe-shared-expert-gate): y[t] = h[t] *
 // sigmoid(x[t] . w) with w [C]; gate [T] receives the sigmoid.

@@ -349,11 +349,23 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   } else {
     ops::moe_permute(ex, permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
   }
-  ops::moe_grouped_linear_forward(ex, fc1_out_.data(), permuted_.data(), p.fc1_weight, p.fc1_bias,
-                                  offsets, El, C, F1_);
-  activation_forward(ex, act_.data(), fc1_out_.data(), R, F_, cfg_);
-  ops::moe_grouped_linear_forward(ex, expert_out_.data(), act_.data(), p.fc2_weight, p.fc2_bias,
-                                  offsets, El, F_, C);
+  // Experts [e, e + n) (rows offsets[e] to offsets[e + n]): all at once on a GPU; on the CPU
+  // one expert at a time per thread, its rows hot in that core's cache between the steps.
+  auto experts_forward = [&](int e, int n) {
+    const size_t r0 = offsets[e];
+    ops::moe_grouped_linear_forward(
+        ex, fc1_out_.data(), permuted_.data(), p.fc1_weight + size_t(e) * F1_ * C,
+        p.fc1_bias ? p.fc1_bias + size_t(e) * F1_ : nullptr, offsets + e, n, C, F1_);
+    activation_forward(ex, act_.data() + r0 * F_, fc1_out_.data() + r0 * F1_,
+                       offsets[e + n] - offsets[e], F_, cfg_);
+    ops::moe_grouped_linear_forward(
+        ex, expert_out_.data(), act_.data(), p.fc2_weight + size_t(e) * C * F_,
+        p.fc2_bias ? p.fc2_bias + size_t(e) * C : nullptr, offsets + e, n, F_, C);
+  };
+  if (ex.on_gpu())
+    experts_forward(0, El);
+  else
+    ops::moe_for_each_expert(offsets, El, [&](int e) { experts_forward(e, 1); });
   const T* out_rows = expert_out_.data();
   if (a2a_) {
     local_out_.resize(static_cast<size_t>(plan_.host().rows()) * C);
@@ -503,13 +515,24 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   MoEBuffer<T>&d_act = s.act, &d_fc1 = s.fc1;
   d_act.resize(static_cast<size_t>(R) * F_);
   d_fc1.resize(static_cast<size_t>(R) * F1_);
-  ops::moe_grouped_linear_backward(ex, d_act.data(), g.fc2_weight, g.fc2_bias, d_expert_out.data(),
-                                   act_.data(), p.fc2_weight, offsets, El, F_, C);
-  activation_backward(ex, d_fc1.data(), d_act.data(), fc1_out_.data(), R, F_, cfg_);
   MoEBuffer<T>& d_permuted = s.rows_in;
   d_permuted.resize(static_cast<size_t>(R) * C);
-  ops::moe_grouped_linear_backward(ex, d_permuted.data(), g.fc1_weight, g.fc1_bias, d_fc1.data(),
-                                   permuted_.data(), p.fc1_weight, offsets, El, C, F1_);
+  auto experts_backward = [&](int e, int n) {  // as experts_forward
+    const size_t r0 = offsets[e], w1 = size_t(e) * F1_ * C, w2 = size_t(e) * C * F_;
+    ops::moe_grouped_linear_backward(
+        ex, d_act.data(), g.fc2_weight + w2, g.fc2_bias ? g.fc2_bias + size_t(e) * C : nullptr,
+        d_expert_out.data(), act_.data(), p.fc2_weight + w2, offsets + e, n, F_, C);
+    activation_backward(ex, d_fc1.data() + r0 * F1_, d_act.data() + r0 * F_,
+                        fc1_out_.data() + r0 * F1_, offsets[e + n] - offsets[e], F_, cfg_);
+    ops::moe_grouped_linear_backward(ex, d_permuted.data(), g.fc1_weight + w1,
+                                     g.fc1_bias ? g.fc1_bias + size_t(e) * F1_ : nullptr,
+                                     d_fc1.data(), permuted_.data(), p.fc1_weight + w1, offsets + e,
+                                     n, C, F1_);
+  };
+  if (ex.on_gpu())
+    experts_backward(0, El);
+  else
+    ops::moe_for_each_expert(offsets, El, [&](int e) { experts_backward(e, 1); });
 
   // Back to this rank's tokens: the routing probabilities' gradient and the input rows'.
   MoEBuffer<T>& dprobs = s.probs;
