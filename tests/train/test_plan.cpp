@@ -596,6 +596,47 @@ TEST(Plan, ExpertDispatchTimeFollowsTheDispatcher) {
   EXPECT_NEAR(g.time[8].value / a.time[8].value, 2.0, 1e-9);
 }
 
+// Expert tensor parallelism 1 under TP 2 + SP, EP 2 on 4 GPUs: each rank routes half the
+// micro-batch's tokens (half ETP 2's all-to-all bytes, over a node's link either way), holds
+// whole experts (twice ETP 2's expert parameters) and shards their optimizer states over the
+// expert grid's 2 EDP ranks, as the dense ones over DP 2 (ETP 2: EDP 1, not sharded). Without
+// SP, training's refusal.
+TEST(Plan, ExpertTensorParallelismOfOne) {
+  TransformerConfig c = tiny_moe();
+  c.moe_token_dispatcher_type = "alltoall";
+  const PlanLayout l2 = with_ep(layout(2, 1, 1, 1, 2, 1, true), 2);
+  const PlanLayout l1 = with_ep(l2, 2, 1);
+  const Plan e2 = make_plan(c, l2, h100()), e1 = make_plan(c, l1, h100());
+  const Plan dense = make_plan(tiny_llama(), layout(2, 1, 1, 1, 2, 1, true), h100());
+  auto figure = [](const std::vector<PlanFigure>& f, const std::string& name) {
+    for (const PlanFigure& x : f)
+      if (x.name == name) return x;
+    ADD_FAILURE() << "no figure " << name;
+    return PlanFigure{};
+  };
+  EXPECT_NEAR(figure(e1.time, "EP dispatch").value, figure(e2.time, "EP dispatch").value / 2,
+              1e-15);
+  EXPECT_EQ(plan_rank_expert_parameters(c, l1, 0), 2 * plan_rank_expert_parameters(c, l2, 0));
+  auto optimizer_per_parameter = [&](const Plan& p) {
+    return figure(p.memory, "optimizer").value / figure(p.memory, "parameters").value;
+  };
+  EXPECT_DOUBLE_EQ(optimizer_per_parameter(e1), optimizer_per_parameter(dense));
+  EXPECT_GT(optimizer_per_parameter(e2), optimizer_per_parameter(dense));
+  // ETP 2's experts reduce over their own EDP 1; ETP 1's over 2 ranks, as the dense layers'.
+  EXPECT_NE(figure(e2.time, "DP grad reduce").why.find("over the 1 expert-data-parallel ranks"),
+            std::string::npos);
+  EXPECT_EQ(figure(e1.time, "DP grad reduce").why.find("expert-data-parallel"), std::string::npos);
+  PlanLayout no_sp = l1;
+  no_sp.sequence_parallel = false;
+  try {
+    make_plan(c, no_sp, h100());
+    ADD_FAILURE() << "ETP 1 without SP planned";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --sequence-parallel"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
   PlanLayout base;
   base.gpus = 8, base.global_batch = 64, base.precision = "bf16";
