@@ -96,17 +96,16 @@ TEST(CliPlan, ExpertParallelism) {
   expect_one_line_error(run_omnitron(tp2), "--gpus 2: the world of 2 ranks is not divisible by");
   const ProcessResult etp = run_omnitron(tp2 + "--expert-tensor-parallel-size 1");
   EXPECT_EQ(etp.exit_code, 0) << etp.output;
-  EXPECT_TRUE(has(etp.output, "(EP 2) (ETP 1) x DP 1")) << etp.output;
-  EXPECT_TRUE(has(etp.output, "this rank's block's 1/2 under ETP 1")) << etp.output;
-  EXPECT_TRUE(has(etp.output, "  EP dispatch ")) << etp.output;
+  for (const char* needle :
+       {"(EP 2) (ETP 1) x DP 1", "this rank's block's 1/2 under ETP 1", "  EP dispatch "})
+    EXPECT_TRUE(has(etp.output, needle)) << etp.output;
   // --search keeps a given ETP, in a column of its own where it differs from TP.
   const ProcessResult s = run_omnitron(moe +
                                        "--gpus 4 --disable-bias-linear "
                                        "--expert-tensor-parallel-size 1 --search --top 1000");
   EXPECT_EQ(s.exit_code, 0) << s.output;
-  EXPECT_TRUE(has(s.output, ", ETP 1 as given")) << s.output;
-  EXPECT_TRUE(has(s.output, "GiB/rank    EP  ETP layout")) << s.output;
-  EXPECT_TRUE(has(s.output, "    1 TP 2 x ")) << s.output;
+  for (const char* needle : {", ETP 1 as given", "GiB/rank    EP  ETP layout", "    1 TP 2 x "})
+    EXPECT_TRUE(has(s.output, needle)) << s.output;
 }
 
 // How Megatron 2021 ran (bench/plan_narayanan.sh): attention that materialises its scores, and
