@@ -3,6 +3,7 @@
 // plan's table (train/plan.h).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -168,7 +169,8 @@ int plan(const std::vector<std::string>& raw_args) {
         "--use-distributed-optimizer, --recompute-granularity, --bf16/--fp16); data parallelism "
         "takes the rest of --gpus.\n"
         "--search lists the fastest layouts of --gpus N that fit (MoE models: expert "
-        "parallelism too, unless --expert-model-parallel-size is given).\n"
+        "parallelism too, unless --expert-model-parallel-size is given, and under TP > 1 "
+        "expert tensor parallelism TP and 1, unless --expert-tensor-parallel-size is given).\n"
         "--compute-efficiency F: one fraction of peak for all the compute (no per-size curve, "
         "no memory traffic). --scatter-gather-p2p: the pipeline's sends split over the TP "
         "ranks' links (Megatron 2021). --attention-backend local|unfused: attention that "
@@ -240,10 +242,12 @@ int plan(const std::vector<std::string>& raw_args) {
   if (flags.search) {
     layout.gpus = gpus;
     // A given --expert-model-parallel-size (flag or config) stays; else the search varies EP.
-    bool given_ep = false;
-    for (const std::string& a : *resolved)
+    bool given_ep = false, given_etp = false;
+    for (const std::string& a : *resolved) {
       given_ep = given_ep || a.rfind("--expert-model-parallel-size", 0) == 0;
-    const PlanSearch found = search_plans(o.model, layout, device, flags.top, given_ep);
+      given_etp = given_etp || a.rfind("--expert-tensor-parallel-size", 0) == 0;
+    }
+    const PlanSearch found = search_plans(o.model, layout, device, flags.top, given_ep, given_etp);
     const Plan& least = found.smallest;
     OMNI_REQUIRE(found.tried > 0, "no layout of ", gpus, " GPUs can take this model (",
                  "heads, MLP width and layers must divide among the ranks)");
@@ -260,17 +264,28 @@ int plan(const std::vector<std::string>& raw_args) {
                                 std::to_string(o.model.num_moe_experts) + " experts"
         : o.model.num_moe_experts > 0 ? ", EP " + std::to_string(layout.ep) + " as given"
                                       : "";
-    std::printf("%d layouts of %d x %s tried%s, %d do not fit in %.1f GiB; the fastest %zu:\n",
-                found.tried, gpus, device.name.c_str(), ep_note.c_str(), found.too_big,
-                device.memory_gib, found.fitting.size());
-    // MoE models: EP in a column of its own (describe() names it only above 1).
+    const std::string etp_note = found.searched_etp ? ", expert tensor parallelism TP and 1"
+                                 : given_etp && o.model.num_moe_experts > 0
+                                     ? ", ETP " + std::to_string(layout.expert_tp()) + " as given"
+                                     : "";
+    std::printf("%d layouts of %d x %s tried%s%s, %d do not fit in %.1f GiB; the fastest %zu:\n",
+                found.tried, gpus, device.name.c_str(), ep_note.c_str(), etp_note.c_str(),
+                found.too_big, device.memory_gib, found.fitting.size());
+    // MoE models: EP in a column of its own (describe() names it only above 1), and ETP
+    // beside it when a listed layout's differs from its TP.
     const bool moe = o.model.num_moe_experts > 0;
-    std::printf("  %10s %12s %9s %6s %9s %s %s\n", "step ms", "tokens/s", "TFLOP/s", "MFU",
-                "GiB/rank", moe ? "   EP" : "", "layout");
+    bool etp_column = false;
+    for (const Plan& p : found.fitting)
+      etp_column = etp_column || (moe && p.layout.expert_tp() != p.layout.tp);
+    std::printf("  %10s %12s %9s %6s %9s %s%s %s\n", "step ms", "tokens/s", "TFLOP/s", "MFU",
+                "GiB/rank", moe ? "   EP" : "", etp_column ? "  ETP" : "", "layout");
     for (const Plan& p : found.fitting) {
       const double peak = (layout.precision == "fp32" ? device.fp32_tflops : device.bf16_tflops);
-      char ep[16] = "";
+      char ep[32] = "";
       if (moe) std::snprintf(ep, sizeof ep, "%5d", p.layout.ep);
+      if (etp_column)
+        std::snprintf(ep + std::strlen(ep), sizeof ep - std::strlen(ep), "%5d",
+                      p.layout.expert_tp());
       std::printf("  %10.1f %12.0f %9.1f %5.1f%% %9.2f %s %s\n", p.step_seconds() * 1e3,
                   p.tokens_per_second(), p.model_tflops_per_rank(),
                   100.0 * p.model_tflops_per_rank() / peak, p.memory_bytes() / kGiB, ep,

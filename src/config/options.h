@@ -234,6 +234,14 @@ const OptionDef& closest_option(const std::string& flag);
 void parse_options(const std::vector<std::string>& args, Options& opts);
 // Fills in derived values and validates everything, naming the offending flag.
 void finalize(Options& opts);
+// The checks of --expert-tensor-parallel-size `etp` (0: `tp`'s) beside
+// --tensor-model-parallel-size `tp` for the MoE model `m` (UsageError or NotBuiltError naming
+// the flags: ETP must divide TP and the experts' width, and other than TP needs
+// --sequence-parallel, no --zero-stage, adam or sgd): finalize() makes them, and `omnitron
+// plan` on each layout it plans (options_moe.cpp).
+void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
+                                  bool sequence_parallel, int zero_stage,
+                                  const std::string& optimizer);
 // `--help` text, grouped, generated from the table.
 std::string options_help();
 // The options of `group` as a command line ("--num-layers 4 --hidden-size 256 ..."), to

@@ -84,6 +84,40 @@ std::string moe_variant_note(const std::string& feature) {
 }
 
 }  // namespace
+}  // namespace omni::option_rows
+
+namespace omni {
+void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
+                                  bool sequence_parallel, int zero_stage,
+                                  const std::string& optimizer) {
+  OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
+  if (etp == 0 || etp == tp) return;
+  // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
+  // its own rows to experts split over it, over the expert grid's expert-parallel group:
+  // comm/process_grid.h).
+  const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
+                           " with --tensor-model-parallel-size " + std::to_string(tp);
+  if (tp % etp != 0)
+    throw NotBuiltError(what,
+                        "experts split over a number of ranks that does not divide "
+                        "--tensor-model-parallel-size");
+  OMNI_REQUIRE(m.moe_ffn_size() % etp == 0, "--moe-ffn-hidden-size (", m.moe_ffn_size(),
+               ") must be divisible by --expert-tensor-parallel-size (", etp, ")");
+  OMNI_REQUIRE(sequence_parallel, what,
+               " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
+               "rank routes its sequence-parallel tokens)");
+  const std::pair<bool, const char*> unbuilt[] = {
+      {m.moe_router_load_balancing_type == MoELoadBalancing::SeqAuxLoss,
+       "--moe-router-load-balancing-type seq_aux_loss"},
+      {zero_stage > 0, "--zero-stage"},
+      {optimizer != "adam" && optimizer != "sgd", "optimizers other than adam and sgd"},
+  };
+  for (const auto& [on, flag] : unbuilt)
+    if (on) throw NotBuiltError(what + " and " + flag, "expert tensor parallelism of 1 there");
+}
+}  // namespace omni
+
+namespace omni::option_rows {
 
 void finalize_moe(Options& o) {
   const int ep = o.expert_model_parallel_size;
@@ -107,33 +141,9 @@ void finalize_moe(Options& o) {
         throw NotBuiltError(std::string(v.flag) + " with --num-experts", v.feature);
   }
   const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
-  const int tp = o.tensor_model_parallel_size, etp = o.expert_tensor_parallel_size;
-  OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
-  if (etp != 0 && etp != tp) {
-    // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
-    // its own rows to experts split over it, over the expert grid's expert-parallel group:
-    // comm/process_grid.h).
-    const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
-                             " with --tensor-model-parallel-size " + std::to_string(tp);
-    if (tp % etp != 0)
-      throw NotBuiltError(what,
-                          "experts split over a number of ranks that does not divide "
-                          "--tensor-model-parallel-size");
-    OMNI_REQUIRE(o.model.moe_ffn_size() % etp == 0, "--moe-ffn-hidden-size (",
-                 o.model.moe_ffn_size(), ") must be divisible by --expert-tensor-parallel-size (",
-                 etp, ")");
-    OMNI_REQUIRE(o.sequence_parallel, what,
-                 " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
-                 "rank routes its sequence-parallel tokens)");
-    const std::pair<bool, const char*> unbuilt[] = {
-        {o.model.moe_router_load_balancing_type == MoELoadBalancing::SeqAuxLoss,
-         "--moe-router-load-balancing-type seq_aux_loss"},
-        {o.zero_stage > 0, "--zero-stage"},
-        {o.optimizer != "adam" && o.optimizer != "sgd", "optimizers other than adam and sgd"},
-    };
-    for (const auto& [on, flag] : unbuilt)
-      if (on) throw NotBuiltError(what + " and " + flag, "expert tensor parallelism of 1 there");
-  }
+  const int tp = o.tensor_model_parallel_size;
+  check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel,
+                               o.zero_stage, o.optimizer);
   OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "

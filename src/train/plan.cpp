@@ -196,19 +196,21 @@ void mlp_products(std::vector<Product>& f, const TransformerConfig& c, double ro
   f.push_back({fc2, fc2 * counted_share, times});
 }
 
-// An MoE layer: the router (every TP rank scores all b s/CP tokens; flops.h leaves it out),
-// each of this rank's E/EP experts on its rows -- top-k x tokens / E from each of the EP ranks
-// when dropless (the expected share), its capacity from each with padding -- 1/ETP of the
-// experts' width, and the shared expert 1/TP wide on every token.
+// An MoE layer: the router (every TP rank scores all b s/CP tokens, its block's TP/ETP-th
+// under ETP < TP; flops.h leaves it out), each of this rank's E/EP experts on its rows -- top-k
+// x routed tokens / E from each of the EP ranks when dropless (the expected share), its
+// capacity from each with padding -- 1/ETP of the experts' width, and the shared expert 1/TP
+// wide on every token.
 std::vector<Product> moe_products(const TransformerConfig& c, const PlanLayout& l,
                                   double* rows_total) {
   const double N = double(l.micro_batch) * c.seq_length / l.cp;
+  const double Nr = N / l.routing_blocks();  // the tokens this rank routes
   const double E = c.num_moe_experts, K = c.moe_router_topk;
-  std::vector<Product> f = {{2 * N * c.hidden_size * E, 0}};
-  double rows = K * N / E * l.ep, share = 1;
+  std::vector<Product> f = {{2 * Nr * c.hidden_size * E, 0}};
+  double rows = K * Nr / E * l.ep, share = 1;
   if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity) {
-    const double capacity = std::ceil(N * K / E * c.moe_expert_capacity_factor);
-    share = std::min(1.0, K * N / (E * capacity));
+    const double capacity = std::ceil(Nr * K / E * c.moe_expert_capacity_factor);
+    share = std::min(1.0, K * Nr / (E * capacity));
     rows = capacity * l.ep;
   }
   const double width = double(c.moe_ffn_size()) / l.expert_tp();
@@ -300,14 +302,19 @@ LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const Plan
 // What the activations figure assumes of the MoE layers' expert rows.
 std::string moe_rows_note(const TransformerConfig& c, const PlanLayout& l) {
   if (c.num_moe_experts == 0) return "";
-  const double N = double(l.micro_batch) * c.seq_length / l.cp;
+  const double N = double(l.micro_batch) * c.seq_length / l.cp / l.routing_blocks();
   const double E = c.num_moe_experts, K = c.moe_router_topk;
   if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity)
     return sfmt("; MoE layers: %.0f expert rows each (E x capacity %.0f, exact)",
                 E * std::ceil(N * K / E * c.moe_expert_capacity_factor),
                 std::ceil(N * K / E * c.moe_expert_capacity_factor));
   return sfmt(
-      "; MoE layers: %.0f expert rows each (top-%d x %.0f tokens%s%s)", N * K, c.moe_router_topk, N,
+      "; MoE layers: %.0f expert rows each (top-%d x %.0f tokens%s%s%s)", N * K, c.moe_router_topk,
+      N,
+      l.routing_blocks() > 1
+          ? sfmt(", this rank's block's 1/%d under ETP %d", l.routing_blocks(), l.expert_tp())
+                .c_str()
+          : "",
       c.moe_expert_capacity_factor > 0 ? ", at most: tokens over capacity are dropped"
                                        : ", dropless",
       l.ep > 1
@@ -358,7 +365,7 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   l.pp = o.pipeline_model_parallel_size;
   l.dp = data_parallel_size(gpus, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
   l.ep = o.expert_model_parallel_size;
-  l.etp = o.expert_tensor_parallel_size;  // 0 or TP today (options_moe.cpp refuses others)
+  l.etp = o.model.num_moe_experts > 0 ? o.expert_tensor_parallel_size : 0;
   l.vp = o.num_layers_per_virtual_pipeline_stage > 0
              ? o.model.num_layers / (l.pp * o.num_layers_per_virtual_pipeline_stage)
              : 1;
@@ -396,10 +403,22 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   OMNI_REQUIRE(l.vp == 1 || l.micro_batches() % l.pp == 0,
                "the interleaved schedule needs the micro-batches (", l.micro_batches(),
                ") to be a multiple of --pipeline-model-parallel-size (", l.pp, ")");
-  OMNI_REQUIRE(l.ep == 1 || (c.num_moe_experts > 0 && c.num_moe_experts % l.ep == 0 &&
-                             (l.dp * l.cp) % l.ep == 0),
+  OMNI_REQUIRE(l.ep == 1 || (c.num_moe_experts > 0 && c.num_moe_experts % l.ep == 0),
                "--expert-model-parallel-size (", l.ep, ") must divide --num-experts (",
-               c.num_moe_experts, ") and the data-parallel ranks (", l.dp * l.cp, ")");
+               c.num_moe_experts, ")");
+  // Training's world rule (ProcessGrid): TP x CP x PP and, for the experts' own grid,
+  // ETP x EP x PP divide the GPUs; the experts' tensor parallelism as finalize() checks it.
+  try {
+    data_parallel_size(l.gpus, ParallelLayout{.tp = l.tp,
+                                              .cp = l.cp,
+                                              .ep = l.ep,
+                                              .pp = l.pp,
+                                              .etp = c.num_moe_experts > 0 ? l.etp : 0});
+  } catch (const UsageError& e) {
+    throw UsageError("--gpus " + std::to_string(l.gpus) + ": " + e.what());
+  }
+  if (c.num_moe_experts > 0)
+    check_expert_tensor_parallel(c, l.tp, l.etp, l.sequence_parallel, l.zero_stage, "adam");
   // MoE layers under TP, as `omnitron train` checks them (config/options_moe.cpp, MoELayer).
   OMNI_REQUIRE(c.num_moe_experts == 0 || (c.moe_ffn_size() % l.expert_tp() == 0 &&
                                           c.moe_shared_expert_intermediate_size % l.tp == 0),
@@ -424,10 +443,11 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const int M = l.micro_batches();
 
   // The routed experts' optimizer states are sharded over the expert-data-parallel group
-  // (DP x CP / EP ranks) instead of DP x CP: what that adds per expert parameter.
-  const int edp = l.dp * l.cp / l.ep;
+  // (gpus / (ETP x EP x PP) ranks) instead of DP x CP: what that adds per expert parameter.
+  const int edp = c.num_moe_experts > 0 ? l.expert_dp() : l.dp * l.cp;
+  const bool own_edp = edp != l.dp * l.cp;  // the experts' group differs from the dense one
   const double expert_extra =
-      l.distributed_optimizer && l.ep > 1
+      l.distributed_optimizer && own_edp
           ? (d.host_memory ? 8.0 / (l.dp * l.cp) : sb.optim) * (double(l.dp) * l.cp / edp - 1)
           : 0.0;
   // Memory: the pipeline rank that needs the most.
@@ -466,14 +486,16 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "P_rank x bytes(grad)");
   const double Pe = double(plan_rank_expert_parameters(c, l, s));
   mem("optimizer", P * sb.optim + Pe * expert_extra,
-      sfmt("%s x %.3g B: %s%s", millions(P).c_str(), sb.optim, sb.optim_why.c_str(),
-           Pe > 0 && l.ep > 1
-               ? sfmt("; the experts' %s (E/EP %d of %d) over the %d expert-data-parallel "
-                      "ranks%s",
-                      millions(Pe).c_str(), c.num_moe_experts / l.ep, c.num_moe_experts, edp,
-                      l.distributed_optimizer ? "" : " (not sharded: no distributed optimizer)")
-                     .c_str()
-               : ""),
+      sfmt(
+          "%s x %.3g B: %s%s", millions(P).c_str(), sb.optim, sb.optim_why.c_str(),
+          Pe > 0 && own_edp
+              ? sfmt("; the experts' %s (E/EP %d of %d%s) over the %d expert-data-parallel "
+                     "ranks%s",
+                     millions(Pe).c_str(), c.num_moe_experts / l.ep, c.num_moe_experts,
+                     l.expert_tp() != l.tp ? sfmt(", 1/ETP %d wide", l.expert_tp()).c_str() : "",
+                     edp, l.distributed_optimizer ? "" : " (not sharded: no distributed optimizer)")
+                    .c_str()
+              : ""),
       "P_rank x (state bytes / (DP x CP) with --use-distributed-optimizer)");
   const std::vector<int> slots = plan_slots_in_flight(l, s);
   const double act = double(plan_activation_bytes(c, l, s, eb));
@@ -649,11 +671,11 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const int dp_group = l.dp * l.cp;
   const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp, &dp_link);
   // The routed experts' gradients reduce over the expert-data-parallel group instead (each
-  // of its members EP ranks apart in the data-parallel order).
+  // of its members ETP x EP ranks apart in the expert grid's order).
   const double grad_bytes = (P - Pe) * (d.host_memory ? 4.0 : sb.grad);
   const double param_bytes = (P - Pe) * (d.host_memory ? 4.0 : sb.param);
   std::string edp_link;
-  const double edp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp * l.ep, &edp_link);
+  const double edp_bw = link_gbps(d, l.gpus / l.pp, l.expert_tp() * l.ep, &edp_link);
   const double egrad = Pe * (d.host_memory ? 4.0 : sb.grad);
   const double eparam = Pe * (d.host_memory ? 4.0 : sb.param);
   const double t_dp_full = l.distributed_optimizer
@@ -666,12 +688,12 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const double backward_one = t_compute / M * 2.0 / 3.0;
   const double t_dp = l.overlap_grad_reduce ? std::max(0.0, t_dp_full - backward_one) : t_dp_full;
   tim("DP grad reduce", t_dp,
-      dp_group == 1
+      dp_group == 1 && edp == 1
           ? "none: DP x CP 1"
           : sfmt("%s %s of %s over %d ranks at %s%s%s",
                  l.distributed_optimizer ? "reduce-scatter + parameter all-gather" : "all-reduce",
                  "of the gradients", gib(grad_bytes).c_str(), dp_group, dp_link.c_str(),
-                 Pe > 0 && l.ep > 1
+                 Pe > 0 && own_edp
                      ? sfmt("; the experts' %s over the %d expert-data-parallel ranks at %s",
                             gib(egrad).c_str(), edp, edp_link.c_str())
                            .c_str()
@@ -722,7 +744,10 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   // micro-batch's top-k rows, of which (EP-1)/EP leave the rank; allgather: every rank's
   // tokens all-gathered (forward: x, backward: dy) and the outputs (input gradients)
   // reduce-scattered, (EP-1) x b s/CP x h each. Every TP rank moves its whole micro-batch (the
-  // MoE layer routes the tokens SP gathered); the routing's own gather is left out.
+  // MoE layer routes the tokens SP gathered), its block's TP/ETP-th under ETP < TP, over the
+  // expert grid's EP group (ETP apart, inside a node's TP ranks with ETP 1 and EP <= TP); the
+  // routing's own gather and the output's reduce-scatter over TP (kept under ETP < TP) are
+  // in "TP/SP comm".
   int moe_layers = 0;
   {
     const std::vector<int> moe = c.moe_layer_pattern();
@@ -730,9 +755,10 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       for (int i = r.begin; i < r.end; ++i) moe_layers += c.num_moe_experts > 0 && moe[i];
   }
   std::string ep_link;
-  const double ep_bw = link_gbps(d, l.tp * l.cp * l.ep, l.tp * l.cp, &ep_link);
+  const double ep_bw = link_gbps(d, l.expert_tp() * l.ep, l.expert_tp(), &ep_link);
   const bool gathers = c.moe_token_dispatcher_type == "allgather";
-  const double a2a_bytes = tokens * (gathers ? 1 : c.moe_router_topk) * c.hidden_size * eb;
+  const double a2a_bytes =
+      tokens / l.routing_blocks() * (gathers ? 1 : c.moe_router_topk) * c.hidden_size * eb;
   const double sent = gathers ? double(l.ep - 1) : double(l.ep - 1) / l.ep;
   const int a2a = 4 + (slow_rc ? 2 : 0);
   const double t_ep =
@@ -750,7 +776,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "per MoE layer and micro-batch: dispatch and combine, forward and backward (+2 when "
       "recomputed); alltoall: b s/CP x top-k x h x bytes, (EP-1)/EP of it sent; allgather: "
       "all-gather / reduce-scatter of b s/CP x h x bytes per rank, (EP-1) x that received; "
-      "every TP rank its whole micro-batch; not overlapped");
+      "every TP rank its whole micro-batch (ETP < TP: its block's ETP/TP of it); not overlapped");
   double step = 0;
   for (const PlanFigure& f : p.time) step += f.value;
   tim("step", step,

@@ -78,10 +78,18 @@ struct PlanLayout {
   int gpus = 1, tp = 1, cp = 1, pp = 1, vp = 1, dp = 1;
   int ep = 1;  // --expert-model-parallel-size: MoE layers' experts split over EP of the DP ranks
   // --expert-tensor-parallel-size: each routed expert's width split over ETP ranks. 0: TP's
-  // (Megatron's default, and the only size omnitron trains today); expert_tp() is the one
-  // place the plan reads it.
+  // (Megatron's default); expert_tp() is the one place the plan reads it. Other than TP (a
+  // divisor of it, with SP) the experts have their own grid, ETP x EP x EDP x PP
+  // (comm/process_grid.h), and each block of ETP tensor-parallel ranks routes only its
+  // sequence-parallel rows.
   int etp = 0;
   int expert_tp() const { return etp > 0 ? etp : tp; }
+  // The expert grid's data-parallel size, gpus / (ETP x EP x PP): the ranks holding the same
+  // experts, over which their gradients are reduced and their optimizer states sharded.
+  int expert_dp() const { return gpus / (expert_tp() * ep * pp); }
+  // Into how many blocks a micro-batch's b s/CP tokens split for the routing: 1 when every
+  // TP rank routes them all (ETP = TP), TP / ETP when each block of ETP ranks routes its own.
+  int routing_blocks() const { return expert_tp() < tp ? tp / expert_tp() : 1; }
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
   int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too
@@ -124,7 +132,7 @@ PlanLayout plan_layout(const Options& opts, int gpus);
 // as many), as GPTModel's parameter_layout lays them out.
 int64_t plan_rank_parameters(const TransformerConfig& c, const PlanLayout& l, int stage);
 // Of those, the routed experts' (E/EP experts of each MoE layer): reduced and, with the
-// distributed optimizer, sharded over the expert-data-parallel group (DP x CP / EP ranks).
+// distributed optimizer, sharded over the expert-data-parallel group (expert_dp() ranks).
 int64_t plan_rank_expert_parameters(const TransformerConfig& c, const PlanLayout& l, int stage);
 // Activation bytes that GPTModel::activation_bytes() reports on pipeline rank `stage` after a
 // step: residual streams and the tensors each layer keeps, for every micro-batch the schedule
@@ -133,7 +141,8 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
                               int element_bytes);
 // Bytes one MoE layer keeps for its backward per micro-batch on a rank (MoELayer::
 // activation_bytes after a training forward): every TP rank routes the micro-batch's whole
-// b s/CP tokens (gathered under SP) with the replicated router; its experts' rows are the
+// b s/CP tokens (gathered under SP) with the replicated router (ETP < TP: its block's
+// 1/routing_blocks() of them, the shared expert still all); its experts' rows are the
 // expected top-k x tokens when dropless (exact for EP 1; under EP the mean over the
 // expert-parallel ranks, the peak rank's depending on the routing balance), E x capacity with
 // --moe-pad-expert-input-to-capacity, each row 1/ETP of the experts' width; the shared expert
@@ -166,15 +175,18 @@ Plan make_plan(const TransformerConfig& model, const PlanLayout& layout, const P
 // --search: every layout of `gpus` ranks (TP within a node, PP, CP, micro-batch, recompute,
 // interleaving; SP and the distributed optimizer where they apply; for MoE models expert
 // parallelism over the divisors of the experts count that divide DP x CP, unless `keep_ep`:
-// then base.ep, as the user gave it) for `global_batch`, the fitting ones fastest first (at
-// most `top`), and how many were tried and did not fit.
+// then base.ep, as the user gave it; and the experts' tensor parallelism ETP = TP and ETP 1
+// under TP > 1, unless `keep_etp`: then base.etp) for `global_batch`, the fitting ones fastest
+// first (at most `top`), and how many were tried and did not fit.
 struct PlanSearch {
   std::vector<Plan> fitting;
   int tried = 0, too_big = 0;
-  bool searched_ep = false;  // the layouts' EP varied
+  bool searched_ep = false;   // the layouts' EP varied
+  bool searched_etp = false;  // ETP 1 was tried beside ETP = TP
   Plan smallest;  // the layout that needs the least memory (for the message when none fits)
 };
 PlanSearch search_plans(const TransformerConfig& model, const PlanLayout& base,
-                        const PlanDevice& device, int top, bool keep_ep = false);
+                        const PlanDevice& device, int top, bool keep_ep = false,
+                        bool keep_etp = false);
 
 }  // namespace omni

@@ -85,7 +85,7 @@ MoERows moe_rows(const TransformerConfig& c, int64_t N) {
 
 // Elements of one MoE tensor on a rank (GPTModel::add_moe_parameters): the experts' split over
 // the EP ranks; each expert's fc1 rows (and fc1 biases) and fc2 columns over the ETP ranks
-// (expert_tp(): TP today), the shared expert's over TP, as the dense MLP's; the router, the
+// (expert_tp()), the shared expert's over TP, as the dense MLP's; the router, the
 // gate and the experts' fc2 biases whole.
 int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
   auto ends = [&](const char* tail) {
@@ -108,21 +108,22 @@ int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
 // the exchange's staging, the router's gradients.
 int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
   const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb;
-  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;
+  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;  // the shared expert's tokens
+  const int64_t Nr = N / l.routing_blocks();                       // the routed ones
   const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
   const int64_t F = c.moe_ffn_size() / l.expert_tp(), F1 = c.swiglu ? 2 * F : F;
   const int64_t Fs = c.moe_shared_expert_intermediate_size / l.tp, Fs1 = c.swiglu ? 2 * Fs : Fs;
   const bool ep = l.ep > 1, allgather = ep && c.moe_token_dispatcher_type == "allgather";
-  const MoERows rows = moe_rows(c, N);
-  const int64_t R = rows.expert, all = l.ep * N;
+  const MoERows rows = moe_rows(c, Nr);
+  const int64_t R = rows.expert, all = l.ep * Nr;
   int64_t e = std::max({R * C, Fs > 0 ? N * C : 0, allgather ? all * C : 0});  // rows_out
   e += allgather ? R : rows.own;                                               // row_weight
-  e += std::max(R * F, N * Fs) + std::max(R * F1, N * Fs1) + R * C + N * K;    // act .. probs
+  e += std::max(R * F, N * Fs) + std::max(R * F1, N * Fs1) + R * C + Nr * K;   // act .. probs
   // allgather: the gathered rows' gradients and probabilities'; alltoall: this rank's rows
   // and the exchange's staging.
   e += allgather ? all * C + all * K : ep ? rows.own * C + R * C : 0;
-  int64_t b = e * eb + N * E * rb;                             // + the logits' gradient
-  if (eb == 2) b += (N * C + (allgather ? all : N) * K) * rb;  // the router's float copies
+  int64_t b = e * eb + Nr * E * rb;                              // + the logits' gradient
+  if (eb == 2) b += (Nr * C + (allgather ? all : Nr) * K) * rb;  // the router's float copies
   return b;
 }
 
@@ -242,7 +243,10 @@ int64_t plan_mla_layer_bytes(const TransformerConfig& c, const PlanLayout& l, in
 int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
   if (c.num_moe_experts == 0) return 0;
   const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb, ib = 4;  // storage, router, int32
-  const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;   // every TP rank's tokens
+  // Every TP rank's tokens, for the shared expert; the routed ones: all of them, or under
+  // ETP < TP its block's sequence-parallel rows.
+  const int64_t Ns = int64_t(l.micro_batch) * c.seq_length / l.cp;
+  const int64_t N = Ns / l.routing_blocks();
   const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
   const int64_t F = c.moe_ffn_size() / l.expert_tp(), F1 = c.swiglu ? 2 * F : F;
   const int64_t Fs = c.moe_shared_expert_intermediate_size / l.tp, Fs1 = c.swiglu ? 2 * Fs : Fs;
@@ -264,7 +268,7 @@ int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, in
   b += rows.expert * (2 * C + F1 + F) * eb + (allgather ? rows.expert : rows.own) * eb;
   if (ep && !allgather) b += rows.own * C * eb;               // alltoall: the outputs returned
   if (allgather) b += l.ep * N * C * eb + l.ep * N * K * eb;  // every rank's tokens and probs
-  if (Fs > 0) b += N * (Fs1 + Fs + C) * eb + (c.moe_shared_expert_gate ? N * eb : 0);
+  if (Fs > 0) b += Ns * (Fs1 + Fs + C) * eb + (c.moe_shared_expert_gate ? Ns * eb : 0);
   return b;
 }
 

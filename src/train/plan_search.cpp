@@ -18,13 +18,17 @@ std::vector<int> divisors(int n) {
 }  // namespace
 
 PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
-                        const PlanDevice& device, int top, bool keep_ep) {
+                        const PlanDevice& device, int top, bool keep_ep, bool keep_etp) {
   PlanSearch out;
   // Expert parallelism: base.ep when the user gave it (or the model has no experts), else every
-  // divisor of the experts count that also divides the layout's DP x CP ranks (Megatron carves
-  // the expert-parallel group out of them).
+  // divisor of the experts count that the layout's ranks can take (ETP = TP: a divisor of DP,
+  // the expert-parallel group carved out of the data-parallel ranks; ETP < TP: of
+  // gpus / (ETP x PP), the group taking tensor-parallel ranks too).
   const bool vary_ep = !keep_ep && c.num_moe_experts > 0;
   out.searched_ep = vary_ep;
+  // Expert tensor parallelism: base.etp when the user gave it, else TP's and 1 (Megatron's most
+  // used MoE layout, whole experts on each rank) under TP > 1.
+  const bool vary_etp = !keep_etp && c.num_moe_experts > 0;
   const int gpus = base.gpus;
   double least = -1;
   for (int tp : divisors(gpus)) {
@@ -52,31 +56,39 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
           const int m = base.global_batch / (mb * dp);
           for (int vp : {1, 2, 4}) {
             if (vp > 1 && (pp == 1 || c.num_layers % (pp * vp) || m % pp)) continue;
-            for (int ep : vary_ep ? divisors(c.num_moe_experts) : std::vector<int>{base.ep}) {
-              if (vary_ep && (dp * cp) % ep) continue;
-              for (const char* recompute : {"", "full"}) {
-                PlanLayout l = base;
-                l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.micro_batch = mb;
-                l.ep = ep;
-                l.sequence_parallel = tp > 1;
-                l.distributed_optimizer = dp * cp > 1;
-                l.recompute = recompute, l.recompute_method = "uniform";
-                l.recompute_num_layers = *recompute ? 1 : 0;
-                l.first_stage_layers = first, l.last_stage_layers = last;
-                Plan p;
-                try {
-                  p = make_plan(c, l, device);
-                } catch (const UsageError&) {
-                  continue;  // a layout the model cannot take
+            for (int etp : vary_etp ? (tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0})
+                                    : std::vector<int>{base.etp}) {
+              const int experts_tp = etp > 0 ? etp : tp;
+              out.searched_etp = out.searched_etp || (vary_etp && experts_tp != tp);
+              for (int ep : vary_ep ? divisors(c.num_moe_experts) : std::vector<int>{base.ep}) {
+                // Training's world rule (data_parallel_size): with ETP = TP, TP x CP x EP x PP
+                // divides the GPUs (EP divides DP); else the experts' grid ETP x EP x PP does.
+                if (vary_ep && (experts_tp == tp ? dp : gpus / (experts_tp * pp)) % ep) continue;
+                for (const char* recompute : {"", "full"}) {
+                  PlanLayout l = base;
+                  l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.micro_batch = mb;
+                  l.ep = ep, l.etp = etp;
+                  l.sequence_parallel = tp > 1;
+                  l.distributed_optimizer =
+                      dp * cp > 1 || (c.num_moe_experts > 0 && l.expert_dp() > 1);
+                  l.recompute = recompute, l.recompute_method = "uniform";
+                  l.recompute_num_layers = *recompute ? 1 : 0;
+                  l.first_stage_layers = first, l.last_stage_layers = last;
+                  Plan p;
+                  try {
+                    p = make_plan(c, l, device);
+                  } catch (const UsageError&) {
+                    continue;  // a layout the model cannot take
+                  }
+                  ++out.tried;
+                  if (least < 0 || p.memory_bytes() < least)
+                    least = p.memory_bytes(), out.smallest = p;
+                  if (!p.fits()) {
+                    ++out.too_big;
+                    continue;
+                  }
+                  out.fitting.push_back(std::move(p));
                 }
-                ++out.tried;
-                if (least < 0 || p.memory_bytes() < least)
-                  least = p.memory_bytes(), out.smallest = p;
-                if (!p.fits()) {
-                  ++out.too_big;
-                  continue;
-                }
-                out.fitting.push_back(std::move(p));
               }
             }
           }

@@ -72,7 +72,9 @@ TEST(CliPlan, RecomputeShrinksActivations) {
 }
 
 // Expert parallelism: the experts' share and their expert-data-parallel shard, the
-// all-to-alls; an EP that the data-parallel ranks cannot take is a one-line error.
+// all-to-alls; an EP that the GPUs cannot take is training's one-line error. Expert tensor
+// parallelism 1 under TP 2 + SP: EP 2 over the 2 GPUs' TP ranks plans (ETP = TP refuses it),
+// each rank's experts whole and its all-to-alls of its half of the rows.
 TEST(CliPlan, ExpertParallelism) {
   const std::string moe =
       "plan --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
@@ -83,9 +85,27 @@ TEST(CliPlan, ExpertParallelism) {
   EXPECT_TRUE(has(r.output, "(EP 2) x DP 4")) << r.output;
   EXPECT_TRUE(has(r.output, "(E/EP 2 of 4) over the 2 expert-data-parallel ranks")) << r.output;
   EXPECT_TRUE(has(r.output, "  EP dispatch ")) << r.output;
-  expect_one_line_error(run_omnitron(moe + "--gpus 2 --expert-model-parallel-size 4"),
-                        "--expert-model-parallel-size (4) must divide --num-experts (4) and the "
-                        "data-parallel ranks (2)");
+  expect_one_line_error(
+      run_omnitron(moe + "--gpus 2 --expert-model-parallel-size 4"),
+      "--gpus 2: the world of 2 ranks is not divisible by "
+      "--tensor-model-parallel-size (1) x --context-parallel-size (1) x "
+      "--expert-model-parallel-size (4) x --pipeline-model-parallel-size (1) = 4");
+  const std::string tp2 = moe +
+                          "--gpus 2 --tensor-model-parallel-size 2 --sequence-parallel "
+                          "--disable-bias-linear --expert-model-parallel-size 2 ";
+  expect_one_line_error(run_omnitron(tp2), "--gpus 2: the world of 2 ranks is not divisible by");
+  const ProcessResult etp = run_omnitron(tp2 + "--expert-tensor-parallel-size 1");
+  EXPECT_EQ(etp.exit_code, 0) << etp.output;
+  for (const char* needle :
+       {"(EP 2) (ETP 1) x DP 1", "this rank's block's 1/2 under ETP 1", "  EP dispatch "})
+    EXPECT_TRUE(has(etp.output, needle)) << etp.output;
+  // --search keeps a given ETP, in a column of its own where it differs from TP.
+  const ProcessResult s = run_omnitron(moe +
+                                       "--gpus 4 --disable-bias-linear "
+                                       "--expert-tensor-parallel-size 1 --search --top 1000");
+  EXPECT_EQ(s.exit_code, 0) << s.output;
+  for (const char* needle : {", ETP 1 as given", "GiB/rank    EP  ETP layout", "    1 TP 2 x "})
+    EXPECT_TRUE(has(s.output, needle)) << s.output;
 }
 
 // How Megatron 2021 ran (bench/plan_narayanan.sh): attention that materialises its scores, and

@@ -74,7 +74,8 @@ std::vector<Measured> measure(const Case& k) {
     for (int i = 0; i < n; ++i) tokens[m][i] = id(rng), labels[m][i] = id(rng);
   std::vector<Measured> out(l.gpus);
   run_ranks(l.gpus, [&](Communicator& world) {
-    ProcessGrid grid(world, ParallelLayout{.tp = l.tp, .cp = l.cp, .ep = l.ep, .pp = l.pp});
+    ProcessGrid grid(world,
+                     ParallelLayout{.tp = l.tp, .cp = l.cp, .ep = l.ep, .pp = l.pp, .etp = l.etp});
     PipelineSplit split;
     split.num_layers = cfg.num_layers;
     split.pipeline_model_parallel_size = l.pp;
@@ -82,6 +83,7 @@ std::vector<Measured> measure(const Case& k) {
     ModelParallel mp;
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = l.sequence_parallel;
     if (l.ep > 1) mp.ep = &grid.ep();
+    if (grid.own_expert_tp()) mp.expert_tp = &grid.expert_tp(), mp.tp_cp = &grid.tp_cp();
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
@@ -158,8 +160,8 @@ TransformerConfig padded_moe() {
   return c;
 }
 
-PlanLayout with_ep(PlanLayout l, int ep) {
-  l.ep = ep;
+PlanLayout with_ep(PlanLayout l, int ep, int etp = 0) {
+  l.ep = ep, l.etp = etp;
   return l;
 }
 
@@ -204,6 +206,11 @@ std::vector<Case> cases() {
        with_ep(layout(2, 1, 1, 1, 2, 1, true), 2)},
       {"MLA + MoE, EP 2 alltoall, CP 2", tiny_mla_moe("alltoall"),
        with_ep(layout(1, 2, 1, 1, 2, 1, false), 2)},
+      // Expert tensor parallelism 1 under TP 2: each TP rank routes its half of the rows to
+      // whole experts (EP 1: all of them; EP 2 over the TP ranks: half of them).
+      {"MoE layers, TP 2 + SP, ETP 1", tiny_moe(), with_ep(layout(2, 1, 1, 1, 1, 2, true), 1, 1)},
+      {"MLA + MoE, TP 2 + SP, ETP 1, EP 2 alltoall", tiny_mla_moe("alltoall"),
+       with_ep(layout(2, 1, 1, 1, 1, 2, true), 2, 1)},
   };
 }
 
@@ -475,21 +482,39 @@ TEST(Plan, SearchSplitsAnMoeModelThatOnlyFitsUnderTensorParallelism) {
   EXPECT_NEAR(one_b - two_b, rows * (3.0 * 57344 / 2) * 2, 0.001 * one_b);
 }
 
-// --search varies expert parallelism over the divisors of the experts count (4) that divide DP x
-// CP; a given EP (keep_ep) stays in every layout tried.
+// --search varies expert parallelism over the divisors of the experts count (4) that training's
+// world rule lets the layout take, and under TP > 1 the experts' tensor parallelism (TP and 1);
+// a given EP (keep_ep) or ETP (keep_etp) stays in every layout tried.
 TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
   PlanLayout base;
   base.gpus = 8, base.global_batch = 64;
   const PlanSearch s = search_plans(tiny_moe(), base, h100(), 1000);
   EXPECT_TRUE(s.searched_ep);
   std::vector<int> seen;
+  EXPECT_TRUE(s.searched_etp);
+  bool etp1 = false;
   for (const Plan& p : s.fitting) {
-    EXPECT_EQ(4 % p.layout.ep, 0) << p.layout.describe();
-    EXPECT_EQ(p.layout.dp * p.layout.cp % p.layout.ep, 0) << p.layout.describe();
-    if (std::find(seen.begin(), seen.end(), p.layout.ep) == seen.end()) seen.push_back(p.layout.ep);
+    const PlanLayout& l = p.layout;
+    EXPECT_EQ(4 % l.ep, 0) << l.describe();
+    // The experts' grid ETP x EP x PP divides the GPUs (with ETP = TP: EP divides DP).
+    EXPECT_EQ(l.gpus % (l.expert_tp() * l.ep * l.pp), 0) << l.describe();
+    if (l.expert_tp() == l.tp) {
+      EXPECT_EQ(l.dp % l.ep, 0) << l.describe();
+    }
+    EXPECT_TRUE(l.expert_tp() == l.tp || l.expert_tp() == 1) << l.describe();
+    etp1 = etp1 || l.expert_tp() < l.tp;
+    if (std::find(seen.begin(), seen.end(), l.ep) == seen.end()) seen.push_back(l.ep);
   }
+  EXPECT_TRUE(etp1);
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(seen, (std::vector<int>{1, 2, 4}));
+  // A given ETP (keep_etp) stays: ETP 1 also under TP 1, never TP's above it.
+  PlanLayout one = base;
+  one.etp = 1;
+  const PlanSearch kept_etp = search_plans(tiny_moe(), one, h100(), 1000, false, true);
+  EXPECT_FALSE(kept_etp.searched_etp);
+  ASSERT_FALSE(kept_etp.fitting.empty());
+  for (const Plan& p : kept_etp.fitting) EXPECT_EQ(p.layout.expert_tp(), 1) << p.layout.describe();
   base.ep = 2;
   const PlanSearch kept = search_plans(tiny_moe(), base, h100(), 1000, true);
   EXPECT_FALSE(kept.searched_ep);
@@ -569,6 +594,47 @@ TEST(Plan, ExpertDispatchTimeFollowsTheDispatcher) {
   ASSERT_EQ(a.time[8].name, "EP dispatch");
   // allgather / alltoall = (EP - 1) / ((EP - 1)/EP x top-k) = EP / top-k = 2.
   EXPECT_NEAR(g.time[8].value / a.time[8].value, 2.0, 1e-9);
+}
+
+// Expert tensor parallelism 1 under TP 2 + SP, EP 2 on 4 GPUs: each rank routes half the
+// micro-batch's tokens (half ETP 2's all-to-all bytes, over a node's link either way), holds
+// whole experts (twice ETP 2's expert parameters) and shards their optimizer states over the
+// expert grid's 2 EDP ranks, as the dense ones over DP 2 (ETP 2: EDP 1, not sharded). Without
+// SP, training's refusal.
+TEST(Plan, ExpertTensorParallelismOfOne) {
+  TransformerConfig c = tiny_moe();
+  c.moe_token_dispatcher_type = "alltoall";
+  const PlanLayout l2 = with_ep(layout(2, 1, 1, 1, 2, 1, true), 2);
+  const PlanLayout l1 = with_ep(l2, 2, 1);
+  const Plan e2 = make_plan(c, l2, h100()), e1 = make_plan(c, l1, h100());
+  const Plan dense = make_plan(tiny_llama(), layout(2, 1, 1, 1, 2, 1, true), h100());
+  auto figure = [](const std::vector<PlanFigure>& f, const std::string& name) {
+    for (const PlanFigure& x : f)
+      if (x.name == name) return x;
+    ADD_FAILURE() << "no figure " << name;
+    return PlanFigure{};
+  };
+  EXPECT_NEAR(figure(e1.time, "EP dispatch").value, figure(e2.time, "EP dispatch").value / 2,
+              1e-15);
+  EXPECT_EQ(plan_rank_expert_parameters(c, l1, 0), 2 * plan_rank_expert_parameters(c, l2, 0));
+  auto optimizer_per_parameter = [&](const Plan& p) {
+    return figure(p.memory, "optimizer").value / figure(p.memory, "parameters").value;
+  };
+  EXPECT_DOUBLE_EQ(optimizer_per_parameter(e1), optimizer_per_parameter(dense));
+  EXPECT_GT(optimizer_per_parameter(e2), optimizer_per_parameter(dense));
+  // ETP 2's experts reduce over their own EDP 1; ETP 1's over 2 ranks, as the dense layers'.
+  EXPECT_NE(figure(e2.time, "DP grad reduce").why.find("over the 1 expert-data-parallel ranks"),
+            std::string::npos);
+  EXPECT_EQ(figure(e1.time, "DP grad reduce").why.find("expert-data-parallel"), std::string::npos);
+  PlanLayout no_sp = l1;
+  no_sp.sequence_parallel = false;
+  try {
+    make_plan(c, no_sp, h100());
+    ADD_FAILURE() << "ETP 1 without SP planned";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --sequence-parallel"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
