@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "base/error.h"
 #include "gpu/gpu_test.h"
 
 namespace omni::gpu_test {
@@ -30,8 +31,10 @@ struct Shape {
 };
 // One row at a typical hidden size; C under the warp size and odd; C not a multiple of the
 // 16-byte pack (per-element path, two elements per thread); C = 1024; C = 3000 (packed, a
-// block of several warps); C = 3001 (per-element, eight elements per thread).
-constexpr Shape kShapes[] = {{1, 768}, {5, 77}, {7, 1001}, {4, 1024}, {3, 3000}, {2, 3001}};
+// block of several warps); C = 3001 (per-element, eight elements per thread); C = 32768, the
+// longest packed row (64 elements a thread).
+constexpr Shape kShapes[] = {{1, 768},  {5, 77},   {7, 1001},
+                             {4, 1024}, {3, 3000}, {2, 3001}, {1, 32768}};
 // The backward also with enough rows for several blocks of partial dw/db sums.
 constexpr Shape kBackwardShapes[] = {{1, 768},  {5, 77},   {7, 1001}, {4, 1024},
                                      {3, 3000}, {2, 3001}, {37, 256}};
@@ -234,6 +237,23 @@ TYPED_TEST(GpuNorm, BackwardIsBitwiseDeterministic) {
   const std::vector<float> first = run(), second = run();
   EXPECT_EQ(first_bit_difference(first, second), -1)
       << "elements: dx [0, " << N * C << "), then dw, db, RMSNorm's dw, " << C << " each";
+}
+
+TYPED_TEST(GpuNorm, RowsLongerThanTheKernelTakesAreOneLineErrors) {
+  OMNI_REQUIRE_GPU();
+  using T = TypeParam;
+  const int C = 32768 + 16;  // packed for every type
+  Device<T> x(std::vector<float>(C, 1.0f)), w(std::vector<float>(C, 1.0f)), out(C);
+  Device<float> rstd(1);
+  try {
+    gpu::rmsnorm_forward(out.get(), rstd.get(), x.get(), w.get(), 1, C, kEps);
+    ADD_FAILURE() << "no error";
+  } catch (const omni::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("rows of C = 32784 elements are too long for the GPU "
+                                         "kernel (at most 32768)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -25,9 +25,12 @@ OMNI_GPU_NAMESPACE_BEGIN
 namespace {
 
 // At most 512 threads a row (launch bounds that leave 128 registers a thread for the chunks
-// kept in registers), then more chunks per thread.
+// kept in registers), then more chunks per thread, up to 64 elements a thread (rows of up to
+// 32768 elements when packed, 16384 per element): more would only spill, and each doubling
+// doubles the unrolled code every compiler (nvcc, hipcc, the emulator's) has to build.
 constexpr int kMaxThreads = 512;
-constexpr int kMaxChunksPerThread = 32;
+template <int V>
+constexpr int kMaxChunksPerThread = std::min(32, 64 / V);
 // Backward: a block sums at least this many rows before writing C partials, so the partials
 // cost at most ~1/8 of the pass's traffic; and about this many threads in flight fill an H100
 // (132 SMs x 2048).
@@ -203,7 +206,9 @@ template <typename T>
 RowPlan plan_row(const char* op, int C, bool aligned) {
   RowPlan plan{aligned && C % kPackWidth<T> == 0, 1, 0};
   const int chunks = plan.packed ? C / kPackWidth<T> : C;
-  while (plan.chunks_per_thread < kMaxChunksPerThread &&
+  const int max_chunks =
+      plan.packed ? kMaxChunksPerThread<kPackWidth<T>> : kMaxChunksPerThread<1>;
+  while (plan.chunks_per_thread < max_chunks &&
          ceil_div(chunks, plan.chunks_per_thread) > kMaxThreads)
     plan.chunks_per_thread *= 2;
   plan.threads =
@@ -211,34 +216,27 @@ RowPlan plan_row(const char* op, int C, bool aligned) {
   if (plan.threads > kMaxThreads)
     throw UsageError(std::string("[") + op + "] rows of C = " + std::to_string(C) +
                      " elements are too long for the GPU kernel (at most " +
-                     std::to_string(kMaxThreads * kMaxChunksPerThread) +
-                     " 16-byte chunks, or elements when a pointer or C is not 16-byte aligned)");
+                     std::to_string(kMaxThreads * max_chunks * (plan.packed ? kPackWidth<T> : 1)) +
+                     (plan.packed ? "" : " when a pointer or C is not 16-byte aligned") + ")");
   return plan;
+}
+
+// Calls f(integral_constant V, integral_constant K) for K = k, a power of two up to V's most.
+template <int V, int K = 1, typename F>
+void with_chunks(int k, F&& f) {
+  if constexpr (K < kMaxChunksPerThread<V>) {
+    if (k > K) return with_chunks<V, 2 * K>(k, f);
+  }
+  f(std::integral_constant<int, V>{}, std::integral_constant<int, K>{});
 }
 
 // Calls f(integral_constant V, integral_constant K) for the plan's template arguments.
 template <typename T, typename F>
 void with_plan(const RowPlan& plan, F&& f) {
-  auto with_k = [&](auto vec) {
-    switch (plan.chunks_per_thread) {
-      case 1:
-        return f(vec, std::integral_constant<int, 1>{});
-      case 2:
-        return f(vec, std::integral_constant<int, 2>{});
-      case 4:
-        return f(vec, std::integral_constant<int, 4>{});
-      case 8:
-        return f(vec, std::integral_constant<int, 8>{});
-      case 16:
-        return f(vec, std::integral_constant<int, 16>{});
-      default:
-        return f(vec, std::integral_constant<int, 32>{});
-    }
-  };
   if (plan.packed) {
-    with_k(std::integral_constant<int, kPackWidth<T>>{});
+    with_chunks<kPackWidth<T>>(plan.chunks_per_thread, f);
   } else {
-    with_k(std::integral_constant<int, 1>{});
+    with_chunks<1>(plan.chunks_per_thread, f);
   }
 }
 
