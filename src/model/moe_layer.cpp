@@ -1,7 +1,6 @@
 #include "model/moe_layer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 
 #include "backend/ops.h"
@@ -135,20 +134,6 @@ std::vector<MoEParamInfo> moe_parameter_layout(const TransformerConfig& c) {
 int64_t moe_parameter_count(const TransformerConfig& c) {
   const auto layout = moe_parameter_layout(c);
   return layout.empty() ? 0 : layout.back().offset + layout.back().numel();
-}
-
-int64_t moe_activation_elements(const TransformerConfig& c, int64_t N) {
-  const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
-  const int64_t F = c.moe_ffn_size(), F1 = c.swiglu ? 2 * F : F;
-  const int64_t Fs = c.moe_shared_expert_intermediate_size, Fs1 = c.swiglu ? 2 * Fs : Fs;
-  int64_t rows = N * K;  // dropless: every (token, k) pair is a row
-  if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity)
-    rows = E * int64_t(std::ceil(double(N) * K / E * c.moe_expert_capacity_factor));
-  int64_t e = 2 * N * E + 2 * N * K;  // logits and the aux losses' gradient; probs, indices
-  e += (E + 1) + (N + 1) + 3 * rows;  // the plan: offsets, row tokens, slots, token rows
-  e += rows * (2 * C + F1 + F + 1);   // permuted input, output, fc1, activation, weight
-  if (Fs > 0) e += N * (Fs1 + Fs + C) + (c.moe_shared_expert_gate ? N : 0);
-  return e;
 }
 
 template <typename T>

@@ -90,10 +90,6 @@ struct MoEParamInfo {
 // The layer's parameters in one flat buffer, in the order above (absent ones left out).
 std::vector<MoEParamInfo> moe_parameter_layout(const TransformerConfig& c);
 int64_t moe_parameter_count(const TransformerConfig& c);
-// Elements (of T or int32, 4 bytes each for float) an MoE layer keeps for its backward after
-// a training forward of `tokens` rows, dropless or at the capacity's padded rows (dropping
-// keeps at most the dropless count).
-int64_t moe_activation_elements(const TransformerConfig& c, int64_t tokens);
 // Views of a flat buffer laid out by moe_parameter_layout.
 template <typename T>
 MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c);
@@ -180,7 +176,7 @@ class MoELayer {
   const std::vector<Router>& logits() const { return logits_.host(); }
   const ops::MoEDispatchPlan& plan() const { return plan_.host(); }
   // Bytes of what the last forward keeps for the backward (routing, the plan, the experts'
-  // and the shared expert's rows); moe_activation_elements estimates it before a forward.
+  // and the shared expert's rows); the plan (train/plan_memory.cpp) counts it before one.
   int64_t activation_bytes() const;
 
  private:
