@@ -242,6 +242,10 @@ void finalize(Options& opts);
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
                                   bool sequence_parallel, int zero_stage,
                                   const std::string& optimizer);
+// --expert-tensor-parallel-size when it is a built size (a divisor of
+// --tensor-model-parallel-size), else 0: the layout the ranks are counted for before finalize(),
+// which refuses another size as not built rather than for the world's size.
+int built_expert_tensor_parallel_size(const Options& o);
 // `--help` text, grouped, generated from the table.
 std::string options_help();
 // The options of `group` as a command line ("--num-layers 4 --hidden-size 256 ..."), to

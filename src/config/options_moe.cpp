@@ -87,6 +87,11 @@ std::string moe_variant_note(const std::string& feature) {
 }  // namespace omni::option_rows
 
 namespace omni {
+int built_expert_tensor_parallel_size(const Options& o) {
+  const int etp = o.expert_tensor_parallel_size, tp = o.tensor_model_parallel_size;
+  return etp > 0 && tp % etp == 0 ? etp : 0;
+}
+
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
                                   bool sequence_parallel, int zero_stage,
                                   const std::string& optimizer) {

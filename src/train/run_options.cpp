@@ -9,15 +9,6 @@
 
 namespace omni {
 
-namespace {
-// The experts' own tensor-parallel size when it is a built one (a divisor of TP); another is
-// left to finalize, which refuses it as not built rather than for the world's size.
-int built_expert_tp(const Options& o) {
-  const int etp = o.expert_tensor_parallel_size, tp = o.tensor_model_parallel_size;
-  return etp > 0 && tp % etp == 0 ? etp : 0;
-}
-}  // namespace
-
 // A small GPT (rotary positions, which learn far faster than a learned table at this size)
 // byte by byte on the King James Bible, sized to reach a validation loss under 1.45
 // nats/byte in under 5 minutes on 2 cores.
@@ -154,7 +145,7 @@ RunOptions resolve_run_options(const std::vector<std::string>& command_line, Opt
                                                     .cp = o.context_parallel_size,
                                                     .ep = o.expert_model_parallel_size,
                                                     .pp = o.pipeline_model_parallel_size,
-                                                    .etp = built_expert_tp(o)});
+                                                    .etp = built_expert_tensor_parallel_size(o)});
   finalize(o);
   return run;
 }
