@@ -3,7 +3,7 @@
 mixture-of-experts rows are read beside (never a dependency of omnitron; Debian's
 python3-torch runs it).
 
-  OMP_NUM_THREADS=2 /usr/bin/python3 bench/pytorch_moe_cpu.py [--steps N]
+  OMP_NUM_THREADS=2 /usr/bin/python3 bench/pytorch_moe_cpu.py [--steps N] [--openblas-auto]
 
 A GPT of 6 layers, 6 heads, hidden 384, vocabulary 50257, sequence 256, micro batch 4, in
 float32 without dropout (run bench_train_step with --hidden-dropout 0 --attention-dropout 0
@@ -20,12 +20,15 @@ the steps after the first.
 import argparse
 import math
 import os
+import sys
 import time
 
 # The OpenBLAS kernels omnitron's launcher picks on AVX-512 machines (its auto-detection
 # takes slower ones): the same sgemm for both. Read when torch loads OpenBLAS.
+# --openblas-auto leaves OpenBLAS its own choice, as PyTorch runs for a user who has not
+# set OPENBLAS_CORETYPE.
 with open("/proc/cpuinfo") as cpuinfo:
-    if " avx512f" in cpuinfo.read():
+    if " avx512f" in cpuinfo.read() and "--openblas-auto" not in sys.argv:
         os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
 import torch  # noqa: E402
 import torch.nn as nn
@@ -128,6 +131,8 @@ def run(name, make_mlp, ffn_active, steps):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--openblas-auto", action="store_true",
+                   help="leave OPENBLAS_CORETYPE unset (OpenBLAS detects the CPU itself)")
     steps = p.parse_args().steps
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}")
