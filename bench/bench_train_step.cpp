@@ -118,6 +118,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> extra, only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: bench_train_step [--steps N] [--only TEXT]... [--rounds N] [training flags]\n"
+          "  --steps N     timed steps per configuration after a first untimed one (4)\n"
+          "  --only TEXT   only the configurations whose name contains TEXT (repeatable)\n"
+          "  --rounds N    run the chosen configurations N times in turn\n"
+          "  training flags (omnitron train's, e.g. --hidden-dropout 0 --bf16) are added to\n"
+          "  every configuration's\n");
+      return 0;
+    }
     if (a == "--steps" && i + 1 < argc)
       steps = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc)
@@ -126,6 +136,14 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(argv[++i]));
     else
       extra.push_back(a);
+  }
+
+  try {  // a misspelt training flag is one line here, not a failure in every child
+    omni::Options probe;
+    omni::parse_options(extra, probe);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train_step: %s\n", e.what());
+    return 2;
   }
 
   // The sgemm rate is measured in a child too: the parent never starts OpenMP threads.
@@ -178,8 +196,14 @@ int main(int argc, char** argv) {
       if (!chosen(c)) continue;
       double g = 0;
       const bool ok = in_child([&] {
-        const double mine = run_config(c, steps, sgemm, extra);
-        if (write(fds[1], &mine, sizeof mine) != sizeof mine) _exit(1);
+        try {
+          const double mine = run_config(c, steps, sgemm, extra);
+          if (write(fds[1], &mine, sizeof mine) != sizeof mine) _exit(1);
+        } catch (const std::exception& e) {  // e.g. flags this configuration refuses
+          std::printf("%-34s %s\n", c.name, e.what());
+          std::fflush(stdout);
+          _exit(1);
+        }
       });
       if (!ok || read(fds[0], &g, sizeof g) != sizeof g) g = 0;
       if (c.name[0] != ' ') {

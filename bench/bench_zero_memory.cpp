@@ -114,17 +114,23 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--bf16") {
       bf16 = true;
-      continue;
-    }
-    if (i + 1 >= argc) break;
-    if (flag == "--ranks") {
+    } else if (flag == "--ranks" && i + 1 < argc) {
       dp.clear();
-      for (const char* p = argv[i + 1]; *p; ++p)
-        if (*p >= '0' && *p <= '9') dp.push_back(*p - '0');
-    } else if (flag == "--seq-length") {
-      seq = argv[i + 1];
+      for (const char* p = argv[++i]; *p; ++p)
+        if (*p >= '1' && *p <= '9') dp.push_back(*p - '0');
+    } else if (flag == "--seq-length" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
+      seq = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "bench_zero_memory: bad argument %s (expected --ranks LIST of digits 1-9, "
+                   "--seq-length N > 0, --bf16)\n",
+                   flag.c_str());
+      return 2;
     }
-    ++i;
+  }
+  if (dp.empty()) {
+    std::fprintf(stderr, "bench_zero_memory: --ranks names no rank count (e.g. --ranks 1,2,4)\n");
+    return 2;
   }
   std::printf(
       "GPT-2 124M, AdamW %s, peak MiB per rank of its buffers (measured) beside "
