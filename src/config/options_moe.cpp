@@ -3,12 +3,14 @@
 // (model/moe_layer.h checks them). In the group "model": stored with a checkpoint's weights.
 // What is not built (expert tensor parallelism, other score functions and balancing losses)
 // is refused naming the flag.
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "config/option_rows.h"
+#include "optim/optimizer_zoo.h"
 
 namespace omni::option_rows {
 
@@ -111,14 +113,18 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   OMNI_REQUIRE(sequence_parallel, what,
                " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                "rank routes its sequence-parallel tokens)");
-  const std::pair<bool, const char*> unbuilt[] = {
-      {m.moe_router_load_balancing_type == MoELoadBalancing::SeqAuxLoss,
-       "--moe-router-load-balancing-type seq_aux_loss"},
-      {zero_stage > 0, "--zero-stage"},
-      {optimizer != "adam" && optimizer != "sgd", "optimizers other than adam and sgd"},
-  };
-  for (const auto& [on, flag] : unbuilt)
-    if (on) throw NotBuiltError(what + " and " + flag, "expert tensor parallelism of 1 there");
+  if (zero_stage > 0)
+    throw NotBuiltError(what + " and --zero-stage", "expert tensor parallelism of 1 there");
+  // The zoo reduces per-tensor quantities over the dense tp group (optimizer_zoo.h): right for
+  // whole experts (ETP 1: the same on every tp rank, counted once), not for experts split over
+  // etp of the tp ranks (LAMB's norms summed over tp/etp copies, or over none of the other
+  // slices under the distributed optimizer; adam8bit's block maxima likewise there). Muon
+  // steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1 themselves.
+  const std::optional<OptimizerKind> zoo = parse_zoo_optimizer(optimizer);
+  if (etp > 1 && zoo && (*zoo == OptimizerKind::Lamb || *zoo == OptimizerKind::Adam8bit))
+    throw NotBuiltError(what + " and --optimizer " + optimizer,
+                        "per-tensor norms and block maxima over the experts' own "
+                        "tensor-parallel slices; use --expert-tensor-parallel-size 1");
 }
 }  // namespace omni
 
