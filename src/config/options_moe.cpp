@@ -115,16 +115,7 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
                "rank routes its sequence-parallel tokens)");
   if (zero_stage > 0)
     throw NotBuiltError(what + " and --zero-stage", "expert tensor parallelism of 1 there");
-  // The zoo reduces per-tensor quantities over the dense tp group (optimizer_zoo.h): right for
-  // whole experts (ETP 1: the same on every tp rank, counted once), not for experts split over
-  // etp of the tp ranks (LAMB's norms summed over tp/etp copies, or over none of the other
-  // slices under the distributed optimizer; adam8bit's block maxima likewise there). Muon
-  // steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1 themselves.
-  const std::optional<OptimizerKind> zoo = parse_zoo_optimizer(optimizer);
-  if (etp > 1 && zoo && (*zoo == OptimizerKind::Lamb || *zoo == OptimizerKind::Adam8bit))
-    throw NotBuiltError(what + " and --optimizer " + optimizer,
-                        "per-tensor norms and block maxima over the experts' own "
-                        "tensor-parallel slices; use --expert-tensor-parallel-size 1");
+  (void)optimizer;  // the zoo: finalize_moe (it needs --use-distributed-optimizer)
 }
 }  // namespace omni
 
@@ -155,6 +146,23 @@ void finalize_moe(Options& o) {
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel,
                                o.zero_stage, o.optimizer);
+  // The zoo at ETP != TP (optimizer_zoo.h) reduces per-tensor quantities over the dense tp
+  // group: whole experts (ETP 1) are the same on every tp rank and counted once; experts split
+  // over etp < tp ranks are held tp/etp times, which LAMB's trust ratio (both norms the same
+  // multiple) and adam8bit's block maxima (a max) do not see. Under the distributed optimizer
+  // the experts' own optimizer (train/expert_grads.h) reduces over none of the etp slices: its
+  // norms and maxima would be a slice's. Muon steps the 3-d expert tensors as Adam; GaLore and
+  // Shampoo refuse TP > 1 themselves; the others are per element.
+  const int etp = o.expert_tensor_parallel_size;
+  const std::optional<OptimizerKind> zoo = parse_zoo_optimizer(o.optimizer);
+  if (etp > 1 && etp != tp && o.use_distributed_optimizer && zoo &&
+      (*zoo == OptimizerKind::Lamb || *zoo == OptimizerKind::Adam8bit))
+    throw NotBuiltError("--expert-tensor-parallel-size " + std::to_string(etp) +
+                            " with --tensor-model-parallel-size " + std::to_string(tp) +
+                            ", --use-distributed-optimizer and --optimizer " + o.optimizer,
+                        "the experts' per-tensor norms and block maxima over their own "
+                        "tensor-parallel slices; use --expert-tensor-parallel-size 1, or no "
+                        "--use-distributed-optimizer");
   OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "

@@ -246,6 +246,30 @@ TEST(ExpertParallelTraining, Etp1UnderTp2SpOptimizerZooMatchesOneRank) {
                           {"--optimizer", "lion", "--lr", "1e-3"}, {"alltoall"});
 }
 
+// LAMB and adam8bit at ETP 2 under TP 4 + SP: each expert slice is on two tp ranks, so the
+// zoo's sums over tp hold both norms of LAMB's trust ratio twice (the ratio the same) and its
+// block maxima are maxima still: the parameters those of ETP = TP 4 (LAMB itself is 2.3e-4 of
+// the largest from one rank at TP 4 in float32).
+TEST(ExpertParallelTraining, Etp2UnderTp4LambAndAdam8bitMatchEtp4) {
+  const std::vector<std::string> tp4 = {"--tensor-model-parallel-size", "4",
+                                        "--sequence-parallel"};
+  for (const char* opt : {"lamb", "adam8bit"}) {
+    std::vector<std::string> same = tp4, etp2 = tp4;
+    same.insert(same.end(), {"--optimizer", opt});
+    etp2.insert(etp2.end(), {"--optimizer", opt, "--expert-tensor-parallel-size", "2"});
+    const auto a = train(4, same), b = train(4, etp2);
+    double worst = 0, largest = 0;
+    for (size_t t = 0; t < a.params.size(); ++t)
+      for (size_t i = 0; i < a.params[t].second.size(); ++i) {
+        worst = std::max(worst, double(std::abs(a.params[t].second[i] - b.params[t].second[i])));
+        largest = std::max(largest, double(std::abs(a.params[t].second[i])));
+      }
+    std::printf("%s: ETP 2 vs ETP 4 under TP 4: parameter %.3g (of max %.3g)\n", opt, worst,
+                largest);
+    EXPECT_LE(worst, 1e-6 * largest) << opt;
+  }
+}
+
 // The gradient norm, the parameters' norm and the gradients' zeros (the experts' parts added
 // to the dense parts before one collective per group): each step's on the last rank, as the
 // metrics file has them. At EP 2 x DP 2 (the experts' replicas), with the distributed
@@ -420,12 +444,13 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
             "sequence-parallel tokens)");
   for (const char* opt : {"lamb", "adam8bit"})
     EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
-                             "--optimizer", opt})),
-              "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 4 and "
-              "--optimizer " +
+                             "--use-distributed-optimizer", "--optimizer", opt})),
+              "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 4, "
+              "--use-distributed-optimizer and --optimizer " +
                   std::string(opt) +
-                  ": not built yet: per-tensor norms and block maxima over the experts' own "
-                  "tensor-parallel slices; use --expert-tensor-parallel-size 1");
+                  ": not built yet: the experts' per-tensor norms and block maxima over their "
+                  "own tensor-parallel slices; use --expert-tensor-parallel-size 1, or no "
+                  "--use-distributed-optimizer");
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "1",
                            "--zero-stage", "2"})),
             "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 4 and "
