@@ -632,6 +632,7 @@ template struct MoEParams<bf16>;
 template struct MoEParams<f16>;
 template MoEParams<bf16> moe_param_views<bf16>(bf16*, const TransformerConfig&);
 template MoEParams<f16> moe_param_views<f16>(f16*, const TransformerConfig&);
+
 template <typename T>
 void MoELayer<T>::sum_aux_counts(ops::MoEAuxLossArgs& a) {
   const ops::Exec& ex = exec_;
