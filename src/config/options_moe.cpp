@@ -3,12 +3,14 @@
 // (model/moe_layer.h checks them). In the group "model": stored with a checkpoint's weights.
 // What is not built (expert tensor parallelism, other score functions and balancing losses)
 // is refused naming the flag.
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "config/option_rows.h"
+#include "optim/optimizer_zoo.h"
 
 namespace omni::option_rows {
 
@@ -111,14 +113,9 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   OMNI_REQUIRE(sequence_parallel, what,
                " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                "rank routes its sequence-parallel tokens)");
-  const std::pair<bool, const char*> unbuilt[] = {
-      {m.moe_router_load_balancing_type == MoELoadBalancing::SeqAuxLoss,
-       "--moe-router-load-balancing-type seq_aux_loss"},
-      {zero_stage > 0, "--zero-stage"},
-      {optimizer != "adam" && optimizer != "sgd", "optimizers other than adam and sgd"},
-  };
-  for (const auto& [on, flag] : unbuilt)
-    if (on) throw NotBuiltError(what + " and " + flag, "expert tensor parallelism of 1 there");
+  if (zero_stage > 0)
+    throw NotBuiltError(what + " and --zero-stage", "expert tensor parallelism of 1 there");
+  (void)optimizer;  // the zoo: finalize_moe (it needs --use-distributed-optimizer)
 }
 }  // namespace omni
 
@@ -149,6 +146,23 @@ void finalize_moe(Options& o) {
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel,
                                o.zero_stage, o.optimizer);
+  // The zoo at ETP != TP (optimizer_zoo.h) reduces per-tensor quantities over the dense tp
+  // group: whole experts (ETP 1) are the same on every tp rank and counted once; experts split
+  // over etp < tp ranks are held tp/etp times, which LAMB's trust ratio (both norms the same
+  // multiple) and adam8bit's block maxima (a max) do not see. Under the distributed optimizer
+  // the experts' own optimizer (train/expert_grads.h) reduces over none of the etp slices: its
+  // norms and maxima would be a slice's. Muon steps the 3-d expert tensors as Adam; GaLore and
+  // Shampoo refuse TP > 1 themselves; the others are per element.
+  const int etp = o.expert_tensor_parallel_size;
+  const std::optional<OptimizerKind> zoo = parse_zoo_optimizer(o.optimizer);
+  if (etp > 1 && etp != tp && o.use_distributed_optimizer && zoo &&
+      (*zoo == OptimizerKind::Lamb || *zoo == OptimizerKind::Adam8bit))
+    throw NotBuiltError("--expert-tensor-parallel-size " + std::to_string(etp) +
+                            " with --tensor-model-parallel-size " + std::to_string(tp) +
+                            ", --use-distributed-optimizer and --optimizer " + o.optimizer,
+                        "the experts' per-tensor norms and block maxima over their own "
+                        "tensor-parallel slices; use --expert-tensor-parallel-size 1, or no "
+                        "--use-distributed-optimizer");
   OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "

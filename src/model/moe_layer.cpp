@@ -1,6 +1,7 @@
 #include "model/moe_layer.h"
 
 #include <algorithm>
+#include <numeric>
 #include <type_traits>
 
 #include "backend/ops.h"
@@ -263,20 +264,12 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
       a.type = cfg_.moe_router_load_balancing_type;
       a.seq_length = seq_length;
       a.coeff = cfg_.moe_aux_loss_coeff;
-      OMNI_REQUIRE(
-          a.type != MoELoadBalancing::SeqAuxLoss || (seq_length > 0 && tokens % seq_length == 0),
-          "seq_aux_loss: ", tokens, " tokens are not whole sequences of ", seq_length);
-      if (cp_) {  // the whole sequences' counts, summed where they are (device memory on a GPU)
-        aux_counts_.resize(
-            size_t(a.type == MoELoadBalancing::SeqAuxLoss ? tokens / seq_length : 1) * E);
-        ops::moe_aux_loss_counts(ex, aux_counts_.data(), logits_.data(), a);
-        cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
-        // A block's etp ranks hold the same rows: each row is counted etp times, which the
-        // coefficient takes back (the loss is linear in the counts; no double op on a GPU).
-        a.shards = cp_->size() / etp_size_;
-        a.coeff /= etp_size_;
-        a.counts = aux_counts_.data();
-      }
+      // (Under ETP < TP the sequences are those of every block's rows: sum_aux_counts.)
+      OMNI_REQUIRE(a.type != MoELoadBalancing::SeqAuxLoss ||
+                       (seq_length > 0 && shared_tokens_ % seq_length == 0),
+                   "seq_aux_loss: ", shared_tokens_, " tokens are not whole sequences of ",
+                   seq_length);
+      if (cp_) sum_aux_counts(a);
       stats_.aux_loss = ops::moe_aux_loss(ex, aux_dlogits_.data(), logits_.data(), a, 1.0);
     }
     // Under context parallelism this rank's part of the mean over the whole sequences
@@ -639,6 +632,54 @@ template struct MoEParams<bf16>;
 template struct MoEParams<f16>;
 template MoEParams<bf16> moe_param_views<bf16>(bf16*, const TransformerConfig&);
 template MoEParams<f16> moe_param_views<f16>(f16*, const TransformerConfig&);
+
+template <typename T>
+void MoELayer<T>::sum_aux_counts(ops::MoEAuxLossArgs& a) {
+  const ops::Exec& ex = exec_;
+  const int E = E_;
+  if (!own_rows_ || a.type != MoELoadBalancing::SeqAuxLoss) {
+    // Every rank's rows are its part of each sequence (context parallelism), or of the
+    // micro-batch (aux_loss): the counts summed where they are (device memory on a GPU). A
+    // block's etp ranks hold the same rows: each row is counted etp times, which the
+    // coefficient takes back (the loss is linear in the counts; no double op on a GPU).
+    const bool per_seq = a.type == MoELoadBalancing::SeqAuxLoss;
+    aux_counts_.resize(size_t(per_seq ? a.tokens / a.seq_length : 1) * E);
+    ops::moe_aux_loss_counts(ex, aux_counts_.data(), logits_.data(), a);
+    cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
+    a.shards = cp_->size() / etp_size_;
+    a.coeff /= etp_size_;
+    a.counts = aux_counts_.data();
+    return;
+  }
+  // seq_aux_loss under ETP < TP: this block's rows are a run of this cp rank's batch-major
+  // rows, which may start or end inside a sequence. Cut all those rows into pieces of g rows,
+  // g = gcd(block rows, sequence), each inside one sequence; each block counts its pieces
+  // into its slots of every piece's counts, summed over the tp x cp ranks (the cp ranks' same
+  // pieces are parts of the same sequences); each piece's sequence's counts are the sum over
+  // its S/g pieces (on the host: a few rows of E). The kernel then sees this block's pieces as
+  // sequences of g rows split in S/g x cp shards, its mean over pieces made the mean over
+  // the micro-batch's sequences, the etp ranks' repeated counts taken back.
+  const int S = a.seq_length, all = shared_tokens_;
+  const int g = std::gcd(a.tokens, S), pieces = a.tokens / g, per_seq = S / g;
+  a.seq_length = g;
+  aux_counts_.assign_zeros(size_t(all / g) * E);
+  ops::moe_aux_loss_counts(ex, aux_counts_.data() + size_t(block()) * pieces * E, logits_.data(),
+                           a);
+  cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
+  const std::vector<double> sums = aux_counts_.host();  // a copy: resized below
+  std::vector<double> mine(size_t(pieces) * E, 0.0);
+  for (int j = 0; j < pieces; ++j) {
+    const int first = (block() * pieces + j) / per_seq * per_seq;  // its sequence's first piece
+    for (int i = first; i < first + per_seq; ++i)
+      for (int e = 0; e < E; ++e) mine[size_t(j) * E + e] += sums[size_t(i) * E + e];
+  }
+  aux_counts_.resize(mine.size());
+  ops::upload(ex, aux_counts_.data(), mine.data(), mine.size());
+  a.shards = per_seq * (cp_->size() / tp_size_);
+  a.coeff *= double(pieces) * S / (double(all) * etp_size_);
+  a.counts = aux_counts_.data();
+}
+
 template class MoELayer<float>;
 template class MoELayer<double>;
 template class MoELayer<bf16>;

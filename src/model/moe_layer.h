@@ -181,6 +181,9 @@ class MoELayer {
 
  private:
   void router_forward(const T* x, const MoEParams<T>& p);
+  // The balancing loss's token counts summed over cp_ into aux_counts_ (the whole sequences',
+  // or the whole micro-batch's), and `a` made this rank's part of the loss (moe_types.h).
+  void sum_aux_counts(ops::MoEAuxLossArgs& a);
   void router_backward(T* dx, const Router* dlogits, const MoEParams<T>& p,
                        const MoEParams<Router>& g);
   // The probabilities in the storage type (probs_ itself, or its rounded copy probs_t_).
@@ -221,7 +224,7 @@ class MoELayer {
   bool trained_ = false;  // the last forward kept its activations
   MoEBuffer<Router> logits_, probs_, aux_dlogits_;
   MoEBuffer<Router> aux_scaled_;  // the GPU backward's scaled copy of aux_dlogits_
-  MoEBuffer<double> aux_counts_;  // under context parallelism: the whole sequences' counts
+  MoEBuffer<double> aux_counts_;  // under cp_: the whole sequences' counts (sum_aux_counts)
   // 16-bit storage: the router's input and weights (then bias) widened to float, and probs_
   // rounded to T for the combine.
   MoEBuffer<Router> x_router_, w_router_;

@@ -197,8 +197,8 @@ TEST(CliPlan, CountsMultiTokenPredictionDepths) {
 }
 
 // --search varies expert parallelism, and splits DeepSeek-V3's 61 layers unevenly over the
-// stages: on 1024 H100s its fastest layout has EP above 8 (in a column of the table) and a
-// pipeline. A given EP stays (Plan.SearchVariesExpertParallelismUnlessGiven): one that fits
+// stages: on 1024 H100s its fastest layout has EP above 8 (in a column of the table, beside
+// ETP: its seq_aux_loss routes at ETP 1 under TP too) and a pipeline. A given EP stays (Plan.SearchVariesExpertParallelismUnlessGiven): one that fits
 // nowhere says so.
 TEST(CliPlan, SearchVariesExpertParallelismUnlessGiven) {
   const ProcessResult r = run_omnitron(
@@ -206,7 +206,7 @@ TEST(CliPlan, SearchVariesExpertParallelismUnlessGiven) {
       "--global-batch-size 2048 --search --top 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "expert parallelism over the divisors of 256 experts")) << r.output;
-  EXPECT_TRUE(has(r.output, "GiB/rank    EP layout")) << r.output;
+  EXPECT_TRUE(has(r.output, "GiB/rank    EP  ETP layout")) << r.output;
   EXPECT_TRUE(has(r.output, "(layers: first stage ")) << r.output;
   const size_t at = r.output.find("(EP ");
   ASSERT_NE(at, std::string::npos) << r.output;

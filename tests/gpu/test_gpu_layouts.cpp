@@ -218,6 +218,14 @@ TEST(GpuLayoutsMoEExpertTensor, ExpertTensor2ExpertParallel2TensorParallel4Seque
                       {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
 }
 
+// seq_aux_loss at ETP 1 under TP 4 + SP: each tp rank routes half a sequence, the counts of
+// the sequences' pieces summed over the four ranks in device memory and folded on the host.
+TEST(GpuLayoutsMoEExpertTensor, SequenceAuxLossExpertTensor1ExpertParallel2TensorParallel4) {
+  TransformerConfig cfg = moe_layout_config("alltoall");
+  cfg.moe_router_load_balancing_type = MoELoadBalancing::SeqAuxLoss;
+  check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+}
+
 // bf16 weights and activations with fp32 gradients (--bf16 on a GPU): the tensor-parallel
 // all-reduces and reduce-scatters sum bf16 activations, as NCCL does.
 class GpuLayoutsBf16 : public ::testing::TestWithParam<bool> {};

@@ -168,6 +168,32 @@ TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelContext2) {
   check_moe_layout({.tp = 2, .cp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1});
 }
 
+// seq_aux_loss under ETP < TP: a block's rows are a run of the micro-batch's batch-major rows
+// (2 sequences of 8): whole sequences at ETP 1 under TP 2 and ETP 2 under TP 4, half
+// sequences at ETP 1 under TP 4 (each sequence's counts summed over the two blocks that hold
+// it), a sequence's chunks at ETP 1 under TP 2 x CP 2 (summed with the other cp rank's).
+TransformerConfig sequence_aux_loss() {
+  TransformerConfig cfg = tiny_moe();
+  cfg.moe_router_load_balancing_type = MoELoadBalancing::SeqAuxLoss;
+  return cfg;
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelSequenceAuxLoss) {
+  check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1}, sequence_aux_loss());
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor4SequenceParallelSequenceAuxLoss) {
+  TransformerConfig cfg = sequence_aux_loss();
+  cfg.moe_router_score_function = MoEScoreFunction::Softmax;
+  cfg.moe_router_enable_expert_bias = false;
+  check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1}, cfg);
+}
+TEST(MoELayouts, ExpertTensor2UnderTensor4SequenceParallelSequenceAuxLoss) {
+  check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2}, sequence_aux_loss());
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelContext2SequenceAuxLoss) {
+  check_moe_layout({.tp = 2, .cp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1},
+                   sequence_aux_loss());
+}
+
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
   TransformerConfig cfg = tiny_moe();
   cfg.moe_shared_expert_intermediate_size = 0;
