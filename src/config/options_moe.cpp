@@ -95,8 +95,7 @@ int built_expert_tensor_parallel_size(const Options& o) {
 }
 
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
-                                  bool sequence_parallel, int zero_stage,
-                                  const std::string& optimizer) {
+                                  bool sequence_parallel, int zero_stage) {
   OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
   if (etp == 0 || etp == tp) return;
   // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
@@ -114,8 +113,8 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
                " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                "rank routes its sequence-parallel tokens)");
   if (zero_stage > 0)
-    throw NotBuiltError(what + " and --zero-stage", "expert tensor parallelism of 1 there");
-  (void)optimizer;  // the zoo: finalize_moe (it needs --use-distributed-optimizer)
+    throw NotBuiltError(what + " and --zero-stage " + std::to_string(zero_stage),
+                        "ZeRO's sharding of experts split otherwise than the dense layers");
 }
 }  // namespace omni
 
@@ -145,7 +144,7 @@ void finalize_moe(Options& o) {
   const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel,
-                               o.zero_stage, o.optimizer);
+                               o.zero_stage);
   // The zoo at ETP != TP (optimizer_zoo.h) reduces per-tensor quantities over the dense tp
   // group: whole experts (ETP 1) are the same on every tp rank and counted once; experts split
   // over etp < tp ranks are held tp/etp times, which LAMB's trust ratio (both norms the same

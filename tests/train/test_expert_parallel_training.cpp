@@ -454,7 +454,8 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "1",
                            "--zero-stage", "2"})),
             "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 4 and "
-            "--zero-stage: not built yet: expert tensor parallelism of 1 there");
+            "--zero-stage 2: not built yet: ZeRO's sharding of experts split otherwise than the "
+            "dense layers");
   EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "-1"})),
             "--expert-tensor-parallel-size must be positive (got -1)");
   // The expert grid (ETP x EP x PP) must divide the world too.
