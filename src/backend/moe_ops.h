@@ -87,6 +87,9 @@ MoEDispatchPlan moe_dispatch_plan(const int32_t* indices, const T* probs, int to
 // out[r] = x[row_token[r]]: the experts' input rows [R, C] (permute).
 template <typename T>
 void moe_permute(T* out, const T* x, const MoEDispatchPlan& plan, int C);
+// The same for rows [r0, r1) only (on the CPU, an expert's rows gathered by its own task).
+template <typename T>
+void moe_permute_rows(T* out, const T* x, const MoEDispatchPlan& plan, int C, int r0, int r1);
 // dx[t] (+)= sum of dout over token t's rows (overwritten unless accumulate).
 template <typename T>
 void moe_permute_backward(T* dx, const T* dout, const MoEDispatchPlan& plan, int C,
@@ -107,6 +110,11 @@ void moe_unpermute(T* y, const T* expert_out, const T* row_weight, const MoEDisp
 template <typename T>
 void moe_unpermute_backward(T* dexpert_out, T* drow_weight, const T* dy, const T* expert_out,
                             const T* row_weight, const MoEDispatchPlan& plan, int C);
+// The same for rows [r0, r1) only.
+template <typename T>
+void moe_unpermute_backward_rows(T* dexpert_out, T* drow_weight, const T* dy, const T* expert_out,
+                                 const T* row_weight, const MoEDispatchPlan& plan, int C, int r0,
+                                 int r1);
 
 // ---- Experts ----------------------------------------------------------------------------------
 
@@ -126,6 +134,8 @@ void moe_grouped_linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x
 // (a BLAS call inside body then runs on its thread alone), else one after another. Each body
 // must touch only its expert's rows and weights.
 void moe_for_each_expert(const int32_t* offsets, int experts, const std::function<void(int)>& body);
+// Whether moe_for_each_expert runs these experts in parallel, each whole on one thread.
+bool moe_experts_run_whole(const int32_t* offsets, int experts);
 
 // The shared expert's gate (SharedExpertMLP, --moe-shared-expert-gate): y[t] = h[t] *
 // sigmoid(x[t] . w) with w [C]; gate [T] receives the sigmoid.

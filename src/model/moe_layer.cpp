@@ -319,18 +319,27 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   fc1_out_.resize(static_cast<size_t>(R) * F1_);
   act_.resize(static_cast<size_t>(R) * F_);
   expert_out_.resize(static_cast<size_t>(R) * C);
+  // On the CPU, when the experts run one per thread and without an exchange, each expert's
+  // task gathers its own rows (below): one pass over them less, and they are in its cache.
+  const bool cpu_rows =
+      !is_16bit<T> && !ex.on_gpu() && !a2a_ && ops::moe_experts_run_whole(offsets, El);
+  const T* x_rows = allgather() ? x_all_.data() : x;
   if (a2a_) {
     MoEBuffer<T>& rows = scratch_->rows;
     rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_permute(ex, rows.data(), x, plan_, C);
     a2a_->dispatch(permuted_.data(), rows.data(), C, ex, staging(size_t(R) * C));
-  } else {
-    ops::moe_permute(ex, permuted_.data(), allgather() ? x_all_.data() : x, rows_plan, C);
+  } else if (!cpu_rows) {
+    ops::moe_permute(ex, permuted_.data(), x_rows, rows_plan, C);
   }
   // Experts [e, e + n) (rows offsets[e] to offsets[e + n]): all at once on a GPU; on the CPU
   // one expert at a time per thread, its rows hot in that core's cache between the steps.
   auto experts_forward = [&](int e, int n) {
     const size_t r0 = offsets[e];
+    if constexpr (!is_16bit<T>)  // (the CPU has no 16-bit MoE ops)
+      if (cpu_rows)
+        ops::moe_permute_rows(permuted_.data(), x_rows, rows_plan.host(), C, offsets[e],
+                              offsets[e + n]);
     ops::moe_grouped_linear_forward(
         ex, fc1_out_.data(), permuted_.data(), p.fc1_weight + size_t(e) * F1_ * C,
         p.fc1_bias ? p.fc1_bias + size_t(e) * F1_ : nullptr, offsets + e, n, C, F1_);
@@ -474,11 +483,18 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   MoEBuffer<T>&d_expert_out = s.rows_out, &d_row_weight = s.row_weight;
   d_expert_out.resize(static_cast<size_t>(R) * C);
   d_row_weight.resize(rows_plan.host().rows());
+  // As in the forward, each expert's task computes its rows' output gradients.
+  const bool cpu_rows =
+      !is_16bit<T> && !ex.on_gpu() && !a2a_ && ops::moe_experts_run_whole(offsets, El);
+  const T* dy_rows = dy;
   if (allgather()) {
     MoEBuffer<T>& dy_all = s.rows;
     dy_all.resize(static_cast<size_t>(n) * N * C);
     ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
-    ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy_all.data(),
+    dy_rows = dy_all.data();
+  }
+  if (allgather() && !cpu_rows) {
+    ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy_rows,
                                 expert_out_.data(), row_weight_.data(), rows_plan, C);
   } else if (a2a_) {
     MoEBuffer<T>& d_rows = s.rows;
@@ -486,7 +502,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     ops::moe_unpermute_backward(ex, d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
                                 row_weight_.data(), plan_, C);
     a2a_->dispatch(d_expert_out.data(), d_rows.data(), C, ex, staging(size_t(R) * C));
-  } else {
+  } else if (!cpu_rows) {
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
   }
@@ -497,6 +513,11 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   d_permuted.resize(static_cast<size_t>(R) * C);
   auto experts_backward = [&](int e, int n) {  // as experts_forward
     const size_t r0 = offsets[e], w1 = size_t(e) * F1_ * C, w2 = size_t(e) * C * F_;
+    if constexpr (!is_16bit<T>)
+      if (cpu_rows)
+        ops::moe_unpermute_backward_rows(d_expert_out.data(), d_row_weight.data(), dy_rows,
+                                         expert_out_.data(), row_weight_.data(),
+                                         rows_plan.host(), C, offsets[e], offsets[e + n]);
     ops::moe_grouped_linear_backward(
         ex, d_act.data(), g.fc2_weight + w2, g.fc2_bias ? g.fc2_bias + size_t(e) * C : nullptr,
         d_expert_out.data(), act_.data(), p.fc2_weight + w2, offsets + e, n, F_, C);

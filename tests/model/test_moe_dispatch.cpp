@@ -3,6 +3,7 @@
 // not the weights, and its update from token counts), dropless routing equal to a loop over
 // tokens, and the configuration errors a user sees.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <string>
@@ -241,6 +242,47 @@ TEST(MoELayer, DroplessRoutingComputesWhatALoopOverTokensComputes) {
       EXPECT_NEAR(y[t * C + i], expect[i], 1e-13) << "token " << t << " channel " << i;
     }
   }
+}
+
+// On the CPU, with two or more experts per thread each expert runs whole on one thread and
+// gathers its own input rows and output gradients (moe_permute_rows,
+// moe_unpermute_backward_rows); with fewer they run one after another, each op over all
+// threads and over all rows. Both give the same bits (float, through BLAS; SwiGLU, whose rows
+// vectorise alike however they are split over threads, where GELU's flat loop does not).
+TEST(MoELayer, ExpertsOnTheirOwnThreadsGiveTheBitsOfExpertsOneAfterAnother) {
+  TransformerConfig c;
+  c.hidden_size = 32;
+  c.num_moe_experts = 8;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 32;
+  c.swiglu = true;
+  const int N = 48, C = 32;
+  TestRng rng(13);
+  std::vector<float> params, x, dy;
+  for (double v : rng.normal(size_t(moe_parameter_count(c)))) params.push_back(float(0.3 * v));
+  for (double v : rng.normal(size_t(N) * C)) x.push_back(float(v));
+  for (double v : rng.normal(size_t(N) * C)) dy.push_back(float(v));
+  const MoEParams<float> P = moe_param_views(params.data(), c);
+  auto run = [&](int threads, bool expect_whole) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    MoELayer<float> layer(c);
+    std::vector<float> grads(params.size(), 0.0f), y(x.size()), dx(x.size());
+    const MoEParams<float> G = moe_param_views(grads.data(), c);
+    const MoEStats& s = layer.forward(y.data(), x.data(), N, N, P, true);
+    std::vector<int32_t> offsets = {0};
+    for (int64_t n : s.tokens_per_expert) offsets.push_back(offsets.back() + int32_t(n));
+    EXPECT_EQ(ops::moe_experts_run_whole(offsets.data(), 8), expect_whole) << threads;
+    layer.backward(dx.data(), dy.data(), P, G, 1.0);
+    omp_set_num_threads(before);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), grads.begin(), grads.end());
+    return y;
+  };
+  const std::vector<float> whole = run(2, true), one_after_another = run(8, false);
+  ASSERT_EQ(whole.size(), one_after_another.size());
+  for (size_t i = 0; i < whole.size(); ++i)
+    ASSERT_EQ(whole[i], one_after_another[i]) << "element " << i;
 }
 
 // ---- Configuration errors ----------------------------------------------------------------

@@ -87,12 +87,16 @@ MoEDispatchPlan moe_dispatch_plan(const int32_t* indices, const T* probs, int to
 }
 
 template <typename T>
-void moe_permute(T* out, const T* x, const MoEDispatchPlan& plan, int C) {
-  const int R = plan.rows();
+void moe_permute_rows(T* out, const T* x, const MoEDispatchPlan& plan, int C, int r0, int r1) {
 #pragma omp parallel for schedule(static)
-  for (int r = 0; r < R; ++r)
+  for (int r = r0; r < r1; ++r)
     std::copy_n(x + static_cast<size_t>(plan.row_token[r]) * C, C,
                 out + static_cast<size_t>(r) * C);
+}
+
+template <typename T>
+void moe_permute(T* out, const T* x, const MoEDispatchPlan& plan, int C) {
+  moe_permute_rows(out, x, plan, C, 0, plan.rows());
 }
 
 template <typename T>
@@ -149,16 +153,16 @@ void moe_unpermute(T* y, const T* expert_out, const T* row_weight, const MoEDisp
 }
 
 template <typename T>
-void moe_unpermute_backward(T* dexpert_out, T* drow_weight, const T* dy, const T* expert_out,
-                            const T* row_weight, const MoEDispatchPlan& plan, int C) {
+void moe_unpermute_backward_rows(T* dexpert_out, T* drow_weight, const T* dy, const T* expert_out,
+                                 const T* row_weight, const MoEDispatchPlan& plan, int C, int r0,
+                                 int r1) {
   // The dot product in kLanes interleaved double sums (element c into lane c mod kLanes, the
   // lanes added in order): independent sums the compiler vectorises, where one is a chain of
   // dependent adds. A float row's products are exact in double: only the double sum's order
   // moved, and its float rounding almost never sees that.
   constexpr int kLanes = 16;
-  const int R = plan.rows();
 #pragma omp parallel for schedule(static)
-  for (int r = 0; r < R; ++r) {
+  for (int r = r0; r < r1; ++r) {
     const T* g = dy + static_cast<size_t>(plan.row_token[r]) * C;
     const T* v = expert_out + static_cast<size_t>(r) * C;
     T* d = dexpert_out + static_cast<size_t>(r) * C;
@@ -177,6 +181,13 @@ void moe_unpermute_backward(T* dexpert_out, T* drow_weight, const T* dy, const T
   }
 }
 
+template <typename T>
+void moe_unpermute_backward(T* dexpert_out, T* drow_weight, const T* dy, const T* expert_out,
+                            const T* row_weight, const MoEDispatchPlan& plan, int C) {
+  moe_unpermute_backward_rows(dexpert_out, drow_weight, dy, expert_out, row_weight, plan, C, 0,
+                              plan.rows());
+}
+
 namespace {
 // body(e) for each expert with rows. With at least two such experts per thread, the experts
 // are spread over the threads whole (largest first, each thread taking the next): an
@@ -189,6 +200,16 @@ namespace {
 // elementwise op starts at a multiple of the vector width: GELU over [rows, F] with F not a
 // multiple of it (16 floats on AVX-512) moves which elements take libmvec's vector erfc and
 // which the scalar one, an ulp-level change as a different thread count makes already.
+int experts_with_rows(const int32_t* offsets, int experts) {
+  int n = 0;
+  for (int e = 0; e < experts; ++e) n += offsets[e + 1] > offsets[e];
+  return n;
+}
+
+bool whole_experts(int with_rows) {
+  return with_rows >= 2 * omp_get_max_threads() && !omp_in_parallel();
+}
+
 template <typename Body>
 void for_each_expert(const int32_t* offsets, int experts, Body&& body) {
   std::vector<int> order;
@@ -198,7 +219,7 @@ void for_each_expert(const int32_t* offsets, int experts, Body&& body) {
     return offsets[a + 1] - offsets[a] > offsets[b + 1] - offsets[b];
   });
   const int n = static_cast<int>(order.size());
-  const bool whole = n >= 2 * omp_get_max_threads() && !omp_in_parallel();
+  const bool whole = whole_experts(n);
 #pragma omp parallel for schedule(dynamic, 1) if (whole)
   for (int i = 0; i < n; ++i) body(order[i]);
 }
@@ -207,6 +228,10 @@ void for_each_expert(const int32_t* offsets, int experts, Body&& body) {
 void moe_for_each_expert(const int32_t* offsets, int experts,
                          const std::function<void(int)>& body) {
   for_each_expert(offsets, experts, body);
+}
+
+bool moe_experts_run_whole(const int32_t* offsets, int experts) {
+  return whole_experts(experts_with_rows(offsets, experts));
 }
 
 template <typename T>
@@ -278,12 +303,15 @@ void moe_shared_gate_backward(T* dh, T* dx, T* dw, const T* dy, const T* h, cons
   template MoEDispatchPlan moe_dispatch_plan<T>(const int32_t*, const T*, int, int, int,        \
                                                 const MoECapacityArgs&);                        \
   template void moe_permute<T>(T*, const T*, const MoEDispatchPlan&, int);                      \
+  template void moe_permute_rows<T>(T*, const T*, const MoEDispatchPlan&, int, int, int);       \
   template void moe_permute_backward<T>(T*, const T*, const MoEDispatchPlan&, int, bool);       \
   template void moe_row_weights<T>(T*, const T*, const MoEDispatchPlan&);                       \
   template void moe_row_weights_backward<T>(T*, const T*, const MoEDispatchPlan&);              \
   template void moe_unpermute<T>(T*, const T*, const T*, const MoEDispatchPlan&, int);          \
   template void moe_unpermute_backward<T>(T*, T*, const T*, const T*, const T*,                 \
                                           const MoEDispatchPlan&, int);                         \
+  template void moe_unpermute_backward_rows<T>(T*, T*, const T*, const T*, const T*,            \
+                                               const MoEDispatchPlan&, int, int, int);          \
   template void moe_grouped_linear_forward<T>(T*, const T*, const T*, const T*, const int32_t*, \
                                               int, int, int);                                   \
   template void moe_grouped_linear_backward<T>(T*, T*, T*, const T*, const T*, const T*,        \
