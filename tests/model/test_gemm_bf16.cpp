@@ -21,7 +21,9 @@ struct Case {
   float alpha, beta;
 };
 
-float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+float round_bf16(float x) {
+  return bf16_to_f32(f32_to_bf16(x));
+}
 
 // Runs one case with `kernel` (or gemm<float> when use_gemm) on matrices whose rows are padded
 // by 3 elements; returns the largest error relative to sum |alpha a b| + |beta c| per element.
@@ -42,8 +44,12 @@ double worst_error(const Case& c, Bf16GemmKernel kernel, bool use_gemm, uint32_t
   else
     gemm_bf16(kernel, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta,
               C.data(), ldc);
-  auto a = [&](int m, int k) { return double(round_bf16(c.ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k])); };
-  auto b = [&](int k, int n) { return double(round_bf16(c.tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n])); };
+  auto a = [&](int m, int k) {
+    return double(round_bf16(c.ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k]));
+  };
+  auto b = [&](int k, int n) {
+    return double(round_bf16(c.tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n]));
+  };
   double worst = 0;
   for (int m = 0; m < c.M; ++m)
     for (int n = 0; n < c.N + 3; ++n) {

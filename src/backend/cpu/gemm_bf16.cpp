@@ -20,11 +20,10 @@
 #if defined(OMNITRON_DNNL)
 #include <oneapi/dnnl/dnnl.h>
 // Exported by libdnnl (row-major, as dnnl_sgemm) but declared only in oneDNN's own tests.
-extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M,
-                                               dnnl_dim_t N, dnnl_dim_t K, float alpha,
-                                               const uint16_t* A, dnnl_dim_t lda,
-                                               const uint16_t* B, dnnl_dim_t ldb, float beta,
-                                               float* C, dnnl_dim_t ldc);
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
+                                               dnnl_dim_t K, float alpha, const uint16_t* A,
+                                               dnnl_dim_t lda, const uint16_t* B, dnnl_dim_t ldb,
+                                               float beta, float* C, dnnl_dim_t ldc);
 #endif
 
 namespace omni::ops {
@@ -34,17 +33,19 @@ namespace {
 // GEMMs for the thread that opened the scope; a thread's own exemption is thread-local.
 std::atomic<int> g_bf16_scopes{0};
 thread_local int t_fp32_scopes = 0;
+
+#if defined(OMNITRON_DNNL)
 std::atomic<bool> g_onednn_failed{false};
 
 bool cpu_multiplies_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   bool amx = false, avx512_bf16 = false;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) amx = d & (1u << 22);             // AMX-BF16
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512_bf16 = a & (1u << 5);      // AVX512_BF16
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) amx = d & (1u << 22);         // AMX-BF16
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512_bf16 = a & (1u << 5);  // AVX512_BF16
   return amx || avx512_bf16;
 }
 
-// Each row of a rows x cols matrix stored ld apart, rounded into a packed copy (ld = cols).
+// One row rounded to bf16 bits (oneDNN's operands) or to bf16 values in floats (sgemm's).
 void round_row(uint16_t* dst, const float* src, int n) {
   int i = 0;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -62,18 +63,19 @@ void round_row(uint16_t* dst, const float* src, int n) {
 #pragma omp simd
   for (int j = i; j < n; ++j) dst[j] = f32_to_bf16(src[j]);
 }
+#endif
 void round_row(float* dst, const float* src, int n) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) dst[j] = bf16_to_f32(f32_to_bf16(src[j]));
 }
+// A rows x cols matrix stored ld apart, rounded into a packed copy (ld = cols).
 template <typename Out>
 const Out* rounded_copy(std::vector<Out>& buf, const float* src, int rows, int cols, int ld) {
   buf.resize(size_t(rows) * cols);
   Out* dst = buf.data();
   const bool split = size_t(rows) * cols >= (size_t(1) << 15) && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (split)
-  for (int r = 0; r < rows; ++r)
-    round_row(dst + size_t(r) * cols, src + size_t(r) * ld, cols);
+  for (int r = 0; r < rows; ++r) round_row(dst + size_t(r) * cols, src + size_t(r) * ld, cols);
   return dst;
 }
 
@@ -96,8 +98,8 @@ bool onednn_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
   // OpenBLAS does there: oneDNN sizes its team by omp_get_max_threads().
   const int threads = omp_in_parallel() ? omp_get_max_threads() : 0;
   if (threads) omp_set_num_threads(1);
-  const dnnl_status_t status = dnnl_gemm_bf16bf16f32(
-      ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
+  const dnnl_status_t status = dnnl_gemm_bf16bf16f32(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha,
+                                                     a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
   if (threads) omp_set_num_threads(threads);
   return status == dnnl_success;
 }
@@ -111,10 +113,16 @@ CpuBf16Gemms::CpuBf16Gemms(bool on) : on_(on) {
 CpuBf16Gemms::~CpuBf16Gemms() {
   if (on_) g_bf16_scopes.fetch_sub(1);
 }
-CpuFp32Gemms::CpuFp32Gemms() { ++t_fp32_scopes; }
-CpuFp32Gemms::~CpuFp32Gemms() { --t_fp32_scopes; }
+CpuFp32Gemms::CpuFp32Gemms() {
+  ++t_fp32_scopes;
+}
+CpuFp32Gemms::~CpuFp32Gemms() {
+  --t_fp32_scopes;
+}
 
-bool cpu_bf16_gemms_on() { return t_fp32_scopes == 0 && g_bf16_scopes.load() > 0; }
+bool cpu_bf16_gemms_on() {
+  return t_fp32_scopes == 0 && g_bf16_scopes.load() > 0;
+}
 
 Bf16GemmKernel cpu_bf16_gemm_kernel() {
 #if defined(OMNITRON_DNNL)

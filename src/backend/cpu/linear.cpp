@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/reduce.h"
 #include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/reduce.h"
 #include "backend/ops.h"
 
 namespace omni::ops {
