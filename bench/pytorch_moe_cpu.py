@@ -69,7 +69,7 @@ class Experts(nn.Module):
             if token.numel() == 0:
                 continue
             h = self.fc2[e](F.gelu(self.fc1[e](x[token])))
-            y.index_add_(0, token, h * probs[token, slot].unsqueeze(1))
+            y.index_add_(0, token, (h * probs[token, slot].unsqueeze(1)).to(y.dtype))
         if self.shared is not None:
             y = y + self.shared(x)
         return y.reshape(shape)
