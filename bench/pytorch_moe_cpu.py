@@ -4,6 +4,7 @@ mixture-of-experts rows are read beside (never a dependency of omnitron; Debian'
 python3-torch runs it).
 
   OMP_NUM_THREADS=2 /usr/bin/python3 bench/pytorch_moe_cpu.py [--steps N] [--openblas-auto]
+                                                                [--bf16]
 
 A GPT of 6 layers, 6 heads, hidden 384, vocabulary 50257, sequence 256, micro batch 4, in
 float32 without dropout (run bench_train_step with --hidden-dropout 0 --attention-dropout 0
@@ -15,7 +16,9 @@ Hugging Face block do):
   - 16 experts, top 4, each 192 wide, plus a shared expert 768 wide (DeepSeek-shaped).
 The router is Megatron's default: softmax over the top-k logits, with the aux loss (0.01).
 Prints tokens/s and GFLOP/s by Megatron's formula (active parameters), the median step of
-the steps after the first.
+the steps after the first. --bf16 runs the forward pass and the loss under
+torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch user writes mixed precision (fp32
+weights and optimizer; oneDNN's bf16 GEMMs), beside bench_train_step --bf16.
 """
 import argparse
 import math
@@ -66,7 +69,7 @@ class Experts(nn.Module):
             if token.numel() == 0:
                 continue
             h = self.fc2[e](F.gelu(self.fc1[e](x[token])))
-            y.index_add_(0, token, h * probs[token, slot].unsqueeze(1))
+            y.index_add_(0, token, (h * probs[token, slot].unsqueeze(1)).to(y.dtype))
         if self.shared is not None:
             y = y + self.shared(x)
         return y.reshape(shape)
@@ -110,7 +113,7 @@ def megatron_flops(ffn_active):
     return 6.0 * B * S * (per_token + S * L * C)
 
 
-def run(name, make_mlp, ffn_active, steps):
+def run(name, make_mlp, ffn_active, steps, bf16):
     torch.manual_seed(0)
     model = GPT(make_mlp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
@@ -120,7 +123,9 @@ def run(name, make_mlp, ffn_active, steps):
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        model(tokens, labels).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(tokens, labels)
+        loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     sec = sorted(times[1:])[len(times[1:]) // 2]
@@ -133,15 +138,19 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--openblas-auto", action="store_true",
                    help="leave OPENBLAS_CORETYPE unset (OpenBLAS detects the CPU itself)")
-    steps = p.parse_args().steps
+    p.add_argument("--bf16", action="store_true",
+                   help="forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
+    args = p.parse_args()
+    steps, bf16 = args.steps, args.bf16
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}")
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}, "
+          f"{'bf16 autocast' if bf16 else 'float32'}")
     print(f"{'6 layers, 384, seq 256, micro batch 4':<40} {'tokens/s':>10} {'ms/step':>12} "
           f"{'GFLOP/s':>10}")
     run("dense, ffn 1536", lambda: nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(),
-                                                 nn.Linear(4 * C, C)), 4 * C, steps)
-    run("  MoE 8 experts, top 2, ffn 768", lambda: Experts(8, 2, 768), 1536, steps)
-    run("  MoE 16 top 4 ffn 192 + shared 768", lambda: Experts(16, 4, 192, 768), 1536, steps)
+                                                 nn.Linear(4 * C, C)), 4 * C, steps, bf16)
+    run("  MoE 8 experts, top 2, ffn 768", lambda: Experts(8, 2, 768), 1536, steps, bf16)
+    run("  MoE 16 top 4 ffn 192 + shared 768", lambda: Experts(16, 4, 192, 768), 1536, steps, bf16)
 
 
 if __name__ == "__main__":

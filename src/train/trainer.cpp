@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include "backend/attention_backend.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
@@ -151,6 +152,8 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     const AttentionBackend backend =
         choose_attention_backend(opts.attention_backend, support, &why);
     attention_line_ = describe_attention_backend(backend, why);
+    if (opts.bf16 && !gpu_device)  // cmd_train prints the line: one more start-up line
+      attention_line_ += "\n  bf16 GEMMs: " + ops::describe_cpu_bf16_gemm();
     if (exec_.gpu) exec_.gpu->use_fused_attention(backend == AttentionBackend::Fused);
   }
   // The last stage's copy of the word embeddings: tied, or multi-token prediction's.
@@ -272,6 +275,9 @@ GPTModel<float>& Trainer::model() {
 double Trainer::run_pipeline(int num_microbatches,
                              const std::function<const MicroBatch&(int)>& batch, bool train,
                              double grad_scale) {
+  // --bf16 on the CPU: the model's GEMMs round their operands to bf16 (fp32 accumulation), as
+  // a GPU's do; the float model's weights are bf16 values already (MixedPrecision).
+  ops::CpuBf16Gemms bf16_gemms(opts_.bf16 && !exec_.gpu);
   const double loss = with_model(
       [&](auto& m) { return m.pipeline.run(num_microbatches, batch, train, grad_scale); });
   // ZeRO 3: a forward-only pass (evaluation) leaves no all-gather in flight into a save.
@@ -577,6 +583,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     if (p.tp_partial_grad) grid_->tp().all_reduce(grads + p.offset, size_t(p.numel));
   grads_sync.end();
   TraceSpan optimizer_span("optimizer");
+  ops::CpuFp32Gemms fp32_gemms;  // the optimizers' GEMMs (Muon, Shampoo, GaLore): fp32 masters
   Step step;
   step.moe = with_model([&](auto& m) {  // the expert bias's update, the MoE figures
     return finish_moe_step(m.model, *grid_, accum, mixed_ ? &mixed_->master() : nullptr);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/reduce.h"
 #include "backend/ops.h"
 
@@ -11,6 +12,10 @@ namespace omni::ops {
 template <>
 void gemm<float>(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
+  if (cpu_bf16_gemms_on()) {
+    gemm_bf16(cpu_bf16_gemm_kernel(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

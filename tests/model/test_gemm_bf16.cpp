@@ -1,0 +1,145 @@
+// The CPU's bf16 GEMM (--bf16): both kernels against a float64 product of the bf16-rounded
+// operands, every transpose, alpha and beta, odd sizes and padded leading dimensions; inside an
+// OpenMP parallel region; and the scopes that switch gemm<float> to it.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/gemm_bf16.h"
+#include "backend/ops.h"
+#include "base/dtype.h"
+
+namespace omni::ops {
+namespace {
+
+struct Case {
+  bool ta, tb;
+  int M, N, K;
+  float alpha, beta;
+};
+
+float round_bf16(float x) {
+  return bf16_to_f32(f32_to_bf16(x));
+}
+
+// Runs one case with `kernel` (or gemm<float> when use_gemm) on matrices whose rows are padded
+// by 3 elements; returns the largest error relative to sum |alpha a b| + |beta c| per element.
+double worst_error(const Case& c, Bf16GemmKernel kernel, bool use_gemm, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int ar = c.ta ? c.K : c.M, ac = c.ta ? c.M : c.K;
+  const int br = c.tb ? c.N : c.K, bc = c.tb ? c.K : c.N;
+  const int lda = ac + 3, ldb = bc + 3, ldc = c.N + 3;
+  std::vector<float> A(size_t(ar) * lda), B(size_t(br) * ldb), C(size_t(c.M) * ldc);
+  for (float& v : A) v = normal(rng);
+  for (float& v : B) v = normal(rng);
+  for (float& v : C) v = normal(rng);
+  const std::vector<float> C0 = C;
+  if (use_gemm)
+    gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(),
+                ldc);
+  else
+    gemm_bf16(kernel, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta,
+              C.data(), ldc);
+  auto a = [&](int m, int k) {
+    return double(round_bf16(c.ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k]));
+  };
+  auto b = [&](int k, int n) {
+    return double(round_bf16(c.tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n]));
+  };
+  double worst = 0;
+  for (int m = 0; m < c.M; ++m)
+    for (int n = 0; n < c.N + 3; ++n) {
+      const size_t i = size_t(m) * ldc + n;
+      if (n >= c.N) {  // the padding is never written
+        if (C[i] != C0[i]) return INFINITY;
+        continue;
+      }
+      double ref = 0, scale = 0;
+      for (int k = 0; k < c.K; ++k) {
+        ref += a(m, k) * b(k, n);
+        scale += std::abs(a(m, k) * b(k, n));
+      }
+      ref = c.alpha * ref + c.beta * double(C0[i]);
+      scale = std::abs(c.alpha) * scale + std::abs(c.beta * double(C0[i])) + 1e-30;
+      worst = std::max(worst, std::abs(double(C[i]) - ref) / scale);
+    }
+  return worst;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      out.push_back({ta, tb, 37, 29, 53, 1.f, 0.f});
+      out.push_back({ta, tb, 64, 48, 131, 0.75f, 1.f});
+      out.push_back({ta, tb, 5, 70, 9, -1.5f, 1.f});
+    }
+  return out;
+}
+
+// fp32 accumulation over K <= 131 terms of exact products: a few units of 2^-24 of the sum
+// of magnitudes. Without the rounding of A and B (an fp32 product) the error relative to
+// the rounded reference is ~2^-9, far above the bound.
+constexpr double kTolerance = 1e-6;
+
+TEST(GemmBf16, BothKernelsMatchFloat64OnRoundedOperands) {
+  uint32_t seed = 1;
+  for (Bf16GemmKernel kernel : {Bf16GemmKernel::OneDnn, Bf16GemmKernel::RoundedSgemm})
+    for (const Case& c : cases())
+      EXPECT_LT(worst_error(c, kernel, false, seed++), kTolerance)
+          << "kernel " << int(kernel) << " ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
+          << c.N << " K " << c.K << " alpha " << c.alpha << " beta " << c.beta;
+  EXPECT_EQ(cpu_bf16_gemm_kernel(), cpu_bf16_gemm_kernel());  // no oneDNN error on the way
+}
+
+TEST(GemmBf16, OneThreadPerGemmInsideAParallelRegion) {
+  // One GEMM per thread, as the experts run (ops::moe_for_each_expert): each thread's own
+  // scratch, and oneDNN kept to the calling thread.
+  const int threads = std::max(2, omp_get_max_threads());
+  std::vector<double> errors(threads, INFINITY);
+  std::vector<int> before(threads), after(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    const Case c{t % 2 == 1, t % 2 == 0, 33 + t, 41, 67, 1.f, 1.f};
+    before[t] = omp_get_max_threads();
+    errors[t] = worst_error(c, cpu_bf16_gemm_kernel(), false, 100 + t);
+    after[t] = omp_get_max_threads();  // oneDNN's team size of one undone
+  }
+  for (int t = 0; t < threads; ++t) {
+    EXPECT_LT(errors[t], kTolerance) << "thread " << t;
+    EXPECT_EQ(after[t], before[t]) << "thread " << t;
+  }
+}
+
+TEST(GemmBf16, ScopesSwitchGemmFloat) {
+  const Case c{false, true, 21, 17, 45, 1.f, 0.f};
+  const Bf16GemmKernel k = cpu_bf16_gemm_kernel();
+  ASSERT_FALSE(cpu_bf16_gemms_on());
+  // fp32 gemm measured against the rounded reference: the rounding's error, ~2^-9.
+  EXPECT_GT(worst_error(c, k, true, 7), 1e-4);
+  {
+    CpuBf16Gemms on;
+    EXPECT_TRUE(cpu_bf16_gemms_on());
+    EXPECT_LT(worst_error(c, k, true, 7), kTolerance);
+    {
+      CpuFp32Gemms fp32;  // this thread only
+      EXPECT_FALSE(cpu_bf16_gemms_on());
+      EXPECT_GT(worst_error(c, k, true, 7), 1e-4);
+    }
+    bool worker_on = false;
+#pragma omp parallel num_threads(2)
+    if (omp_get_thread_num() == 1) worker_on = cpu_bf16_gemms_on();  // the model's workers
+    EXPECT_TRUE(worker_on || omp_get_max_threads() < 2);
+    CpuBf16Gemms off(false);
+    EXPECT_TRUE(cpu_bf16_gemms_on());
+  }
+  EXPECT_FALSE(cpu_bf16_gemms_on());
+}
+
+}  // namespace
+}  // namespace omni::ops
