@@ -421,6 +421,7 @@ int train(const std::vector<std::string>& raw_args) {
   Trainer trainer(opts, std::move(data), peak, eod, gpu_world ? gpu_world.get() : &world);
   trainer.set_downstream_evaluation(make_downstream_evaluation(opts, tokenizer.get()));
   if (info || device.device != "cpu") std::printf("  %s\n", trainer.attention_line().c_str());
+  if (info && !trainer.gemm_line().empty()) std::printf("  %s\n", trainer.gemm_line().c_str());
   if (!opts.load.empty())
     std::printf("  loaded %s at iteration %lld (%lld samples consumed)%s\n", opts.load.c_str(),
                 (long long)latest_checkpoint_iteration(opts.load),

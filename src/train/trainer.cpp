@@ -152,8 +152,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     const AttentionBackend backend =
         choose_attention_backend(opts.attention_backend, support, &why);
     attention_line_ = describe_attention_backend(backend, why);
-    if (opts.bf16 && !gpu_device)  // cmd_train prints the line: one more start-up line
-      attention_line_ += "\n  bf16 GEMMs: " + ops::describe_cpu_bf16_gemm();
+    if (opts.bf16 && !gpu_device) gemm_line_ = "bf16 GEMMs: " + ops::describe_cpu_bf16_gemm();
     if (exec_.gpu) exec_.gpu->use_fused_attention(backend == AttentionBackend::Fused);
   }
   // The last stage's copy of the word embeddings: tied, or multi-token prediction's.

@@ -84,6 +84,8 @@ class Trainer {
   const ProcessGrid& grid() const { return *grid_; }
   // "attention: flash (...) -- --attention-backend auto: ...", for the start-up lines.
   const std::string& attention_line() const { return attention_line_; }
+  // "bf16 GEMMs: oneDNN ..." under --bf16 on the CPU (backend/cpu/gemm_bf16.h), else empty.
+  const std::string& gemm_line() const { return gemm_line_; }
   int64_t iteration() const { return iteration_; }
   // Bytes of memory this rank's parameters, gradients and optimizer states occupy: the
   // resident pages of their buffers, measured (mincore); under ZeRO 2/3 the largest seen
@@ -176,7 +178,7 @@ class Trainer {
   std::unique_ptr<Communicator> own_world_;
   std::unique_ptr<ProcessGrid> grid_;
   ops::Exec exec_;  // where the model trains: the CPU, or a GPU
-  std::string attention_line_;
+  std::string attention_line_, gemm_line_;
   std::variant<std::unique_ptr<Staged<float>>, std::unique_ptr<Staged<bf16>>,
                std::unique_ptr<Staged<f16>>>
       model_;
