@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/device.h"
 #include "backend/device_selection.h"
 #include "base/error.h"
@@ -356,16 +357,20 @@ int train(const std::vector<std::string>& raw_args) {
   world.barrier();
   if (world.rank() != 0) data = open_training_data(opts, eod);
 
-  // MFU is against the GPU's dense bf16 peak, or the CPU's measured sgemm rate.
+  // MFU is against the GPU's dense bf16 peak, or the CPU's measured GEMM rate: sgemm's, or
+  // under --bf16 that of the bf16 GEMMs the model's passes then run (backend/cpu/gemm_bf16.h).
   double peak = 0.0;
   std::string device_line;
   if (opts.device == "cpu") {
-    peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
+    {
+      ops::CpuBf16Gemms bf16_gemms(opts.bf16);
+      peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
+    }
     char text[512];
     std::snprintf(text, sizeof text,
-                  "cpu, %d threads (waiting %s), %s; sgemm peak %.0f GFLOP/s (MFU is against "
-                  "this)",
-                  cpu_threads(), openmp_wait_policy().c_str(), blas_config().c_str(), peak);
+                  "cpu, %d threads (waiting %s), %s; %s peak %.0f GFLOP/s (MFU is against this)",
+                  cpu_threads(), openmp_wait_policy().c_str(), blas_config().c_str(),
+                  opts.bf16 ? "bf16 GEMM" : "sgemm", peak);
     device_line = text;
   } else {
     const GpuDeviceInfo gpu = gpu_device_info(device.gpu);

@@ -57,8 +57,8 @@ TEST(CliDevice, GenerateRefusesAGpuItCannotUse) {
 TEST(CliInfo, ReportsBackendDevicesCollectivesAndWhatAutoPicks) {
   const ProcessResult r = run_omnitron_env(kNoGpu, "info");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* line :
-       {"cpu:", "blas:", "sgemm peak:", "gpu backend:", "collectives:", "device auto:  cpu"})
+  for (const char* line : {"cpu:", "blas:", "sgemm peak:", "bf16 GEMM:", "gpu backend:",
+                           "collectives:", "device auto:  cpu"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << " in:\n" << r.output;
 #if defined(OMNITRON_CUDA)
   EXPECT_NE(r.output.find("gpu devices:  none visible"), std::string::npos) << r.output;
