@@ -141,5 +141,44 @@ TEST(GemmBf16, ScopesSwitchGemmFloat) {
   EXPECT_FALSE(cpu_bf16_gemms_on());
 }
 
+// Under a CpuBf16Reuse scope a matrix's bf16 copy is made once and reused in another role
+// (here A as the first GEMM's left operand and, transposed, the second's right one); closing
+// the scope forgets the copies.
+TEST(GemmBf16, ReuseScopeKeepsCopiesWhileOpenOnly) {
+  const int M = 19, K = 33, N = 7;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> A(size_t(M) * K), B(size_t(K) * N), D(size_t(M) * N);
+  for (float& v : A) v = normal(rng);
+  for (float& v : B) v = normal(rng);
+  for (float& v : D) v = normal(rng);
+  const Bf16GemmKernel k = Bf16GemmKernel::OneDnn;
+  // C1 = A B [M, N]; C2 = D^T A [N, K] (A as the right operand, not transposed: the same
+  // matrix, address and leading dimension).
+  auto products = [&] {
+    std::vector<float> C1(size_t(M) * N), C2(size_t(N) * K);
+    gemm_bf16(k, false, false, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, C1.data(), N);
+    gemm_bf16(k, true, false, N, K, M, 1.f, D.data(), N, A.data(), K, 0.f, C2.data(), K);
+    C1.insert(C1.end(), C2.begin(), C2.end());
+    return C1;
+  };
+  const std::vector<float> alone = products();
+  {
+    CpuBf16Reuse reuse;
+    EXPECT_EQ(products(), alone);
+  }
+  for (float& v : A) v *= 2;  // powers of two round alike: the products double exactly
+  std::vector<float> doubled = alone;
+  for (float& v : doubled) v *= 2;
+  {
+    CpuBf16Reuse reuse;  // a fresh scope sees the new values
+    EXPECT_EQ(products(), doubled);
+    if (cpu_bf16_gemm_kernel() != Bf16GemmKernel::OneDnn)
+      GTEST_SKIP() << "copies are kept on oneDNN's path only: " << describe_cpu_bf16_gemm();
+    for (float& v : A) v *= 2;  // against the scope's promise: its copy of A is still used
+    EXPECT_EQ(products(), doubled);
+  }
+}
+
 }  // namespace
 }  // namespace omni::ops

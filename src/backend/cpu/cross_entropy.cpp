@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/reduce.h"
 #include "backend/ops.h"
 #include "base/error.h"
@@ -35,6 +36,9 @@ double classifier_cross_entropy(T* losses, T* dh, T* dw, const T* h, const T* w,
   for (int r0 = 0; r0 < N; r0 += chunk) {
     const int rows = std::min(chunk, N - r0);
     const T* hb = h + static_cast<size_t>(r0) * C;
+    // Under the CPU's --bf16 the weight, the chunk's hidden rows and (once written) its logits'
+    // gradient are rounded to bf16 once for the chunk's GEMMs: none changes once it is read.
+    CpuBf16Reuse reuse;
     if (V > 0) gemm<T>(false, true, rows, V, C, T(1), hb, C, w, C, T(0), z0, V);
     // Three passes over each row: its maximum, its exponentials and their sum, its loss and
     // gradient. A vocabulary-parallel group combines the maxima and the sums across its

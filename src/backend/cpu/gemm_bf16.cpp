@@ -88,12 +88,38 @@ Scratch& scratch() {
   return s;
 }
 
+// This thread's CpuBf16Reuse scopes and the copies kept under them (a few matrices: the slots
+// keep their storage when the scope closes, so the next step does not fault it in again).
+struct KeptCopy {
+  const float* src = nullptr;  // nullptr: free
+  int rows = 0, cols = 0, ld = 0;
+  std::vector<uint16_t> bits;
+};
+constexpr int kKeptCopies = 4;
+thread_local int t_reuse_scopes = 0;
+thread_local KeptCopy t_kept[kKeptCopies];
+
 #if defined(OMNITRON_DNNL)
+// The bf16 copy of a rows x cols matrix: one kept under a CpuBf16Reuse scope (made now if
+// none is), else made in `buf`.
+const uint16_t* bf16_copy(std::vector<uint16_t>& buf, const float* src, int rows, int cols,
+                          int ld) {
+  if (t_reuse_scopes == 0) return rounded_copy(buf, src, rows, cols, ld);
+  KeptCopy* slot = nullptr;
+  for (KeptCopy& k : t_kept) {
+    if (k.src == src && k.rows == rows && k.cols == cols && k.ld == ld) return k.bits.data();
+    if (!k.src && !slot) slot = &k;
+  }
+  if (!slot) return rounded_copy(buf, src, rows, cols, ld);  // all slots taken
+  *slot = KeptCopy{src, rows, cols, ld, std::move(slot->bits)};
+  return rounded_copy(slot->bits, src, rows, cols, ld);
+}
+
 bool onednn_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
   Scratch& s = scratch();
-  const uint16_t* a = rounded_copy(s.a16, A, ta ? K : M, ta ? M : K, lda);
-  const uint16_t* b = rounded_copy(s.b16, B, tb ? N : K, tb ? K : N, ldb);
+  const uint16_t* a = bf16_copy(s.a16, A, ta ? K : M, ta ? M : K, lda);
+  const uint16_t* b = bf16_copy(s.b16, B, tb ? N : K, tb ? K : N, ldb);
   // Inside a parallel region (one expert per thread) the GEMM keeps to its thread, as
   // OpenBLAS does there: oneDNN sizes its team by omp_get_max_threads().
   const int threads = omp_in_parallel() ? omp_get_max_threads() : 0;
@@ -118,6 +144,14 @@ CpuFp32Gemms::CpuFp32Gemms() {
 }
 CpuFp32Gemms::~CpuFp32Gemms() {
   --t_fp32_scopes;
+}
+
+CpuBf16Reuse::CpuBf16Reuse() {
+  ++t_reuse_scopes;
+}
+CpuBf16Reuse::~CpuBf16Reuse() {
+  if (--t_reuse_scopes > 0) return;
+  for (KeptCopy& k : t_kept) k.src = nullptr;
 }
 
 bool cpu_bf16_gemms_on() {

@@ -29,6 +29,18 @@ class CpuFp32Gemms {
   CpuFp32Gemms& operator=(const CpuFp32Gemms&) = delete;
 };
 bool cpu_bf16_gemms_on();
+// While one is open on this thread, the bf16 copies gemm_bf16 makes of its operands are kept
+// and reused by a later GEMM on this thread given the same matrix (address, rows, columns,
+// leading dimension) in either role or transposition: the caller promises that the matrices it
+// hands those GEMMs do not change until the scope closes. The LM head's weight and logits'
+// gradient each feed two GEMMs of a chunk, a linear layer's output gradient two.
+class CpuBf16Reuse {
+ public:
+  CpuBf16Reuse();
+  ~CpuBf16Reuse();
+  CpuBf16Reuse(const CpuBf16Reuse&) = delete;
+  CpuBf16Reuse& operator=(const CpuBf16Reuse&) = delete;
+};
 // OneDnn: oneDNN's bf16 GEMM, where built with oneDNN and the CPU multiplies bf16
 // (AVX512_BF16 or AMX-BF16); RoundedSgemm: sgemm on copies rounded to bf16 values.
 enum class Bf16GemmKernel { OneDnn, RoundedSgemm };

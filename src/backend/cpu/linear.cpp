@@ -48,6 +48,7 @@ void add_bias(T* y, const T* bias, int M, int N) {
 template <typename T>
 void linear_backward(T* dx, T* dw, T* dbias, const T* dy, const T* x, const T* w, int M, int K,
                      int N, bool accumulate_dx) {
+  CpuBf16Reuse reuse;  // --bf16: dy rounded once for both GEMMs
   if (dx) gemm<T>(false, false, M, K, N, T(1), dy, N, w, K, accumulate_dx ? T(1) : T(0), dx, K);
   gemm<T>(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
   if (dbias) {
