@@ -571,7 +571,8 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const double flops = narayanan_flops_per_iteration(c, l.global_batch);
   const double logits = 6.0 * l.global_batch * double(c.seq_length) * c.hidden_size * V;
   const double per_layer = (flops - logits) / c.num_layers;
-  const double peak = (l.precision == "fp32" ? d.fp32_tflops : d.bf16_tflops) * 1e12;
+  const bool fp32_products = l.precision == "fp32" || (d.host_memory && l.precision == "fp16");
+  const double peak = (fp32_products ? d.fp32_tflops : d.bf16_tflops) * 1e12;
   const double split = double(l.tp) * l.cp * l.dp;
   const LayerCost lc = layer_cost(c, l, d, eb);
   const double hbm = d.hbm_gbps * 1e9 * d.hbm_efficiency;
