@@ -131,10 +131,12 @@ void GPTModel<T>::layer_forward(int layer, LayerActivations& a, const T* x, T* o
   norm_forward(ln2, a.ln2_mean.template data<Grad>(), a.ln2_rstd.template data<Grad>(), mid,
                p.ln2_w, p.ln2_b, R, C);
   if (cfg_.is_moe_layer(layer)) {  // routed experts in place of the MLP (gpt_moe.cpp)
-    // Each tensor-parallel rank's part of every token's output, summed as the dense fc2's.
-    T* part = tp_.partial_rows(out, full_.template data<T>());
-    moe_forward(layer, a, tp_.gather_rows(a.ln2_full.template data<T>(), ln2, N), part, mb, g);
-    tp_.reduce_rows(out, part, N);
+    // Each rank's part of the output of the rows it takes (moe_tp_'s: every row over tp, or
+    // its experts' block's over that block), summed as the dense fc2's.
+    const int n = moe_tokens(N);
+    T* part = moe_tp_.partial_rows(out, full_.template data<T>());
+    moe_forward(layer, a, moe_tp_.gather_rows(a.ln2_full.template data<T>(), ln2, n), part, mb, g);
+    moe_tp_.reduce_rows(out, part, n);
     hidden_dropout(out, mb, in, g, layer, ops::DropoutSite::MlpOutput);
     ops::add(x_, out, out, mid, size_t(R) * C);
     return;
@@ -172,12 +174,13 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   // MLP: out = mid + fc2(act(fc1(norm(mid)))); dres holds d(out).
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
   const T* dln2 = nullptr;
-  if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp; dx: this tensor-parallel rank's part
+  if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp; dx: this rank's part, summed over moe_tp_
+    const int n = moe_tokens(N);  // (dy may be d_rows: dx is partial, summed in place at ETP 1)
     moe_backward(layer, a,
-                 tp_.gather_rows(d_full_.template data<T>(),
-                                 through_dropout(ops::DropoutSite::MlpOutput), N),
+                 moe_tp_.gather_rows(d_full_.template data<T>(),
+                                     through_dropout(ops::DropoutSite::MlpOutput), n),
                  partial);
-    dln2 = tp_.reduce_rows(d_rows, partial, N);
+    dln2 = moe_tp_.reduce_rows(d_rows, partial, n);
   } else {
     tp_.row_backward(dffn, gp.fc2_w, gp.fc2_b, d_full_.template data<T>(),
                      through_dropout(ops::DropoutSite::MlpOutput), a.act.template data<T>(),

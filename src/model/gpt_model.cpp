@@ -135,6 +135,7 @@ GPTModel<T>::GPTModel(const TransformerConfig& config, int max_batch, uint64_t s
   const int tp = tp_group->size(), cp = cp_->size();
   sp_ = parallel_.sequence_parallel && tp > 1;
   tp_ = TensorParallel<T>(tp_group, sp_, cfg_.hidden_size, x_);
+  init_moe_rows();  // gpt_moe.cpp
   const int H = cfg_.num_attention_heads, G = cfg_.query_groups(), F = cfg_.ffn_size();
   OMNI_REQUIRE(G % tp == 0,
                cfg_.group_query_attention ? "--num-query-groups (" : "--num-attention-heads (", G,

@@ -245,6 +245,10 @@ class GPTModel final : public PipelineChunks<T> {
                    const Geometry& g);
   void moe_backward(int layer, LayerActivations& a, const T* dy, T* dx);
   int64_t moe_activation_bytes(const LayerActivations& a) const;
+  // moe_tp_ for the layout (from the constructor), and the rows of a micro-batch of `tokens`
+  // tokens an MoE layer takes.
+  void init_moe_rows();
+  int moe_tokens(int tokens) const { return tokens / tp_.size() * moe_tp_.size(); }
   // Multi-latent attention (gpt_mla.cpp, model/mla.h): its parameters (named after "<layer
   // prefix>self_attention."), through the layout's `replicated` and `rows` makers; the forward
   // from the input norm's rows (all of them) into a.q, a.k, a.v; the backward from dq, dk, dv
@@ -351,6 +355,10 @@ class GPTModel final : public PipelineChunks<T> {
   std::unique_ptr<Communicator> own_tp_, own_cp_;
   Communicator* cp_;
   TensorParallel<T> tp_;  // the tensor-parallel group's primitives
+  // The ranks an MoE layer's input rows are gathered from and its output summed over: tp_,
+  // or under ETP < TP without a shared expert the experts' own block of etp tp ranks
+  // (moe_takes_block_rows; ETP 1: this rank alone).
+  TensorParallel<T> moe_tp_;
   bool sp_;
   int heads_, groups_, ffn_;  // this rank's query heads, groups, ffn columns
   VocabShard vocab_;          // the word embedding's and output layer's rows held

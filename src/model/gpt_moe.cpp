@@ -25,12 +25,14 @@
 // runs in float32).
 //
 // Expert tensor parallelism of another size than tp (--expert-tensor-parallel-size ETP
-// dividing TP, the experts' own grid: comm/process_grid.h): each block of ETP consecutive tp
-// ranks routes its sequence-parallel rows only (MoELayer), the experts' widths are split over
-// the block (whole with ETP 1) on every rank of an expert-parallel group of the expert grid,
-// and the figures the layer reports (its block's part of the balancing losses, its rows'
-// counts) are summed over tp here, over ETP, so that every tp rank reports what ETP = TP
-// would.
+// dividing TP, the experts' own grid: comm/process_grid.h; sequence parallel): each block of
+// ETP consecutive tp ranks routes its sequence-parallel rows only (MoELayer), the experts'
+// widths are split over the block (whole with ETP 1) on every rank of an expert-parallel
+// group of the expert grid, and the figures the layer reports (its block's part of the
+// balancing losses, its rows' counts) are summed over tp here, over ETP, so that every tp
+// rank reports what ETP = TP would. Without a shared expert the layer's rows are gathered
+// and its output summed over the block only (moe_tp_; ETP 1: nothing moves), with one over
+// tp, as the shared expert needs.
 //
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
 // round theirs after each step: the update widens it, adds in float and rounds it back.
@@ -147,6 +149,18 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
                    false);
     p.back().tp_replicated = tp > 1;
   }
+}
+
+template <typename T>
+void GPTModel<T>::init_moe_rows() {
+  moe_tp_ = tp_;
+  const int tp = tp_.size();
+  if (cfg_.num_moe_experts == 0 || !own_expert_rows(parallel_, tp)) return;
+  const int etp = parallel_.expert_tp->size();
+  OMNI_REQUIRE(sp_, "--expert-tensor-parallel-size ", etp, " below --tensor-model-parallel-size ",
+               tp, " needs --sequence-parallel");
+  if (moe_takes_block_rows(cfg_, tp, etp))
+    moe_tp_ = TensorParallel<T>(parallel_.expert_tp, true, cfg_.hidden_size, x_);
 }
 
 template <typename T>
@@ -276,6 +290,7 @@ void GPTModel<T>::update_expert_bias() {
 }
 
 #define OMNI_INSTANTIATE(T)                                                                       \
+  template void GPTModel<T>::init_moe_rows();                                                      \
   template void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>&, const std::string&)      \
       const;                                                                                      \
   template void GPTModel<T>::moe_forward(int, LayerActivations&, const T*, T*, const MicroBatch&, \

@@ -58,6 +58,10 @@ void validate_moe_config(const TransformerConfig& c) {
   }
 }
 
+bool moe_takes_block_rows(const TransformerConfig& c, int tp, int etp) {
+  return etp < tp && c.moe_shared_expert_intermediate_size == 0;
+}
+
 bool is_expert_parameter(const std::string& name) {
   return name.find("mlp.experts.") != std::string::npos || name.rfind("experts.", 0) == 0;
 }
@@ -186,6 +190,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
     OMNI_CHECK(etp_rank_ == tp_rank_ % etp_size_,
                "[moe] the expert tensor-parallel group is not a block of consecutive "
                "tensor-parallel ranks");
+    block_rows_ = moe_takes_block_rows(cfg_, tp_ranks, etp_size_);
   }
   const int expert_ranks = own_rows_ ? etp_size_ : tp_ranks;
   OMNI_REQUIRE(cfg_.moe_ffn_size() % expert_ranks == 0, "--moe-ffn-hidden-size (",
@@ -224,13 +229,15 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   shared_x_ = x;
   shared_tokens_ = tokens;
   T* const y_whole = y;
-  if (own_rows_) {  // this rank's block's sequence-parallel rows; zeros in the others
+  if (own_rows_) {  // this rank's block's sequence-parallel rows
     OMNI_REQUIRE(tokens % tp_size_ == 0, "[moe] ", tokens, " tokens do not split over ", tp_size_,
                  " tensor-parallel ranks");
-    ops::zero(exec_, y, size_t(tokens) * C);
     tokens /= tp_size_ / etp_size_;
-    x += size_t(block()) * tokens * C;
-    y += size_t(block()) * tokens * C;
+    if (!block_rows_) {  // within the whole rows, zeros in the others
+      ops::zero(exec_, y, size_t(shared_tokens_) * C);
+      x += size_t(block()) * tokens * C;
+      y += size_t(block()) * tokens * C;
+    }
   }
   x_ = x;
   tokens_ = tokens;
@@ -466,8 +473,8 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   const int N = tokens_, C = C_, K = K_;
   const T* const dy_whole = dy;
   T* const dx_whole = dx;
-  if (own_rows_) {  // this rank's rows (zeros in the others, the shared expert's added below)
-    ops::zero(exec_, dx, size_t(shared_tokens_) * C);
+  if (own_rows_ && !block_rows_) {  // the block's rows of the whole ones, zeros in the others
+    ops::zero(exec_, dx, size_t(shared_tokens_) * C);  // (the shared expert's added below)
     dx += size_t(block()) * N * C;
     dy += size_t(block()) * N * C;
   }

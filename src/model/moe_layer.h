@@ -102,6 +102,11 @@ struct MoEStats {
   int64_t dropped = 0;                     // (token, expert) pairs dropped for capacity
 };
 
+// Whether an MoE layer whose experts have their own tensor-parallel group of `etp` of the
+// `tp` ranks (sequence parallel) takes, and gives back, only its block's rows (MoELayer):
+// with etp < tp and no shared expert.
+bool moe_takes_block_rows(const TransformerConfig& c, int tp, int etp);
+
 template <typename T>
 class MoELayer {
  public:
@@ -125,16 +130,20 @@ class MoELayer {
   //
   // `expert_tp`: the experts' own tensor-parallel group (--expert-tensor-parallel-size; null
   // or of tp's size: the above), of etp ranks dividing tp, consecutive tp ranks (the expert
-  // grid's order). x and y are still the micro-batch's whole rows, but each block of etp tp
-  // ranks routes only its sequence-parallel rows (block b = tp rank / etp: rows
-  // [b tokens etp/tp, (b+1) tokens etp/tp)) with the replicated router, sends them to the
-  // experts' ranks over `ep` (the expert grid's group) and runs its 1/etp of each expert's
-  // width (whole experts with ETP 1, Megatron's most used case); y and dx hold its part of
-  // its rows' results there and zeros in the other rows, plus the shared expert's part (split
-  // over tp as above) in every row, so the caller's sum over tp is the layer's output. `cp`
-  // is then the tp x cp group: the balancing losses' counts are summed over it (over etp:
-  // a block's ranks count the same rows), each block's loss is its part, and its gradient
-  // enters on the block's first rank.
+  // grid's order), under sequence parallelism. Each block of etp tp ranks routes only its
+  // sequence-parallel rows (block b = tp rank / etp: rows [b tokens etp/tp,
+  // (b+1) tokens etp/tp)) with the replicated router, sends them to the experts' ranks over
+  // `ep` (the expert grid's group) and runs its 1/etp of each expert's width (whole experts
+  // with ETP 1, Megatron's most used case). Without a shared expert
+  // (moe_takes_block_rows) x, y, dx and dy are those rows only: the caller gathers them over
+  // expert_tp (ETP 1: the rank's own rows, nothing gathered) and sums y and dx over it, as
+  // Megatron-Core moves them. With one, whose width is split over tp and which needs every
+  // row, they are the micro-batch's whole rows: y and dx hold the block's part of its rows'
+  // results there and zeros in the other rows, plus the shared expert's part in every row,
+  // so the caller's sum over tp is the layer's output (the routed rows ride in the shared
+  // expert's gather and sum at no extra bytes). `cp` is then the tp x cp group: the
+  // balancing losses' counts are summed over it (over etp: a block's ranks count the same
+  // rows), each block's loss is its part, and its gradient enters on the block's first rank.
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
                     const ops::Exec& exec = {}, Communicator* expert_tp = nullptr);
@@ -142,7 +151,8 @@ class MoELayer {
   const TransformerConfig& config() const { return cfg_; }
 
   // y [tokens, C] from x [tokens, C] (batch-major rows; seq_length: the tokens of one
-  // sequence, for seq_aux_loss). With `train`, keeps what backward needs (x is read again
+  // sequence, for seq_aux_loss; with moe_takes_block_rows, x and y hold the block's
+  // tokens etp/tp rows of the micro-batch's `tokens`). With `train`, keeps what backward needs (x is read again
   // there and must not change in between), computes the aux and z losses and counts the
   // tokens per expert for the expert bias; `recomputing` (activation recompute running the
   // forward again before its backward) keeps and computes the same but does not count the
@@ -203,8 +213,9 @@ class MoELayer {
   Communicator* ep_ = nullptr;
   Communicator* cp_ = nullptr;
   int tp_size_ = 1, tp_rank_ = 0;
-  // expert_tp of etp < tp ranks: this rank's block of etp tp ranks routes its rows.
-  bool own_rows_ = false;
+  // expert_tp of etp < tp ranks: this rank's block of etp tp ranks routes its rows; x, y,
+  // dx and dy are those rows only with block_rows_, else whole.
+  bool own_rows_ = false, block_rows_ = false;
   int etp_size_ = 1, etp_rank_ = 0;
   int block() const { return tp_rank_ / etp_size_; }
   // The shared expert's input: the whole rows (x_ and tokens_ are the routed ones).

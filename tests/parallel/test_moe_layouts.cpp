@@ -194,6 +194,39 @@ TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelContext2SequenceAuxLos
                    sequence_aux_loss());
 }
 
+// Without a shared expert under ETP < TP the layer takes its block's rows only, gathered and
+// summed over the block (ETP 1: the rank's own rows; test_moe_tp_bytes.cpp counts the bytes):
+// ETP 1 and 2 under TP 4 with both dispatchers, then with dropout (the MLP output's mask applied
+// to a copy of the rows' gradient, which the layer reads while writing its own), full
+// recompute and seq_aux_loss over half sequences.
+TransformerConfig without_shared_expert(TransformerConfig cfg = tiny_moe()) {
+  cfg.moe_shared_expert_intermediate_size = 0;
+  cfg.validate();
+  return cfg;
+}
+TEST(MoELayouts, ExpertTensor1And2UnderTensor4SequenceParallelWithoutSharedExpert) {
+  for (const int etp : {1, 2})
+    for (const char* dispatcher : {"alltoall", "allgather"}) {
+      SCOPED_TRACE(std::string(dispatcher) + " etp " + std::to_string(etp));
+      TransformerConfig cfg = tiny_moe();
+      cfg.moe_token_dispatcher_type = dispatcher;
+      check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = etp},
+                       without_shared_expert(cfg));
+    }
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelWithoutSharedExpertDropoutRecompute) {
+  TransformerConfig cfg = tiny_moe();
+  cfg.hidden_dropout = cfg.attention_dropout = 0.1;
+  check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 1, .etp = 1}, without_shared_expert(cfg));
+  check_moe_layout(
+      {.tp = 2, .sp = true, .recompute = Recompute::Full, .ep = 2, .dp = 1, .etp = 1},
+      without_shared_expert());
+}
+TEST(MoELayouts, ExpertTensor1UnderTensor4SequenceParallelWithoutSharedExpertSequenceAuxLoss) {
+  check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1},
+                   without_shared_expert(sequence_aux_loss()));
+}
+
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
   TransformerConfig cfg = tiny_moe();
   cfg.moe_shared_expert_intermediate_size = 0;
