@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,7 @@ Run train(int ranks, const std::vector<std::string>& extra, bool save = false) {
   for (const ParamInfo& p : whole.params().infos())
     run.params.push_back({p.name, std::vector<float>(size_t(p.numel), NAN)});
   std::mutex mu;
+  std::set<std::string> names;  // the layout's parameters (its model flags may leave some out)
   run_ranks(ranks, [&](Communicator& world) {
     checkpoint_io_stats() = {};
     const Options o = options(ranks, extra);
@@ -117,6 +119,7 @@ Run train(int ranks, const std::vector<std::string>& extra, bool save = false) {
     run.written += checkpoint_io_stats().bytes_written;
     const ParameterSet<float>& ps = t.model().params();
     for (const ParamInfo& p : ps.infos()) {
+      names.insert(p.name);
       auto it = std::find_if(run.params.begin(), run.params.end(),
                              [&](const auto& e) { return e.first == p.name; });
       // (Tensor parallelism pads the vocabulary further: the rows past one rank's are left.)
@@ -127,6 +130,7 @@ Run train(int ranks, const std::vector<std::string>& extra, bool save = false) {
       });
     }
   });
+  std::erase_if(run.params, [&](const auto& e) { return !names.count(e.first); });
   return run;
 }
 
@@ -218,6 +222,17 @@ TEST(ExpertParallelTraining, Etp2UnderTp4SequenceParallelEp2MatchesOneRank) {
   expect_matches_one_rank(
       4, {"--tensor-model-parallel-size", "4", "--sequence-parallel",
           "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"});
+}
+// Without a shared expert the MoE layers under ETP < TP take their block's rows only (ETP 1:
+// each rank's own rows, nothing gathered; model/gpt_layer.cpp): ETP 1 and 2 under TP 4 + SP.
+TEST(ExpertParallelTraining, Etp1AndEtp2UnderTp4SpWithoutSharedExpertMatchOneRank) {
+  const std::vector<std::string> model = {"--moe-shared-expert-intermediate-size", "0"};
+  for (const char* etp : {"1", "2"})
+    expect_matches_one_rank(4,
+                            {"--tensor-model-parallel-size", "4", "--sequence-parallel",
+                             "--expert-tensor-parallel-size", etp, "--expert-model-parallel-size",
+                             "2"},
+                            model, {"alltoall"});
 }
 TEST(ExpertParallelTraining, Etp1UnderTp2SpEp2Dp2DistributedOptimizerMatchesOneRank) {
   expect_matches_one_rank(
