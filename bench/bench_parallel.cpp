@@ -58,6 +58,7 @@
 namespace {
 
 using omni::Call;
+using omni::Communicator;
 using omni::call_name;
 using omni::CountingCommunicator;
 using omni::Tally;

@@ -226,6 +226,17 @@ TEST(GpuLayoutsMoEExpertTensor, SequenceAuxLossExpertTensor1ExpertParallel2Tenso
   check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1});
 }
 
+// Without a shared expert, ETP 1 and 2 under TP 4 + SP: the layer takes its block's rows only,
+// gathered and summed over the block in device memory (ETP 1: its own rows, nothing moved).
+TEST(GpuLayoutsMoEExpertTensor, ExpertTensor1And2TensorParallel4WithoutSharedExpert) {
+  TransformerConfig cfg = moe_layout_config("alltoall");
+  cfg.moe_shared_expert_intermediate_size = 0;
+  cfg.validate();
+  check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1});
+  cfg.moe_token_dispatcher_type = "allgather";
+  check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
+}
+
 // bf16 weights and activations with fp32 gradients (--bf16 on a GPU): the tensor-parallel
 // all-reduces and reduce-scatters sum bf16 activations, as NCCL does.
 class GpuLayoutsBf16 : public ::testing::TestWithParam<bool> {};
