@@ -11,7 +11,8 @@
 //                       (--allgather: the allgather token dispatcher, Megatron's default)
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --tp 2 --etp 1   the MoE model at
 //                       TP 2 with --sequence-parallel and --expert-tensor-parallel-size 1
-//                       (whole experts on every tp rank; --ep N splits them as above)
+//                       (whole experts on every tp rank; --ep N splits them as above) and
+//                       --disable-bias-linear
 //   mpirun -np 2 -x OMP_NUM_THREADS=1 build/bench_parallel --dp 2 --overlap [--dist-opt]
 //                       gradients reduced while the backward runs (--overlap-grad-reduce), with
 //                       the distributed optimizer (its all-gather overlapped too); --bucket N:
@@ -282,9 +283,10 @@ void measure(const Args& args) {
                          "--moe-token-dispatcher-type", layout.allgather ? "allgather" : "alltoall",
                          "--expert-model-parallel-size", std::to_string(layout.ep)},
                         o);
-  if (layout.etp > 0)
-    omni::parse_options(
-        {"--sequence-parallel", "--expert-tensor-parallel-size", std::to_string(layout.etp)}, o);
+  if (layout.etp > 0)  // (the experts' biases are not built under tensor parallelism)
+    omni::parse_options({"--sequence-parallel", "--expert-tensor-parallel-size",
+                         std::to_string(layout.etp), "--disable-bias-linear"},
+                        o);
   if (layout.overlap) omni::parse_options({"--overlap-grad-reduce"}, o);
   if (layout.bucket > 0)
     omni::parse_options({"--ddp-bucket-size", std::to_string(layout.bucket)}, o);
