@@ -59,8 +59,8 @@
 namespace {
 
 using omni::Call;
-using omni::Communicator;
 using omni::call_name;
+using omni::Communicator;
 using omni::CountingCommunicator;
 using omni::Tally;
 
@@ -70,9 +70,9 @@ struct Layout {
   int etp = 0;  // --expert-tensor-parallel-size (with --sequence-parallel); 0: tp
   bool moe = false;
   bool allgather = false;  // --moe-token-dispatcher-type allgather
-  bool overlap = false;   // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
-  bool dist_opt = false;  // --use-distributed-optimizer
-  int bucket = 0;         // --ddp-bucket-size (elements); 0: the default (data_parallel.h)
+  bool overlap = false;    // --overlap-grad-reduce (and --overlap-param-gather with dist_opt)
+  bool dist_opt = false;   // --use-distributed-optimizer
+  int bucket = 0;          // --ddp-bucket-size (elements); 0: the default (data_parallel.h)
 };
 
 // The bench's MoE layers (with Layout::moe).
@@ -213,9 +213,10 @@ Args parse_args(int argc, char** argv) {
     else if (a == "--warmup")
       r.warmup = v;
     else
-      OMNI_REQUIRE(false, "bench_parallel: unknown option ", a,
-                   " (expected --tp, --dp, --sp, --ep, --etp, --moe, --allgather, --overlap, --dist-opt, "
-                   "--bucket, --steps, --warmup, --compare)");
+      OMNI_REQUIRE(
+          false, "bench_parallel: unknown option ", a,
+          " (expected --tp, --dp, --sp, --ep, --etp, --moe, --allgather, --overlap, --dist-opt, "
+          "--bucket, --steps, --warmup, --compare)");
   }
   OMNI_REQUIRE(
       !r.layout.allgather || r.layout.ep > 1,

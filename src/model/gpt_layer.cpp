@@ -175,7 +175,8 @@ void GPTModel<T>::layer_backward(int layer, LayerActivations& a, const T* x, T* 
   T *dffn = d_ffn_.template data<T>(), *dfc1 = d_fc1_.template data<T>();
   const T* dln2 = nullptr;
   if (cfg_.is_moe_layer(layer)) {  // gpt_moe.cpp; dx: this rank's part, summed over moe_tp_
-    const int n = moe_tokens(N);  // (dy may be d_rows: dx is partial, summed in place at ETP 1)
+    // (dx in `partial`, not d_rows: dy may be d_rows, the dropout's copy; ETP 1 sums in place)
+    const int n = moe_tokens(N);
     moe_backward(layer, a,
                  moe_tp_.gather_rows(d_full_.template data<T>(),
                                      through_dropout(ops::DropoutSite::MlpOutput), n),

@@ -290,7 +290,7 @@ void GPTModel<T>::update_expert_bias() {
 }
 
 #define OMNI_INSTANTIATE(T)                                                                       \
-  template void GPTModel<T>::init_moe_rows();                                                      \
+  template void GPTModel<T>::init_moe_rows();                                                     \
   template void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>&, const std::string&)      \
       const;                                                                                      \
   template void GPTModel<T>::moe_forward(int, LayerActivations&, const T*, T*, const MicroBatch&, \

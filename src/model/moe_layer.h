@@ -152,11 +152,11 @@ class MoELayer {
 
   // y [tokens, C] from x [tokens, C] (batch-major rows; seq_length: the tokens of one
   // sequence, for seq_aux_loss; with moe_takes_block_rows, x and y hold the block's
-  // tokens etp/tp rows of the micro-batch's `tokens`). With `train`, keeps what backward needs (x is read again
-  // there and must not change in between), computes the aux and z losses and counts the
-  // tokens per expert for the expert bias; `recomputing` (activation recompute running the
-  // forward again before its backward) keeps and computes the same but does not count the
-  // tokens twice.
+  // tokens etp/tp rows of the micro-batch's `tokens`). With `train`, keeps what backward
+  // needs (x is read again there and must not change in between), computes the aux and z
+  // losses and counts the tokens per expert for the expert bias; `recomputing` (activation
+  // recompute running the forward again before its backward) keeps and computes the same but
+  // does not count the tokens twice.
   // The backward's temporaries: the layer's own until it shares another's (every MoE layer
   // of a model sharing one set, which must run one at a time).
   using Scratch = MoEScratch<T, Router>;

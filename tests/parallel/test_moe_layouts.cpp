@@ -218,9 +218,8 @@ TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelWithoutSharedExpertDro
   TransformerConfig cfg = tiny_moe();
   cfg.hidden_dropout = cfg.attention_dropout = 0.1;
   check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 1, .etp = 1}, without_shared_expert(cfg));
-  check_moe_layout(
-      {.tp = 2, .sp = true, .recompute = Recompute::Full, .ep = 2, .dp = 1, .etp = 1},
-      without_shared_expert());
+  check_moe_layout({.tp = 2, .sp = true, .recompute = Recompute::Full, .ep = 2, .dp = 1, .etp = 1},
+                   without_shared_expert());
 }
 TEST(MoELayouts, ExpertTensor1UnderTensor4SequenceParallelWithoutSharedExpertSequenceAuxLoss) {
   check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1},

@@ -228,11 +228,11 @@ TEST(ExpertParallelTraining, Etp2UnderTp4SequenceParallelEp2MatchesOneRank) {
 TEST(ExpertParallelTraining, Etp1AndEtp2UnderTp4SpWithoutSharedExpertMatchOneRank) {
   const std::vector<std::string> model = {"--moe-shared-expert-intermediate-size", "0"};
   for (const char* etp : {"1", "2"})
-    expect_matches_one_rank(4,
-                            {"--tensor-model-parallel-size", "4", "--sequence-parallel",
-                             "--expert-tensor-parallel-size", etp, "--expert-model-parallel-size",
-                             "2"},
-                            model, {"alltoall"});
+    expect_matches_one_rank(
+        4,
+        {"--tensor-model-parallel-size", "4", "--sequence-parallel",
+         "--expert-tensor-parallel-size", etp, "--expert-model-parallel-size", "2"},
+        model, {"alltoall"});
 }
 TEST(ExpertParallelTraining, Etp1UnderTp2SpEp2Dp2DistributedOptimizerMatchesOneRank) {
   expect_matches_one_rank(
