@@ -249,7 +249,9 @@ TEST(ExpertParallelTraining, Etp1UnderTp2SpOptimizerZooMatchesOneRank) {
 // LAMB and adam8bit at ETP 2 under TP 4 + SP: each expert slice is on two tp ranks, so the
 // zoo's sums over tp hold both norms of LAMB's trust ratio twice (the ratio the same) and its
 // block maxima are maxima still: the parameters those of ETP = TP 4 (LAMB itself is 2.3e-4 of
-// the largest from one rank at TP 4 in float32).
+// the largest from one rank at TP 4 in float32). adam8bit's 8-bit states turn the GEMMs' other
+// summation order at ETP 2 into a few quantisation steps: 1.2e-6 of the largest under oneDNN's
+// sgemm (under 1e-6 under OpenBLAS's), hence 1e-5 for it.
 TEST(ExpertParallelTraining, Etp2UnderTp4LambAndAdam8bitMatchEtp4) {
   const std::vector<std::string> tp4 = {"--tensor-model-parallel-size", "4",
                                         "--sequence-parallel"};
@@ -266,7 +268,7 @@ TEST(ExpertParallelTraining, Etp2UnderTp4LambAndAdam8bitMatchEtp4) {
       }
     std::printf("%s: ETP 2 vs ETP 4 under TP 4: parameter %.3g (of max %.3g)\n", opt, worst,
                 largest);
-    EXPECT_LE(worst, 1e-6 * largest) << opt;
+    EXPECT_LE(worst, (std::string(opt) == "lamb" ? 1e-6 : 1e-5) * largest) << opt;
   }
 }
 
