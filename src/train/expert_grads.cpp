@@ -84,7 +84,11 @@ void ExpertGradients::complete_sums(double* sums, const std::vector<Part>& parts
 
 void ExpertGradients::make_optimizer(const OptimizerConfig& config,
                                      const ParameterSet<float>& params) {
-  optimizer_ = std::make_unique<DistributedOptimizer<float>>(config, buckets_, params, exec_);
+  // The zoo's per-tensor quantities (LAMB's norms, adam8bit's block maxima) are reduced over
+  // the shard's group and over the expert tensor-parallel ranks holding the other slices of
+  // each expert (one rank at ETP 1; at ETP = TP the dense tp group).
+  optimizer_ = std::make_unique<DistributedOptimizer<float>>(config, buckets_, params, exec_,
+                                                             &grid_.expert_tp());
 }
 
 }  // namespace omni

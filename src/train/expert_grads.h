@@ -50,7 +50,8 @@ class ExpertGradients {
   std::vector<ShardRange> ranges() const;
   const std::vector<ShardRange>& shard() const { return buckets_.shard(); }
 
-  // The distributed optimizer of the experts' shard (sharded only).
+  // The distributed optimizer of the experts' shard (sharded only); the zoo's per-tensor
+  // quantities over the expert-data-parallel and expert-tensor-parallel groups.
   void make_optimizer(const OptimizerConfig& config, const ParameterSet<float>& params);
   DistributedOptimizer<float>* optimizer() const { return optimizer_.get(); }
 

@@ -418,7 +418,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
     throw UsageError("--gpus " + std::to_string(l.gpus) + ": " + e.what());
   }
   if (c.num_moe_experts > 0)
-    check_expert_tensor_parallel(c, l.tp, l.etp, l.sequence_parallel, l.zero_stage);
+    check_expert_tensor_parallel(c, l.tp, l.etp, l.sequence_parallel);
   // MoE layers under TP, as `omnitron train` checks them (config/options_moe.cpp, MoELayer).
   OMNI_REQUIRE(c.num_moe_experts == 0 || (c.moe_ffn_size() % l.expert_tp() == 0 &&
                                           c.moe_shared_expert_intermediate_size % l.tp == 0),

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "backend/ops.h"
 #include "base/error.h"
@@ -152,7 +152,7 @@ PlanDevice measured_cpu(int ranks_on_host) {
   const double gflops = measure_sgemm_gflops() * share;
   double bf16_gflops = 0;
   {
-    ops::CpuBf16Gemms bf16_gemms;  // --bf16's GEMMs (backend/cpu/gemm_bf16.h)
+    ops::CpuBf16Gemms bf16_gemms;  // --bf16's GEMMs (backend/cpu/gemm.h)
     bf16_gflops = measure_sgemm_gflops() * share;
   }
   const double masks = measure_dropout_gelems() * share;

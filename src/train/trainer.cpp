@@ -5,7 +5,7 @@
 #include <csignal>
 
 #include "backend/attention_backend.h"
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_interchange.h"
@@ -152,7 +152,9 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     const AttentionBackend backend =
         choose_attention_backend(opts.attention_backend, support, &why);
     attention_line_ = describe_attention_backend(backend, why);
-    if (opts.bf16 && !gpu_device) gemm_line_ = "bf16 GEMMs: " + ops::describe_cpu_bf16_gemm();
+    if (!gpu_device)
+      gemm_line_ = opts.bf16 ? "bf16 GEMMs: " + ops::describe_cpu_bf16_gemm()
+                             : "fp32 GEMMs: " + ops::describe_cpu_fp32_gemm();
     if (exec_.gpu) exec_.gpu->use_fused_attention(backend == AttentionBackend::Fused);
   }
   // The last stage's copy of the word embeddings: tied, or multi-token prediction's.

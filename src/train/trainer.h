@@ -84,7 +84,8 @@ class Trainer {
   const ProcessGrid& grid() const { return *grid_; }
   // "attention: flash (...) -- --attention-backend auto: ...", for the start-up lines.
   const std::string& attention_line() const { return attention_line_; }
-  // "bf16 GEMMs: oneDNN ..." under --bf16 on the CPU (backend/cpu/gemm_bf16.h), else empty.
+  // On the CPU, the GEMMs' kernel (backend/cpu/gemm.h): "fp32 GEMMs: oneDNN ... dnnl_sgemm", or
+  // "bf16 GEMMs: ..." under --bf16; empty on a GPU.
   const std::string& gemm_line() const { return gemm_line_; }
   int64_t iteration() const { return iteration_; }
   // Bytes of memory this rank's parameters, gradients and optimizer states occupy: the

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/reduce.h"
 #include "backend/ops.h"
 #include "base/error.h"

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/reduce.h"
 #include "backend/ops.h"
 
@@ -16,8 +16,7 @@ void gemm<float>(bool ta, bool tb, int M, int N, int K, float alpha, const float
     gemm_bf16(cpu_bf16_gemm_kernel(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_fp32(cpu_fp32_gemm_kernel(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <>

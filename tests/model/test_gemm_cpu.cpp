@@ -1,14 +1,17 @@
-// The CPU's bf16 GEMM (--bf16): both kernels against a float64 product of the bf16-rounded
-// operands, every transpose, alpha and beta, odd sizes and padded leading dimensions; inside an
-// OpenMP parallel region; and the scopes that switch gemm<float> to it.
+// The CPU's GEMM kernels: fp32 (oneDNN's and OpenBLAS's sgemm) against a float64 product, and
+// --bf16's against a float64 product of the bf16-rounded operands; every transpose, alpha and
+// beta, odd sizes and padded leading dimensions; inside an OpenMP parallel region; and the
+// scopes that switch gemm<float> to bf16.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "backend/ops.h"
 #include "base/dtype.h"
 
@@ -25,9 +28,13 @@ float round_bf16(float x) {
   return bf16_to_f32(f32_to_bf16(x));
 }
 
-// Runs one case with `kernel` (or gemm<float> when use_gemm) on matrices whose rows are padded
-// by 3 elements; returns the largest error relative to sum |alpha a b| + |beta c| per element.
-double worst_error(const Case& c, Bf16GemmKernel kernel, bool use_gemm, uint32_t seed) {
+using GemmFn = std::function<void(bool, bool, int, int, int, float, const float*, int,
+                                   const float*, int, float, float*, int)>;
+
+// Runs one case with `run` on matrices whose rows are padded by 3 elements; returns the largest
+// error relative to sum |alpha a b| + |beta c| per element, against a float64 product of the
+// operands (rounded to bf16 first when `rounded`).
+double worst_error(const Case& c, const GemmFn& run, bool rounded, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   const int ar = c.ta ? c.K : c.M, ac = c.ta ? c.M : c.K;
@@ -38,17 +45,13 @@ double worst_error(const Case& c, Bf16GemmKernel kernel, bool use_gemm, uint32_t
   for (float& v : B) v = normal(rng);
   for (float& v : C) v = normal(rng);
   const std::vector<float> C0 = C;
-  if (use_gemm)
-    gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(),
-                ldc);
-  else
-    gemm_bf16(kernel, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta,
-              C.data(), ldc);
+  run(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc);
+  auto value = [&](float x) { return double(rounded ? round_bf16(x) : x); };
   auto a = [&](int m, int k) {
-    return double(round_bf16(c.ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k]));
+    return value(c.ta ? A[size_t(k) * lda + m] : A[size_t(m) * lda + k]);
   };
   auto b = [&](int k, int n) {
-    return double(round_bf16(c.tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n]));
+    return value(c.tb ? B[size_t(n) * ldb + k] : B[size_t(k) * ldb + n]);
   };
   double worst = 0;
   for (int m = 0; m < c.M; ++m)
@@ -86,11 +89,41 @@ std::vector<Case> cases() {
 // the rounded reference is ~2^-9, far above the bound.
 constexpr double kTolerance = 1e-6;
 
+GemmFn bf16_kernel(Bf16GemmKernel kernel) {
+  return [kernel](bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc) {
+    gemm_bf16(kernel, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+}
+GemmFn fp32_kernel(Fp32GemmKernel kernel) {
+  return [kernel](bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc) {
+    gemm_fp32(kernel, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+}
+const GemmFn gemm_float = gemm<float>;
+
+// fp32 products round too (2^-24 each), so the bound is the same order; a bf16 rounding of
+// either operand (2^-9) is far above it.
+TEST(GemmFp32, BothKernelsMatchFloat64) {
+  uint32_t seed = 1;
+  for (Fp32GemmKernel kernel : {Fp32GemmKernel::OneDnn, Fp32GemmKernel::OpenBlas})
+    for (const Case& c : cases())
+      EXPECT_LT(worst_error(c, fp32_kernel(kernel), false, seed++), kTolerance)
+          << "kernel " << int(kernel) << " ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
+          << c.N << " K " << c.K << " alpha " << c.alpha << " beta " << c.beta;
+  EXPECT_EQ(cpu_fp32_gemm_kernel(), cpu_fp32_gemm_kernel());  // no oneDNN error on the way
+  EXPECT_LT(worst_error(cases()[1], gemm_float, false, 99), kTolerance);
+  if (describe_cpu_fp32_gemm().find("built without oneDNN") == std::string::npos) {
+    EXPECT_EQ(cpu_fp32_gemm_kernel(), Fp32GemmKernel::OneDnn) << describe_cpu_fp32_gemm();
+  }
+}
+
 TEST(GemmBf16, BothKernelsMatchFloat64OnRoundedOperands) {
   uint32_t seed = 1;
   for (Bf16GemmKernel kernel : {Bf16GemmKernel::OneDnn, Bf16GemmKernel::RoundedSgemm})
     for (const Case& c : cases())
-      EXPECT_LT(worst_error(c, kernel, false, seed++), kTolerance)
+      EXPECT_LT(worst_error(c, bf16_kernel(kernel), true, seed++), kTolerance)
           << "kernel " << int(kernel) << " ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
           << c.N << " K " << c.K << " alpha " << c.alpha << " beta " << c.beta;
   EXPECT_EQ(cpu_bf16_gemm_kernel(), cpu_bf16_gemm_kernel());  // no oneDNN error on the way
@@ -98,38 +131,39 @@ TEST(GemmBf16, BothKernelsMatchFloat64OnRoundedOperands) {
 
 TEST(GemmBf16, OneThreadPerGemmInsideAParallelRegion) {
   // One GEMM per thread, as the experts run (ops::moe_for_each_expert): each thread's own
-  // scratch, and oneDNN kept to the calling thread.
+  // scratch, and oneDNN kept to the calling thread (bf16's and fp32's).
   const int threads = std::max(2, omp_get_max_threads());
-  std::vector<double> errors(threads, INFINITY);
+  std::vector<double> errors(threads, INFINITY), fp32_errors(threads, INFINITY);
   std::vector<int> before(threads), after(threads);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num();
     const Case c{t % 2 == 1, t % 2 == 0, 33 + t, 41, 67, 1.f, 1.f};
     before[t] = omp_get_max_threads();
-    errors[t] = worst_error(c, cpu_bf16_gemm_kernel(), false, 100 + t);
+    errors[t] = worst_error(c, bf16_kernel(cpu_bf16_gemm_kernel()), true, 100 + t);
+    fp32_errors[t] = worst_error(c, fp32_kernel(cpu_fp32_gemm_kernel()), false, 200 + t);
     after[t] = omp_get_max_threads();  // oneDNN's team size of one undone
   }
   for (int t = 0; t < threads; ++t) {
     EXPECT_LT(errors[t], kTolerance) << "thread " << t;
+    EXPECT_LT(fp32_errors[t], kTolerance) << "thread " << t;
     EXPECT_EQ(after[t], before[t]) << "thread " << t;
   }
 }
 
 TEST(GemmBf16, ScopesSwitchGemmFloat) {
   const Case c{false, true, 21, 17, 45, 1.f, 0.f};
-  const Bf16GemmKernel k = cpu_bf16_gemm_kernel();
   ASSERT_FALSE(cpu_bf16_gemms_on());
   // fp32 gemm measured against the rounded reference: the rounding's error, ~2^-9.
-  EXPECT_GT(worst_error(c, k, true, 7), 1e-4);
+  EXPECT_GT(worst_error(c, gemm_float, true, 7), 1e-4);
   {
     CpuBf16Gemms on;
     EXPECT_TRUE(cpu_bf16_gemms_on());
-    EXPECT_LT(worst_error(c, k, true, 7), kTolerance);
+    EXPECT_LT(worst_error(c, gemm_float, true, 7), kTolerance);
     {
       CpuFp32Gemms fp32;  // this thread only
       EXPECT_FALSE(cpu_bf16_gemms_on());
-      EXPECT_GT(worst_error(c, k, true, 7), 1e-4);
+      EXPECT_GT(worst_error(c, gemm_float, true, 7), 1e-4);
     }
     bool worker_on = false;
 #pragma omp parallel num_threads(2)

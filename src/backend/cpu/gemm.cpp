@@ -1,8 +1,9 @@
-// The CPU's bf16 GEMM (--bf16): C = alpha op(A) op(B) + beta C with A and B rounded to bf16
+// The CPU's GEMM kernels. fp32: oneDNN's dnnl_sgemm where built with oneDNN, else OpenBLAS.
+// --bf16: C = alpha op(A) op(B) + beta C with A and B rounded to bf16
 // (nearest even), products accumulated in fp32 and C in fp32, as a GPU's bf16 GEMM computes
 // (Megatron's --bf16). oneDNN multiplies bf16 directly (avx512_bf16's vdpbf16ps, or AMX),
-// about twice sgemm's rate; elsewhere sgemm multiplies copies rounded to bf16 values: the
-// same products (two 8-bit significands multiply exactly in fp32), another summation order.
+// about twice sgemm's rate; elsewhere the fp32 GEMM multiplies copies rounded to bf16 values:
+// the same products (two 8-bit significands multiply exactly in fp32), another summation order.
 #include <cblas.h>
 #include <cpuid.h>
 #include <immintrin.h>
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/gemm.h"
 #include "backend/ops.h"
 #include "base/dtype.h"
 
@@ -35,7 +36,30 @@ std::atomic<int> g_bf16_scopes{0};
 thread_local int t_fp32_scopes = 0;
 
 #if defined(OMNITRON_DNNL)
-std::atomic<bool> g_onednn_failed{false};
+std::atomic<bool> g_onednn_failed{false}, g_onednn_sgemm_failed{false};
+
+// Inside a parallel region (one expert per thread) a oneDNN GEMM keeps to its thread, as
+// OpenBLAS does there: oneDNN sizes its team by omp_get_max_threads().
+class OneThreadInParallel {
+ public:
+  OneThreadInParallel() : threads_(omp_in_parallel() ? omp_get_max_threads() : 0) {
+    if (threads_) omp_set_num_threads(1);
+  }
+  ~OneThreadInParallel() {
+    if (threads_) omp_set_num_threads(threads_);
+  }
+  OneThreadInParallel(const OneThreadInParallel&) = delete;
+  OneThreadInParallel& operator=(const OneThreadInParallel&) = delete;
+
+ private:
+  int threads_;
+};
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
+}
 
 bool cpu_multiplies_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -120,14 +144,9 @@ bool onednn_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
   Scratch& s = scratch();
   const uint16_t* a = bf16_copy(s.a16, A, ta ? K : M, ta ? M : K, lda);
   const uint16_t* b = bf16_copy(s.b16, B, tb ? N : K, tb ? K : N, ldb);
-  // Inside a parallel region (one expert per thread) the GEMM keeps to its thread, as
-  // OpenBLAS does there: oneDNN sizes its team by omp_get_max_threads().
-  const int threads = omp_in_parallel() ? omp_get_max_threads() : 0;
-  if (threads) omp_set_num_threads(1);
-  const dnnl_status_t status = dnnl_gemm_bf16bf16f32(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha,
-                                                     a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
-  if (threads) omp_set_num_threads(threads);
-  return status == dnnl_success;
+  OneThreadInParallel one;
+  return dnnl_gemm_bf16bf16f32(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, a, ta ? M : K, b,
+                               tb ? K : N, beta, C, ldc) == dnnl_success;
 }
 #endif
 
@@ -158,6 +177,39 @@ bool cpu_bf16_gemms_on() {
   return t_fp32_scopes == 0 && g_bf16_scopes.load() > 0;
 }
 
+Fp32GemmKernel cpu_fp32_gemm_kernel() {
+#if defined(OMNITRON_DNNL)
+  if (!g_onednn_sgemm_failed.load()) return Fp32GemmKernel::OneDnn;
+#endif
+  return Fp32GemmKernel::OpenBlas;
+}
+
+std::string describe_cpu_fp32_gemm() {
+  const std::string openblas = "OpenBLAS sgemm";
+#if defined(OMNITRON_DNNL)
+  if (cpu_fp32_gemm_kernel() == Fp32GemmKernel::OneDnn) return onednn_version() + " dnnl_sgemm";
+  return openblas + " (oneDNN's sgemm returned an error)";
+#else
+  return openblas + " (built without oneDNN)";
+#endif
+}
+
+void gemm_fp32(Fp32GemmKernel kernel, bool ta, bool tb, int M, int N, int K, float alpha,
+               const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+#if defined(OMNITRON_DNNL)
+  if (kernel == Fp32GemmKernel::OneDnn && K > 0) {
+    OneThreadInParallel one;
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) ==
+        dnnl_success)
+      return;
+    g_onednn_sgemm_failed.store(true);  // checked its arguments and left C alone
+  }
+#endif
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 Bf16GemmKernel cpu_bf16_gemm_kernel() {
 #if defined(OMNITRON_DNNL)
   static const bool onednn = cpu_multiplies_bf16();
@@ -167,12 +219,10 @@ Bf16GemmKernel cpu_bf16_gemm_kernel() {
 }
 
 std::string describe_cpu_bf16_gemm() {
-  const std::string fallback = "OpenBLAS sgemm on copies rounded to bf16";
+  const std::string fallback = "the fp32 GEMM on copies rounded to bf16";
 #if defined(OMNITRON_DNNL)
   if (cpu_bf16_gemm_kernel() == Bf16GemmKernel::OneDnn) {
-    const dnnl_version_t* v = dnnl_version();
-    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-           std::to_string(v->patch) + " dnnl_gemm_bf16bf16f32 (fp32 accumulation)";
+    return onednn_version() + " dnnl_gemm_bf16bf16f32 (fp32 accumulation)";
   }
   return fallback + (g_onednn_failed.load() ? " (oneDNN's bf16 GEMM returned an error)"
                                             : " (this CPU has neither AVX512_BF16 nor AMX-BF16)");
@@ -193,8 +243,8 @@ void gemm_bf16(Bf16GemmKernel kernel, bool ta, bool tb, int M, int N, int K, flo
   Scratch& s = scratch();
   const float* a = rounded_copy(s.a32, A, ta ? K : M, ta ? M : K, lda);
   const float* b = rounded_copy(s.b32, B, tb ? N : K, tb ? K : N, ldb);
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
+  gemm_fp32(cpu_fp32_gemm_kernel(), ta, tb, M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C,
+            ldc);
 }
 
 }  // namespace omni::ops
