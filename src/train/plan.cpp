@@ -645,18 +645,38 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   std::string tp_link, cp_link, dp_link, pp_link;
   const double tp_bw = link_gbps(d, l.tp, 1, &tp_link);
   const int ar_per_layer = 4 + (slow_rc ? 2 : 0);
-  const double t_tp =
+  double t_tp =
       double(M) * slow_layers * ar_per_layer * all_reduce_seconds(act_bytes, l.tp, tp_bw);
+  // An MoE layer at ETP < TP (with SP) without a shared expert gathers its input and reduces
+  // its output over its block of ETP ranks only (model/moe_layer.h, moe_takes_block_rows):
+  // its MLP's pairs move b s/CP h x ETP/TP over ETP ranks, nothing at ETP 1.
+  const int etp = l.etp > 0 ? l.etp : l.tp;
+  std::string block_note;
+  if (c.num_moe_experts > 0 && l.sequence_parallel && etp < l.tp &&
+      c.moe_shared_expert_intermediate_size == 0) {
+    int moe_layers = 0;
+    for (int is_moe : c.moe_layer_pattern()) moe_layers += is_moe != 0;
+    std::string etp_link;
+    const double block =
+        etp > 1 ? all_reduce_seconds(act_bytes * etp / l.tp, etp, link_gbps(d, etp, 1, &etp_link))
+                : 0.0;
+    const double mlp_pairs = double(M) * slow_layers * moe_layers / c.num_layers * (slow_rc ? 3 : 2);
+    t_tp -= mlp_pairs * (all_reduce_seconds(act_bytes, l.tp, tp_bw) - block);
+    block_note = sfmt("; the MoE layers' MLP pairs over their ETP %d block%s", etp,
+                      etp == 1 ? ": none" : sfmt(" (%s of rows)", gib(act_bytes * etp / l.tp).c_str()).c_str());
+  }
   tim("TP/SP comm", t_tp,
       l.tp == 1
           ? "none: TP 1"
-          : sfmt("%d micro-batches x %d layers x %d %s of %s at %s", M, slow_layers, ar_per_layer,
+          : sfmt("%d micro-batches x %d layers x %d %s of %s at %s%s", M, slow_layers,
+                 ar_per_layer,
                  l.sequence_parallel ? "all-gather+reduce-scatter pairs" : "all-reduces",
-                 gib(act_bytes).c_str(), tp_link.c_str()),
+                 gib(act_bytes).c_str(), tp_link.c_str(), block_note.c_str()),
       "per layer: 2 forward + 2 backward all-reduces (SP: all-gather + reduce-scatter, the same "
       "bytes) of b s/CP h, + 2 under full recompute; an MoE layer's as the dense MLP's (its "
-      "input gathered, its experts' partial outputs reduced); ring: 2 (TP-1)/TP x bytes / "
-      "bandwidth; not overlapped");
+      "input gathered, its experts' partial outputs reduced), except at ETP < TP without a "
+      "shared expert: its MLP's over the ETP block, of ETP/TP of the rows (none at ETP 1); "
+      "ring: 2 (n-1)/n x bytes / bandwidth; not overlapped");
   const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
   const double cp_bw = link_gbps(d, l.tp * l.cp, l.tp, &cp_link);
   const double t_cp = l.cp > 1 ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) * (l.cp - 1) *

@@ -626,6 +626,15 @@ TEST(Plan, ExpertTensorParallelismOfOne) {
   EXPECT_NE(figure(e2.time, "DP grad reduce").why.find("over the 1 expert-data-parallel ranks"),
             std::string::npos);
   EXPECT_EQ(figure(e1.time, "DP grad reduce").why.find("expert-data-parallel"), std::string::npos);
+  // Without a shared expert the MoE layers (every other one) move nothing on the tp group at
+  // ETP 1 (model/moe_layer.h's moe_takes_block_rows): their MLP's two of a layer's four pairs.
+  TransformerConfig unshared = c;
+  unshared.moe_shared_expert_intermediate_size = 0;
+  const double tp_comm = figure(make_plan(unshared, l2, h100()).time, "TP/SP comm").value;
+  const PlanFigure block = figure(make_plan(unshared, l1, h100()).time, "TP/SP comm");
+  EXPECT_NEAR(block.value, tp_comm * 0.75, 1e-9 * tp_comm);
+  EXPECT_NE(block.why.find("over their ETP 1 block: none"), std::string::npos) << block.why;
+  EXPECT_DOUBLE_EQ(figure(e1.time, "TP/SP comm").value, figure(e2.time, "TP/SP comm").value);
   PlanLayout no_sp = l1;
   no_sp.sequence_parallel = false;
   try {
