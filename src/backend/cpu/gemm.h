@@ -41,10 +41,10 @@ class CpuBf16Reuse {
   CpuBf16Reuse(const CpuBf16Reuse&) = delete;
   CpuBf16Reuse& operator=(const CpuBf16Reuse&) = delete;
 };
-// The fp32 GEMM: OneDnn, oneDNN's dnnl_sgemm where built with oneDNN (on a 2-core EPYC 5-30 %
-// faster than OpenBLAS 0.3.21's sgemm at the model's shapes, the same at 2048^3); else, or after
-// an error from oneDNN, OpenBLAS's sgemm. Inside an OpenMP parallel region (one expert or head
-// per thread) either keeps to the calling thread.
+// The fp32 GEMM: OneDnn, oneDNN's dnnl_sgemm where built with oneDNN (on a 2-core EPYC 5-13 %
+// faster than OpenBLAS 0.3.21's sgemm at most of the model's shapes: bench/bench_cpu_gemm.cpp);
+// else, or after an error from oneDNN, OpenBLAS's sgemm. Inside an OpenMP parallel region (one
+// expert or head per thread) either keeps to the calling thread.
 enum class Fp32GemmKernel { OneDnn, OpenBlas };
 Fp32GemmKernel cpu_fp32_gemm_kernel();
 std::string describe_cpu_fp32_gemm();
