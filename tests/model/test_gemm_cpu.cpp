@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,16 +104,26 @@ GemmFn fp32_kernel(Fp32GemmKernel kernel) {
 }
 const GemmFn gemm_float = gemm<float>;
 
+// Every case of cases() through each of `kernels` (made into a GemmFn by `make`) against the
+// float64 reference; then no kernel has met an error from oneDNN (`describe`: the kernel's
+// description, which names such an error).
+template <typename Kernel>
+void expect_every_case(std::initializer_list<Kernel> kernels, GemmFn (*make)(Kernel),
+                       bool rounded, std::string (*describe)()) {
+  uint32_t seed = 1;
+  for (Kernel kernel : kernels)
+    for (const Case& c : cases())
+      EXPECT_LT(worst_error(c, make(kernel), rounded, seed++), kTolerance)
+          << "kernel " << int(kernel) << " ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
+          << c.N << " K " << c.K << " alpha " << c.alpha << " beta " << c.beta;
+  EXPECT_EQ(describe().find("returned an error"), std::string::npos) << describe();
+}
+
 // fp32 products round too (2^-24 each), so the bound is the same order; a bf16 rounding of
 // either operand (2^-9) is far above it.
 TEST(GemmFp32, BothKernelsMatchFloat64) {
-  uint32_t seed = 1;
-  for (Fp32GemmKernel kernel : {Fp32GemmKernel::OneDnn, Fp32GemmKernel::OpenBlas})
-    for (const Case& c : cases())
-      EXPECT_LT(worst_error(c, fp32_kernel(kernel), false, seed++), kTolerance)
-          << "kernel " << int(kernel) << " ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
-          << c.N << " K " << c.K << " alpha " << c.alpha << " beta " << c.beta;
-  EXPECT_EQ(cpu_fp32_gemm_kernel(), cpu_fp32_gemm_kernel());  // no oneDNN error on the way
+  expect_every_case({Fp32GemmKernel::OneDnn, Fp32GemmKernel::OpenBlas}, fp32_kernel, false,
+                    describe_cpu_fp32_gemm);
   EXPECT_LT(worst_error(cases()[1], gemm_float, false, 99), kTolerance);
   if (describe_cpu_fp32_gemm().find("built without oneDNN") == std::string::npos) {
     EXPECT_EQ(cpu_fp32_gemm_kernel(), Fp32GemmKernel::OneDnn) << describe_cpu_fp32_gemm();
@@ -120,13 +131,8 @@ TEST(GemmFp32, BothKernelsMatchFloat64) {
 }
 
 TEST(GemmBf16, BothKernelsMatchFloat64OnRoundedOperands) {
-  uint32_t seed = 1;
-  for (Bf16GemmKernel kernel : {Bf16GemmKernel::OneDnn, Bf16GemmKernel::RoundedSgemm})
-    for (const Case& c : cases())
-      EXPECT_LT(worst_error(c, bf16_kernel(kernel), true, seed++), kTolerance)
-          << "kernel " << int(kernel) << " ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
-          << c.N << " K " << c.K << " alpha " << c.alpha << " beta " << c.beta;
-  EXPECT_EQ(cpu_bf16_gemm_kernel(), cpu_bf16_gemm_kernel());  // no oneDNN error on the way
+  expect_every_case({Bf16GemmKernel::OneDnn, Bf16GemmKernel::RoundedSgemm}, bf16_kernel, true,
+                    describe_cpu_bf16_gemm);
 }
 
 TEST(GemmBf16, OneThreadPerGemmInsideAParallelRegion) {
