@@ -226,6 +226,39 @@ TEST(MoELayouts, ExpertTensor1UnderTensor4SequenceParallelWithoutSharedExpertSeq
                    without_shared_expert(sequence_aux_loss()));
 }
 
+// Expert tensor parallelism wider than TP (ETP a multiple of TP): the expert tensor-parallel
+// group spans data-parallel replicas with other micro-batches; each rank routes its own rows,
+// which are gathered over the group (alltoall: after the exchange over ep; allgather: the
+// tokens over the expert tp x ep group), each rank runs its 1/ETP of every expert's width on
+// all of them and the partial outputs are summed back to their ranks; the experts'
+// gradients are then whole over the group (expert data parallelism of world / (ETP EP)).
+// With and without the shared expert (whose width stays split over tp), both dispatchers.
+void check_wide_expert_tensor_layout(const Layout& layout) {
+  for (const bool shared : {true, false})
+    for (const char* dispatcher : {"alltoall", "allgather"}) {
+      SCOPED_TRACE(std::string(dispatcher) + (shared ? " shared expert" : ""));
+      TransformerConfig cfg = tiny_moe();
+      cfg.moe_token_dispatcher_type = dispatcher;
+      cfg.moe_shared_expert_gate = shared;
+      check_moe_layout(layout, shared ? cfg : without_shared_expert(cfg));
+    }
+}
+// TP 1, ETP 2 on 2 ranks (DP 2): the two data-parallel ranks split every expert's width.
+TEST(MoELayouts, ExpertTensor2OverData2) {
+  check_wide_expert_tensor_layout({.ep = 1, .dp = 2, .etp = 2});
+}
+// TP 1, ETP 2, EP 2 on 4 ranks: expert-parallel groups [0,2] [1,3], ETP groups [0,1] [2,3].
+TEST(MoELayouts, ExpertTensor2Expert2OverData4) {
+  check_wide_expert_tensor_layout({.ep = 2, .dp = 4, .etp = 2});
+}
+// TP 2 + SP, ETP 4 on 4 ranks (DP 2): each tp rank routes its sequence-parallel rows, the
+// group of four gathers them; then seq_aux_loss over each rank's rows (whole sequences).
+TEST(MoELayouts, ExpertTensor4UnderTensor2SequenceParallel) {
+  check_wide_expert_tensor_layout({.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4});
+  check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4},
+                   without_shared_expert(sequence_aux_loss()));
+}
+
 TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
   TransformerConfig cfg = tiny_moe();
   cfg.moe_shared_expert_intermediate_size = 0;

@@ -289,6 +289,31 @@ TEST(ExpertParallelTraining, ExpertTensorParallelDistributedOptimizerZooMatchesO
                           {"alltoall"}, 5e-5);
 }
 
+// Expert tensor parallelism wider than TP (ETP a multiple of TP): the expert tensor-parallel
+// group spans data-parallel replicas, each rank's routed rows are gathered over it and every
+// rank runs its 1/ETP of each expert's width (model/moe_layer.h). ETP 2 over DP 2 (TP 1, 2
+// ranks), with and without the distributed optimizer (each slice's states whole on its rank:
+// the expert-data-parallel group is one rank); ETP 2 x EP 2 over DP 4 with it; ETP 4 under
+// TP 2 + SP; LAMB under the distributed optimizer at ETP 2 over DP 2 (its norms over the
+// slices' group).
+TEST(ExpertParallelTraining, Etp2OverDp2MatchesOneRank) {
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2"});
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2", "--use-distributed-optimizer"},
+                          {}, {"alltoall"});
+}
+TEST(ExpertParallelTraining, Etp2Ep2OverDp4DistributedOptimizerMatchesOneRank) {
+  expect_matches_one_rank(4, {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size",
+                              "2", "--use-distributed-optimizer"});
+}
+TEST(ExpertParallelTraining, Etp4UnderTp2SequenceParallelMatchesOneRank) {
+  expect_matches_one_rank(4, {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                              "--expert-tensor-parallel-size", "4"});
+}
+TEST(ExpertParallelTraining, Etp2OverDp2DistributedOptimizerLambMatchesOneRank) {
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2", "--use-distributed-optimizer"},
+                          {"--optimizer", "lamb"}, {"alltoall"}, 2e-4);
+}
+
 // Between two runs of the same model: the largest relative loss difference, the largest
 // parameter difference, and the largest parameter of `a`.
 struct Difference {
@@ -420,6 +445,27 @@ TEST(ExpertParallelTraining, GradientAndParameterNormsAndZerosAreOneRanks) {
   EXPECT_NEAR(tp2[0][0], one[0][0], 1e-5 * one[0][0]) << "the gradient norm at TP 2";
 }
 
+// The same statistics with the experts' slices on ranks of several data-parallel replicas
+// (ETP 2 x EP 2 over DP 4, TP 1), without and with the distributed optimizer: each expert
+// element counted once over the expert grid's tp-ep-pp ranks.
+TEST(ExpertParallelTraining, NormsAndZerosAtExpertTensorAboveTensorAreOneRanks) {
+  const std::vector<std::vector<double>> one = step_statistics(1, {});
+  ASSERT_EQ(one.size(), 3u);
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--expert-tensor-parallel-size", "2",
+                                 "--expert-model-parallel-size", "2"},
+        {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+         "--use-distributed-optimizer"}}) {
+    const std::vector<std::vector<double>> got = step_statistics(4, layout);
+    ASSERT_EQ(got.size(), one.size()) << layout.back();
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(got[i][0], one[i][0], 1e-5 * one[i][0]) << layout.back() << " step " << i;
+      EXPECT_NEAR(got[i][1], one[i][1], 1e-5 * one[i][1]) << layout.back() << " step " << i;
+      EXPECT_EQ(got[i][2], one[i][2]) << layout.back() << " step " << i;
+    }
+  }
+}
+
 std::vector<std::pair<std::string, std::vector<float>>> everything(const std::string& dir) {
   const CheckpointReader reader(dir);
   auto model = reader.read_whole(), optimizer = reader.read_whole("optimizer.");
@@ -529,8 +575,26 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   };
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "3"})),
             "--expert-tensor-parallel-size 3 with --tensor-model-parallel-size 4: not built yet: "
-            "experts split over a number of ranks that does not divide "
+            "experts split over a number of ranks that neither divides nor is a multiple of "
             "--tensor-model-parallel-size");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "6"})),
+            "--expert-tensor-parallel-size 6 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that neither divides nor is a multiple of "
+            "--tensor-model-parallel-size");
+  // ETP above TP: sequence parallelism under TP > 1; LAMB and adam8bit only under the
+  // distributed optimizer (their per-tensor quantities over the expert tensor-parallel group).
+  EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "8"})),
+            "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4 needs "
+            "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
+            "sequence-parallel tokens)");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
+                           "--optimizer", "lamb"})),
+            "--optimizer lamb with --expert-tensor-parallel-size 8 above "
+            "--tensor-model-parallel-size 4: not built yet: its per-tensor state would see a "
+            "slice of each expert without --use-distributed-optimizer");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
+                           "--optimizer", "lamb", "--use-distributed-optimizer"})),
+            "");
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
                            "--moe-ffn-hidden-size", "15"})),
             "--moe-ffn-hidden-size (15) must be divisible by --expert-tensor-parallel-size (2)");
