@@ -151,7 +151,8 @@ void require_ranks_for_layout(const Options& o, int world_size) {
   // both divide the world.
   const int etp = built_expert_tensor_parallel_size(o);
   if (etp > 0 && etp != o.tensor_model_parallel_size) {
-    sizes += " with --expert-tensor-parallel-size " + std::to_string(etp);
+    sizes += (sizes.empty() ? "" : " with ") + std::string("--expert-tensor-parallel-size ") +
+             std::to_string(etp);
     ranks = std::lcm(o.tensor_model_parallel_size * o.context_parallel_size * o.pipeline_model_parallel_size,
                      etp * o.expert_model_parallel_size * o.pipeline_model_parallel_size);
   }
