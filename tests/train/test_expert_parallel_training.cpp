@@ -541,6 +541,26 @@ TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertTensorLayouts) {
   expect_same_state(etp1, back);
 }
 
+// ETP 2 over DP 2 (TP 1: each rank writes its slice of every expert, the first the dense
+// tensors), loaded at one rank and saved, loaded at ETP 2 x EP 2 over DP 4 with the
+// distributed optimizer and saved: the same state bit for bit, each element written once.
+TEST(ExpertParallelTraining, CheckpointsReshardFromExpertTensorAboveTensor) {
+  const std::string base = ::testing::TempDir() + "omnitron_wide_etp_ckpt_";
+  const std::string wide = base + "wide", one = base + "one", back = base + "back";
+  for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+  const int64_t written = train(2, {"--expert-tensor-parallel-size", "2", "--save", wide}).written;
+  EXPECT_GT(written, 0);
+  EXPECT_EQ(written, train(1, {"--load", wide, "--save", one}, true).written)
+      << "each element of the model and its states is written once";
+  train(4,
+        {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+         "--use-distributed-optimizer", "--load", one, "--save", back},
+        true);
+  expect_same_state(wide, one);
+  expect_same_state(wide, back);
+  for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+}
+
 TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   auto error_of = [](const std::vector<std::string>& args) {
     Options o;
