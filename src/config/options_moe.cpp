@@ -278,8 +278,8 @@ void add_moe_options(std::vector<OptionDef>& t) {
                           [](Options& o) -> int& { return o.expert_model_parallel_size; }));
   t.push_back(number<int>("--expert-tensor-parallel-size", "N", "parallelism",
                           "ranks that split each expert's width, the experts' own grid "
-                          "(default: --tensor-model-parallel-size; 1 is built too, with "
-                          "--sequence-parallel)",
+                          "(default: --tensor-model-parallel-size; a divisor or a multiple of "
+                          "it is built too, with --sequence-parallel under TP > 1)",
                           [](Options& o) -> int& { return o.expert_tensor_parallel_size; }));
   // Router and expert variants that change the numbers: Megatron's defaults are accepted;
   // other values of these are refused at once.

@@ -264,8 +264,10 @@ class MoELayer {
   MoEBuffer<int32_t> indices_;
   ops::MoEPlan plan_;
   // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
-  // alltoall those the exchange brings (local_out_: the outputs back in plan_'s rows); under
-  // allgather gathered_plan_'s over every rank's tokens (x_all_, probs_all_).
+  // alltoall those the exchange brings (local_out_: the outputs back in plan_'s rows), and
+  // under etp > tp every etp rank's of those (exchange_; local_out_ the summed outputs back
+  // in plan_'s rows); under allgather gathered_plan_'s over every rank's tokens of gather_
+  // (x_all_, probs_all_).
   std::optional<ExpertAllToAll> a2a_;
   std::optional<ExpertTensorExchange> exchange_;  // tensor_exchange()
   ops::MoEPlan gathered_plan_;
