@@ -26,11 +26,11 @@
 // Megatron's default): the expert grid is then etp-ep-edp-pp with edp = world / (etp ep pp),
 // the same world cut another way (etp dividing tp, or a multiple of it: then an expert
 // tensor-parallel group is etp/tp whole tensor-parallel groups of consecutive ranks, of other
-// data-parallel or context-parallel coordinates). With tp 2, etp 1, ep 2 on 2 ranks the expert-parallel group
-// is the dense tensor-parallel group [0,1] and every expert-tensor-parallel group one rank;
-// with world 8, tp 2, etp 1, ep 4 the expert-parallel groups are [0,1,2,3] [4,5,6,7] and the
-// expert-data-parallel groups [0,4] [1,5] [2,6] [3,7]. The pipeline groups of both grids must
-// agree (Megatron's assertion; with --use-tp-pp-dp-mapping and pp > 1 that needs
+// data-parallel or context-parallel coordinates). With tp 2, etp 1, ep 2 on 2 ranks the
+// expert-parallel group is the dense tensor-parallel group [0,1] and every expert-tensor-parallel
+// group one rank; with world 8, tp 2, etp 1, ep 4 the expert-parallel groups are [0,1,2,3]
+// [4,5,6,7] and the expert-data-parallel groups [0,4] [1,5] [2,6] [3,7]. The pipeline groups of
+// both grids must agree (Megatron's assertion; with --use-tp-pp-dp-mapping and pp > 1 that needs
 // etp x ep = tp x cp).
 #pragma once
 

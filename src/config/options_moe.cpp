@@ -170,13 +170,12 @@ void finalize_moe(Options& o) {
     const OptimizerKind kind = parse_optimizer(o.optimizer);
     const bool per_tensor = kind == OptimizerKind::Lamb || kind == OptimizerKind::Adam8bit;
     if (zoo_whole_only(kind) || (per_tensor && !o.use_distributed_optimizer))
-      throw NotBuiltError("--optimizer " + o.optimizer + " with --expert-tensor-parallel-size " +
-                              std::to_string(etp) + " above --tensor-model-parallel-size " +
-                              std::to_string(tp),
-                          zoo_whole_only(kind)
-                              ? "its whole-matrix state would see a slice of each expert"
-                              : "its per-tensor state would see a slice of each expert "
-                                "without --use-distributed-optimizer");
+      throw NotBuiltError(
+          "--optimizer " + o.optimizer + " with --expert-tensor-parallel-size " +
+              std::to_string(etp) + " above --tensor-model-parallel-size " + std::to_string(tp),
+          zoo_whole_only(kind) ? "its whole-matrix state would see a slice of each expert"
+                               : "its per-tensor state would see a slice of each expert "
+                                 "without --use-distributed-optimizer");
   }
 }
 

@@ -202,8 +202,8 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
       etp_ = expert_tp;
       gather_ = expert_tp_ep ? expert_tp_ep : expert_tp;
       OMNI_CHECK(gather_->size() == etp_size_ * (ep ? ep->size() : 1),
-                 "[moe] the expert tp x ep group has ", gather_->size(), " ranks, not ",
-                 etp_size_, " x ", ep ? ep->size() : 1);
+                 "[moe] the expert tp x ep group has ", gather_->size(), " ranks, not ", etp_size_,
+                 " x ", ep ? ep->size() : 1);
     }
     block_rows_ = moe_takes_block_rows(cfg_, tp_ranks, etp_size_);
   }

@@ -108,7 +108,9 @@ struct MoEStats {
 bool moe_takes_block_rows(const TransformerConfig& c, int tp, int etp);
 // The tensor-parallel ranks that route the same rows with etp != tp: the block of etp ranks
 // under etp < tp, each rank alone under etp > tp.
-inline int moe_routing_block(int tp, int etp) { return etp < tp ? etp : 1; }
+inline int moe_routing_block(int tp, int etp) {
+  return etp < tp ? etp : 1;
+}
 
 template <typename T>
 class MoELayer {

@@ -144,8 +144,8 @@ void ExpertTensorExchange::gather(T* all, const T* mine, int width, const ops::E
     const int to = (me + k) % n;
     for (int l = 0; l < L; ++l)
       if (const size_t c = size_t(own_[l + 1] - own_[l]); c > 0)
-        pending.push_back(etp_->isend(mine + size_t(own_[l]) * w, c * w * sizeof(T), to,
-                                      kExpertTensorTag));
+        pending.push_back(
+            etp_->isend(mine + size_t(own_[l]) * w, c * w * sizeof(T), to, kExpertTensorTag));
   }
   for (int l = 0; l < L; ++l)
     ops::copy(e, all + size_t(at_[size_t(me) * L + l]) * w, mine + size_t(own_[l]) * w,
@@ -165,15 +165,15 @@ void ExpertTensorExchange::reduce_scatter(T* mine, const T* all, int width, cons
     const int from = (me - k + n) % n;
     for (int l = 0; l < L; ++l)
       if (const size_t c = size_t(own_[l + 1] - own_[l]); c > 0)
-        pending.push_back(etp_->irecv(staging + from * own + size_t(own_[l]) * w,
-                                      c * w * sizeof(T), from, kExpertTensorTag));
+        pending.push_back(etp_->irecv(staging + from * own + size_t(own_[l]) * w, c * w * sizeof(T),
+                                      from, kExpertTensorTag));
   }
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n;
     for (int l = 0; l < L; ++l)
       if (const size_t c = size_t(counts_[size_t(to) * L + l]); c > 0)
-        pending.push_back(etp_->isend(all + size_t(at_[size_t(to) * L + l]) * w,
-                                      c * w * sizeof(T), to, kExpertTensorTag));
+        pending.push_back(etp_->isend(all + size_t(at_[size_t(to) * L + l]) * w, c * w * sizeof(T),
+                                      to, kExpertTensorTag));
   }
   for (int l = 0; l < L; ++l)
     ops::copy(e, staging + me * own + size_t(own_[l]) * w,
@@ -250,12 +250,12 @@ ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* prob
   return p;
 }
 
-#define OMNI_EXPERT_ROWS(T)                                                                 \
-  template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const; \
-  template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const; \
-  template void ExpertTensorExchange::gather<T>(T*, const T*, int, const ops::Exec&) const; \
-  template void ExpertTensorExchange::reduce_scatter<T>(T*, const T*, int, const ops::Exec&, \
-                                                         T*) const;
+#define OMNI_EXPERT_ROWS(T)                                                                      \
+  template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const;      \
+  template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const;       \
+  template void ExpertTensorExchange::gather<T>(T*, const T*, int, const ops::Exec&) const;      \
+  template void ExpertTensorExchange::reduce_scatter<T>(T*, const T*, int, const ops::Exec&, T*) \
+      const;
 OMNI_EXPERT_ROWS(float)
 OMNI_EXPERT_ROWS(double)
 OMNI_EXPERT_ROWS(bf16)  // a 16-bit MoE layer's rows (its routing plans are float's)

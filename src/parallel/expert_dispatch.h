@@ -84,10 +84,10 @@ class ExpertTensorExchange {
  private:
   Communicator* etp_;
   int local_;
-  std::vector<int32_t> own_;              // this rank's offsets [local + 1]
-  std::vector<int32_t> counts_;           // rank r's rows of expert l at [r local + l]
-  std::vector<int32_t> at_;               // where they sit among the gathered rows
-  std::vector<int32_t> expert_offsets_;   // gathered [local + 1]
+  std::vector<int32_t> own_;             // this rank's offsets [local + 1]
+  std::vector<int32_t> counts_;          // rank r's rows of expert l at [r local + l]
+  std::vector<int32_t> at_;              // where they sit among the gathered rows
+  std::vector<int32_t> expert_offsets_;  // gathered [local + 1]
 };
 
 // The allgather dispatcher's routing of every rank of `ep`, in rank order: probabilities

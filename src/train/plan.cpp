@@ -421,8 +421,8 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
     check_expert_tensor_parallel(c, l.tp, l.etp, l.sequence_parallel);
   // Training runs ETP above TP (model/moe_layer.h); the plan's memory, time and traffic
   // models are written for ETP at most TP, so it says so rather than price it wrongly.
-  OMNI_REQUIRE(c.num_moe_experts == 0 || l.expert_tp() <= l.tp, "omnitron plan: ",
-               "--expert-tensor-parallel-size ", l.expert_tp(),
+  OMNI_REQUIRE(c.num_moe_experts == 0 || l.expert_tp() <= l.tp,
+               "omnitron plan: ", "--expert-tensor-parallel-size ", l.expert_tp(),
                " above --tensor-model-parallel-size ", l.tp,
                " is not priced yet (its experts' rows gathered over ranks of several "
                "data-parallel replicas); omnitron train runs it");

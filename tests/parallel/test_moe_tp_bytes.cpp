@@ -127,8 +127,8 @@ TEST(MoETensorParallelBytes, ExpertTensorOfTheTensorParallelSize) {
 // the MoE layer's whole rows only for the shared expert, the reported figures.
 Bytes expected_wide(int t, int e, bool shared_expert, bool allgather) {
   const TransformerConfig cfg = moe_layout_config("alltoall");
-  const double N = kBatch * cfg.seq_length, C = cfg.hidden_size, n = N / t,
-               K = cfg.moe_router_topk, E = cfg.num_moe_experts, v = sizeof(double);
+  const double N = kBatch * cfg.seq_length, C = cfg.hidden_size, n = N / t, K = cfg.moe_router_topk,
+               E = cfg.num_moe_experts, v = sizeof(double);
   Bytes b;
   b.tp = 4 * (t - 1) * N / t * C * v;
   if (shared_expert) b.tp += 4 * (t - 1) * N / t * C * v;
