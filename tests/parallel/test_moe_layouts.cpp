@@ -251,6 +251,12 @@ TEST(MoELayouts, ExpertTensor2OverData2) {
 TEST(MoELayouts, ExpertTensor2Expert2OverData4) {
   check_wide_expert_tensor_layout({.ep = 2, .dp = 4, .etp = 2});
 }
+// ETP 2 over the context-parallel pair (each rank's chunks of the sequences; the balancing
+// losses' counts summed over cp) and over DP 2 on two pipeline stages (alltoall).
+TEST(MoELayouts, ExpertTensor2OverContext2AndOverData2Pipeline2) {
+  check_moe_layout({.cp = 2, .ep = 1, .dp = 1, .etp = 2});
+  check_moe_layout({.pp = 2, .ep = 1, .dp = 2, .etp = 2});
+}
 // TP 2 + SP, ETP 4 on 4 ranks (DP 2): each tp rank routes its sequence-parallel rows, the
 // group of four gathers them; then seq_aux_loss over each rank's rows (whole sequences).
 TEST(MoELayouts, ExpertTensor4UnderTensor2SequenceParallel) {
