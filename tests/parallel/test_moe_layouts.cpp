@@ -3,7 +3,8 @@
 // several stages, micro-batches in flight through 1F1B and the interleaved schedule (each
 // keeps its own routing for its backward), with and without full recompute; sequences split
 // over cp ranks; experts split by width over tp ranks, or over their own expert
-// tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4). The parameters must be the one-rank model's
+// tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4; ETP 2 or 4 above TP 1 or 2, over ranks
+// of several data-parallel replicas). The parameters must be the one-rank model's
 // values, and the gradients (the aux and z losses' included) and the loss equal to rounding.
 #include <gtest/gtest.h>
 

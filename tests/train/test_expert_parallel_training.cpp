@@ -3,7 +3,8 @@
 // EP 2 x PP 2, EP 2 x CP 2, EP 2 x TP 2 + SP and EP 2 with the distributed optimizer, for
 // both token dispatchers, against one rank: the losses within 1e-5 relative and the final
 // parameters (each rank's experts, the expert bias) the one-rank run's within 1e-5 of the largest.
-// The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP) too.
+// The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP; ETP 2
+// above TP 1, ETP 4 above TP 2 + SP) too.
 // Checkpoints: an EP 2 save writes every element once, and state saved at EP 2 loads at one rank
 // and back bit for bit; likewise between ETP 1 and ETP = TP.
 #include <gtest/gtest.h>
