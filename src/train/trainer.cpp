@@ -237,8 +237,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   if (opts.use_distributed_optimizer) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(
         opts.optim, *ddp_, optimizer_params(), exec_, &grid_->tp());
-    if (expert_grads_) expert_grads_->make_optimizer(opts.optim, optimizer_params());
     dist_optimizer_->set_gather_params(!zero_);  // zero_->params_updated() gathers
+    if (expert_grads_) {
+      expert_grads_->make_optimizer(opts.optim, optimizer_params());
+      expert_grads_->optimizer()->set_gather_params(!zero_);
+    }
   } else
     optimizer_ =
         std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_, &grid_->tp());

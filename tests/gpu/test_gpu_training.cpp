@@ -451,6 +451,18 @@ TEST_F(GpuTraining, ExpertParallel2DataParallel4DistributedOptimizerMatchesOneCp
                       "--moe-token-dispatcher-type", "alltoall"},
                      4);
 }
+// The same at ZeRO stage 3, in the emulated GPU's releasable memory (a touch of a released
+// granule faults): the experts' gradients and values sharded over the expert-data-parallel
+// pairs, the dense ones over all four; the expert bias's update writes the whole bias on every
+// rank (backed for it).
+TEST_F(GpuTraining, ExpertParallel2DataParallel4ZeroStage3MatchesOneCpuRank) {
+  std::vector<std::string> model = deepseek_moe();
+  model.insert(model.end(), {"--train-iters", "2", "--micro-batch-size", "1"});
+  expect_same_losses(model,
+                     {"--expert-model-parallel-size", "2", "--zero-stage", "3",
+                      "--moe-token-dispatcher-type", "alltoall"},
+                     4);
+}
 
 }  // namespace
 }  // namespace omni
