@@ -471,7 +471,8 @@ TEST(ExpertParallelTraining, Etp2UnderTp4DistributedOptimizerLambAndAdam8bitMatc
 // The gradient norm, the parameters' norm and the gradients' zeros (the experts' parts added
 // to the dense parts before one collective per group): each step's on the last rank, as the
 // metrics file has them. At EP 2 x DP 2 (the experts' replicas), with the distributed
-// optimizer (every rank a shard of both) and at EP 2 x PP 2 (a sum over the stages too).
+// optimizer and at ZeRO stage 3 (every rank a shard of both) and at EP 2 x PP 2 (a sum over
+// the stages too).
 std::vector<std::vector<double>> step_statistics(int ranks, std::vector<std::string> flags) {
   const std::string file =
       ::testing::TempDir() + "omnitron_ep_stats_" + std::to_string(getpid()) + ".jsonl";
@@ -507,6 +508,7 @@ TEST(ExpertParallelTraining, GradientAndParameterNormsAndZerosAreOneRanks) {
   for (const std::vector<std::string>& layout :
        {std::vector<std::string>{"--expert-model-parallel-size", "2"},
         {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
+        {"--expert-model-parallel-size", "2", "--zero-stage", "3"},
         {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"},
         with_tp2_etp1({"--expert-model-parallel-size", "2"}),
         with_tp2_etp1({"--expert-model-parallel-size", "2", "--use-distributed-optimizer"})}) {
