@@ -360,7 +360,8 @@ void ZeroSharding::commit_params(bool whole) {
     need(value(0), value_bytes(params_.size));
     return;
   }
-  for (const Bucket& b : buckets_) need(value(b.shard.begin), value_bytes(b.shard.end - b.shard.begin));
+  for (const Bucket& b : buckets_)
+    need(value(b.shard.begin), value_bytes(b.shard.end - b.shard.begin));
 }
 
 void ZeroSharding::params_updated() {

@@ -22,8 +22,8 @@ std::unique_ptr<ExpertGradients> ExpertGradients::make(const ProcessGrid& grid,
                                                        const std::vector<int64_t>& close_at) {
   if (grid.ep_size() == 1 && !grid.own_expert_tp()) return nullptr;
   // Also on a pipeline stage without MoE layers (no experts): sum() stays collective.
-  return std::unique_ptr<ExpertGradients>(
-      new ExpertGradients(grid, experts_of(infos, true), grads, bucket_size, sharded, exec, close_at));
+  return std::unique_ptr<ExpertGradients>(new ExpertGradients(
+      grid, experts_of(infos, true), grads, bucket_size, sharded, exec, close_at));
 }
 
 std::vector<ParamInfo> ExpertGradients::dense(const ProcessGrid& grid,

@@ -489,9 +489,8 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   };
   const double Pe = double(plan_rank_expert_parameters(c, l, s));
   mem("parameters", P * sb.param + Pe * expert_param_extra,
-      sfmt("%s parameters x %g B (%s): 1/TP %d of each matrix, %s%s", millions(P).c_str(),
-           sb.param, sb.param_why.c_str(), l.tp, where.c_str(),
-           over_edp(expert_param_extra, Pe).c_str()),
+      sfmt("%s parameters x %g B (%s): 1/TP %d of each matrix, %s%s", millions(P).c_str(), sb.param,
+           sb.param_why.c_str(), l.tp, where.c_str(), over_edp(expert_param_extra, Pe).c_str()),
       "P_rank x bytes(param); P_rank = the stage's layers x (QKV + proj + fc1 + fc2)/TP + norms "
       "(+ vocab/TP x h on the first/last stage)");
   mem("gradients", P * sb.grad + Pe * expert_grad_extra,

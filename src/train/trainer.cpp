@@ -649,8 +649,7 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
       if (zero_) {  // only this rank's shard of the gradients is held
         dist_optimizer_->scale_gradients(master, coeff);
         if (expert_grads_) expert_grads_->optimizer()->scale_gradients(master, coeff);
-      }
-      else if (dist_optimizer_ || opts_.log_num_zeros_in_grad)
+      } else if (dist_optimizer_ || opts_.log_num_zeros_in_grad)
         scale_gradients(master, coeff, exec_);
       else
         clip = coeff;

@@ -265,8 +265,8 @@ void expect_zero_matches_one_rank(int ranks, const std::vector<std::string>& lay
       worst_loss = std::max(worst_loss, std::abs(got.losses[i] - ref.losses[i]) / ref.losses[i]);
     const auto saved = CheckpointReader(dir).read_whole();
     for (const auto& [name, values] : ref.params) {
-      const auto it = std::find_if(saved.begin(), saved.end(),
-                                   [&](const auto& e) { return e.first == name; });
+      const auto it =
+          std::find_if(saved.begin(), saved.end(), [&](const auto& e) { return e.first == name; });
       ASSERT_NE(it, saved.end()) << name << " not saved";
       // (TP 2 pads the vocabulary further: rows past the one-rank model's.)
       ASSERT_GE(it->second.size(), values.size()) << name;
@@ -301,13 +301,24 @@ TEST(ExpertParallelTraining, ZeroStages2And3AtEtp1UnderTp2SpEp2MatchOneRank) {
 // gradients (stage 2; and values, stage 3) and half of its experts', plus at most two
 // layers' whole (the one in flight, its neighbour's prefetch or gradients) and 64 pages
 // (the partial pages at ranges' ends; measured: 7.6 MiB of gradients at stage 2 and 8.6 MiB of
-// values at stage 3 against a bound of 10.4 MiB, 12.6 MiB with whole experts). Experts sharded over the data-parallel group as the dense ones are (1/4: the ranks
-// hold different experts) or not at all (1/1) would both be wrong; the second exceeds it.
+// values at stage 3 against a bound of 10.4 MiB, 12.6 MiB with whole experts). Experts sharded over
+// the data-parallel group as the dense ones are (1/4: the ranks hold different experts) or not at
+// all (1/1) would both be wrong; the second exceeds it.
 TEST(ExpertParallelTraining, ZeroStages2And3HoldTheirShardOfTheExperts) {
-  const std::vector<std::string> wide = {"--num-layers", "8", "--hidden-size", "128",
-                                         "--num-experts", "8", "--moe-ffn-hidden-size", "256",
-                                         "--moe-layer-freq", "1", "--train-iters", "2",
-                                         "--expert-model-parallel-size", "2"};
+  const std::vector<std::string> wide = {"--num-layers",
+                                         "8",
+                                         "--hidden-size",
+                                         "128",
+                                         "--num-experts",
+                                         "8",
+                                         "--moe-ffn-hidden-size",
+                                         "256",
+                                         "--moe-layer-freq",
+                                         "1",
+                                         "--train-iters",
+                                         "2",
+                                         "--expert-model-parallel-size",
+                                         "2"};
   for (const char* stage : {"2", "3"}) {
     std::vector<std::string> flags = wide;
     flags.insert(flags.end(), {"--zero-stage", stage});
@@ -332,11 +343,12 @@ TEST(ExpertParallelTraining, ZeroStages2And3HoldTheirShardOfTheExperts) {
       const int64_t bound = 4 * (dense / 4 + experts / 2 + 2 * largest) + 64 * 4096;
       const int64_t held_bytes = std::string(stage) == "2" ? held.grads : held.params;
       std::lock_guard<std::mutex> lock(mu);
-      std::printf("rank %d, ZeRO stage %s: %s %.2f MiB held, bound %.2f MiB (dense %.2f, "
-                  "experts %.2f, largest layer %.2f MiB whole)\n",
-                  world.rank(), stage, std::string(stage) == "2" ? "gradients" : "parameters",
-                  held_bytes / 1048576.0, bound / 1048576.0, dense * 4 / 1048576.0,
-                  experts * 4 / 1048576.0, largest * 4 / 1048576.0);
+      std::printf(
+          "rank %d, ZeRO stage %s: %s %.2f MiB held, bound %.2f MiB (dense %.2f, "
+          "experts %.2f, largest layer %.2f MiB whole)\n",
+          world.rank(), stage, std::string(stage) == "2" ? "gradients" : "parameters",
+          held_bytes / 1048576.0, bound / 1048576.0, dense * 4 / 1048576.0, experts * 4 / 1048576.0,
+          largest * 4 / 1048576.0);
       EXPECT_LE(held_bytes, bound) << "stage " << stage << " rank " << world.rank();
       EXPECT_LT(bound, 4 * (dense / 4 + experts)) << "the experts' whole must exceed the bound";
     });
@@ -350,8 +362,8 @@ TEST(ExpertParallelTraining, ZeroStages2And3HoldTheirShardOfTheExperts) {
 TEST(ExpertParallelTraining, Etp1UnderTp2SpSequenceAuxLossMatchesOneRank) {
   expect_matches_one_rank(
       2, with_tp2_etp1({"--expert-model-parallel-size", "2"}),
-      {"--moe-router-load-balancing-type", "seq_aux_loss", "--micro-batch-size", "1"},
-      {"alltoall"}, 3e-5);
+      {"--moe-router-load-balancing-type", "seq_aux_loss", "--micro-batch-size", "1"}, {"alltoall"},
+      3e-5);
 }
 // The zoo at ETP 1 under TP 2 + SP (EP 1: the zoo's per-tensor states refuse EP > 1): LAMB's
 // per-tensor norms count the whole experts once (counted on both tp ranks, a trust ratio
@@ -426,8 +438,7 @@ const std::vector<std::vector<std::string>> kSliceRevealingZoo = {
 // against 1.5e-4 with a slice's own block maxima (the mutation the sharded test below catches;
 // its runs are bit-identical to this one's ETP 2 run).
 TEST(ExpertParallelTraining, Etp2UnderTp4LambAndAdam8bitMatchEtp4) {
-  const std::vector<std::string> tp4 = {"--tensor-model-parallel-size", "4",
-                                        "--sequence-parallel"};
+  const std::vector<std::string> tp4 = {"--tensor-model-parallel-size", "4", "--sequence-parallel"};
   for (const std::vector<std::string>& opt : kSliceRevealingZoo) {
     std::vector<std::string> same = tp4, etp2 = tp4;
     same.insert(same.end(), opt.begin(), opt.end());
@@ -604,7 +615,8 @@ TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertTensorLayouts) {
 // straight, bit for bit.
 TEST(ExpertParallelTraining, ZeroStage3CheckpointResumes) {
   const std::string base = ::testing::TempDir() + "omnitron_ep_zero3_ckpt_";
-  const std::string first = base + "first", resumed = base + "resumed", straight = base + "straight";
+  const std::string first = base + "first", resumed = base + "resumed",
+                    straight = base + "straight";
   for (const std::string& d : {first, resumed, straight}) fs::remove_all(d);
   const std::vector<std::string> z3 = {"--expert-model-parallel-size", "2", "--zero-stage", "3"};
   auto with = [&](std::vector<std::string> extra) {
