@@ -98,9 +98,9 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   if (etp == 0 || etp == tp) return;
   // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
   // its own rows to experts split over it, over the expert grid's expert-parallel group:
-  // comm/process_grid.h). ZeRO stage 1 is the distributed optimizer, whose experts' shards
-  // follow the expert grid's data-parallel group (train/expert_grads.h); stages 2 and 3 are
-  // not built with MoE at any ETP (finalize_zero refuses them).
+  // comm/process_grid.h). At every ZeRO stage the experts' shards (optimizer states; at
+  // stages 2 and 3 their gradients and parameters too) follow the expert grid's data-parallel
+  // group (train/expert_grads.h, parallel/zero_sharding.h), at any ETP.
   const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
                            " with --tensor-model-parallel-size " + std::to_string(tp);
   if (tp % etp != 0)
