@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   int fds[2];
   if (pipe(fds) != 0) return 1;
   const bool measured = in_child([&] {
-    double g = std::max(omni::measure_sgemm_gflops(2048, 5), omni::measure_sgemm_gflops(4096, 3));
+    double g = std::max(omni::measure_gemm_gflops(2048, 5), omni::measure_gemm_gflops(4096, 3));
     std::printf("cpu: %s, %d threads; %s\nfp32 GEMM: %s\n", omni::cpu_model_name().c_str(),
                 omni::cpu_threads(), omni::blas_config().c_str(),
                 omni::ops::describe_cpu_fp32_gemm().c_str());

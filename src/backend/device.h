@@ -21,8 +21,9 @@ std::string openmp_wait_policy();
 std::string cpu_model_name();
 int cpu_threads();          // OpenMP threads a parallel region uses
 std::string blas_config();  // e.g. "OpenBLAS 0.3.21 ... SkylakeX MAX_THREADS=64"
-// Best sgemm rate over a few n x n x n products, in GFLOP/s (the CPU's achievable peak).
-double measure_sgemm_gflops(int n = 2048, int reps = 3);
+// Best rate of ops::gemm<float> over a few n x n x n products, in GFLOP/s (the CPU's
+// achievable peak): the fp32 GEMM's, or under an ops::CpuBf16Gemms scope the bf16 GEMM's.
+double measure_gemm_gflops(int n = 2048, int reps = 3);
 
 // ---- GPUs (backend/gpu/device.cu in a GPU build, backend/gpu/no_gpu.cpp otherwise) ----
 

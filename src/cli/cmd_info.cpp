@@ -57,10 +57,10 @@ int info(const std::vector<std::string>&) {
               cpu_model_name().c_str(), cpu_threads(), openmp_wait_policy().c_str());
   std::printf("blas:         %s\n", blas_config().c_str());
   std::printf("sgemm peak:   %.0f GFLOP/s, %s (measured now; MFU on the CPU is against this)\n",
-              measure_sgemm_gflops(), ops::describe_cpu_fp32_gemm().c_str());
+              measure_gemm_gflops(), ops::describe_cpu_fp32_gemm().c_str());
   {
     ops::CpuBf16Gemms bf16_gemms;  // --bf16's GEMMs on the CPU (backend/cpu/gemm.h)
-    const double bf16_peak = measure_sgemm_gflops();
+    const double bf16_peak = measure_gemm_gflops();
     std::printf("bf16 GEMM:    %.0f GFLOP/s, %s (measured now; MFU under --bf16 on the CPU)\n",
                 bf16_peak, ops::describe_cpu_bf16_gemm().c_str());
   }

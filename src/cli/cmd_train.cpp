@@ -366,7 +366,7 @@ int train(const std::vector<std::string>& raw_args) {
   if (opts.device == "cpu") {
     {
       ops::CpuBf16Gemms bf16_gemms(opts.bf16);
-      peak = world.rank() == 0 ? measure_sgemm_gflops() : 0.0;
+      peak = world.rank() == 0 ? measure_gemm_gflops() : 0.0;
     }
     char text[512];
     std::snprintf(text, sizeof text,

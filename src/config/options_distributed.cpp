@@ -159,14 +159,13 @@ void add_distributed_options(std::vector<OptionDef>& t) {
                              [](Options& o) -> double& { return o.hang_report_seconds; }));
 }
 
-// ZeRO stages 2 and 3 train one pipeline stage of dense layers; the FSDP flags
-// ask for stage 3 and settle for stage 1 where it is not built.
+// ZeRO stages 2 and 3 train one pipeline stage (MoE included: the experts sharded over
+// their expert-data-parallel group); the FSDP flags ask for stage 3 and settle for stage 1
+// where it is not built.
 void finalize_zero(Options& o) {
   std::string with;  // the setting stages 2 and 3 do not combine with yet
   if (o.pipeline_model_parallel_size > 1)
     with = "--pipeline-model-parallel-size " + std::to_string(o.pipeline_model_parallel_size);
-  else if (o.model.num_moe_experts > 0)
-    with = "--num-experts " + std::to_string(o.model.num_moe_experts);
   if (!o.fsdp_flag.empty() && o.zero_stage == 0) {
     const int stage = o.fsdp_flag == "--use-megatron-fsdp" ? std::max(1, o.fsdp_sharding_stage) : 3;
     if (with.empty() || stage == 1) {
@@ -183,10 +182,8 @@ void finalize_zero(Options& o) {
   }
   if (o.zero_stage >= 2 && !with.empty())
     throw NotBuiltError("--zero-stage " + std::to_string(o.zero_stage) + " with " + with,
-                        o.pipeline_model_parallel_size > 1
-                            ? "ZeRO stages 2 and 3 with pipeline parallelism (DeepSpeed, too, "
-                              "combines only stage 1 with it)"
-                            : "ZeRO stages 2 and 3 with MoE");
+                        "ZeRO stages 2 and 3 with pipeline parallelism (DeepSpeed, too, "
+                        "combines only stage 1 with it)");
 }
 
 }  // namespace omni::option_rows

@@ -102,9 +102,10 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   // its own rows to experts split over it, over the expert grid's expert-parallel group:
   // comm/process_grid.h), and ETP a multiple of TP (sequence parallel under TP > 1: each
   // rank routes its own rows, gathered over the expert tensor-parallel group, which spans
-  // data- or context-parallel ranks: model/moe_layer.h). ZeRO stage 1 is the distributed
-  // optimizer, whose experts' shards follow the expert grid's data-parallel group
-  // (train/expert_grads.h); stages 2 and 3 are finalize_zero's.
+  // data- or context-parallel ranks: model/moe_layer.h). At every ZeRO stage the experts'
+  // shards (optimizer states; at stages 2 and 3 their gradients and parameters too) follow the
+  // expert grid's data-parallel group (train/expert_grads.h, parallel/zero_sharding.h), at
+  // any ETP.
   const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
                            " with --tensor-model-parallel-size " + std::to_string(tp);
   if (tp % etp != 0 && etp % tp != 0)

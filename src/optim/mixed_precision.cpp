@@ -155,10 +155,10 @@ void MixedPrecision::release_rest() {
   release(master_.size());
 }
 
-void MixedPrecision::commit_all() {
+void MixedPrecision::commit(int64_t begin, int64_t end) {
   if (const auto* device = dynamic_cast<const ReleasableMemory*>(master_.memory()); device) {
-    device->commit(master_.values(), size_t(master_.size()) * sizeof(float));
-    device->commit(master_.grads(), size_t(master_.size()) * sizeof(float));
+    device->commit(master_.values() + begin, size_t(end - begin) * sizeof(float));
+    device->commit(master_.grads() + begin, size_t(end - begin) * sizeof(float));
   }
 }
 

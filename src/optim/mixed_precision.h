@@ -87,8 +87,9 @@ class MixedPrecision {
   // The master outside the kept ranges released again (after a load wrote all of it).
   void release_rest();
   // All of the master backed again, so a load may write all of it (a GPU's; host memory is
-  // backed by the write).
-  void commit_all();
+  // backed by the write); commit(): [begin, end) only (values and gradients).
+  void commit_all() { commit(0, master_.size()); }
+  void commit(int64_t begin, int64_t end);
 
  private:
   // A 16-bit model on a GPU: its values, their type, and its float gradients.

@@ -112,6 +112,7 @@ class DataParallelBuckets {
   // The factor each bucket is multiplied by as its collective starts (Megatron's
   // gradient_scaling_factor), 1/group size unless set; also applied on a group of one rank.
   void set_gradient_scale(double factor) { scale_ = factor; }
+  double gradient_scale() const { return scale_ > 0 ? scale_ : 1.0 / comm_.size(); }
 
  private:
   void start(size_t bucket);

@@ -22,16 +22,27 @@ std::vector<int64_t> zero_bucket_boundaries(const std::vector<ParamInfo>& infos)
   return boundaries;
 }
 
-ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets, const Flat& params,
-                           const ops::Exec& exec)
+ZeroSharding::ZeroSharding(int stage, std::vector<DataParallelBuckets<float>*> sets,
+                           const Flat& params, const ops::Exec& exec)
     : stage_(stage),
-      ddp_(buckets),
+      sets_(std::move(sets)),
       params_(params),
       value_size_(dtype_size(params.dtype)),
       x_(exec) {
   OMNI_CHECK(stage == 2 || stage == 3, "[zero] stage ", stage, " is not 2 or 3");
-  OMNI_CHECK(buckets.mode() == GradReduce::ReduceScatter,
-             "[zero] needs data-parallel buckets in reduce-scatter mode");
+  for (size_t s = 0; s < sets_.size(); ++s) {
+    const DataParallelBuckets<float>& set = *sets_[s];
+    OMNI_CHECK(set.mode() == GradReduce::ReduceScatter,
+               "[zero] needs data-parallel buckets in reduce-scatter mode");
+    for (size_t b = 0; b < set.buckets().size(); ++b)
+      buckets_.push_back({set.buckets()[b], set.shard()[b], s});
+  }
+  // One order on every rank: from the buffer's end, as each set lays its buckets.
+  std::sort(buckets_.begin(), buckets_.end(),
+            [](const Bucket& a, const Bucket& b) { return a.range.begin > b.range.begin; });
+  for (size_t b = 1; b < buckets_.size(); ++b)
+    OMNI_CHECK(buckets_[b].range.end <= buckets_[b - 1].range.begin, "[zero] bucket [",
+               buckets_[b].range.begin, ", ", buckets_[b].range.end, ") overlaps another set's");
   if (exec.gpu) {
     std::string why;
     memory_ = releasable_memory(exec.gpu, &why);
@@ -40,44 +51,45 @@ ZeroSharding::ZeroSharding(int stage, DataParallelBuckets<float>& buckets, const
     OMNI_CHECK(params.memory == memory_,
                "[zero] the flat parameter buffers are not in the device's releasable memory");
   }
-  const std::vector<GradBucket>& bs = buckets.buckets();
   const std::vector<ParamInfo>& infos = *params.infos;
   bucket_of_param_.resize(infos.size());
-  params_in_bucket_.assign(bs.size(), 0);
+  params_in_bucket_.assign(buckets_.size(), 0);
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];
     size_t b = 0;
-    while (b < bs.size() && !(bs[b].begin <= p.offset && p.offset < bs[b].end)) ++b;
-    OMNI_CHECK(b < bs.size() || p.numel == 0, "[zero] ", p.name, " is in no bucket");
+    while (b < buckets_.size() &&
+           !(buckets_[b].range.begin <= p.offset && p.offset < buckets_[b].range.end))
+      ++b;
+    OMNI_CHECK(b < buckets_.size() || p.numel == 0, "[zero] ", p.name, " is in no bucket");
     bucket_of_param_[i] = b;
     if (p.numel > 0) ++params_in_bucket_[b];
   }
   pending_ = params_in_bucket_;
   param_ready_.assign(infos.size(), false);
-  reduced_once_.assign(bs.size(), false);
+  reduced_once_.assign(buckets_.size(), false);
   // The units (layers, embedding, head) the buckets close at, in buffer order.
   std::vector<int64_t> starts = zero_bucket_boundaries(infos);
   starts.insert(starts.begin(), 0);
   starts.push_back(params.size);
   for (size_t u = 0; u + 1 < starts.size(); ++u)
     if (starts[u] < starts[u + 1]) units_.push_back({starts[u], starts[u + 1]});
-  for (const GradBucket& b : bs) {
-    size_t u = 0;
-    while (u + 1 < units_.size() && units_[u].second <= b.begin) ++u;
-    unit_of_bucket_.push_back(u);
-  }
+  bool several = false;  // ranks in some set's group
   int64_t accum = 0, largest = 0;
-  for (size_t b = 0; b < bs.size(); ++b) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    size_t u = 0;
+    while (u + 1 < units_.size() && units_[u].second <= buckets_[b].range.begin) ++u;
+    unit_of_bucket_.push_back(u);
     accum_offset_.push_back(accum);
-    accum += buckets.shard()[b].end - buckets.shard()[b].begin;
-    largest = std::max(largest, bs[b].piece);
+    accum += buckets_[b].shard.end - buckets_[b].shard.begin;
+    if (group_of(b).size() > 1) largest = std::max(largest, buckets_[b].range.piece);
+    several = several || group_of(b).size() > 1;
   }
   const Device device = params.device;
   // Both are backed only while used: the accumulator during a step, the piece during a
   // reduce-scatter.
   const DeviceMemory* memory = memory_ ? memory_ : x_.memory();
   accum_ = Tensor::zeros({accum}, DType::F32, device, memory);
-  piece_ = Tensor::zeros({ddp_.group().size() > 1 ? largest : 0}, DType::F32, device, memory);
+  piece_ = Tensor::zeros({several ? largest : 0}, DType::F32, device, memory);
   drop(accum_.data<float>(), size_t(accum) * sizeof(float), true);
   if (piece_.numel() > 0) drop(piece_.data<float>(), size_t(largest) * sizeof(float), true);
   begin_step();
@@ -144,17 +156,18 @@ void ZeroSharding::grads_ready(int64_t begin, int64_t end) {
 void ZeroSharding::reduce(size_t index) {
   TraceSpan span("zero-grad-reduce-scatter", "bucket", int(index));
   sample();  // the bucket's gradients are all there now
-  const GradBucket& b = ddp_.buckets()[index];
-  Communicator& comm = ddp_.group();
+  const GradBucket& b = buckets_[index].range;
+  Communicator& comm = group_of(index);
   const int p = comm.size(), r = comm.rank();
+  const double scale = sets_[buckets_[index].set]->gradient_scale();
   float* g = params_.grads + b.begin;
   const int64_t n = b.end - b.begin;
   float* acc = accum_.data<float>() + accum_offset_[index];
   need(g, size_t(n) * sizeof(float));  // committed already unless the hooks skipped it
-  // As DataParallelBuckets: scale by 1/size, then sum (so one micro-batch's shard is the
-  // distributed optimizer's, bit for bit); this rank's piece is added to what earlier
-  // micro-batches left.
-  if (p > 1) ops::scale(x_, g, 1.0 / p, size_t(n));
+  // As DataParallelBuckets: scale (by 1/size, or the set's factor), then sum (so one
+  // micro-batch's shard is the distributed optimizer's, bit for bit); this rank's piece is
+  // added to what earlier micro-batches left.
+  if (scale != 1.0) ops::scale(x_, g, scale, size_t(n));
   if (b.piece > 0) {
     float* piece = piece_.data<float>();
     if (p > 1) {
@@ -185,14 +198,14 @@ void ZeroSharding::finish() {
   // A bucket left partly marked, or not at all (gradients accumulated in place), is reduced
   // now, in bucket order on every rank.
   end_prefetch(false);  // a guess past the last layer's backward
-  for (size_t b = 0; b < ddp_.buckets().size(); ++b)
+  for (size_t b = 0; b < buckets_.size(); ++b)
     if (pending_[b] != params_in_bucket_[b] || !reduced_once_[b]) reduce(b);
   sample();
   float* grads = params_.grads;
   // Only this rank's ranges are read from here on: the rest released.
   drop(grads, size_t(params_.size) * sizeof(float), true);
-  for (size_t b = 0; b < ddp_.buckets().size(); ++b) {
-    const ShardRange& s = ddp_.shard()[b];
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const ShardRange& s = buckets_[b].shard;
     float* acc = accum_.data<float>() + accum_offset_[b];
     need(grads + s.begin, size_t(s.end - s.begin) * sizeof(float));
     ops::copy(x_, grads + s.begin, acc, size_t(s.end - s.begin));
@@ -205,11 +218,11 @@ void ZeroSharding::finish() {
 }
 
 std::pair<size_t, size_t> ZeroSharding::buckets_in(int64_t begin, int64_t end) const {
-  const std::vector<GradBucket>& bs = ddp_.buckets();
-  size_t first = bs.size(), last = 0;
-  for (size_t i = 0; i < bs.size(); ++i) {
-    if (bs[i].end <= begin || bs[i].begin >= end) continue;
-    OMNI_CHECK(bs[i].begin >= begin && bs[i].end <= end, "[zero] parameters [", begin, ", ", end,
+  size_t first = buckets_.size(), last = 0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const GradBucket& b = buckets_[i].range;
+    if (b.end <= begin || b.begin >= end) continue;
+    OMNI_CHECK(b.begin >= begin && b.end <= end, "[zero] parameters [", begin, ", ", end,
                ") cover part of a bucket");
     first = std::min(first, i), last = i + 1;
   }
@@ -219,7 +232,7 @@ std::pair<size_t, size_t> ZeroSharding::buckets_in(int64_t begin, int64_t end) c
 std::pair<int64_t, int64_t> ZeroSharding::span_of(size_t first, size_t last) const {
   int64_t b = params_.size, e = 0;
   for (size_t k = first; k < last; ++k)
-    b = std::min(b, ddp_.buckets()[k].begin), e = std::max(e, ddp_.buckets()[k].end);
+    b = std::min(b, buckets_[k].range.begin), e = std::max(e, buckets_[k].range.end);
   return {b, std::max(b, e)};
 }
 
@@ -230,28 +243,39 @@ size_t ZeroSharding::unit_of(int64_t begin, int64_t end) const {
 }
 
 void ZeroSharding::start_prefetch(size_t unit) {
-  if (unit >= units_.size() || ddp_.group().size() == 1) return;
+  if (unit >= units_.size()) return;
   TraceSpan span("zero-params-prefetch", "unit", int(unit));
   const auto [first, last] = buckets_in(units_[unit].first, units_[unit].second);
-  if (first >= last) return;
-  const auto [b, e] = span_of(first, last);
-  need(value(b), value_bytes(e - b));
   // An all-gather as a sum: every rank contributes its ranges and zeros elsewhere (x + 0 is
-  // x exactly, in 16 bits too), so the result is the blocking all-gather's.
-  for (size_t k = first; k < last; ++k) {
-    const GradBucket& g = ddp_.buckets()[k];
-    const ShardRange& r = ddp_.shard()[k];
-    ops::zero(x_, value(g.begin), value_bytes(r.begin - g.begin));
-    ops::zero(x_, value(r.end), value_bytes(g.end - r.end));
+  // x exactly, in 16 bits too), so the result is the blocking all-gather's. One sum per run
+  // of adjacent buckets of one set (a dense layer's are one run; an MoE layer's experts, with
+  // their own group, lie between the dense runs).
+  for (size_t k = first; k < last;) {
+    size_t end = k + 1;
+    while (end < last && buckets_[end].set == buckets_[k].set &&
+           buckets_[end].range.end == buckets_[end - 1].range.begin)
+      ++end;
+    Communicator& group = group_of(k);
+    if (group.size() > 1) {
+      const auto [b, e] = span_of(k, end);
+      need(value(b), value_bytes(e - b));
+      for (size_t i = k; i < end; ++i) {
+        const GradBucket& g = buckets_[i].range;
+        const ShardRange& r = buckets_[i].shard;
+        ops::zero(x_, value(g.begin), value_bytes(r.begin - g.begin));
+        ops::zero(x_, value(r.end), value_bytes(g.end - r.end));
+      }
+      prefetch_.push_back(group.iall_reduce(value(b), size_t(e - b), params_.dtype));
+    }
+    k = end;
   }
-  prefetch_ = ddp_.group().iall_reduce(value(b), size_t(e - b), params_.dtype);
-  prefetched_ = unit;
+  if (!prefetch_.empty()) prefetched_ = unit;
 }
 
 void ZeroSharding::end_prefetch(bool use) {
   if (prefetched_ == kNone) return;
-  prefetch_->wait();
-  prefetch_.reset();
+  for (const std::unique_ptr<CommRequest>& request : prefetch_) request->wait();
+  prefetch_.clear();
   const size_t unit = prefetched_;
   prefetched_ = kNone;
   if (use) {
@@ -264,8 +288,8 @@ void ZeroSharding::end_prefetch(bool use) {
 
 void ZeroSharding::give_back(size_t first, size_t last) {
   for (size_t b = first; b < last; ++b) {
-    const GradBucket& k = ddp_.buckets()[b];
-    const ShardRange& s = ddp_.shard()[b];
+    const GradBucket& k = buckets_[b].range;
+    const ShardRange& s = buckets_[b].shard;
     drop(value(k.begin), value_bytes(s.begin - k.begin), false);
     drop(value(s.end), value_bytes(k.end - s.end), false);
   }
@@ -336,28 +360,35 @@ void ZeroSharding::commit_params(bool whole) {
     need(value(0), value_bytes(params_.size));
     return;
   }
-  for (const ShardRange& r : ddp_.shard()) need(value(r.begin), value_bytes(r.end - r.begin));
+  for (const Bucket& b : buckets_)
+    need(value(b.shard.begin), value_bytes(b.shard.end - b.shard.begin));
 }
 
 void ZeroSharding::params_updated() {
   if (stage_ == 2) {
     TraceSpan span("zero-params-all-gather");
-    all_gather_values(0, ddp_.buckets().size());
+    all_gather_values(0, buckets_.size());
   }
 }
 
 void ZeroSharding::all_gather_values(size_t first, size_t last) {
   // As DataParallelBuckets::all_gather, in the values' own type.
-  Communicator& comm = ddp_.group();
-  const int p = comm.size(), r = comm.rank();
-  if (p == 1) return;
   for (size_t i = first; i < last; ++i) {
-    const GradBucket& b = ddp_.buckets()[i];
+    Communicator& comm = group_of(i);
+    const int p = comm.size(), r = comm.rank();
+    if (p == 1) continue;
+    const GradBucket& b = buckets_[i].range;
     if (b.piece > 0)
       comm.all_gather(value(b.begin), value(b.begin + r * b.piece), size_t(b.piece), params_.dtype);
     if (const int64_t rest = b.end - b.begin - p * b.piece; rest > 0)
       comm.broadcast(value(b.begin + p * b.piece), value_bytes(rest), p - 1);
   }
+}
+
+std::vector<ShardRange> ZeroSharding::shard() const {
+  std::vector<ShardRange> ranges;
+  for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) ranges.push_back(b->shard);
+  return ranges;
 }
 
 ZeroSharding::Bytes ZeroSharding::resident() const {

@@ -3,9 +3,12 @@
 // zero_optimization.stage, Megatron-DeepSpeed's --zero-stage). Stage 1, optimizer states
 // sharded, is DistributedOptimizer; this class adds the gradients (stage 2) and the
 // parameters (stage 3), over the same shards: DataParallelBuckets' ranges in ReduceScatter
-// mode, with buckets closed at every layer's boundary (zero_bucket_boundaries).
+// mode, with buckets closed at every layer's boundary (zero_bucket_boundaries). With MoE the
+// experts' parameters are a second bucket set, sharded over the expert-data-parallel group
+// (Megatron's expert optimizer groups; train/expert_grads.h), the dense ones over the
+// data-parallel group: a layer is then a run of whole buckets of both sets.
 //
-//   ZeroSharding zero(2, ddp, params);
+//   ZeroSharding zero(2, ddp, params);  // or ({&ddp, &expert_buckets}, params)
 //   zero.begin_step();                  // gradient buffer empty, accumulator zero
 //   ... every micro-batch's backward: zero.grads_ready(begin, end) as a layer finishes;
 //   ... stage 3: zero.use_params(range, true) before a layer runs, (range, false) after;
@@ -57,19 +60,29 @@ std::vector<int64_t> zero_bucket_boundaries(const std::vector<ParamInfo>& infos)
 
 class ZeroSharding {
  public:
-  // `buckets` (ReduceScatter mode) and `params` must outlive this object. stage: 2 or 3.
+  // `sets`: bucket sets (ReduceScatter mode) over disjoint parameters that together cover
+  // them all, each sharded over its own group with its own gradient scale (MoE: the dense
+  // parameters over the data-parallel ranks, the experts over the expert-data-parallel ones,
+  // train/expert_grads.h); they and `params` must outlive this object. stage: 2 or 3.
   // T: float, or a GPU's bf16/f16 (gradients float either way).
   template <typename T>
-  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, ParameterSet<T>& params,
+  ZeroSharding(int stage, std::vector<DataParallelBuckets<float>*> sets, ParameterSet<T>& params,
                const ops::Exec& exec = {})
-      : ZeroSharding(stage, buckets,
+      : ZeroSharding(stage, std::move(sets),
                      Flat{params.values(), dtype_of<T>(), params.grads(), &params.infos(),
                           params.size(), params.memory(), params.grads_tensor().device()},
                      exec) {
     static_assert(std::is_same_v<accum_t<T>, float>, "ZeRO shards float gradients");
   }
+  template <typename T>
+  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, ParameterSet<T>& params,
+               const ops::Exec& exec = {})
+      : ZeroSharding(stage, std::vector<DataParallelBuckets<float>*>{&buckets}, params, exec) {}
 
   int stage() const { return stage_; }
+  // This rank's ranges of every set's buckets (what it keeps of the values at stage 3, of the
+  // gradients after finish(), and steps).
+  std::vector<ShardRange> shard() const;
   // Before a step's first backward: the gradient buffer reads as zeros and holds no memory.
   void begin_step();
   // [begin, end) (whole parameters) are final for this micro-batch: each bucket they complete
@@ -86,6 +99,11 @@ class ZeroSharding {
   // Before a load writes the parameter buffer: all of it backed (`whole`, or stage 2), else
   // (stage 3, a load that writes this rank's shard) only this rank's ranges.
   void commit_params(bool whole);
+  // Stage 3: [begin, end) of the values about to be written outside the hooks (the expert
+  // bias's update, the same on every rank): backed (a GPU's; the next use gives it back).
+  void commit_values(int64_t begin, int64_t end) const {
+    if (stage_ == 3) need(value(begin), value_bytes(end - begin));
+  }
   // Stage 3: after a forward-only pass (evaluation), the prefetch its guess started ended, so
   // nothing writes the parameter buffer behind a checkpoint's read. Stage 2: nothing.
   void end_use();
@@ -123,8 +141,15 @@ class ZeroSharding {
     const DeviceMemory* memory;
     Device device;
   };
-  ZeroSharding(int stage, DataParallelBuckets<float>& buckets, const Flat& params,
+  ZeroSharding(int stage, std::vector<DataParallelBuckets<float>*> sets, const Flat& params,
                const ops::Exec& exec);
+  // Every set's buckets, from the buffer's end, each with its rank's range and its set.
+  struct Bucket {
+    GradBucket range;
+    ShardRange shard;
+    size_t set;
+  };
+  Communicator& group_of(size_t bucket) const { return sets_[buckets_[bucket].set]->group(); }
   const std::vector<ParamInfo>& param_infos() const { return *params_.infos; }
   // Element i of the values, and the bytes of n of them.
   char* value(int64_t i) const { return static_cast<char*>(params_.values) + i * value_size_; }
@@ -154,7 +179,8 @@ class ZeroSharding {
   std::pair<size_t, size_t> buckets_in(int64_t begin, int64_t end) const;
 
   int stage_;
-  DataParallelBuckets<float>& ddp_;
+  std::vector<DataParallelBuckets<float>*> sets_;
+  std::vector<Bucket> buckets_;
   Flat params_;
   size_t value_size_;
   ops::Exec x_;
@@ -171,7 +197,7 @@ class ZeroSharding {
   bool prefetching_ = true, backward_ = false, track_peak_ = false;
   size_t prefetched_ = kNone;
   int in_use_ = 0;  // units whose use_params(.., true) has not been ended
-  std::unique_ptr<CommRequest> prefetch_;
+  std::vector<std::unique_ptr<CommRequest>> prefetch_;  // one per run of a set's buckets
   int64_t prefetch_hits_ = 0;
 };
 

@@ -18,11 +18,12 @@ std::vector<ParamInfo> experts_of(const std::vector<ParamInfo>& infos, bool expe
 std::unique_ptr<ExpertGradients> ExpertGradients::make(const ProcessGrid& grid,
                                                        const std::vector<ParamInfo>& infos,
                                                        const Tensor& grads, double bucket_size,
-                                                       bool sharded, const ops::Exec& exec) {
+                                                       bool sharded, const ops::Exec& exec,
+                                                       const std::vector<int64_t>& close_at) {
   if (grid.ep_size() == 1 && !grid.own_expert_tp()) return nullptr;
   // Also on a pipeline stage without MoE layers (no experts): sum() stays collective.
-  return std::unique_ptr<ExpertGradients>(
-      new ExpertGradients(grid, experts_of(infos, true), grads, bucket_size, sharded, exec));
+  return std::unique_ptr<ExpertGradients>(new ExpertGradients(
+      grid, experts_of(infos, true), grads, bucket_size, sharded, exec, close_at));
 }
 
 std::vector<ParamInfo> ExpertGradients::dense(const ProcessGrid& grid,
@@ -32,13 +33,13 @@ std::vector<ParamInfo> ExpertGradients::dense(const ProcessGrid& grid,
 
 ExpertGradients::ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo> experts,
                                  const Tensor& grads, double bucket_size, bool sharded,
-                                 const ops::Exec& exec)
+                                 const ops::Exec& exec, const std::vector<int64_t>& close_at)
     : grid_(grid),
       experts_(std::move(experts)),
       sharded_(sharded),
       exec_(exec),
       buckets_(grid.expert_dp(), experts_, grads, bucket_size,
-               sharded ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec) {
+               sharded ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec, close_at) {
   // The buckets sum over the expert-data-parallel ranks; Megatron divides that sum by the
   // data-parallel size (dp x cp: ep times the group's size when etp = tp), in the one
   // scaling pass.

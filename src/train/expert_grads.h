@@ -4,7 +4,8 @@
 // every expert-parallel rank's tokens (the dispatch brought them to it), so it is summed over
 // the expert-data-parallel group (the ranks holding the same experts) and divided by the
 // data-parallel size: an average over that group times 1/ep. With the distributed optimizer
-// the experts' states are sharded over that group (their own buckets and optimizer).
+// the experts' states are sharded over that group (their own buckets and optimizer); under
+// ZeRO 2/3 so are their gradients and parameters (ZeroSharding reduces their buckets).
 #pragma once
 
 #include <functional>
@@ -23,16 +24,20 @@ class ExpertGradients {
  public:
   // Null without expert parallelism (ep 1): then the dense buckets reduce every parameter.
   // `sharded`: the distributed optimizer's reduce-scatter (then call make_optimizer).
+  // close_at: where buckets must close as well (ZeRO 2/3: zero_bucket_boundaries).
   static std::unique_ptr<ExpertGradients> make(const ProcessGrid& grid,
                                                const std::vector<ParamInfo>& infos,
                                                const Tensor& grads, double bucket_size,
-                                               bool sharded, const ops::Exec& exec);
+                                               bool sharded, const ops::Exec& exec,
+                                               const std::vector<int64_t>& close_at = {});
   // The parameters the data-parallel buckets reduce: all but the experts' when ep > 1.
   static std::vector<ParamInfo> dense(const ProcessGrid& grid, const std::vector<ParamInfo>& infos);
 
   // After the backward: the experts' gradients reduced (with sharding: this rank's shard),
-  // scaled by 1/dp as the buckets' collective starts (no pass of its own).
+  // scaled by 1/dp as the buckets' collective starts (no pass of its own). Under ZeRO 2/3
+  // ZeroSharding reduces buckets() instead.
   void finish();
+  DataParallelBuckets<float>& buckets() { return buckets_; }
   // Sums over every parameter, each element counted once over the whole grid. On entry
   // sums[i] is this rank's part over the dense parameters (its dense shard when sharded, a
   // tensor-parallel replicated tensor on one tp rank only); parts[i] adds its op over the
@@ -57,7 +62,8 @@ class ExpertGradients {
 
  private:
   ExpertGradients(const ProcessGrid& grid, std::vector<ParamInfo> experts, const Tensor& grads,
-                  double bucket_size, bool sharded, const ops::Exec& exec);
+                  double bucket_size, bool sharded, const ops::Exec& exec,
+                  const std::vector<int64_t>& close_at);
   const ProcessGrid& grid_;
   std::vector<ParamInfo> experts_;
   bool sharded_;

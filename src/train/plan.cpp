@@ -457,12 +457,23 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       l.distributed_optimizer && own_edp
           ? (d.host_memory ? 8.0 / (l.dp * l.cp) : sb.optim) * (double(l.dp) * l.cp / edp - 1)
           : 0.0;
+  // ZeRO 2 and 3 shard the experts' gradients (3: values too) over that group as well.
+  const double edp_ratio = own_edp ? double(l.dp) * l.cp / edp - 1 : 0.0;
+  const double expert_grad_extra = l.zero_stage >= 2 ? sb.grad * edp_ratio : 0.0;
+  const double expert_param_extra = l.zero_stage >= 3 ? sb.param * edp_ratio : 0.0;
+  auto over_edp = [&](double extra, double experts) {
+    return extra != 0 && experts > 0
+               ? sfmt("; the experts' %s over the %d expert-data-parallel ranks",
+                      millions(experts).c_str(), edp)
+               : std::string();
+  };
   // Memory: the pipeline rank that needs the most.
   double best = -1;
   for (int stage = 0; stage < l.pp; ++stage) {
     const double params = double(plan_rank_parameters(c, l, stage));
     const double total = params * (sb.param + sb.grad + sb.optim) +
-                         double(plan_rank_expert_parameters(c, l, stage)) * expert_extra +
+                         double(plan_rank_expert_parameters(c, l, stage)) *
+                             (expert_extra + expert_grad_extra + expert_param_extra) +
                          double(plan_activation_bytes(c, l, stage, eb)) +
                          double(plan_workspace_bytes(c, l, stage, eb));
     if (total > best) best = total, p.stage = stage;
@@ -483,15 +494,16 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   auto mem = [&](std::string name, double v, std::string why, std::string formula) {
     p.memory.push_back({std::move(name), v, std::move(why), std::move(formula)});
   };
-  mem("parameters", P * sb.param,
-      sfmt("%s parameters x %g B (%s): 1/TP %d of each matrix, %s", millions(P).c_str(), sb.param,
-           sb.param_why.c_str(), l.tp, where.c_str()),
+  const double Pe = double(plan_rank_expert_parameters(c, l, s));
+  mem("parameters", P * sb.param + Pe * expert_param_extra,
+      sfmt("%s parameters x %g B (%s): 1/TP %d of each matrix, %s%s", millions(P).c_str(), sb.param,
+           sb.param_why.c_str(), l.tp, where.c_str(), over_edp(expert_param_extra, Pe).c_str()),
       "P_rank x bytes(param); P_rank = the stage's layers x (QKV + proj + fc1 + fc2)/TP + norms "
       "(+ vocab/TP x h on the first/last stage)");
-  mem("gradients", P * sb.grad,
-      sfmt("%s x %g B (%s)", millions(P).c_str(), sb.grad, sb.grad_why.c_str()),
+  mem("gradients", P * sb.grad + Pe * expert_grad_extra,
+      sfmt("%s x %g B (%s%s)", millions(P).c_str(), sb.grad, sb.grad_why.c_str(),
+           over_edp(expert_grad_extra, Pe).c_str()),
       "P_rank x bytes(grad)");
-  const double Pe = double(plan_rank_expert_parameters(c, l, s));
   mem("optimizer", P * sb.optim + Pe * expert_extra,
       sfmt(
           "%s x %.3g B: %s%s", millions(P).c_str(), sb.optim, sb.optim_why.c_str(),

@@ -149,11 +149,11 @@ PlanDevice measured_cpu(int ranks_on_host) {
   const int per_rank = std::max(1, threads / ranks);
   const double share = ranks > threads ? double(threads) / ranks : 1.0;
   omp_set_num_threads(per_rank);
-  const double gflops = measure_sgemm_gflops() * share;
+  const double gflops = measure_gemm_gflops() * share;
   double bf16_gflops = 0;
   {
     ops::CpuBf16Gemms bf16_gemms;  // --bf16's GEMMs (backend/cpu/gemm.h)
-    bf16_gflops = measure_sgemm_gflops() * share;
+    bf16_gflops = measure_gemm_gflops() * share;
   }
   const double masks = measure_dropout_gelems() * share;
   omp_set_num_threads(threads);

@@ -165,8 +165,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
       if (e.name == "embedding.word_embeddings.weight")
         shared_embedding_ = {e.offset, e.offset + e.numel};
   // Under expert parallelism the experts' gradients are reduced over their own group.
+  // ZeRO 2/3 close a bucket at each layer's start, so a layer is a run of whole buckets.
+  const std::vector<int64_t> zero_boundaries =
+      opts.zero_stage >= 2 ? zero_bucket_boundaries(model_infos()) : std::vector<int64_t>{};
   expert_grads_ = ExpertGradients::make(*grid_, model_infos(), model_grads(), opts.ddp_bucket_size,
-                                        opts.use_distributed_optimizer, exec_);
+                                        opts.use_distributed_optimizer, exec_, zero_boundaries);
   // --overlap-grad-reduce with a tied embedding: its bucket starts as the last micro-batch's
   // backward begins, and that micro-batch's input-embedding rows follow sparsely
   // (GPTModel::set_deferred_embedding_grads) where they are fewer than the vocabulary's.
@@ -177,12 +180,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
                       opts.model.mtp_num_layers == 0 && embedding.second > embedding.first &&
                       int64_t(opts.micro_batch_size) * opts.model.seq_length * grid_->dp_size() <
                           opts.model.vocab_size;
-  // ZeRO 2/3 close a bucket at each layer's start, so a layer is a run of whole buckets.
   ddp_ = std::make_unique<DataParallelBuckets<float>>(
       grid_->dp_cp(), ExpertGradients::dense(*grid_, model_infos()), model_grads(),
       opts.ddp_bucket_size,
       opts.use_distributed_optimizer ? GradReduce::ReduceScatter : GradReduce::AllReduce, exec_,
-      opts.zero_stage >= 2 ? zero_bucket_boundaries(model_infos())
+      opts.zero_stage >= 2 ? zero_boundaries
       : sparse_embedding_  ? std::vector<int64_t>{embedding.second}
                            : std::vector<int64_t>{});
   if (sparse_embedding_) {
@@ -202,8 +204,11 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     ddp_->mark_ready(begin, end);
   };
   if (opts.zero_stage >= 2) {  // every micro-batch's gradients reduced as they are final
+    // MoE: the experts' buckets, over the expert-data-parallel group, a second set.
+    std::vector<DataParallelBuckets<float>*> sets = {ddp_.get()};
+    if (expert_grads_) sets.push_back(&expert_grads_->buckets());
     with_model([&](auto& m) {  // the model's flat buffers (a GPU's: 16-bit values)
-      zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, *ddp_, m.model.params(), exec_);
+      zero_ = std::make_unique<ZeroSharding>(opts.zero_stage, sets, m.model.params(), exec_);
       m.pipeline.set_grads_ready_hook([this](int64_t b, int64_t e) { zero_->grads_ready(b, e); },
                                       true);
       m.model.set_params_hook(
@@ -226,15 +231,18 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
     });
     scaler_ = make_grad_scaler(opts.loss_scale, dtype);
     if (zero_) {  // the master's ranges this rank steps; the model's rounding touched them all
-      mixed_->keep_only(ddp_->shard());
+      mixed_->keep_only(zero_->shard());
       zero_->release_params();
     }
   }
   if (opts.use_distributed_optimizer) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer<float>>(
         opts.optim, *ddp_, optimizer_params(), exec_, &grid_->tp());
-    if (expert_grads_) expert_grads_->make_optimizer(opts.optim, optimizer_params());
     dist_optimizer_->set_gather_params(!zero_);  // zero_->params_updated() gathers
+    if (expert_grads_) {
+      expert_grads_->make_optimizer(opts.optim, optimizer_params());
+      expert_grads_->optimizer()->set_gather_params(!zero_);
+    }
   } else
     optimizer_ =
         std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_, &grid_->tp());
@@ -328,7 +336,7 @@ RankState Trainer::rank_state(bool with_optimizer) {
   state.exec = exec_;
   if (zero_) {  // each rank holds (stage 3, a sharded master) and writes its shard of the values
     StateBuffer values{"", {}, true};
-    for (const ShardRange& r : ddp_->shard())
+    for (const ShardRange& r : zero_->shard())  // the experts' too, over their own group
       values.spans.push_back({r.begin, r.end, params.values() + r.begin});
     state.buffers.push_back(std::move(values));
   } else {
@@ -336,7 +344,7 @@ RankState Trainer::rank_state(bool with_optimizer) {
   }
   // Expert parallelism: the first expert-data-parallel rank of each expert-parallel rank
   // writes its experts (the first data-parallel rank writes all it holds above).
-  const bool expert_writer = expert_grads_ && grid_->expert_dp().rank() == 0 && !replica;
+  const bool expert_writer = expert_grads_ && grid_->expert_dp().rank() == 0 && !replica && !zero_;
   auto expert_spans = [&](float* data) {
     std::vector<FlatSpan> spans;
     for (const ShardRange& r : expert_grads_->ranges())
@@ -574,12 +582,12 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
     if (opts_.overlap_grad_reduce) ddp_->mark_ready(b, e);
   }
   if (zero_)
-    zero_->finish();
+    zero_->finish();  // the experts' buckets too
   else
     ddp_->finish();
   if (sparse_embedding_)
     with_model([this](auto& m) { m.model.add_deferred_embedding_grads(grid_->dp_cp()); });
-  if (expert_grads_) expert_grads_->finish();
+  if (expert_grads_ && !zero_) expert_grads_->finish();
   // Replicated tensors whose gradient each tensor-parallel rank computed a part of.
   for (const ParamInfo& p : model_infos())
     if (p.tp_partial_grad) grid_->tp().all_reduce(grads + p.offset, size_t(p.numel));
@@ -587,9 +595,20 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   TraceSpan optimizer_span("optimizer");
   ops::CpuFp32Gemms fp32_gemms;  // the optimizers' GEMMs (Muon, Shampoo, GaLore): fp32 masters
   Step step;
+  // The expert bias's update writes the whole bias, in the model and the master, on every
+  // rank: under ZeRO 2/3 the ranges outside the rank's shards are backed for it (a GPU's;
+  // stage 3's values given back at their layer's next use, the master's after it).
+  const bool bias_update = zero_ && opts_.model.moe_router_enable_expert_bias;
+  if (bias_update)
+    for (const ParamInfo& p : model_infos())
+      if (p.name.find("mlp.router.expert_bias") != std::string::npos) {
+        zero_->commit_values(p.offset, p.offset + p.numel);
+        if (mixed_) mixed_->commit(p.offset, p.offset + p.numel);
+      }
   step.moe = with_model([&](auto& m) {  // the expert bias's update, the MoE figures
     return finish_moe_step(m.model, *grid_, accum, mixed_ ? &mixed_->master() : nullptr);
   });
+  if (bias_update && mixed_) mixed_->release_rest();
   step.loss =
       per_token ? reduce_loss(loss_sum * grid_->dp_size(), 1) : reduce_loss(loss_sum, accum);
   step.lr = learning_rate(opts_.lr_schedule, lr_samples_);
@@ -628,9 +647,10 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   if (opts_.optim.clip_grad > 0) {
     const double coeff = opts_.optim.clip_grad / (step.grad_norm + 1e-6);
     if (coeff < 1.0) {
-      if (zero_)  // only this rank's shard of the gradients is held
+      if (zero_) {  // only this rank's shard of the gradients is held
         dist_optimizer_->scale_gradients(master, coeff);
-      else if (dist_optimizer_ || opts_.log_num_zeros_in_grad)
+        if (expert_grads_) expert_grads_->optimizer()->scale_gradients(master, coeff);
+      } else if (dist_optimizer_ || opts_.log_num_zeros_in_grad)
         scale_gradients(master, coeff, exec_);
       else
         clip = coeff;
@@ -809,6 +829,13 @@ Trainer::HeldMemory Trainer::held_memory(bool reset_peak) {
     for (const std::string& name : dist_optimizer_->state_names())
       m.optimizer +=
           resident_bytes(dist_optimizer_->shard_state(name), size_t(shard) * sizeof(float));
+  if (expert_grads_ && expert_grads_->optimizer()) {  // the experts' shard of the states
+    int64_t experts = 0;
+    for (const ShardRange& r : expert_grads_->shard()) experts += r.end - r.begin;
+    for (const std::string& name : expert_grads_->optimizer()->state_names())
+      m.optimizer += resident_bytes(expert_grads_->optimizer()->shard_state(name),
+                                    size_t(experts) * sizeof(float));
+  }
   return m;
 }
 

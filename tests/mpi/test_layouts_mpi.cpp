@@ -177,6 +177,15 @@ const Case kMoeCases[] = {
     {"etp2_dp2_alltoall_distributed_optimizer", 2,
      "--expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall "
      "--use-distributed-optimizer"},
+    // ZeRO stages 2 and 3: the experts' gradients (and values) sharded over the ranks holding
+    // the same experts (the pairs across data-parallel ranks at EP 2 x DP 2), or with the dense
+    // parameters over DP 2 at EP 1 (parallel/zero_sharding.h; train/expert_grads.h).
+    {"ep2_dp2_zero2_alltoall", 4,
+     "--expert-model-parallel-size 2 --zero-stage 2 --moe-token-dispatcher-type alltoall"},
+    {"ep2_dp2_zero3_allgather", 4,
+     "--expert-model-parallel-size 2 --zero-stage 3 --moe-token-dispatcher-type allgather"},
+    {"dp2_zero2", 2, "--zero-stage 2"},
+    {"dp2_zero3", 2, "--zero-stage 3"},
 };
 
 INSTANTIATE_TEST_SUITE_P(

@@ -188,10 +188,17 @@ TEST(ZeroStages, UnbuiltCombinationsAndBadValuesAreOneLine) {
   EXPECT_EQ(error({"--zero-stage", "3", "--pipeline-model-parallel-size", "2"}),
             "--zero-stage 3 with --pipeline-model-parallel-size 2: not built yet: ZeRO stages 2 "
             "and 3 with pipeline parallelism (DeepSpeed, too, combines only stage 1 with it)");
-  EXPECT_EQ(error({"--zero-stage", "2", "--num-experts", "2"}),
-            "--zero-stage 2 with --num-experts 2: not built yet: ZeRO stages 2 and 3 with MoE");
+  // With MoE the stages are built (tests/train/test_expert_parallel_training.cpp); with PP the
+  // refusal names PP.
+  EXPECT_EQ(error({"--zero-stage", "2", "--num-experts", "2"}), "accepted");
+  EXPECT_EQ(
+      error({"--zero-stage", "2", "--num-experts", "2", "--pipeline-model-parallel-size", "2"}),
+      "--zero-stage 2 with --pipeline-model-parallel-size 2: not built yet: ZeRO stages 2 "
+      "and 3 with pipeline parallelism (DeepSpeed, too, combines only stage 1 with it)");
   // The FSDP flags are stage 3, or where it is not built stage 1 with a note.
   EXPECT_EQ(options(2, {"--use-torch-fsdp2"}).zero_stage, 3);
+  EXPECT_EQ(options(2, {"--use-torch-fsdp2", "--num-experts", "2"}).zero_stage, 3);
+  EXPECT_EQ(options(2, {"--use-megatron-fsdp", "--num-experts", "2"}).notes.size(), 0u);
   EXPECT_EQ(options(2, {"--use-torch-fsdp2", "--bf16"}).zero_stage, 3);
   const Options pp = options(2, {"--use-megatron-fsdp", "--pipeline-model-parallel-size", "2"});
   EXPECT_EQ(pp.zero_stage, 1);

@@ -311,6 +311,17 @@ TEST(Plan, ExpertParallelMemoryMatchesTheModel) {
                    double(planned - planned_experts) * 8 / 2 + double(planned_experts) * 8);
   EXPECT_GT(p.time[8].value, 0.0);  // the dispatch's collectives
   EXPECT_EQ(p.time[8].name, "EP dispatch");
+  // ZeRO stage 3: the values and gradients too, 4 B each, the experts' over their one rank.
+  PlanLayout zero3 = l;
+  zero3.distributed_optimizer = true, zero3.zero_stage = 3;
+  const Plan z = make_plan(cfg, zero3, plan_device("H100", 1));
+  for (size_t i : {0, 1}) {
+    EXPECT_DOUBLE_EQ(z.memory[i].value,
+                     double(planned - planned_experts) * 4 / 2 + double(planned_experts) * 4)
+        << z.memory[i].name;
+    EXPECT_NE(z.memory[i].why.find("over the 1 expert-data-parallel ranks"), std::string::npos)
+        << z.memory[i].why;
+  }
 }
 
 // The pipeline holds min(PP - stage, M) micro-batches on each rank under 1F1B, and more on the

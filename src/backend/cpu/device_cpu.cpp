@@ -70,7 +70,7 @@ std::string blas_config() {
   return std::string(openblas_get_config()) + " (kernels: " + openblas_get_corename() + ")";
 }
 
-double measure_sgemm_gflops(int n, int reps) {
+double measure_gemm_gflops(int n, int reps) {
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
   ops::gemm<float>(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
   double best = 1e30;
