@@ -146,11 +146,13 @@ void require_ranks_for_layout(const Options& o, int world_size) {
     sizes += (sizes.empty() ? "" : " x ") + std::string(flag) + " " + std::to_string(size);
     ranks *= size;
   }
-  // The experts' own tensor-parallel size (a built one, dividing TP; finalize refuses others):
-  // the dense grid (tp cp pp) and the expert grid (etp ep pp) must both divide the world.
+  // The experts' own tensor-parallel size (a built one, dividing TP or a multiple of it;
+  // finalize refuses others): the dense grid (tp cp pp) and the expert grid (etp ep pp) must
+  // both divide the world.
   const int etp = built_expert_tensor_parallel_size(o);
-  if (etp > 0 && etp < o.tensor_model_parallel_size) {
-    sizes += " with --expert-tensor-parallel-size " + std::to_string(etp);
+  if (etp > 0 && etp != o.tensor_model_parallel_size) {
+    sizes += (sizes.empty() ? "" : " with ") + std::string("--expert-tensor-parallel-size ") +
+             std::to_string(etp);
     ranks = std::lcm(o.tensor_model_parallel_size * o.context_parallel_size * o.pipeline_model_parallel_size,
                      etp * o.expert_model_parallel_size * o.pipeline_model_parallel_size);
   }

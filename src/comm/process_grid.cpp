@@ -141,6 +141,7 @@ ProcessGrid::ProcessGrid(Communicator& world, const ParallelLayout& layout)
   ep_ = split("ep", "ep", true);
   expert_dp_ = split("edp", "expert_dp", true);
   expert_tp_ = split("tp", "expert_tp", true);
+  if (layout.expert_tp() > layout.tp) expert_tp_ep_ = split("tp-ep", "expert_tp_ep", true);
   expert_mp_ = split("tp-ep-pp", "expert_mp", true);
   // Embedding groups: the ends of each pipeline; every other rank is alone.
   const auto pipelines = rank_groups(n, layout, "pp");

@@ -24,11 +24,13 @@
 //
 // The expert grid's tensor-parallel size is `etp` (--expert-tensor-parallel-size; 0 means tp,
 // Megatron's default): the expert grid is then etp-ep-edp-pp with edp = world / (etp ep pp),
-// the same world cut another way. With tp 2, etp 1, ep 2 on 2 ranks the expert-parallel group
-// is the dense tensor-parallel group [0,1] and every expert-tensor-parallel group one rank;
-// with world 8, tp 2, etp 1, ep 4 the expert-parallel groups are [0,1,2,3] [4,5,6,7] and the
-// expert-data-parallel groups [0,4] [1,5] [2,6] [3,7]. The pipeline groups of both grids must
-// agree (Megatron's assertion; with --use-tp-pp-dp-mapping and pp > 1 that needs
+// the same world cut another way (etp dividing tp, or a multiple of it: then an expert
+// tensor-parallel group is etp/tp whole tensor-parallel groups of consecutive ranks, of other
+// data-parallel or context-parallel coordinates). With tp 2, etp 1, ep 2 on 2 ranks the
+// expert-parallel group is the dense tensor-parallel group [0,1] and every expert-tensor-parallel
+// group one rank; with world 8, tp 2, etp 1, ep 4 the expert-parallel groups are [0,1,2,3]
+// [4,5,6,7] and the expert-data-parallel groups [0,4] [1,5] [2,6] [3,7]. The pipeline groups of
+// both grids must agree (Megatron's assertion; with --use-tp-pp-dp-mapping and pp > 1 that needs
 // etp x ep = tp x cp).
 #pragma once
 
@@ -86,6 +88,10 @@ class ProcessGrid {
   Communicator& expert_dp() const { return *expert_dp_; }
   // The ranks that split each expert's width (etp of them; the dense tp group when etp = tp).
   Communicator& expert_tp() const { return *expert_tp_; }
+  // The expert grid's tp-ep ranks (Megatron's expert tp_ep group), made only when etp > tp
+  // (else null): the allgather dispatcher gathers tokens over it, its ranks then holding
+  // different tokens.
+  Communicator* expert_tp_ep() const { return expert_tp_ep_.get(); }
   // The expert grid's tp-ep-pp ranks (Megatron's expert tensor-model-pipeline group): each
   // expert element lives once on them, so experts' norms are summed over it.
   Communicator& expert_model_parallel() const { return *expert_mp_; }
@@ -114,7 +120,7 @@ class ProcessGrid {
   Communicator* world_;
   ParallelLayout layout_;
   std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, mp_, embedding_, ep_, expert_dp_;
-  std::unique_ptr<Communicator> expert_tp_, expert_mp_, tp_cp_;
+  std::unique_ptr<Communicator> expert_tp_, expert_tp_ep_, expert_mp_, tp_cp_;
 };
 
 }  // namespace omni

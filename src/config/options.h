@@ -236,12 +236,12 @@ void parse_options(const std::vector<std::string>& args, Options& opts);
 void finalize(Options& opts);
 // The checks of --expert-tensor-parallel-size `etp` (0: `tp`'s) beside
 // --tensor-model-parallel-size `tp` for the MoE model `m` (UsageError or NotBuiltError naming
-// the flags: ETP must divide TP and the experts' width, and other than TP needs
-// --sequence-parallel): finalize() makes them, and `omnitron plan` on each layout it plans
-// (options_moe.cpp).
+// the flags: ETP must divide TP or be a multiple of it, and divide the experts' width; other
+// than TP under TP > 1 it needs --sequence-parallel): finalize() makes them, and `omnitron
+// plan` on each layout it plans (options_moe.cpp; the plan then refuses ETP > TP itself).
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
                                   bool sequence_parallel);
-// --expert-tensor-parallel-size when it is a built size (a divisor of
+// --expert-tensor-parallel-size when it is a built size (a divisor or a multiple of
 // --tensor-model-parallel-size), else 0: the layout the ranks are counted for before finalize(),
 // which refuses another size as not built rather than for the world's size.
 int built_expert_tensor_parallel_size(const Options& o);

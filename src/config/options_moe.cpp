@@ -9,6 +9,8 @@
 
 #include "base/error.h"
 #include "config/option_rows.h"
+#include "optim/optimizer.h"
+#include "optim/optimizer_zoo.h"
 
 namespace omni::option_rows {
 
@@ -89,7 +91,7 @@ std::string moe_variant_note(const std::string& feature) {
 namespace omni {
 int built_expert_tensor_parallel_size(const Options& o) {
   const int etp = o.expert_tensor_parallel_size, tp = o.tensor_model_parallel_size;
-  return etp > 0 && tp % etp == 0 ? etp : 0;
+  return etp > 0 && (tp % etp == 0 || etp % tp == 0) ? etp : 0;
 }
 
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
@@ -98,18 +100,21 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   if (etp == 0 || etp == tp) return;
   // Built: ETP dividing TP > 1 with sequence parallelism (each block of ETP ranks routes
   // its own rows to experts split over it, over the expert grid's expert-parallel group:
-  // comm/process_grid.h). At every ZeRO stage the experts' shards (optimizer states; at
-  // stages 2 and 3 their gradients and parameters too) follow the expert grid's data-parallel
-  // group (train/expert_grads.h, parallel/zero_sharding.h), at any ETP.
+  // comm/process_grid.h), and ETP a multiple of TP (sequence parallel under TP > 1: each
+  // rank routes its own rows, gathered over the expert tensor-parallel group, which spans
+  // data- or context-parallel ranks: model/moe_layer.h). At every ZeRO stage the experts'
+  // shards (optimizer states; at stages 2 and 3 their gradients and parameters too) follow the
+  // expert grid's data-parallel group (train/expert_grads.h, parallel/zero_sharding.h), at
+  // any ETP.
   const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
                            " with --tensor-model-parallel-size " + std::to_string(tp);
-  if (tp % etp != 0)
+  if (tp % etp != 0 && etp % tp != 0)
     throw NotBuiltError(what,
-                        "experts split over a number of ranks that does not divide "
-                        "--tensor-model-parallel-size");
+                        "experts split over a number of ranks that neither divides nor is a "
+                        "multiple of --tensor-model-parallel-size");
   OMNI_REQUIRE(m.moe_ffn_size() % etp == 0, "--moe-ffn-hidden-size (", m.moe_ffn_size(),
                ") must be divisible by --expert-tensor-parallel-size (", etp, ")");
-  OMNI_REQUIRE(sequence_parallel, what,
+  OMNI_REQUIRE(sequence_parallel || tp == 1, what,
                " needs --sequence-parallel (Megatron's MoE under tensor parallelism: each "
                "rank routes its sequence-parallel tokens)");
 }
@@ -153,6 +158,26 @@ void finalize_moe(Options& o) {
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "
                "are not built yet)");
+  const int etp = o.expert_tensor_parallel_size;
+  OMNI_REQUIRE(etp <= 1 || !o.model.add_bias_linear, experts,
+               " with --expert-tensor-parallel-size ", etp,
+               " needs --disable-bias-linear (the experts' biases under expert tensor "
+               "parallelism are not built yet)");
+  // ETP > TP: an expert's slices lie on ranks of other dense tp groups, over which the zoo's
+  // per-tensor quantities (LAMB's norms, adam8bit's block maxima) are not reduced without the
+  // distributed optimizer (whose experts' optimizer reduces them over the expert
+  // tensor-parallel group); GaLore and Shampoo keep whole matrices.
+  if (etp > tp) {
+    const OptimizerKind kind = parse_optimizer(o.optimizer);
+    const bool per_tensor = kind == OptimizerKind::Lamb || kind == OptimizerKind::Adam8bit;
+    if (zoo_whole_only(kind) || (per_tensor && !o.use_distributed_optimizer))
+      throw NotBuiltError(
+          "--optimizer " + o.optimizer + " with --expert-tensor-parallel-size " +
+              std::to_string(etp) + " above --tensor-model-parallel-size " + std::to_string(tp),
+          zoo_whole_only(kind) ? "its whole-matrix state would see a slice of each expert"
+                               : "its per-tensor state would see a slice of each expert "
+                                 "without --use-distributed-optimizer");
+  }
 }
 
 void add_moe_options(std::vector<OptionDef>& t) {
@@ -253,8 +278,8 @@ void add_moe_options(std::vector<OptionDef>& t) {
                           [](Options& o) -> int& { return o.expert_model_parallel_size; }));
   t.push_back(number<int>("--expert-tensor-parallel-size", "N", "parallelism",
                           "ranks that split each expert's width, the experts' own grid "
-                          "(default: --tensor-model-parallel-size; 1 is built too, with "
-                          "--sequence-parallel)",
+                          "(default: --tensor-model-parallel-size; a divisor or a multiple of "
+                          "it is built too, with --sequence-parallel under TP > 1)",
                           [](Options& o) -> int& { return o.expert_tensor_parallel_size; }));
   // Router and expert variants that change the numbers: Megatron's defaults are accepted;
   // other values of these are refused at once.

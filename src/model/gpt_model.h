@@ -67,6 +67,9 @@ struct ModelParallel {
   // group; null, or expert_tp of tp's size: the experts split over tp (Megatron's default).
   Communicator* expert_tp = nullptr;
   Communicator* tp_cp = nullptr;
+  // With expert_tp wider than tp (ETP a multiple of TP): the expert grid's tp x ep group,
+  // over which the allgather dispatcher gathers (null: expert_tp, enough at EP 1).
+  Communicator* expert_tp_ep = nullptr;
   bool sequence_parallel = false;  // only with more than one tensor-parallel rank
   // This rank's model chunks (virtual pipeline stages), each a range [first, end) of global
   // layer indices; empty: one chunk with every layer.
@@ -352,12 +355,12 @@ class GPTModel final : public PipelineChunks<T> {
   ModelParallel parallel_;
   ops::Exec x_;
   Device device_;
-  std::unique_ptr<Communicator> own_tp_, own_cp_;
+  std::unique_ptr<Communicator> own_tp_, own_cp_, moe_self_;  // moe_self_: init_moe_rows
   Communicator* cp_;
   TensorParallel<T> tp_;  // the tensor-parallel group's primitives
   // The ranks an MoE layer's input rows are gathered from and its output summed over: tp_,
-  // or under ETP < TP without a shared expert the experts' own block of etp tp ranks
-  // (moe_takes_block_rows; ETP 1: this rank alone).
+  // or without a shared expert under ETP < TP the experts' own block of etp tp ranks
+  // (moe_takes_block_rows; ETP 1: this rank alone) and under ETP > TP this rank alone.
   TensorParallel<T> moe_tp_;
   bool sp_;
   int heads_, groups_, ffn_;  // this rank's query heads, groups, ffn columns

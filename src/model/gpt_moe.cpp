@@ -34,6 +34,15 @@
 // and its output summed over the block only (moe_tp_; ETP 1: nothing moves), with one over
 // tp, as the shared expert needs.
 //
+// Expert tensor parallelism wider than tp (ETP a multiple of TP; sequence parallel under
+// TP > 1): the expert tensor-parallel group spans whole tp groups of other data-parallel (or
+// cp) ranks, each rank routes its own rows (its sequence-parallel ones) and holds 1/ETP of each
+// expert's width, and the layer gathers the routed rows over that group and sums the slices'
+// outputs back (MoELayer), so its routed rows come back whole: without a shared expert the
+// layer takes this rank's rows alone (moe_tp_ of one rank: nothing gathered over tp); with
+// one, the micro-batch's rows as under ETP < TP. The reported figures are summed over tp as
+// there (each tp rank's own rows: divided by 1).
+//
 // A 16-bit model keeps the expert bias in its storage type, as the CPU's --bf16/--fp16 runs
 // round theirs after each step: the update widens it, adds in float and rounds it back.
 #include <algorithm>
@@ -79,8 +88,8 @@ bool own_expert_rows(const ModelParallel& mp, int tp) {
 template <typename T>
 struct GPTModel<T>::MoEState {
   MoEState(const TransformerConfig& c, Communicator* ep, Communicator* cp, Communicator* tp,
-           const ops::Exec& x, Communicator* expert_tp)
-      : layer(c, ep, cp, tp, x, expert_tp) {}
+           const ops::Exec& x, Communicator* expert_tp, Communicator* expert_tp_ep)
+      : layer(c, ep, cp, tp, x, expert_tp, expert_tp_ep) {}
   MoELayer<T> layer;
   double aux_grad_scale = 0;  // of the last training forward's micro-batch
 };
@@ -100,6 +109,10 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
   const bool own = own_expert_rows(parallel_, tp);
   const int etp = own ? parallel_.expert_tp->size() : tp;
   const int etp_rank = own ? parallel_.expert_tp->rank() : r;
+  OMNI_REQUIRE(!own || tp % etp == 0 || etp % tp == 0, "--expert-tensor-parallel-size ", etp,
+               " with --tensor-model-parallel-size ", tp,
+               ": not built yet: experts split over a number of ranks that neither divides nor "
+               "is a multiple of the tensor-parallel ones");
   OMNI_REQUIRE(cfg_.num_moe_experts % ranks == 0, "--num-experts (", cfg_.num_moe_experts,
                ") must be divisible by --expert-model-parallel-size (", ranks, ")");
   const int64_t local = cfg_.num_moe_experts / ranks;
@@ -129,7 +142,7 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
       e.shard_dim = 0;
       e.segments = {{0, first, local}};
     }
-    if (tp == 1 || (expert && etp == 1)) continue;
+    if (expert ? etp == 1 : tp == 1) continue;
     if (expert && ends_with(m.name, "linear_fc1.weight"))
       split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc1.bias"))
@@ -157,10 +170,16 @@ void GPTModel<T>::init_moe_rows() {
   const int tp = tp_.size();
   if (cfg_.num_moe_experts == 0 || !own_expert_rows(parallel_, tp)) return;
   const int etp = parallel_.expert_tp->size();
-  OMNI_REQUIRE(sp_, "--expert-tensor-parallel-size ", etp, " below --tensor-model-parallel-size ",
-               tp, " needs --sequence-parallel");
-  if (moe_takes_block_rows(cfg_, tp, etp))
+  OMNI_REQUIRE(sp_ || tp == 1, "--expert-tensor-parallel-size ", etp,
+               etp < tp ? " below" : " above", " --tensor-model-parallel-size ", tp,
+               " needs --sequence-parallel");
+  if (!moe_takes_block_rows(cfg_, tp, etp)) return;
+  if (etp < tp) {
     moe_tp_ = TensorParallel<T>(parallel_.expert_tp, true, cfg_.hidden_size, x_);
+  } else if (tp > 1) {  // this rank's own rows
+    moe_self_ = make_self_communicator("moe_rows");
+    moe_tp_ = TensorParallel<T>(moe_self_.get(), true, cfg_.hidden_size, x_);
+  }
 }
 
 template <typename T>
@@ -170,7 +189,8 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
     if (!a.moe) {
       const bool own = own_expert_rows(parallel_, tp_.size());
       a.moe = std::make_shared<MoEState>(cfg_, parallel_.ep, own ? parallel_.tp_cp : cp_,
-                                         parallel_.tp, x_, own ? parallel_.expert_tp : nullptr);
+                                         parallel_.tp, x_, own ? parallel_.expert_tp : nullptr,
+                                         parallel_.expert_tp_ep);
       using Scratch = typename MoELayer<T>::Scratch;  // one for every MoE layer
       if (!moe_scratch_) moe_scratch_ = a.moe->layer.scratch();
       a.moe->layer.share_scratch(std::static_pointer_cast<Scratch>(moe_scratch_));
@@ -215,14 +235,16 @@ void GPTModel<T>::moe_forward(int layer, LayerActivations& a, const T* x, T* out
       for (int32_t row = plan.expert_offsets[e]; row < plan.expert_offsets[e + 1]; ++row)
         figures[e] += plan.row_slot[row] >= 0;
     figures[E] = s.aux_loss, figures[E + 1] = s.z_loss;
-    if (own_expert_rows(parallel_, tp_.size())) {
-      // Each block of etp tp ranks' rows (every rank of the block with the same figures):
-      // summed over tp (in the Exec's memory), over etp.
+    if (own_expert_rows(parallel_, tp_.size()) && tp_.size() > 1) {
+      // Each block of tp ranks' rows (every rank of the block with the same figures; the
+      // block is etp ranks under etp < tp, one above): summed over tp (in the Exec's memory),
+      // over the block's size.
       MoEBuffer<double> sum(x_, figures.size());
       ops::upload(x_, sum.data(), figures.data(), figures.size());
       parallel_.tp->all_reduce(sum.data(), figures.size());
       ops::download(x_, figures.data(), sum.data(), figures.size());
-      for (double& f : figures) f /= parallel_.expert_tp->size();
+      const int block = moe_routing_block(tp_.size(), parallel_.expert_tp->size());
+      for (double& f : figures) f /= block;
     }
     if (cfg_.moe_aux_loss_coeff > 0)
       r.load_balancing_loss[layer] += figures[E] / cfg_.moe_aux_loss_coeff;

@@ -59,7 +59,7 @@ void validate_moe_config(const TransformerConfig& c) {
 }
 
 bool moe_takes_block_rows(const TransformerConfig& c, int tp, int etp) {
-  return etp < tp && c.moe_shared_expert_intermediate_size == 0;
+  return etp != tp && c.moe_shared_expert_intermediate_size == 0;
 }
 
 bool is_expert_parameter(const std::string& name) {
@@ -155,12 +155,14 @@ MoEParams<T> moe_param_views(T* flat, const TransformerConfig& c) {
 
 template <typename T>
 MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communicator* cp,
-                      Communicator* tp, const ops::Exec& exec, Communicator* expert_tp)
+                      Communicator* tp, const ops::Exec& exec, Communicator* expert_tp,
+                      Communicator* expert_tp_ep)
     : cfg_(config),
       ep_(ep),
       cp_(cp && cp->size() > 1 ? cp : nullptr),
       tp_size_(tp ? tp->size() : 1),
       tp_rank_(tp ? tp->rank() : 0),
+      gather_(ep),
       exec_(exec) {
   validate_moe_config(cfg_);
   E_ = cfg_.num_moe_experts;
@@ -182,14 +184,27 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   const int tp_ranks = tp_size_;
   own_rows_ = expert_tp && expert_tp->size() != tp_size_;
   if (own_rows_) {
-    etp_size_ = expert_tp->size(), etp_rank_ = expert_tp->rank();
-    OMNI_REQUIRE(tp_ranks % etp_size_ == 0, "--expert-tensor-parallel-size ", etp_size_,
-                 " with --tensor-model-parallel-size ", tp_ranks,
-                 ": not built yet: experts split over ranks that do not divide the "
-                 "tensor-parallel ones");
-    OMNI_CHECK(etp_rank_ == tp_rank_ % etp_size_,
-               "[moe] the expert tensor-parallel group is not a block of consecutive "
-               "tensor-parallel ranks");
+    etp_size_ = expert_tp->size();
+    OMNI_REQUIRE(tp_ranks % etp_size_ == 0 || etp_size_ % tp_ranks == 0,
+                 "--expert-tensor-parallel-size ", etp_size_, " with --tensor-model-parallel-size ",
+                 tp_ranks,
+                 ": not built yet: experts split over a number of ranks that neither divides "
+                 "nor is a multiple of the tensor-parallel ones");
+    block_size_ = moe_routing_block(tp_ranks, etp_size_);
+    if (etp_size_ < tp_ranks) {
+      block_rank_ = expert_tp->rank();
+      OMNI_CHECK(block_rank_ == tp_rank_ % etp_size_,
+                 "[moe] the expert tensor-parallel group is not a block of consecutive "
+                 "tensor-parallel ranks");
+    } else {  // whole tp groups, each rank routing its own rows
+      OMNI_CHECK(expert_tp->rank() % tp_ranks == tp_rank_,
+                 "[moe] the expert tensor-parallel group is not whole tensor-parallel groups");
+      etp_ = expert_tp;
+      gather_ = expert_tp_ep ? expert_tp_ep : expert_tp;
+      OMNI_CHECK(gather_->size() == etp_size_ * (ep ? ep->size() : 1),
+                 "[moe] the expert tp x ep group has ", gather_->size(), " ranks, not ", etp_size_,
+                 " x ", ep ? ep->size() : 1);
+    }
     block_rows_ = moe_takes_block_rows(cfg_, tp_ranks, etp_size_);
   }
   const int expert_ranks = own_rows_ ? etp_size_ : tp_ranks;
@@ -205,6 +220,10 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
                tp_ranks,
                " needs --disable-bias-linear (the "
                "experts' biases under tensor parallelism are not built yet)");
+  OMNI_REQUIRE(expert_ranks == 1 || !cfg_.add_bias_linear,
+               "--num-experts with --expert-tensor-parallel-size ", expert_ranks,
+               " needs --disable-bias-linear (the experts' biases under expert tensor "
+               "parallelism are not built yet)");
   F_ = cfg_.moe_ffn_size() / expert_ranks;
   F1_ = cfg_.swiglu ? 2 * F_ : F_;
   Fs_ = cfg_.moe_shared_expert_intermediate_size / tp_ranks;
@@ -232,7 +251,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   if (own_rows_) {  // this rank's block's sequence-parallel rows
     OMNI_REQUIRE(tokens % tp_size_ == 0, "[moe] ", tokens, " tokens do not split over ", tp_size_,
                  " tensor-parallel ranks");
-    tokens /= tp_size_ / etp_size_;
+    tokens /= tp_size_ / block_size_;
     if (!block_rows_) {  // within the whole rows, zeros in the others
       ops::zero(exec_, y, size_t(shared_tokens_) * C);
       x += size_t(block()) * tokens * C;
@@ -284,7 +303,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     if (cfg_.moe_z_loss_coeff > 0)
       stats_.z_loss =
           ops::moe_z_loss(ex, aux_dlogits_.data(), logits_.data(), tokens, E,
-                          cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() / etp_size_ : 1), 1.0);
+                          cfg_.moe_z_loss_coeff / (cp_ ? cp_->size() / block_size_ : 1), 1.0);
   }
 
   // Dispatch, experts, combine.
@@ -294,15 +313,16 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   cap.pad_to_capacity = cfg_.moe_pad_expert_input_to_capacity;
   plan_ = ops::moe_dispatch_plan(ex, indices_.data(), probs_.data(), tokens, E, K, cap);
   a2a_.reset();
+  exchange_.reset();
   const int El = local_experts_;
   if (allgather()) {
     // Every rank's routing in one all-gather (it checks that their token counts agree), then
     // their tokens; the plan is built on the host.
-    const int n = ep_->size();
+    const int n = gather_->size();
     const GatheredRouting<Router> routing =
-        gather_routing(*ep_, probs_.host().data(), indices_.host().data(), tokens, K);
+        gather_routing(*gather_, probs_.host().data(), indices_.host().data(), tokens, K);
     x_all_.resize(size_t(n) * tokens * C);
-    ep_->all_gather(x_all_.data(), x, size_t(tokens) * C);
+    gather_->all_gather(x_all_.data(), x, size_t(tokens) * C);
     probs_all_.resize(routing.probs.size());  // every rank's combine_probs()
     if constexpr (std::is_same_v<T, Router>) {
       ops::upload(ex, probs_all_.data(), routing.probs.data(), routing.probs.size());
@@ -319,26 +339,37 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     a2a_.emplace(*ep_, plan_.host(), E);
   }
   const ops::MoEPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
-  const int R = a2a_ ? a2a_->expert_rows() : rows_plan.host().rows();
-  const int32_t* offsets =
+  // This rank's rows for its experts (after the exchange over ep), then under etp > tp with
+  // alltoall every etp rank's (the experts run on those).
+  const int R_own = a2a_ ? a2a_->expert_rows() : rows_plan.host().rows();
+  const int32_t* own_offsets =
       a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
+  if (tensor_exchange()) exchange_.emplace(*etp_, own_offsets, El);
+  const int R = exchange_ ? exchange_->rows() : R_own;
+  const int32_t* offsets = exchange_ ? exchange_->expert_offsets().data() : own_offsets;
   permuted_.resize(static_cast<size_t>(R) * C);
   fc1_out_.resize(static_cast<size_t>(R) * F1_);
   act_.resize(static_cast<size_t>(R) * F_);
   expert_out_.resize(static_cast<size_t>(R) * C);
   // On the CPU, when the experts run one per thread and without an exchange, each expert's
   // task gathers its own rows (below): one pass over them less, and they are in its cache.
-  const bool cpu_rows =
-      !is_16bit<T> && !ex.on_gpu() && !a2a_ && ops::moe_experts_run_whole(offsets, El);
+  const bool cpu_rows = !is_16bit<T> && !ex.on_gpu() && !a2a_ && !exchange_ &&
+                        ops::moe_experts_run_whole(offsets, El);
   const T* x_rows = allgather() ? x_all_.data() : x;
+  // The exchange over etp gathers from this rank's own rows (in the scratch's rows_in, free
+  // outside a backward).
+  MoEBuffer<T>& own_rows = scratch_->rows_in;
+  if (exchange_) own_rows.resize(static_cast<size_t>(R_own) * C);
+  T* const expert_in = exchange_ ? own_rows.data() : permuted_.data();
   if (a2a_) {
     MoEBuffer<T>& rows = scratch_->rows;
     rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_permute(ex, rows.data(), x, plan_, C);
-    a2a_->dispatch(permuted_.data(), rows.data(), C, ex, staging(size_t(R) * C));
+    a2a_->dispatch(expert_in, rows.data(), C, ex, staging(size_t(R_own) * C));
   } else if (!cpu_rows) {
-    ops::moe_permute(ex, permuted_.data(), x_rows, rows_plan, C);
+    ops::moe_permute(ex, expert_in, x_rows, rows_plan, C);
   }
+  if (exchange_) exchange_->gather(permuted_.data(), own_rows.data(), C, ex);
   // Experts [e, e + n) (rows offsets[e] to offsets[e + n]): all at once on a GPU; on the CPU
   // one expert at a time per thread, its rows hot in that core's cache between the steps.
   auto experts_forward = [&](int e, int n) {
@@ -361,11 +392,18 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   else
     ops::moe_for_each_expert(offsets, El, [&](int e) { experts_forward(e, 1); });
   const T* out_rows = expert_out_.data();
+  if (exchange_) {  // the slices' partial outputs summed back to this rank's own rows
+    MoEBuffer<T>& own_out = a2a_ ? own_rows : local_out_;
+    own_out.resize(static_cast<size_t>(R_own) * C);
+    exchange_->reduce_scatter(own_out.data(), expert_out_.data(), C, ex,
+                              staging(size_t(etp_->size()) * R_own * C));
+    out_rows = own_out.data();
+  }
   if (a2a_) {
     local_out_.resize(static_cast<size_t>(plan_.host().rows()) * C);
-    a2a_->combine(local_out_.data(), expert_out_.data(), C, ex, staging(size_t(R) * C));
-    out_rows = local_out_.data();
+    a2a_->combine(local_out_.data(), out_rows, C, ex, staging(size_t(R_own) * C));
   }
+  if (a2a_ || exchange_) out_rows = local_out_.data();
   row_weight_.resize(rows_plan.host().rows());
   ops::moe_row_weights(ex, row_weight_.data(), allgather() ? probs_all_.data() : combine_probs(),
                        rows_plan);
@@ -373,7 +411,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     MoEBuffer<T>& y_all = scratch_->rows_out;  // free outside a backward
     y_all.resize(x_all_.size());
     ops::moe_unpermute(ex, y_all.data(), out_rows, row_weight_.data(), rows_plan, C);
-    ep_->reduce_scatter(y, y_all.data(), static_cast<size_t>(tokens) * C);
+    gather_->reduce_scatter(y, y_all.data(), static_cast<size_t>(tokens) * C);
   } else {
     ops::moe_unpermute(ex, y, out_rows, row_weight_.data(), plan_, C);
   }
@@ -481,25 +519,32 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
 
   // Combine and experts: the gradients of the experts' output rows and of their weights.
   const ops::Exec& ex = exec_;
-  const int El = local_experts_, n = expert_parallel() ? ep_->size() : 1;
+  const int El = local_experts_, n = allgather() ? gather_->size() : 1;
   const ops::MoEPlan& rows_plan = allgather() ? gathered_plan_ : plan_;
   const int R = int(permuted_.size() / size_t(C));
-  const int32_t* offsets =
-      a2a_ ? a2a_->expert_offsets().data() : rows_plan.host().expert_offsets.data();
+  const int R_own = exchange_ ? exchange_->own_rows() : R;
+  const int32_t* offsets = exchange_ ? exchange_->expert_offsets().data()
+                           : a2a_    ? a2a_->expert_offsets().data()
+                                     : rows_plan.host().expert_offsets.data();
   MoEScratch<T, Router>& s = *scratch_;
   MoEBuffer<T>&d_expert_out = s.rows_out, &d_row_weight = s.row_weight;
   d_expert_out.resize(static_cast<size_t>(R) * C);
   d_row_weight.resize(rows_plan.host().rows());
   // As in the forward, each expert's task computes its rows' output gradients.
-  const bool cpu_rows =
-      !is_16bit<T> && !ex.on_gpu() && !a2a_ && ops::moe_experts_run_whole(offsets, El);
+  const bool cpu_rows = !is_16bit<T> && !ex.on_gpu() && !a2a_ && !exchange_ &&
+                        ops::moe_experts_run_whole(offsets, El);
   const T* dy_rows = dy;
   if (allgather()) {
     MoEBuffer<T>& dy_all = s.rows;
     dy_all.resize(static_cast<size_t>(n) * N * C);
-    ep_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
+    gather_->all_gather(dy_all.data(), dy, static_cast<size_t>(N) * C);
     dy_rows = dy_all.data();
   }
+  // Under the exchange over etp: this rank's own rows' output gradients (rows_in, free until
+  // the experts' backward), then every etp rank's.
+  MoEBuffer<T>& d_own = s.rows_in;
+  if (exchange_) d_own.resize(static_cast<size_t>(R_own) * C);
+  T* const d_expert_own = exchange_ ? d_own.data() : d_expert_out.data();
   if (allgather() && !cpu_rows) {
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy_rows,
                                 expert_out_.data(), row_weight_.data(), rows_plan, C);
@@ -508,11 +553,15 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
     ops::moe_unpermute_backward(ex, d_rows.data(), d_row_weight.data(), dy, local_out_.data(),
                                 row_weight_.data(), plan_, C);
-    a2a_->dispatch(d_expert_out.data(), d_rows.data(), C, ex, staging(size_t(R) * C));
+    a2a_->dispatch(d_expert_own, d_rows.data(), C, ex, staging(size_t(R_own) * C));
+  } else if (exchange_) {
+    ops::moe_unpermute_backward(ex, d_expert_own, d_row_weight.data(), dy, local_out_.data(),
+                                row_weight_.data(), plan_, C);
   } else if (!cpu_rows) {
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
   }
+  if (exchange_) exchange_->gather(d_expert_out.data(), d_own.data(), C, ex);
   MoEBuffer<T>&d_act = s.act, &d_fc1 = s.fc1;
   d_act.resize(static_cast<size_t>(R) * F_);
   d_fc1.resize(static_cast<size_t>(R) * F1_);
@@ -556,17 +605,24 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     // The probabilities' gradients travel while the rows' are summed per token; both sums
     // then complete together (one wait for the other ranks, not two).
     const std::unique_ptr<CommRequest> probs_sum =
-        ep_->ireduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size(), dtype_of<T>());
+        gather_->ireduce_scatter(dprobs.data(), dprobs_all.data(), dprobs.size(), dtype_of<T>());
     ops::moe_permute_backward(ex, dx_all.data(), d_permuted.data(), rows_plan, C, false);
-    ep_->reduce_scatter(dx_mine.data(), dx_all.data(), dx_mine.size());
+    gather_->reduce_scatter(dx_mine.data(), dx_all.data(), dx_mine.size());
     probs_sum->wait();
     dx_experts = dx_mine.data();
   } else {
     ops::moe_row_weights_backward(ex, dprobs.data(), d_row_weight.data(), plan_);
+    if (exchange_) {  // the slices' parts of this rank's rows' input gradients summed
+      MoEBuffer<T>& d_rows = a2a_ ? s.rows_out : s.rows;  // (rows_out is free here)
+      d_rows.resize(static_cast<size_t>(R_own) * C);
+      exchange_->reduce_scatter(d_rows.data(), d_permuted.data(), C, ex,
+                                staging(size_t(etp_->size()) * R_own * C));
+      d_rows_in = d_rows.data();
+    }
     if (a2a_) {
       MoEBuffer<T>& d_rows = s.rows;
       d_rows.resize(static_cast<size_t>(plan_.host().rows()) * C);
-      a2a_->combine(d_rows.data(), d_permuted.data(), C, ex, staging(size_t(R) * C));
+      a2a_->combine(d_rows.data(), d_rows_in, C, ex, staging(size_t(R_own) * C));
       d_rows_in = d_rows.data();
     }
   }
@@ -582,7 +638,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
   ops::moe_topk_routing_backward(ex, dlogits.data(), dprobs_r, logits_.data(), indices_.data(),
                                  routing_);
   // Once over the tensor-parallel ranks, unless each routes its own rows.
-  if (!aux_dlogits_.empty() && (own_rows_ ? etp_rank_ : tp_rank_) == 0) {
+  if (!aux_dlogits_.empty() && (own_rows_ ? block_rank_ : tp_rank_) == 0) {
     if (ex.on_gpu()) {  // the aux losses' gradient, scaled in a copy (it stays the forward's)
       aux_scaled_.resize(aux_dlogits_.size());
       ops::copy(ex, aux_scaled_.data(), aux_dlogits_.data(), aux_dlogits_.size());
@@ -674,8 +730,8 @@ void MoELayer<T>::sum_aux_counts(ops::MoEAuxLossArgs& a) {
     aux_counts_.resize(size_t(per_seq ? a.tokens / a.seq_length : 1) * E);
     ops::moe_aux_loss_counts(ex, aux_counts_.data(), logits_.data(), a);
     cp_->all_reduce(aux_counts_.data(), aux_counts_.size());
-    a.shards = cp_->size() / etp_size_;
-    a.coeff /= etp_size_;
+    a.shards = cp_->size() / block_size_;
+    a.coeff /= block_size_;
     a.counts = aux_counts_.data();
     return;
   }
@@ -704,7 +760,7 @@ void MoELayer<T>::sum_aux_counts(ops::MoEAuxLossArgs& a) {
   aux_counts_.resize(mine.size());
   ops::upload(ex, aux_counts_.data(), mine.data(), mine.size());
   a.shards = per_seq * (cp_->size() / tp_size_);
-  a.coeff *= double(pieces) * S / (double(all) * etp_size_);
+  a.coeff *= double(pieces) * S / (double(all) * block_size_);
   a.counts = aux_counts_.data();
 }
 

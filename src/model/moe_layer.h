@@ -102,10 +102,15 @@ struct MoEStats {
   int64_t dropped = 0;                     // (token, expert) pairs dropped for capacity
 };
 
-// Whether an MoE layer whose experts have their own tensor-parallel group of `etp` of the
-// `tp` ranks (sequence parallel) takes, and gives back, only its block's rows (MoELayer):
-// with etp < tp and no shared expert.
+// Whether an MoE layer whose experts have their own tensor-parallel group of `etp` ranks
+// (other than `tp`; sequence parallel under tp > 1) takes, and gives back, only its block's
+// rows (MoELayer): with etp != tp and no shared expert.
 bool moe_takes_block_rows(const TransformerConfig& c, int tp, int etp);
+// The tensor-parallel ranks that route the same rows with etp != tp: the block of etp ranks
+// under etp < tp, each rank alone under etp > tp.
+inline int moe_routing_block(int tp, int etp) {
+  return etp < tp ? etp : 1;
+}
 
 template <typename T>
 class MoELayer {
@@ -144,9 +149,21 @@ class MoELayer {
   // expert's gather and sum at no extra bytes). `cp` is then the tp x cp group: the
   // balancing losses' counts are summed over it (over etp: a block's ranks count the same
   // rows), each block's loss is its part, and its gradient enters on the block's first rank.
+  //
+  // `expert_tp` wider than tp (etp a multiple of tp, Megatron-Core's expert tensor-parallel
+  // group spanning ranks of several dense data-parallel replicas or cp ranks: whole tp groups
+  // of the expert grid's consecutive ranks): every rank routes its own rows (its
+  // sequence-parallel rows under tp > 1, the block of one rank above) and holds 1/etp of each
+  // local expert's width. Under alltoall its local experts' rows (after the exchange over
+  // `ep`) are gathered over expert_tp (ExpertTensorExchange), it runs its slice on all of
+  // them and the partial outputs are reduce-scattered back to their ranks; under allgather
+  // the tokens are gathered over `expert_tp_ep` (the expert grid's tp x ep group; null:
+  // expert_tp, which it is at EP 1) and the weighted outputs reduce-scattered over it.
+  // Either way a rank's routed rows come back complete (no sum over tp for them).
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
-                    const ops::Exec& exec = {}, Communicator* expert_tp = nullptr);
+                    const ops::Exec& exec = {}, Communicator* expert_tp = nullptr,
+                    Communicator* expert_tp_ep = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -204,20 +221,26 @@ class MoELayer {
                               const MoEParams<Router>& g);
 
   bool expert_parallel() const { return ep_ && ep_->size() > 1; }
+  // The allgather dispatcher's group: ep_, or the expert tp x ep group under etp > tp.
   bool allgather() const {
-    return expert_parallel() && cfg_.moe_token_dispatcher_type == "allgather";
+    return gather_ && gather_->size() > 1 && cfg_.moe_token_dispatcher_type == "allgather";
   }
+  // Under etp > tp with alltoall: the experts' rows gathered over etp_ (exchange_).
+  bool tensor_exchange() const { return etp_ && !allgather(); }
 
   TransformerConfig cfg_;
   int E_, C_, F_, F1_, Fs_, Fs1_, K_;
   Communicator* ep_ = nullptr;
   Communicator* cp_ = nullptr;
   int tp_size_ = 1, tp_rank_ = 0;
-  // expert_tp of etp < tp ranks: this rank's block of etp tp ranks routes its rows; x, y,
-  // dx and dy are those rows only with block_rows_, else whole.
+  // expert_tp of etp != tp ranks: this rank's block of block_size_ tp ranks (etp under
+  // etp < tp, 1 above) routes its rows; x, y, dx and dy are those rows only with
+  // block_rows_, else whole. etp_: the expert tensor-parallel group under etp > tp.
   bool own_rows_ = false, block_rows_ = false;
-  int etp_size_ = 1, etp_rank_ = 0;
-  int block() const { return tp_rank_ / etp_size_; }
+  int etp_size_ = 1, block_size_ = 1, block_rank_ = 0;
+  int block() const { return tp_rank_ / block_size_; }
+  Communicator* etp_ = nullptr;
+  Communicator* gather_ = nullptr;
   // The shared expert's input: the whole rows (x_ and tokens_ are the routed ones).
   const T* shared_x_ = nullptr;
   int shared_tokens_ = 0;
@@ -243,9 +266,12 @@ class MoELayer {
   MoEBuffer<int32_t> indices_;
   ops::MoEPlan plan_;
   // The experts' rows here (permuted_ in, expert_out_ out) are plan_'s on one rank; under
-  // alltoall those the exchange brings (local_out_: the outputs back in plan_'s rows); under
-  // allgather gathered_plan_'s over every rank's tokens (x_all_, probs_all_).
+  // alltoall those the exchange brings (local_out_: the outputs back in plan_'s rows), and
+  // under etp > tp every etp rank's of those (exchange_; local_out_ the summed outputs back
+  // in plan_'s rows); under allgather gathered_plan_'s over every rank's tokens of gather_
+  // (x_all_, probs_all_).
   std::optional<ExpertAllToAll> a2a_;
+  std::optional<ExpertTensorExchange> exchange_;  // tensor_exchange()
   ops::MoEPlan gathered_plan_;
   MoEBuffer<T> x_all_, probs_all_;  // probs_all_: combine_probs() gathered
   MoEBuffer<T> local_out_, permuted_, fc1_out_, act_, expert_out_, row_weight_;

@@ -101,6 +101,90 @@ void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width, const ops
   exchange_rows(*ep_, e, rows, recv, staging, send);
 }
 
+ExpertTensorExchange::ExpertTensorExchange(Communicator& etp, const int32_t* offsets,
+                                           int local_experts)
+    : etp_(&etp), local_(local_experts), own_(offsets, offsets + local_experts + 1) {
+  const int n = etp.size(), L = local_experts;
+  // Counts travel as f64 (the communicator's types are floating point; exact below 2^53).
+  std::vector<double> mine(L), all(size_t(n) * L);
+  for (int l = 0; l < L; ++l) mine[l] = double(offsets[l + 1] - offsets[l]);
+  etp.all_gather(all.data(), mine.data(), size_t(L));
+  counts_.resize(all.size()), at_.resize(all.size());
+  expert_offsets_.assign(L + 1, 0);
+  int32_t row = 0;
+  for (int l = 0; l < L; ++l) {
+    for (int r = 0; r < n; ++r) {
+      const size_t i = size_t(r) * L + l;
+      counts_[i] = int32_t(all[i]), at_[i] = row;
+      row += counts_[i];
+    }
+    expert_offsets_[l + 1] = row;
+  }
+}
+
+namespace {
+constexpr int kExpertTensorTag = 0x6574;
+}  // namespace
+
+template <typename T>
+void ExpertTensorExchange::gather(T* all, const T* mine, int width, const ops::Exec& e) const {
+  const int n = etp_->size(), me = etp_->rank(), L = local_;
+  const size_t w = size_t(width);
+  // Every block of another rank received in place; each of this rank's blocks sent to every
+  // other rank (receives first, then sends in ring order; one tag, matched in posting order).
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  for (int k = 1; k < n; ++k) {
+    const int from = (me - k + n) % n;
+    for (int l = 0; l < L; ++l)
+      if (const size_t c = size_t(counts_[size_t(from) * L + l]); c > 0)
+        pending.push_back(etp_->irecv(all + size_t(at_[size_t(from) * L + l]) * w,
+                                      c * w * sizeof(T), from, kExpertTensorTag));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    for (int l = 0; l < L; ++l)
+      if (const size_t c = size_t(own_[l + 1] - own_[l]); c > 0)
+        pending.push_back(
+            etp_->isend(mine + size_t(own_[l]) * w, c * w * sizeof(T), to, kExpertTensorTag));
+  }
+  for (int l = 0; l < L; ++l)
+    ops::copy(e, all + size_t(at_[size_t(me) * L + l]) * w, mine + size_t(own_[l]) * w,
+              size_t(own_[l + 1] - own_[l]) * w);
+  for (auto& r : pending) r->wait();
+}
+
+template <typename T>
+void ExpertTensorExchange::reduce_scatter(T* mine, const T* all, int width, const ops::Exec& e,
+                                          T* staging) const {
+  const int n = etp_->size(), me = etp_->rank(), L = local_;
+  const size_t w = size_t(width), own = size_t(own_rows()) * w;
+  // Rank r's part of this rank's rows lands in staging block r (this rank's own rows' order);
+  // this rank's part of rank r's rows goes to it.
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  for (int k = 1; k < n; ++k) {
+    const int from = (me - k + n) % n;
+    for (int l = 0; l < L; ++l)
+      if (const size_t c = size_t(own_[l + 1] - own_[l]); c > 0)
+        pending.push_back(etp_->irecv(staging + from * own + size_t(own_[l]) * w, c * w * sizeof(T),
+                                      from, kExpertTensorTag));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    for (int l = 0; l < L; ++l)
+      if (const size_t c = size_t(counts_[size_t(to) * L + l]); c > 0)
+        pending.push_back(etp_->isend(all + size_t(at_[size_t(to) * L + l]) * w, c * w * sizeof(T),
+                                      to, kExpertTensorTag));
+  }
+  for (int l = 0; l < L; ++l)
+    ops::copy(e, staging + me * own + size_t(own_[l]) * w,
+              all + size_t(at_[size_t(me) * L + l]) * w, size_t(own_[l + 1] - own_[l]) * w);
+  for (auto& r : pending) r->wait();
+  // The sum in rank order, the same on every rank's rows.
+  if (n == 1) return ops::copy(e, mine, staging, own);
+  ops::add(e, mine, staging, staging + own, own);
+  for (int r = 2; r < n; ++r) ops::add(e, mine, mine, staging + r * own, own);
+}
+
 template <typename P>
 GatheredRouting<P> gather_routing(Communicator& ep, const P* probs, const int32_t* indices,
                                   int tokens, int topk) {
@@ -166,9 +250,12 @@ ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* prob
   return p;
 }
 
-#define OMNI_EXPERT_ROWS(T)                                                                 \
-  template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const; \
-  template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const;
+#define OMNI_EXPERT_ROWS(T)                                                                      \
+  template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const;      \
+  template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const;       \
+  template void ExpertTensorExchange::gather<T>(T*, const T*, int, const ops::Exec&) const;      \
+  template void ExpertTensorExchange::reduce_scatter<T>(T*, const T*, int, const ops::Exec&, T*) \
+      const;
 OMNI_EXPERT_ROWS(float)
 OMNI_EXPERT_ROWS(double)
 OMNI_EXPERT_ROWS(bf16)  // a 16-bit MoE layer's rows (its routing plans are float's)

@@ -54,6 +54,42 @@ class ExpertAllToAll {
   std::vector<int32_t> order_;
 };
 
+// Expert tensor parallelism wider than the dense one (ETP a multiple of TP, Megatron-Core's
+// alltoall dispatcher with an expert tensor-parallel group): the etp ranks of the group hold
+// different tokens and each holds 1/etp of every local expert's width. The rows each rank
+// holds for its local experts after the dispatch are gathered over the group, every rank runs
+// its slice of the experts on all of them, and the partial outputs are summed back to the
+// rows' owners (Megatron's gather and reduce-scatter over the expert tensor-parallel group).
+// Gathered rows are expert-major: local expert after local expert, within one the group's
+// ranks in order, each rank's rows in its own order.
+class ExpertTensorExchange {
+ public:
+  // Collective over `etp`: from where each of this rank's `local_experts` starts in its rows
+  // (offsets [local_experts + 1]), one all-gather of every rank's counts.
+  ExpertTensorExchange(Communicator& etp, const int32_t* offsets, int local_experts);
+
+  int own_rows() const { return own_.back(); }
+  int rows() const { return expert_offsets_.back(); }  // gathered
+  const std::vector<int32_t>& expert_offsets() const { return expert_offsets_; }
+
+  // Collective: `all` [rows(), width] from every rank's `mine` [own_rows(), width] (the
+  // arrays are `e`'s memory, moved by the group's sends and receives).
+  template <typename T>
+  void gather(T* all, const T* mine, int width, const ops::Exec& e) const;
+  // Collective, the inverse: `mine` [own_rows(), width] the sum over the group's ranks, in
+  // rank order, of their `all`'s rows that are this rank's; `staging` [size own_rows(), width].
+  template <typename T>
+  void reduce_scatter(T* mine, const T* all, int width, const ops::Exec& e, T* staging) const;
+
+ private:
+  Communicator* etp_;
+  int local_;
+  std::vector<int32_t> own_;             // this rank's offsets [local + 1]
+  std::vector<int32_t> counts_;          // rank r's rows of expert l at [r local + l]
+  std::vector<int32_t> at_;              // where they sit among the gathered rows
+  std::vector<int32_t> expert_offsets_;  // gathered [local + 1]
+};
+
 // The allgather dispatcher's routing of every rank of `ep`, in rank order: probabilities
 // and expert indices [ranks tokens, topk] (host memory).
 template <typename P>

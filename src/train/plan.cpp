@@ -419,6 +419,13 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   }
   if (c.num_moe_experts > 0)
     check_expert_tensor_parallel(c, l.tp, l.etp, l.sequence_parallel);
+  // Training runs ETP above TP (model/moe_layer.h); the plan's memory, time and traffic
+  // models are written for ETP at most TP, so it says so rather than price it wrongly.
+  OMNI_REQUIRE(c.num_moe_experts == 0 || l.expert_tp() <= l.tp,
+               "omnitron plan: ", "--expert-tensor-parallel-size ", l.expert_tp(),
+               " above --tensor-model-parallel-size ", l.tp,
+               " is not priced yet (its experts' rows gathered over ranks of several "
+               "data-parallel replicas); omnitron train runs it");
   // MoE layers under TP, as `omnitron train` checks them (config/options_moe.cpp, MoELayer).
   OMNI_REQUIRE(c.num_moe_experts == 0 || (c.moe_ffn_size() % l.expert_tp() == 0 &&
                                           c.moe_shared_expert_intermediate_size % l.tp == 0),

@@ -81,7 +81,7 @@ struct PlanLayout {
   // (Megatron's default); expert_tp() is the one place the plan reads it. Other than TP (a
   // divisor of it, with SP) the experts have their own grid, ETP x EP x EDP x PP
   // (comm/process_grid.h), and each block of ETP tensor-parallel ranks routes only its
-  // sequence-parallel rows.
+  // sequence-parallel rows. Above TP (built in training) the plan refuses it (plan.cpp).
   int etp = 0;
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The expert grid's data-parallel size, gpus / (ETP x EP x PP): the ranks holding the same

@@ -91,6 +91,7 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
   mp.ulysses = opts.cp_comm_type == "a2a";
   mp.ep = &grid_->ep();
   mp.expert_tp = &grid_->expert_tp(), mp.tp_cp = &grid_->tp_cp();
+  mp.expert_tp_ep = grid_->expert_tp_ep();
   for (const LayerRange& r : pipeline_rank_layers(split, grid_->pp_rank()))
     mp.chunks.push_back({r.begin, r.end});
   mp.pre_process = grid_->is_first_stage(), mp.post_process = grid_->is_last_stage();

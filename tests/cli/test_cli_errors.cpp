@@ -75,10 +75,9 @@ TEST(CliErrors, UnknownDecayStyleListsTheChoices) {
 }
 
 TEST(CliErrors, FeaturesNotBuiltYetSaySo) {
-  expect_usage_error(kTiny + "--num-experts 8 --expert-tensor-parallel-size 2",
-                     "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not "
-                     "built yet: experts split over a number of ranks that does not divide "
-                     "--tensor-model-parallel-size");
+  expect_usage_error(kTiny + "--num-experts 8 --moe-use-upcycling",
+                     "--moe-use-upcycling with --num-experts: not built yet: MoE upcycling from a "
+                     "dense checkpoint and routing replay");
 }
 
 TEST(CliErrors, ALayoutLargerThanTheWorldNamesTheFlags) {

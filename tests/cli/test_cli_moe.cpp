@@ -133,9 +133,8 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
             "the world of 1 ranks is not divisible by --tensor-model-parallel-size (1) x "
             "--context-parallel-size (1) x --expert-model-parallel-size (2)"},
            {"--expert-tensor-parallel-size 2",
-            "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: not built yet: "
-            "experts split over a number of ranks that does not divide "
-            "--tensor-model-parallel-size"},
+            "the world of 1 ranks is not divisible by --expert-tensor-parallel-size (2) x "
+            "--expert-model-parallel-size (1) x --pipeline-model-parallel-size (1) = 2"},
            {"--moe-router-topk 5", "--moe-router-topk (5) must be between 1 and --num-experts (4)"},
            {"--moe-layer-freq '[1,0,1]'",
             "--moe-layer-freq: '[1,0,1]' names 3 layers, but --num-layers is 2"},
@@ -147,7 +146,7 @@ TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {
 }
 
 // One process given the experts' own tensor-parallel size: the ranks to start are what both
-// grids divide (TP 2 ETP 1 EP 2: 2, not TP x EP).
+// grids divide (TP 2 ETP 1 EP 2: 2, not TP x EP; TP 1 ETP 2: 2).
 TEST(CliMoE, OneProcessWithExpertTensorParallelismSaysHowManyRanks) {
   const ProcessResult r = run_omnitron(
       "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 "
@@ -159,13 +158,22 @@ TEST(CliMoE, OneProcessWithExpertTensorParallelismSaysHowManyRanks) {
                           "process"),
             std::string::npos)
       << r.output;
+  // ETP above TP (TP 1): the expert grid alone sets the ranks.
+  const ProcessResult wide = run_omnitron(
+      "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 "
+      "--disable-bias-linear --expert-tensor-parallel-size 2");
+  EXPECT_EQ(wide.exit_code, 2) << wide.output;
+  EXPECT_NE(wide.output.find("error: --expert-tensor-parallel-size 2 needs 2 ranks, and this is a "
+                             "single process"),
+            std::string::npos)
+      << wide.output;
 }
 
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
 // Context parallelism and tensor parallelism with expert tensor parallelism of the same size,
-// or of a divisor of it with sequence parallelism, are built; other expert tensor-parallel sizes
-// and the experts' biases under tensor parallelism are refused by finalize, in one line naming the
-// flags.
+// or of a divisor or a multiple of it with sequence parallelism, are built; other expert
+// tensor-parallel sizes and the experts' biases under (expert) tensor parallelism are refused
+// by finalize, in one line naming the flags.
 TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--context-parallel-size 2", ""},
@@ -184,9 +192,20 @@ TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
             ""},
            {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
             "--expert-tensor-parallel-size 8",
-            "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4: not built yet: "
-            "experts split over a number of ranks that does not divide "
+            ""},
+           {"--disable-bias-linear --expert-tensor-parallel-size 2", ""},
+           {"--tensor-model-parallel-size 2 --disable-bias-linear --expert-tensor-parallel-size 4",
+            "--expert-tensor-parallel-size 4 with --tensor-model-parallel-size 2 needs "
+            "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
+            "sequence-parallel tokens)"},
+           {"--tensor-model-parallel-size 4 --disable-bias-linear --sequence-parallel "
+            "--expert-tensor-parallel-size 6",
+            "--expert-tensor-parallel-size 6 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that neither divides nor is a multiple of "
             "--tensor-model-parallel-size"},
+           {"--expert-tensor-parallel-size 2",
+            "--num-experts 4 with --expert-tensor-parallel-size 2 needs --disable-bias-linear "
+            "(the experts' biases under expert tensor parallelism are not built yet)"},
            {"--tensor-model-parallel-size 2",
             "--num-experts 4 with --tensor-model-parallel-size 2 needs --disable-bias-linear (the "
             "experts' biases under tensor parallelism are not built yet)"}}) {

@@ -146,7 +146,7 @@ TEST(ProcessGrid, EmbeddingGroupJoinsThePipelineEnds) {
 struct ExpertGridCase {
   int world, tp, cp, ep, pp, etp;
   bool mapping;
-  std::vector<Groups> groups;  // tp (of size etp), ep, edp, pp, tp-ep-pp
+  std::vector<Groups> groups;  // tp (of size etp), ep, edp, pp, tp-ep-pp, tp-ep
 };
 const std::vector<ExpertGridCase>& expert_grid_cases() {
   static const std::vector<ExpertGridCase> cases = {
@@ -160,9 +160,9 @@ ParallelLayout layout_of(const ExpertGridCase& c) {
 }
 
 TEST(ProcessGroups, ExpertGridOfItsOwnTensorParallelSizeAsMegatrons) {
-  const char* kinds[] = {"tp", "ep", "edp", "pp", "tp-ep-pp"};
+  const char* kinds[] = {"tp", "ep", "edp", "pp", "tp-ep-pp", "tp-ep"};
   for (const ExpertGridCase& c : expert_grid_cases())
-    for (int k = 0; k < 5; ++k)
+    for (int k = 0; k < 6; ++k)
       EXPECT_EQ(omni::expert_rank_groups(c.world, layout_of(c), kinds[k]), c.groups[k])
           << "world " << c.world << " tp " << c.tp << " cp " << c.cp << " ep " << c.ep << " pp "
           << c.pp << " etp " << c.etp << (c.mapping ? " mapped" : "") << ": " << kinds[k];
@@ -180,6 +180,11 @@ TEST(ProcessGrid, ExpertCommunicatorsMatchTheGroupLists) {
       EXPECT_EQ(members(grid.expert_model_parallel(), me), group_of(c.groups[4], me));
       EXPECT_EQ(members(grid.tp_cp(), me), group_of(rank_groups(c.world, l, "tp-cp"), me));
       EXPECT_EQ(grid.own_expert_tp(), c.etp != c.tp);
+      // The allgather dispatcher's group under ETP > TP (made only then).
+      if (c.etp > c.tp)
+        EXPECT_EQ(members(*grid.expert_tp_ep(), me), group_of(c.groups[5], me));
+      else
+        EXPECT_EQ(grid.expert_tp_ep(), nullptr);
     });
   }
 }

@@ -237,6 +237,21 @@ TEST(GpuLayoutsMoEExpertTensor, ExpertTensor1And2TensorParallel4WithoutSharedExp
   check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
 }
 
+// Expert tensor parallelism wider than TP (the group spanning data-parallel replicas): TP 1,
+// ETP 2 x EP 2 over DP 4 with alltoall (each rank's rows after the exchange over ep gathered
+// over its ETP pair by the group's sends and receives in device memory, the slices' outputs
+// summed back there); TP 2 + SP, ETP 4 over DP 2 without a shared expert with allgather (the
+// tokens over the expert tp x ep group).
+TEST(GpuLayoutsMoEExpertTensor, ExpertTensor2ExpertParallel2OverDataParallel4) {
+  check_gpu_layout_of(moe_layout_config("alltoall"), {.ep = 2, .dp = 4, .etp = 2});
+}
+TEST(GpuLayoutsMoEExpertTensor, ExpertTensor4TensorParallel2WithoutSharedExpert) {
+  TransformerConfig cfg = moe_layout_config("allgather");
+  cfg.moe_shared_expert_intermediate_size = 0;
+  cfg.validate();
+  check_gpu_layout_of(cfg, {.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4});
+}
+
 // bf16 weights and activations with fp32 gradients (--bf16 on a GPU): the tensor-parallel
 // all-reduces and reduce-scatters sum bf16 activations, as NCCL does.
 class GpuLayoutsBf16 : public ::testing::TestWithParam<bool> {};

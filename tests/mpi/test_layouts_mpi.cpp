@@ -172,6 +172,11 @@ const Case kMoeCases[] = {
     {"etp1_ep2_tp2_sequence_parallel_alltoall", 2,
      "--expert-tensor-parallel-size 1 --expert-model-parallel-size 2 "
      "--tensor-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall"},
+    // Expert tensor parallelism 2 over two data-parallel ranks (TP 1): each rank's routed rows
+    // gathered over the pair by MPI sends and receives, every expert's width split over it.
+    {"etp2_dp2_alltoall_distributed_optimizer", 2,
+     "--expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall "
+     "--use-distributed-optimizer"},
     // ZeRO stages 2 and 3: the experts' gradients (and values) sharded over the ranks holding
     // the same experts (the pairs across data-parallel ranks at EP 2 x DP 2), or with the dense
     // parameters over DP 2 at EP 1 (parallel/zero_sharding.h; train/expert_grads.h).

@@ -61,7 +61,8 @@ struct Layout {
   int ep = 1, dp = 0;
   // The experts' own tensor-parallel size (0: tp); 1 under tp > 1: each tp rank routes its
   // sequence-parallel rows to whole experts over the expert grid's ep group (then dp must be
-  // given: the expert grid etp x ep x edp spans the tp x dp ranks).
+  // given: the expert grid etp x ep x edp spans the tp x dp ranks); a multiple of tp: each
+  // rank's routed rows gathered over etp ranks of several data-parallel replicas.
   int etp = 0;
   int data_parallel() const { return dp > 0 ? dp : ep; }
 };
@@ -185,6 +186,7 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
     mp.ulysses = layout.ulysses;
     if (layout.ep > 1) mp.ep = &grid.ep();
     if (grid.own_expert_tp()) mp.expert_tp = &grid.expert_tp(), mp.tp_cp = &grid.tp_cp();
+    mp.expert_tp_ep = grid.expert_tp_ep();
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();

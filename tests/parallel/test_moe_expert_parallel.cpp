@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "model/moe_layer.h"
+#include "parallel/expert_dispatch.h"
 #include "parallel/layout_run.h"
 
 namespace omni {
@@ -121,6 +122,73 @@ TEST(MoEExpertParallel, Ep2TimesPipeline2FullRecompute) {
 }
 TEST(MoEExpertParallel, Ep2WithCapacityDrops) {
   check_expert_parallel({.ep = 2, .dp = 2}, 1.0);
+}
+
+// The exchange of expert tensor parallelism wider than TP (parallel/expert_dispatch.h) on 3
+// ranks with 2 local experts, rank r holding r + l + (l == 1 && r == 1 ? -2 : 0) rows of
+// expert l (rank 1 none of expert 1), each row one value (100 r + its index): gathered
+// expert-major, the ranks in order within each expert; then each rank's contribution to every
+// gathered row (the row's value times r + 1) summed back to the row's owner, in rank order.
+TEST(MoEExpertParallel, ExpertTensorExchangeGathersExpertMajorAndSumsBackToTheOwners) {
+  const int n = 3, L = 2;
+  auto rows_of = [](int r, int l) { return r + l + (l == 1 && r == 1 ? -2 : 0); };
+  run_ranks(n, [&](Communicator& w) {
+    const int me = w.rank();
+    std::vector<int32_t> offsets{0};
+    for (int l = 0; l < L; ++l) offsets.push_back(offsets.back() + rows_of(me, l));
+    std::vector<double> mine(size_t(offsets.back()));
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = 100.0 * me + double(i);
+    ExpertTensorExchange x(w, offsets.data(), L);
+    std::vector<double> want;  // expert-major, ranks in order
+    std::vector<int32_t> want_offsets{0};
+    for (int l = 0; l < L; ++l) {
+      for (int r = 0; r < n; ++r) {
+        const int first = l == 0 ? 0 : rows_of(r, 0);
+        for (int i = 0; i < rows_of(r, l); ++i) want.push_back(100.0 * r + first + i);
+      }
+      want_offsets.push_back(int32_t(want.size()));
+    }
+    ASSERT_EQ(x.own_rows(), offsets.back());
+    ASSERT_EQ(x.rows(), int(want.size()));
+    EXPECT_EQ(x.expert_offsets(), want_offsets);
+    std::vector<double> all(want.size());
+    x.gather(all.data(), mine.data(), 1, ops::Exec{});
+    EXPECT_EQ(all, want);
+    for (double& v : all) v *= me + 1;  // this rank's part of every gathered row
+    std::vector<double> back(mine.size()), staging(size_t(n) * mine.size());
+    x.reduce_scatter(back.data(), all.data(), 1, ops::Exec{}, staging.data());
+    for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(back[i], mine[i] * (1 + 2 + 3)) << i;
+  });
+}
+
+// Capacity drops at ETP 2 x EP 2 over DP 4 (TP 1): each rank drops over its own tokens
+// before the exchange, as the one rank running its micro-batch does.
+TEST(MoEExpertParallel, ExpertTensor2WithCapacityDrops) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    const TransformerConfig cfg = tiny_moe(dispatcher, 1.0);
+    const Data data = make_data(cfg, false);
+    GPTModel<double> ref(cfg, kBatch, kSeed);
+    double ref_loss = 0;
+    for (const MicroBatch& mb : data.batches)
+      ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
+    const std::vector<RankResult<double>> ranks = run_layout<double>(
+        cfg, Layout{.ep = 2, .dp = 4, .etp = 2}, data, [](int) { return ops::Exec{}; });
+    double worst = 0;
+    for (const RankResult<double>& r : ranks)
+      for (const ParamInfo& p : r.infos) {
+        const ParamInfo& full = ref.params().info(p.name);
+        ParameterSet<double>::for_each_run(p, [&](int64_t local, int64_t global, int64_t run) {
+          for (int64_t i = 0; i < run; ++i) {
+            const double g = ref.params().grads()[full.offset + global + i];
+            worst = std::max(worst, std::abs(r.grads[p.offset + local + i] - g) /
+                                        (std::abs(g) + 1e-3));
+          }
+        });
+      }
+    EXPECT_LT(worst, 1e-9);
+    EXPECT_NEAR(ranks.back().loss, ref_loss, 1e-12 * std::abs(ref_loss));
+  }
 }
 
 TEST(MoEExpertParallel, ExpertsNotDivisibleByTheGroupAreRefusedByName) {

@@ -3,7 +3,8 @@
 // several stages, micro-batches in flight through 1F1B and the interleaved schedule (each
 // keeps its own routing for its backward), with and without full recompute; sequences split
 // over cp ranks; experts split by width over tp ranks, or over their own expert
-// tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4). The parameters must be the one-rank model's
+// tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4; ETP 2 or 4 above TP 1 or 2, over ranks
+// of several data-parallel replicas). The parameters must be the one-rank model's
 // values, and the gradients (the aux and z losses' included) and the loss equal to rounding.
 #include <gtest/gtest.h>
 
@@ -223,6 +224,45 @@ TEST(MoELayouts, ExpertTensor1UnderTensor2SequenceParallelWithoutSharedExpertDro
 }
 TEST(MoELayouts, ExpertTensor1UnderTensor4SequenceParallelWithoutSharedExpertSequenceAuxLoss) {
   check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1},
+                   without_shared_expert(sequence_aux_loss()));
+}
+
+// Expert tensor parallelism wider than TP (ETP a multiple of TP): the expert tensor-parallel
+// group spans data-parallel replicas with other micro-batches; each rank routes its own rows,
+// which are gathered over the group (alltoall: after the exchange over ep; allgather: the
+// tokens over the expert tp x ep group), each rank runs its 1/ETP of every expert's width on
+// all of them and the partial outputs are summed back to their ranks; the experts'
+// gradients are then whole over the group (expert data parallelism of world / (ETP EP)).
+// With and without the shared expert (whose width stays split over tp), both dispatchers.
+void check_wide_expert_tensor_layout(const Layout& layout) {
+  for (const bool shared : {true, false})
+    for (const char* dispatcher : {"alltoall", "allgather"}) {
+      SCOPED_TRACE(std::string(dispatcher) + (shared ? " shared expert" : ""));
+      TransformerConfig cfg = tiny_moe();
+      cfg.moe_token_dispatcher_type = dispatcher;
+      cfg.moe_shared_expert_gate = shared;
+      check_moe_layout(layout, shared ? cfg : without_shared_expert(cfg));
+    }
+}
+// TP 1, ETP 2 on 2 ranks (DP 2): the two data-parallel ranks split every expert's width.
+TEST(MoELayouts, ExpertTensor2OverData2) {
+  check_wide_expert_tensor_layout({.ep = 1, .dp = 2, .etp = 2});
+}
+// TP 1, ETP 2, EP 2 on 4 ranks: expert-parallel groups [0,2] [1,3], ETP groups [0,1] [2,3].
+TEST(MoELayouts, ExpertTensor2Expert2OverData4) {
+  check_wide_expert_tensor_layout({.ep = 2, .dp = 4, .etp = 2});
+}
+// ETP 2 over the context-parallel pair (each rank's chunks of the sequences; the balancing
+// losses' counts summed over cp) and over DP 2 on two pipeline stages (alltoall).
+TEST(MoELayouts, ExpertTensor2OverContext2AndOverData2Pipeline2) {
+  check_moe_layout({.cp = 2, .ep = 1, .dp = 1, .etp = 2});
+  check_moe_layout({.pp = 2, .ep = 1, .dp = 2, .etp = 2});
+}
+// TP 2 + SP, ETP 4 on 4 ranks (DP 2): each tp rank routes its sequence-parallel rows, the
+// group of four gathers them; then seq_aux_loss over each rank's rows (whole sequences).
+TEST(MoELayouts, ExpertTensor4UnderTensor2SequenceParallel) {
+  check_wide_expert_tensor_layout({.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4});
+  check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4},
                    without_shared_expert(sequence_aux_loss()));
 }
 

@@ -3,7 +3,8 @@
 // EP 2 x PP 2, EP 2 x CP 2, EP 2 x TP 2 + SP and EP 2 with the distributed optimizer, for
 // both token dispatchers, against one rank: the losses within 1e-5 relative and the final
 // parameters (each rank's experts, the expert bias) the one-rank run's within 1e-5 of the largest.
-// The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP) too.
+// The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP; ETP 2
+// above TP 1, ETP 4 above TP 2 + SP) too.
 // ZeRO stages 2 and 3 (the experts' gradients and parameters sharded over their own
 // expert-data-parallel group) at EP 2 x DP 2, EP 4, EP 1 x DP 2 and ETP 1 under TP 2 + SP.
 // Checkpoints: an EP 2 save writes every element once, and state saved at EP 2 loads at one rank
@@ -322,6 +323,12 @@ TEST(ExpertParallelTraining, ZeroStages2And3WithReplicatedExpertsMatchOneRank) {
 TEST(ExpertParallelTraining, ZeroStages2And3AtEtp1UnderTp2SpEp2MatchOneRank) {
   expect_zero_matches_one_rank(4, with_tp2_etp1({"--expert-model-parallel-size", "2"}));
 }
+// ETP 2 x EP 2 over DP 4 (TP 1; ETP above TP): the dense parameters over DP 4, each expert
+// slice over its expert-data-parallel group (of one).
+TEST(ExpertParallelTraining, ZeroStages2And3AtEtp2Ep2OverDp4MatchOneRank) {
+  expect_zero_matches_one_rank(4, {"--expert-tensor-parallel-size", "2",
+                                   "--expert-model-parallel-size", "2"});
+}
 
 // The memory the stages save with MoE, measured (Trainer::held_memory: the resident pages of
 // the flat buffers at their peak during the steps) at EP 2 x DP 2 on eight MoE layers whose
@@ -429,6 +436,31 @@ TEST(ExpertParallelTraining, ExpertTensorParallelDistributedOptimizerZooMatchesO
   expect_matches_one_rank(4, tp4_zero1,
                           {"--optimizer", "adam8bit", "--adam8bit-min-8bit-size", "256"},
                           {"alltoall"}, 5e-5);
+}
+
+// Expert tensor parallelism wider than TP (ETP a multiple of TP): the expert tensor-parallel
+// group spans data-parallel replicas, each rank's routed rows are gathered over it and every
+// rank runs its 1/ETP of each expert's width (model/moe_layer.h). ETP 2 over DP 2 (TP 1, 2
+// ranks), with and without the distributed optimizer (each slice's states whole on its rank:
+// the expert-data-parallel group is one rank); ETP 2 x EP 2 over DP 4 with it; ETP 4 under
+// TP 2 + SP; LAMB under the distributed optimizer at ETP 2 over DP 2 (its norms over the
+// slices' group).
+TEST(ExpertParallelTraining, Etp2OverDp2MatchesOneRank) {
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2"});
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2", "--use-distributed-optimizer"},
+                          {}, {"alltoall"});
+}
+TEST(ExpertParallelTraining, Etp2Ep2OverDp4DistributedOptimizerMatchesOneRank) {
+  expect_matches_one_rank(4, {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size",
+                              "2", "--use-distributed-optimizer"});
+}
+TEST(ExpertParallelTraining, Etp4UnderTp2SequenceParallelMatchesOneRank) {
+  expect_matches_one_rank(4, {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                              "--expert-tensor-parallel-size", "4"});
+}
+TEST(ExpertParallelTraining, Etp2OverDp2DistributedOptimizerLambMatchesOneRank) {
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2", "--use-distributed-optimizer"},
+                          {"--optimizer", "lamb"}, {"alltoall"}, 2e-4);
 }
 
 // Between two runs of the same model: the largest relative loss difference, the largest
@@ -563,6 +595,27 @@ TEST(ExpertParallelTraining, GradientAndParameterNormsAndZerosAreOneRanks) {
   EXPECT_NEAR(tp2[0][0], one[0][0], 1e-5 * one[0][0]) << "the gradient norm at TP 2";
 }
 
+// The same statistics with the experts' slices on ranks of several data-parallel replicas
+// (ETP 2 x EP 2 over DP 4, TP 1), without and with the distributed optimizer: each expert
+// element counted once over the expert grid's tp-ep-pp ranks.
+TEST(ExpertParallelTraining, NormsAndZerosAtExpertTensorAboveTensorAreOneRanks) {
+  const std::vector<std::vector<double>> one = step_statistics(1, {});
+  ASSERT_EQ(one.size(), 3u);
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--expert-tensor-parallel-size", "2",
+                                 "--expert-model-parallel-size", "2"},
+        {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+         "--use-distributed-optimizer"}}) {
+    const std::vector<std::vector<double>> got = step_statistics(4, layout);
+    ASSERT_EQ(got.size(), one.size()) << layout.back();
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(got[i][0], one[i][0], 1e-5 * one[i][0]) << layout.back() << " step " << i;
+      EXPECT_NEAR(got[i][1], one[i][1], 1e-5 * one[i][1]) << layout.back() << " step " << i;
+      EXPECT_EQ(got[i][2], one[i][2]) << layout.back() << " step " << i;
+    }
+  }
+}
+
 std::vector<std::pair<std::string, std::vector<float>>> everything(const std::string& dir) {
   const CheckpointReader reader(dir);
   auto model = reader.read_whole(), optimizer = reader.read_whole("optimizer.");
@@ -638,6 +691,26 @@ TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertTensorLayouts) {
   expect_same_state(etp1, back);
 }
 
+// ETP 2 over DP 2 (TP 1: each rank writes its slice of every expert, the first the dense
+// tensors), loaded at one rank and saved, loaded at ETP 2 x EP 2 over DP 4 with the
+// distributed optimizer and saved: the same state bit for bit, each element written once.
+TEST(ExpertParallelTraining, CheckpointsReshardFromExpertTensorAboveTensor) {
+  const std::string base = ::testing::TempDir() + "omnitron_wide_etp_ckpt_";
+  const std::string wide = base + "wide", one = base + "one", back = base + "back";
+  for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+  const int64_t written = train(2, {"--expert-tensor-parallel-size", "2", "--save", wide}).written;
+  EXPECT_GT(written, 0);
+  EXPECT_EQ(written, train(1, {"--load", wide, "--save", one}, true).written)
+      << "each element of the model and its states is written once";
+  train(4,
+        {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+         "--use-distributed-optimizer", "--load", one, "--save", back},
+        true);
+  expect_same_state(wide, one);
+  expect_same_state(wide, back);
+  for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+}
+
 // Saved at ZeRO stage 3, EP 2 x DP 2, after two steps (each rank its shards of the dense
 // parameters, the experts' and their states), resumed for the third: the state of three steps
 // straight, bit for bit.
@@ -694,8 +767,26 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
   };
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "3"})),
             "--expert-tensor-parallel-size 3 with --tensor-model-parallel-size 4: not built yet: "
-            "experts split over a number of ranks that does not divide "
+            "experts split over a number of ranks that neither divides nor is a multiple of "
             "--tensor-model-parallel-size");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "6"})),
+            "--expert-tensor-parallel-size 6 with --tensor-model-parallel-size 4: not built yet: "
+            "experts split over a number of ranks that neither divides nor is a multiple of "
+            "--tensor-model-parallel-size");
+  // ETP above TP: sequence parallelism under TP > 1; LAMB and adam8bit only under the
+  // distributed optimizer (their per-tensor quantities over the expert tensor-parallel group).
+  EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "8"})),
+            "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4 needs "
+            "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
+            "sequence-parallel tokens)");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
+                           "--optimizer", "lamb"})),
+            "--optimizer lamb with --expert-tensor-parallel-size 8 above "
+            "--tensor-model-parallel-size 4: not built yet: its per-tensor state would see a "
+            "slice of each expert without --use-distributed-optimizer");
+  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
+                           "--optimizer", "lamb", "--use-distributed-optimizer"})),
+            "");
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
                            "--moe-ffn-hidden-size", "15"})),
             "--moe-ffn-hidden-size (15) must be divisible by --expert-tensor-parallel-size (2)");

@@ -657,6 +657,24 @@ TEST(Plan, ExpertTensorParallelismOfOne) {
   }
 }
 
+// ETP above TP (TP 1, ETP 2 over DP 2; TP 2 + SP, ETP 4 over DP 2): training runs it, the
+// plan refuses it in one line rather than price it with models written for ETP <= TP.
+TEST(Plan, ExpertTensorParallelismAboveTensorIsRefusedInOneLine) {
+  for (const PlanLayout& l : {with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2),
+                              with_ep(layout(2, 1, 1, 1, 2, 1, true), 1, 4)}) {
+    try {
+      make_plan(tiny_moe(), l, h100());
+      ADD_FAILURE() << "ETP " << l.etp << " above TP " << l.tp << " planned";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "omnitron plan: --expert-tensor-parallel-size " + std::to_string(l.etp) +
+                    " above --tensor-model-parallel-size " + std::to_string(l.tp) +
+                    " is not priced yet (its experts' rows gathered over ranks of several "
+                    "data-parallel replicas); omnitron train runs it");
+    }
+  }
+}
+
 TEST(Plan, SearchListsFittingLayoutsFastestFirst) {
   PlanLayout base;
   base.gpus = 8, base.global_batch = 64, base.precision = "bf16";
