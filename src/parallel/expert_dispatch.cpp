@@ -204,9 +204,9 @@ GatheredRouting<P> gather_routing(Communicator& ep, const P* probs, const int32_
   r.indices.resize(size_t(n) * nk);
   for (int s = 0; s < n; ++s) {
     const P* from = all.data() + size_t(s) * block;
-    OMNI_REQUIRE(from[0] == P(tokens),
-                 "--moe-token-dispatcher-type allgather: expert-parallel rank ", s, " routes ",
-                 double(from[0]), " tokens, this rank ", tokens,
+    OMNI_REQUIRE(from[0] == P(tokens), "--moe-token-dispatcher-type allgather: rank ", s,
+                 " of the dispatch group (expert tp x ep) routes ", double(from[0]),
+                 " tokens, this rank ", tokens,
                  " (the ranks' micro-batches must be the same size)");
     std::copy(from + 1, from + 1 + nk, r.probs.begin() + ptrdiff_t(s * nk));
     for (size_t i = 0; i < nk; ++i) r.indices[s * nk + i] = int32_t(from[1 + nk + i]);
