@@ -152,8 +152,9 @@ int main(int argc, char** argv) {
   if (pipe(fds) != 0) return 1;
   const bool measured = in_child([&] {
     double g = std::max(omni::measure_gemm_gflops(2048, 5), omni::measure_gemm_gflops(4096, 3));
-    std::printf("cpu: %s, %d threads; %s\nfp32 GEMM: %s\n", omni::cpu_model_name().c_str(),
-                omni::cpu_threads(), omni::blas_config().c_str(),
+    std::printf("cpu: %s, %d threads (idle OpenMP threads wait: %s); %s\nfp32 GEMM: %s\n",
+                omni::cpu_model_name().c_str(), omni::cpu_threads(),
+                omni::openmp_wait_policy().c_str(), omni::blas_config().c_str(),
                 omni::ops::describe_cpu_fp32_gemm().c_str());
     if (write(fds[1], &g, sizeof g) != sizeof g) _exit(1);
   });

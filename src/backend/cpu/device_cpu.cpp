@@ -67,9 +67,9 @@ void ensure_runtime_environment(char** argv) {
   // prefetch thread) the spinning worker holds the core its partner needs: a 2-layer, 64-wide
   // model took 1 s per step with 2 threads and 20 ms with 1 on a loaded 2-core machine. A
   // worker that sleeps at once, though, is woken for every region, which on an idle virtual
-  // machine costs tens of microseconds each: the 6-layer benchmark ran 5 % slower waiting
-  // passively than spinning 5000 rounds (125 us) first, and that 2-layer model 9.8 against
-  // 2.9 ms per step. So: a short spin when the machine is idle as omnitron starts, passive
+  // machine costs tens of microseconds each: the 6-layer benchmark ran 2-3 % slower waiting
+  // passively than spinning 5000 rounds (125 us) first (three alternating runs each), and
+  // that 2-layer model 9.8 against 2.9 ms per step. So: a short spin when the machine is idle as omnitron starts, passive
   // waiting when other work is running (one busy process beside it: 7 ms passive, 16-37 ms
   // spinning). The user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept.
   if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
