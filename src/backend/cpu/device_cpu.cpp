@@ -21,8 +21,8 @@ namespace omni {
 namespace {
 constexpr const char* kIdleSpinCount = "5000";
 
-// The machine's busy cores over a short look at /proc/stat, excluding this process (which
-// has only started): under half a core busy is idle. Unknown (no /proc/stat) counts as busy.
+// The machine's busy cores over a 50 ms look at /proc/stat (this process sleeps through it):
+// under half a core busy is idle. Unknown (no /proc/stat) counts as busy.
 bool machine_is_idle() {
   auto busy_and_total = [](double& busy, double& total) {
     std::ifstream in("/proc/stat");
@@ -69,9 +69,10 @@ void ensure_runtime_environment(char** argv) {
   // worker that sleeps at once, though, is woken for every region, which on an idle virtual
   // machine costs tens of microseconds each: the 6-layer benchmark ran 2-3 % slower waiting
   // passively than spinning 5000 rounds (125 us) first (three alternating runs each), and
-  // that 2-layer model 9.8 against 2.9 ms per step. So: a short spin when the machine is idle as omnitron starts, passive
-  // waiting when other work is running (one busy process beside it: 7 ms passive, 16-37 ms
-  // spinning). The user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept.
+  // that 2-layer model 9.8 against 2.9 ms per step. So: a short spin when the machine is
+  // idle as omnitron starts, passive waiting when other work is running (one busy process
+  // beside it: 7 ms passive, 16-37 ms spinning). The user's own OMP_WAIT_POLICY or
+  // GOMP_SPINCOUNT is kept.
   if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
     if (machine_is_idle()) {
       setenv("GOMP_SPINCOUNT", kIdleSpinCount, 1);
