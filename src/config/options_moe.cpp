@@ -91,7 +91,7 @@ std::string moe_variant_note(const std::string& feature) {
 namespace omni {
 int built_expert_tensor_parallel_size(const Options& o) {
   const int etp = o.expert_tensor_parallel_size, tp = o.tensor_model_parallel_size;
-  return etp > 0 && (tp % etp == 0 || etp % tp == 0) ? etp : 0;
+  return expert_tensor_parallel_built(tp, etp) ? etp : 0;
 }
 
 void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
@@ -108,7 +108,7 @@ void check_expert_tensor_parallel(const TransformerConfig& m, int tp, int etp,
   // any ETP.
   const std::string what = "--expert-tensor-parallel-size " + std::to_string(etp) +
                            " with --tensor-model-parallel-size " + std::to_string(tp);
-  if (tp % etp != 0 && etp % tp != 0)
+  if (!expert_tensor_parallel_built(tp, etp))
     throw NotBuiltError(what,
                         "experts split over a number of ranks that neither divides nor is a "
                         "multiple of --tensor-model-parallel-size");

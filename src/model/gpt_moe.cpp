@@ -109,7 +109,7 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
   const bool own = own_expert_rows(parallel_, tp);
   const int etp = own ? parallel_.expert_tp->size() : tp;
   const int etp_rank = own ? parallel_.expert_tp->rank() : r;
-  OMNI_REQUIRE(!own || tp % etp == 0 || etp % tp == 0, "--expert-tensor-parallel-size ", etp,
+  OMNI_REQUIRE(!own || expert_tensor_parallel_built(tp, etp), "--expert-tensor-parallel-size ", etp,
                " with --tensor-model-parallel-size ", tp,
                ": not built yet: experts split over a number of ranks that neither divides nor "
                "is a multiple of the tensor-parallel ones");

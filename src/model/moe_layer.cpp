@@ -185,7 +185,7 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   own_rows_ = expert_tp && expert_tp->size() != tp_size_;
   if (own_rows_) {
     etp_size_ = expert_tp->size();
-    OMNI_REQUIRE(tp_ranks % etp_size_ == 0 || etp_size_ % tp_ranks == 0,
+    OMNI_REQUIRE(expert_tensor_parallel_built(tp_ranks, etp_size_),
                  "--expert-tensor-parallel-size ", etp_size_, " with --tensor-model-parallel-size ",
                  tp_ranks,
                  ": not built yet: experts split over a number of ranks that neither divides "

@@ -156,4 +156,10 @@ struct TransformerConfig {
   int64_t num_active_parameters() const;
 };
 
+// Whether the MoE layers build experts split over `etp` ranks beside `tp` tensor-parallel
+// ones: etp dividing tp (blocks of tp ranks) or a multiple of it (whole tp groups).
+inline bool expert_tensor_parallel_built(int tp, int etp) {
+  return etp > 0 && tp > 0 && (tp % etp == 0 || etp % tp == 0);
+}
+
 }  // namespace omni

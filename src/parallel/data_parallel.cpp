@@ -70,7 +70,7 @@ void DataParallelBuckets<T>::start(size_t index) {
   const int p = comm_.size();
   T* g = grads() + b.begin;
   const int64_t n = b.end - b.begin;
-  const double scale = scale_ > 0 ? scale_ : 1.0 / p;
+  const double scale = gradient_scale();
   if (scale != 1.0) ops::scale(x_, g, scale, size_t(n));
   // One rank holds the whole sum already. (The one-rank communicator's copies are of host
   // memory, and the gradients may live on a GPU.)

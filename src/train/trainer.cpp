@@ -214,6 +214,10 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
       m.model.set_params_hook(
           [this](int64_t b, int64_t e, bool use) { zero_->use_params(b, e, use); });
     });
+    if (opts.model.moe_router_enable_expert_bias)
+      for (const ParamInfo& p : model_infos())
+        if (p.name.find("mlp.router.expert_bias") != std::string::npos)
+          zero_expert_bias_.emplace_back(p.offset, p.offset + p.numel);
   } else {
     with_model([&](auto& m) { m.pipeline.set_grads_ready_hook(grads_ready); });
   }
@@ -598,17 +602,14 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   // The expert bias's update writes the whole bias, in the model and the master, on every
   // rank: under ZeRO 2/3 the ranges outside the rank's shards are backed for it (a GPU's;
   // stage 3's values given back at their layer's next use, the master's after it).
-  const bool bias_update = zero_ && opts_.model.moe_router_enable_expert_bias;
-  if (bias_update)
-    for (const ParamInfo& p : model_infos())
-      if (p.name.find("mlp.router.expert_bias") != std::string::npos) {
-        zero_->commit_values(p.offset, p.offset + p.numel);
-        if (mixed_) mixed_->commit(p.offset, p.offset + p.numel);
-      }
+  for (const auto& [begin, end] : zero_expert_bias_) {
+    zero_->commit_values(begin, end);
+    if (mixed_) mixed_->commit(begin, end);
+  }
   step.moe = with_model([&](auto& m) {  // the expert bias's update, the MoE figures
     return finish_moe_step(m.model, *grid_, accum, mixed_ ? &mixed_->master() : nullptr);
   });
-  if (bias_update && mixed_) mixed_->release_rest();
+  if (!zero_expert_bias_.empty() && mixed_) mixed_->release_rest();
   step.loss =
       per_token ? reduce_loss(loss_sum * grid_->dp_size(), 1) : reduce_loss(loss_sum, accum);
   step.lr = learning_rate(opts_.lr_schedule, lr_samples_);

@@ -193,6 +193,9 @@ class Trainer {
   std::unique_ptr<Optimizer<float>> optimizer_;                  // or:
   std::unique_ptr<DistributedOptimizer<float>> dist_optimizer_;  // --use-distributed-optimizer
   std::unique_ptr<ZeroSharding> zero_;                           // --zero-stage 2, 3
+  // Under ZeRO 2/3 with --moe-router-enable-expert-bias: the expert biases' flat ranges, which
+  // every rank's bias update writes whole (train_step backs them first).
+  std::vector<std::pair<int64_t, int64_t>> zero_expert_bias_;
   // The word embeddings' flat range when the first and last pipeline stages each hold a
   // copy (tied, pipeline > 1): summed across the two before data-parallel reduction.
   std::pair<int64_t, int64_t> shared_embedding_{0, 0};
