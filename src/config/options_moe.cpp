@@ -146,14 +146,12 @@ void finalize_moe(Options& o) {
   const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel);
-  // The zoo at ETP != TP (optimizer_zoo.h) needs nothing refused: without the distributed
-  // optimizer it reduces per-tensor quantities over the dense tp group, where whole experts
-  // (ETP 1) are the same on every tp rank and counted once and experts split over etp < tp
-  // ranks are held tp/etp times, which LAMB's trust ratio (both norms the same multiple) and
-  // adam8bit's block maxima (a max) do not see; under it the experts' own optimizer
-  // (train/expert_grads.h) reduces them over the expert grid's data- and tensor-parallel
-  // groups. Muon steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1
-  // themselves; the others are per element.
+  // The zoo at ETP != TP (optimizer_zoo.h): without the distributed optimizer it reduces the
+  // experts' per-tensor quantities (LAMB's norms, adam8bit's block maxima) over the expert
+  // tensor-parallel group (the trainer hands it the group), under it the experts' own
+  // optimizer (train/expert_grads.h) over the expert grid's data- and tensor-parallel groups.
+  // Muon steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1 themselves;
+  // the others are per element.
   OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
                tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism "
@@ -163,20 +161,15 @@ void finalize_moe(Options& o) {
                " with --expert-tensor-parallel-size ", etp,
                " needs --disable-bias-linear (the experts' biases under expert tensor "
                "parallelism are not built yet)");
-  // ETP > TP: an expert's slices lie on ranks of other dense tp groups, over which the zoo's
-  // per-tensor quantities (LAMB's norms, adam8bit's block maxima) are not reduced without the
-  // distributed optimizer (whose experts' optimizer reduces them over the expert
-  // tensor-parallel group); GaLore and Shampoo keep whole matrices.
+  // ETP > TP: GaLore and Shampoo keep whole matrices, and an expert's slices lie on ranks of
+  // other dense tp groups (at TP 1 their own TP > 1 refusal does not see them).
   if (etp > tp) {
     const OptimizerKind kind = parse_optimizer(o.optimizer);
-    const bool per_tensor = kind == OptimizerKind::Lamb || kind == OptimizerKind::Adam8bit;
-    if (zoo_whole_only(kind) || (per_tensor && !o.use_distributed_optimizer))
-      throw NotBuiltError(
-          "--optimizer " + o.optimizer + " with --expert-tensor-parallel-size " +
-              std::to_string(etp) + " above --tensor-model-parallel-size " + std::to_string(tp),
-          zoo_whole_only(kind) ? "its whole-matrix state would see a slice of each expert"
-                               : "its per-tensor state would see a slice of each expert "
-                                 "without --use-distributed-optimizer");
+    if (zoo_whole_only(kind))
+      throw NotBuiltError("--optimizer " + o.optimizer + " with --expert-tensor-parallel-size " +
+                              std::to_string(etp) + " above --tensor-model-parallel-size " +
+                              std::to_string(tp),
+                          "its whole-matrix state would see a slice of each expert");
   }
 }
 

@@ -28,10 +28,13 @@ void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exe
 
 template <typename T>
 Optimizer<T>::Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
-                        const ops::Exec& exec, Communicator* tensor_parallel)
+                        const ops::Exec& exec, Communicator* tensor_parallel,
+                        Communicator* expert_tensor_parallel, std::vector<bool> expert)
     : cfg_(config), x_(exec) {
   if (is_zoo_optimizer(cfg_.kind)) {
     ZooLayout<T> layout = ZooLayout<T>::whole(params.infos(), tensor_parallel);
+    layout.expert_tensor_parallel = expert_tensor_parallel;
+    layout.expert = std::move(expert);
     layout.state_size = params.size();  // the flat buffer's padding too, as checkpoints read it
     layout.exec = exec;
     zoo_ = make_zoo_optimizer(cfg_, params, layout);

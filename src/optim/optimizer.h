@@ -72,9 +72,11 @@ class Optimizer {
  public:
   // The states live where `exec` says, as the parameters do. `tensor_parallel`: the group
   // over which tensor parallelism splits tensors (the zoo's per-tensor quantities are the
-  // whole tensor's).
+  // whole tensor's); `expert_tensor_parallel`: the one splitting the tensors `expert` marks
+  // (one flag per parameter), where it is another (ZooLayout).
   Optimizer(const OptimizerConfig& config, const ParameterSet<T>& params,
-            const ops::Exec& exec = {}, Communicator* tensor_parallel = nullptr);
+            const ops::Exec& exec = {}, Communicator* tensor_parallel = nullptr,
+            Communicator* expert_tensor_parallel = nullptr, std::vector<bool> expert = {});
   // One update with learning rate `lr` from the current gradients (already clipped), or
   // from the gradients times `grad_scale`: the clipping applied as the update reads them
   // (the gradients are left as they are); the same update as scale_gradients then step.

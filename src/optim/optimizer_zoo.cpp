@@ -105,17 +105,31 @@ void ZooLayout<T>::sum_over_parts(std::vector<double>& per_param,
                                   const std::vector<ParamInfo>& infos, size_t k) const {
   if (data_parallel && data_parallel->size() > 1)
     data_parallel->all_reduce(per_param.data(), per_param.size());
-  if (!tensor_parallel || tensor_parallel->size() == 1) return;
-  // Tensors every tensor-parallel rank holds whole count once: rank 0's.
-  std::vector<double> sums = per_param;
-  for (size_t i = 0; i < infos.size(); ++i)
-    if (infos[i].shard_dim < 0 && tensor_parallel->rank() != 0)
-      std::fill_n(sums.begin() + std::ptrdiff_t(i * k), k, 0.0);
-  tensor_parallel->all_reduce(sums.data(), sums.size());
-  for (size_t i = 0; i < infos.size(); ++i)
-    if (infos[i].shard_dim >= 0)
-      std::copy_n(sums.begin() + std::ptrdiff_t(i * k), k,
-                  per_param.begin() + std::ptrdiff_t(i * k));
+  // Over each slices' group its split tensors' sums (tensors a group's ranks hold whole are
+  // each rank's already).
+  for (Communicator* group : {tensor_parallel, expert_tensor_parallel}) {
+    if (!group || group->size() == 1) continue;
+    std::vector<double> sums = per_param;
+    group->all_reduce(sums.data(), sums.size());
+    for (size_t i = 0; i < infos.size(); ++i)
+      if (infos[i].shard_dim >= 0 && slices_group(i) == group)
+        std::copy_n(sums.begin() + std::ptrdiff_t(i * k), k,
+                    per_param.begin() + std::ptrdiff_t(i * k));
+  }
+}
+
+template <typename T>
+void ZooLayout<T>::max_over_parts(std::vector<float>& values) const {
+  if (values.empty()) return;
+  for (Communicator* group : {data_parallel, tensor_parallel, expert_tensor_parallel})
+    if (group && group->size() > 1) group->all_reduce(values.data(), values.size(), ReduceOp::Max);
+}
+
+template <typename T>
+bool ZooLayout<T>::parts_elsewhere() const {
+  for (Communicator* group : {data_parallel, tensor_parallel, expert_tensor_parallel})
+    if (group && group->size() > 1) return true;
+  return false;
 }
 
 template <typename T>

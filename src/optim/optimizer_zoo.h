@@ -83,6 +83,11 @@ struct ZooLayout {
   // The ranks holding the other slices of tensors that tensor parallelism splits (null or one
   // rank: none).
   Communicator* tensor_parallel = nullptr;
+  // Under expert tensor parallelism of another size than tp: the ranks holding the other
+  // slices of the experts' tensors (`expert[i]`: parameter i is one), which then take this
+  // group in tensor_parallel's place (null: the experts' tensors are split as the others).
+  Communicator* expert_tensor_parallel = nullptr;
+  std::vector<bool> expert;
   // The device the parameters live on, where the states go too.
   ops::Exec exec;
 
@@ -91,11 +96,21 @@ struct ZooLayout {
   bool split(const ParamInfo& p) const {
     return p.shard_dim >= 0 && tensor_parallel && tensor_parallel->size() > 1;
   }
+  // Whether other ranks than this one hold parts of some tensor.
+  bool parts_elsewhere() const;
+  // The group holding parameter i's other slices (null: none).
+  Communicator* slices_group(size_t i) const {
+    return expert_tensor_parallel && i < expert.size() && expert[i] ? expert_tensor_parallel
+                                                                    : tensor_parallel;
+  }
   // Sums `per_param` (one value per parameter, this rank's part) over the ranks that hold
   // other parts of each parameter: the data-parallel group, and the tensor-parallel group for
   // split tensors.
   void sum_over_parts(std::vector<double>& per_param, const std::vector<ParamInfo>& infos,
                       size_t values_per_param = 1) const;
+  // The element-wise maximum of `values` over every rank holding parts of the tensors
+  // (values laid out by whole tensors, identical where ranks hold the same part).
+  void max_over_parts(std::vector<float>& values) const;
 };
 
 // The number of elements of p's whole (unsplit) tensor.

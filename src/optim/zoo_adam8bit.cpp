@@ -336,8 +336,8 @@ class Adam8bit : public ZooOptimizer<T> {
     s.absmax1 = absmax1_.data(), s.absmax2 = absmax2_.data();
     s.max1 = max1.data(), s.max2 = max2.data();
     step_on_cpu(s, params.values(), params.grads(), [&] {
-      max_over_parts(max1);
-      max_over_parts(max2);
+      layout_.max_over_parts(max1);
+      layout_.max_over_parts(max2);
     });
     absmax1_ = std::move(max1);
     absmax2_ = std::move(max2);
@@ -419,21 +419,16 @@ class Adam8bit : public ZooOptimizer<T> {
       ops::zero(x, new_max, 2 * blocks);
       s.pass = 0;
       x.gpu->adam8bit_update(s);
-      if (parts_elsewhere() && blocks > 0) {
+      if (layout_.parts_elsewhere() && blocks > 0) {
         std::vector<float> host(2 * blocks);
         ops::download(x, host.data(), new_max, host.size());
-        max_over_parts(host);
+        layout_.max_over_parts(host);
         ops::upload(x, new_max, host.data(), host.size());
       }
       s.pass = 1;
       x.gpu->adam8bit_update(s);
       flip_ = !flip_;
     }
-  }
-
-  bool parts_elsewhere() const {
-    return (layout_.data_parallel && layout_.data_parallel->size() > 1) ||
-           (layout_.tensor_parallel && layout_.tensor_parallel->size() > 1);
   }
 
   // f(i, block) for the elements i (from the piece's start) of a quantised piece, with the
@@ -448,16 +443,6 @@ class Adam8bit : public ZooOptimizer<T> {
       for (int64_t l = lo; l < hi; ++l)
         f(l - begin, t.block_start + (r.global + (l - r.local)) / block_);
     }
-  }
-
-  // Block maxima over every rank that holds part of a block (its pieces over the
-  // data-parallel group, its slices over the tensor-parallel group): exact, as max is.
-  void max_over_parts(std::vector<float>& maxima) const {
-    if (maxima.empty()) return;
-    if (layout_.data_parallel && layout_.data_parallel->size() > 1)
-      layout_.data_parallel->all_reduce(maxima.data(), maxima.size(), ReduceOp::Max);
-    if (layout_.tensor_parallel && layout_.tensor_parallel->size() > 1)
-      layout_.tensor_parallel->all_reduce(maxima.data(), maxima.size(), ReduceOp::Max);
   }
 
   // The GPU's states into the host arrays that export_views and import_views read and write
@@ -576,8 +561,8 @@ class Adam8bit : public ZooOptimizer<T> {
         }
       });
     }
-    max_over_parts(absmax1_);  // the blocks whose first element another rank holds
-    max_over_parts(absmax2_);
+    layout_.max_over_parts(absmax1_);  // the blocks whose first element another rank holds
+    layout_.max_over_parts(absmax2_);
     views_.clear();
     if (!gpu) return;
     gpu_views_.clear();

@@ -247,9 +247,18 @@ Trainer::Trainer(const Options& opts, std::unique_ptr<TrainingData> data, double
       expert_grads_->make_optimizer(opts.optim, optimizer_params());
       expert_grads_->optimizer()->set_gather_params(!zero_);
     }
-  } else
-    optimizer_ =
-        std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_, &grid_->tp());
+  } else {
+    // Experts split over another group than tp (ETP != TP): the zoo reduces their tensors'
+    // per-tensor quantities over it.
+    Communicator* etp =
+        grid_->expert_tp().size() != grid_->tp().size() ? &grid_->expert_tp() : nullptr;
+    std::vector<bool> expert;
+    if (etp)
+      for (const ParamInfo& p : optimizer_params().infos())
+        expert.push_back(is_expert_parameter(p.name));
+    optimizer_ = std::make_unique<Optimizer<float>>(opts.optim, optimizer_params(), exec_,
+                                                    &grid_->tp(), etp, std::move(expert));
+  }
 
   batches_.resize(std::max(opts.grad_accumulation_steps(), 1));
   batch_schedule_ = opts.batch_schedule;

@@ -539,6 +539,27 @@ TEST(ExpertParallelTraining, Etp2UnderTp4DistributedOptimizerLambAndAdam8bitMatc
   }
 }
 
+// LAMB and adam8bit at ETP 2 over DP 2 (TP 1) without the distributed optimizer: each rank
+// holds half of every expert's width, and the zoo sums LAMB's norms and takes adam8bit's block
+// maxima over the expert tensor-parallel pair (optimizer_zoo.h), so the parameters are those
+// of the distributed optimizer's run, whose experts' optimizer reduces them over the same pair
+// (kSliceRevealingZoo's flags: a slice's own norms or maxima would show).
+TEST(ExpertParallelTraining, Etp2OverDp2LambAndAdam8bitMatchDistributedOptimizer) {
+  const std::vector<std::string> etp2 = {"--expert-tensor-parallel-size", "2"};
+  for (const std::vector<std::string>& opt : kSliceRevealingZoo) {
+    std::vector<std::string> whole = etp2;
+    whole.insert(whole.end(), opt.begin(), opt.end());
+    std::vector<std::string> sharded = whole;
+    sharded.insert(sharded.end(), {"--use-distributed-optimizer"});
+    const Difference d = difference(train(2, sharded), train(2, whole));
+    std::printf("%s: ETP 2 over DP 2, without the distributed optimizer vs with: loss %.3g, "
+                "parameter %.3g (of max %.3g)\n",
+                opt[1].c_str(), d.loss, d.param, d.largest);
+    EXPECT_LE(d.loss, 1e-6) << opt[1];
+    EXPECT_LE(d.param, 1e-6 * d.largest) << opt[1];
+  }
+}
+
 // The gradient norm, the parameters' norm and the gradients' zeros (the experts' parts added
 // to the dense parts before one collective per group): each step's on the last rank, as the
 // metrics file has them. At EP 2 x DP 2 (the experts' replicas), with the distributed
@@ -773,20 +794,23 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
             "--expert-tensor-parallel-size 6 with --tensor-model-parallel-size 4: not built yet: "
             "experts split over a number of ranks that neither divides nor is a multiple of "
             "--tensor-model-parallel-size");
-  // ETP above TP: sequence parallelism under TP > 1; LAMB and adam8bit only under the
-  // distributed optimizer (their per-tensor quantities over the expert tensor-parallel group).
+  // ETP above TP: sequence parallelism under TP > 1; GaLore and Shampoo refused (their
+  // whole matrices), LAMB with and without the distributed optimizer built.
   EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "8"})),
             "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4 needs "
             "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
             "sequence-parallel tokens)");
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
-                           "--optimizer", "lamb"})),
-            "--optimizer lamb with --expert-tensor-parallel-size 8 above "
-            "--tensor-model-parallel-size 4: not built yet: its per-tensor state would see a "
-            "slice of each expert without --use-distributed-optimizer");
-  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
-                           "--optimizer", "lamb", "--use-distributed-optimizer"})),
-            "");
+                           "--optimizer", "shampoo"})),
+            "--optimizer shampoo with --expert-tensor-parallel-size 8 above "
+            "--tensor-model-parallel-size 4: not built yet: its whole-matrix state would see a "
+            "slice of each expert");
+  for (const std::string sharded : {"", "--use-distributed-optimizer"}) {
+    std::vector<std::string> lamb = {"--sequence-parallel", "--expert-tensor-parallel-size", "8",
+                                     "--optimizer", "lamb"};
+    if (!sharded.empty()) lamb.insert(lamb.end(), sharded);
+    EXPECT_EQ(error_of(with(lamb)), "");
+  }
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
                            "--moe-ffn-hidden-size", "15"})),
             "--moe-ffn-hidden-size (15) must be divisible by --expert-tensor-parallel-size (2)");
