@@ -903,11 +903,12 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                  ? sfmt("none: ETP %d within the TP ranks", l.expert_tp())
                  : "none: allgather gathers the tokens over ETP x EP (EP dispatch)")
           : sfmt("%d micro-batches x %d MoE layers x 4 gathers/reduce-scatters%s of the %.0f "
-                 "rows at this rank's experts (%s) with %d other ETP ranks: %s sent at %s",
+                 "rows at this rank's experts (%s) with %d other ETP rank%s: %s sent at %s",
                  M, moe_layers, slow_rc ? " (+2 recomputed)" : "",
                  tokens / l.routing_blocks() * c.moe_router_topk,
                  gib(tokens / l.routing_blocks() * c.moe_router_topk * c.hidden_size * eb).c_str(),
-                 l.expert_gather() - 1, gib(et.expert_tp).c_str(), etp_link.c_str()),
+                 l.expert_gather() - 1, l.expert_gather() == 2 ? "" : "s",
+                 gib(et.expert_tp).c_str(), etp_link.c_str()),
       "ETP > TP, alltoall: per MoE layer and micro-batch the rows at this rank's experts "
       "(top-k x b s/(CP TP) dropless, their mean under EP) gathered over the ETP group and the "
       "slices' partial outputs reduce-scattered back, forward and backward (+2 when "

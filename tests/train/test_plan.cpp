@@ -727,7 +727,7 @@ TEST(Plan, ExpertTensorParallelismAboveTensorIsPriced) {
       << figure(e2.memory, "activations").why;
   const PlanFigure x = figure(e2.time, "ETP exchange");
   EXPECT_GT(x.value, 0.0);
-  EXPECT_NE(x.why.find("with 1 other ETP ranks"), std::string::npos) << x.why;
+  EXPECT_NE(x.why.find("with 1 other ETP rank: "), std::string::npos) << x.why;
   EXPECT_EQ(figure(e1.time, "ETP exchange").value, 0.0);
   // Per step: 4 MoE layers x 4 x (ETP-1) x 32 rows x 32 x 4 B + their counts.
   const PlanExpertTraffic t = plan_expert_traffic(c, l2, 0, 4);
