@@ -169,8 +169,9 @@ int plan(const std::vector<std::string>& raw_args) {
         "--use-distributed-optimizer, --recompute-granularity, --bf16/--fp16); data parallelism "
         "takes the rest of --gpus.\n"
         "--search lists the fastest layouts of --gpus N that fit (MoE models: expert "
-        "parallelism too, unless --expert-model-parallel-size is given, and under TP > 1 "
-        "expert tensor parallelism TP and 1, unless --expert-tensor-parallel-size is given).\n"
+        "parallelism too, unless --expert-model-parallel-size is given, and expert tensor "
+        "parallelism TP, 1 under TP > 1 and 2 TP within a node, unless "
+        "--expert-tensor-parallel-size is given).\n"
         "--compute-efficiency F: one fraction of peak for all the compute (no per-size curve, "
         "no memory traffic). --scatter-gather-p2p: the pipeline's sends split over the TP "
         "ranks' links (Megatron 2021). --attention-backend local|unfused: attention that "
@@ -264,7 +265,7 @@ int plan(const std::vector<std::string>& raw_args) {
                                 std::to_string(o.model.num_moe_experts) + " experts"
         : o.model.num_moe_experts > 0 ? ", EP " + std::to_string(layout.ep) + " as given"
                                       : "";
-    const std::string etp_note = found.searched_etp ? ", expert tensor parallelism TP and 1"
+    const std::string etp_note = found.searched_etp ? ", expert tensor parallelism TP, 1 and 2 TP"
                                  : given_etp && o.model.num_moe_experts > 0
                                      ? ", ETP " + std::to_string(layout.expert_tp()) + " as given"
                                      : "";

@@ -197,21 +197,25 @@ void mlp_products(std::vector<Product>& f, const TransformerConfig& c, double ro
 }
 
 // An MoE layer: the router (every TP rank scores all b s/CP tokens, its block's TP/ETP-th
-// under ETP < TP; flops.h leaves it out), each of this rank's E/EP experts on its rows -- top-k
-// x routed tokens / E from each of the EP ranks when dropless (the expected share), its
-// capacity from each with padding -- 1/ETP of the experts' width, and the shared expert 1/TP
-// wide on every token.
+// under ETP < TP, its own 1/TP under ETP > TP; flops.h leaves it out), each of this rank's
+// E/EP experts on its rows -- top-k x routed tokens / E from each of the EP ranks when
+// dropless (the expected share), its capacity from each with padding, from each of the ETP
+// ranks under ETP > TP -- 1/ETP of the experts' width, and the shared expert 1/TP wide on
+// every token.
 std::vector<Product> moe_products(const TransformerConfig& c, const PlanLayout& l,
                                   double* rows_total) {
   const double N = double(l.micro_batch) * c.seq_length / l.cp;
   const double Nr = N / l.routing_blocks();  // the tokens this rank routes
   const double E = c.num_moe_experts, K = c.moe_router_topk;
   std::vector<Product> f = {{2 * Nr * c.hidden_size * E, 0}};
-  double rows = K * Nr / E * l.ep, share = 1;
+  // Under ETP > TP the rows of the ETP ranks (ETP/TP dense tensor-parallel groups) meet at
+  // each slice: ETP x as many rows, 1/ETP of the width.
+  const double X = l.expert_gather();
+  double rows = K * Nr / E * l.ep * X, share = 1;
   if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity) {
     const double capacity = std::ceil(Nr * K / E * c.moe_expert_capacity_factor);
     share = std::min(1.0, K * Nr / (E * capacity));
-    rows = capacity * l.ep;
+    rows = capacity * l.ep * X;
   }
   const double width = double(c.moe_ffn_size()) / l.expert_tp();
   mlp_products(f, c, rows, width, share, E / l.ep);
@@ -305,13 +309,16 @@ std::string moe_rows_note(const TransformerConfig& c, const PlanLayout& l) {
   const double N = double(l.micro_batch) * c.seq_length / l.cp / l.routing_blocks();
   const double E = c.num_moe_experts, K = c.moe_router_topk;
   if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity)
-    return sfmt("; MoE layers: %.0f expert rows each (E x capacity %.0f, exact)",
-                E * std::ceil(N * K / E * c.moe_expert_capacity_factor),
+    return sfmt("; MoE layers: %.0f expert rows each (%sE x capacity %.0f, exact)",
+                l.expert_gather() * E * std::ceil(N * K / E * c.moe_expert_capacity_factor),
+                l.expert_gather() > 1 ? sfmt("ETP %d x ", l.expert_gather()).c_str() : "",
                 std::ceil(N * K / E * c.moe_expert_capacity_factor));
+  const int X = l.expert_gather();
   return sfmt(
-      "; MoE layers: %.0f expert rows each (top-%d x %.0f tokens%s%s%s)", N * K, c.moe_router_topk,
-      N,
-      l.routing_blocks() > 1
+      "; MoE layers: %.0f expert rows each (%stop-%d x %.0f tokens%s%s%s)", X * N * K,
+      X > 1 ? sfmt("ETP %d ranks' ", X).c_str() : "", c.moe_router_topk, N,
+      X > 1 ? (l.tp > 1 ? sfmt(", this rank's own 1/%d", l.tp).c_str() : "")
+      : l.routing_blocks() > 1
           ? sfmt(", this rank's block's 1/%d under ETP %d", l.routing_blocks(), l.expert_tp())
                 .c_str()
           : "",
@@ -383,6 +390,66 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   return l;
 }
 
+PlanExpertTraffic plan_expert_traffic(const TransformerConfig& c, const PlanLayout& l, int stage,
+                                      int element_bytes, double grad_bytes) {
+  PlanExpertTraffic t;
+  if (c.num_moe_experts == 0) return t;
+  // The stage's MoE layers, and those a full recompute runs forward again.
+  const std::vector<int> moe = c.moe_layer_pattern();
+  int layers = 0, again = 0;
+  for (const LayerRange& r : plan_stage_layers(c, l, stage))
+    for (int i = r.begin; i < r.end; ++i) {
+      if (!moe[i]) continue;
+      ++layers;
+      const int in_chunk = i - r.begin;
+      again += l.recompute == "full" &&
+               (l.recompute_method != "block" || in_chunk < l.recompute_num_layers);
+    }
+  if (stage == l.pp - 1)
+    for (int k = 0; k < c.mtp_num_layers; ++k) layers += c.is_moe_layer(c.num_layers + k);
+  t.moe_layers = layers;
+  const double M = l.micro_batches(), eb = element_bytes, rb = eb == 2 ? 4 : eb;
+  const double Nr = double(l.micro_batch) * c.seq_length / l.cp / l.routing_blocks();
+  const double E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
+  // This rank's (token, k) rows: top-k x its tokens dropless (the experts' rows after the EP
+  // exchange are as many on average), E x capacity padded.
+  double own = K * Nr;
+  if (c.moe_expert_capacity_factor > 0 && c.moe_pad_expert_input_to_capacity)
+    own = E * std::ceil(Nr * K / E * c.moe_expert_capacity_factor);
+  const int X = l.expert_gather();
+  t.gather_ranks = l.ep * X;
+  const bool allgather = c.moe_token_dispatcher_type == "allgather";
+  const double passes = M * layers, forwards_again = M * again;
+  if (allgather && t.gather_ranks > 1) {
+    // Forward: the routing (token count, probabilities, indices in the router's type) and
+    // the tokens all-gathered, the outputs reduce-scattered; backward: the output gradients
+    // gathered, the input gradients and the probabilities' reduce-scattered.
+    const double g = t.gather_ranks - 1;
+    const double fwd = g * ((1 + 2 * Nr * K) * rb + 2 * Nr * C * eb);
+    const double bwd = g * (2 * Nr * C + Nr * K) * eb;
+    t.gather = passes * (fwd + bwd) + forwards_again * fwd;
+  } else {
+    if (l.ep > 1)  // dispatch and combine, forward and backward
+      t.ep = (4 * passes + 2 * forwards_again) * double(l.ep - 1) / l.ep * own * C * eb;
+    if (X > 1) {
+      // ExpertTensorExchange: the counts of the E/EP local experts (f64) all-gathered, then
+      // the rank's rows (those its experts hold after the EP exchange) sent to each other rank
+      // by the gather and, summed by slice, received back by the reduce-scatter: ETP - 1
+      // sends of its rows' worth each, twice forward, twice backward.
+      const double fwd = (X - 1) * (E / l.ep * 8 + 2 * own * C * eb);
+      const double bwd = (X - 1) * 2 * own * C * eb;
+      t.expert_tp = passes * (fwd + bwd) + forwards_again * fwd;
+    }
+  }
+  // The experts' gradients over their data-parallel group, when they have one of their own.
+  const int edp = l.expert_dp();
+  if ((l.ep > 1 || l.expert_tp() != l.tp) && edp > 1) {
+    const double Pe = double(plan_rank_expert_parameters(c, l, stage));
+    t.expert_dp = (l.distributed_optimizer ? 1.0 : 2.0) * (edp - 1) / edp * Pe * grad_bytes;
+  }
+  return t;
+}
+
 Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice& d) {
   Plan p;
   p.model = c, p.layout = l, p.device = d;
@@ -419,13 +486,6 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   }
   if (c.num_moe_experts > 0)
     check_expert_tensor_parallel(c, l.tp, l.etp, l.sequence_parallel);
-  // Training runs ETP above TP (model/moe_layer.h); the plan's memory, time and traffic
-  // models are written for ETP at most TP, so it says so rather than price it wrongly.
-  OMNI_REQUIRE(c.num_moe_experts == 0 || l.expert_tp() <= l.tp,
-               "omnitron plan: ", "--expert-tensor-parallel-size ", l.expert_tp(),
-               " above --tensor-model-parallel-size ", l.tp,
-               " is not priced yet (its experts' rows gathered over ranks of several "
-               "data-parallel replicas); omnitron train runs it");
   // MoE layers under TP, as `omnitron train` checks them (config/options_moe.cpp, MoELayer).
   OMNI_REQUIRE(c.num_moe_experts == 0 || (c.moe_ffn_size() % l.expert_tp() == 0 &&
                                           c.moe_shared_expert_intermediate_size % l.tp == 0),
@@ -437,6 +497,11 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                c.num_moe_experts, " with --tensor-model-parallel-size ", l.tp,
                " needs --disable-bias-linear (the experts' biases under tensor parallelism are "
                "not built yet)");
+  OMNI_REQUIRE(c.num_moe_experts == 0 || l.expert_tp() == 1 || !c.add_bias_linear,
+               "--num-experts ", c.num_moe_experts, " with --expert-tensor-parallel-size ",
+               l.expert_tp(),
+               " needs --disable-bias-linear (the experts' biases under expert tensor "
+               "parallelism are not built yet)");
   OMNI_REQUIRE(c.mtp_num_layers == 0 || l.pp == 1 ||
                    c.position_embedding_type != PositionEmbedding::LearnedAbsolute,
                "--mtp-num-layers ", c.mtp_num_layers,
@@ -668,21 +733,27 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       double(M) * slow_layers * ar_per_layer * all_reduce_seconds(act_bytes, l.tp, tp_bw);
   // An MoE layer at ETP < TP (with SP) without a shared expert gathers its input and reduces
   // its output over its block of ETP ranks only (model/moe_layer.h, moe_takes_block_rows):
-  // its MLP's pairs move b s/CP h x ETP/TP over ETP ranks, nothing at ETP 1.
-  const int etp = l.etp > 0 ? l.etp : l.tp;
+  // its MLP's pairs move b s/CP h x ETP/TP over ETP ranks, nothing at ETP 1; at ETP > TP each
+  // rank's routed rows come back whole: nothing over TP.
+  const int etp = l.expert_tp();
   std::string block_note;
-  if (c.num_moe_experts > 0 && l.sequence_parallel && etp < l.tp &&
+  if (c.num_moe_experts > 0 && l.sequence_parallel && etp != l.tp &&
       c.moe_shared_expert_intermediate_size == 0) {
     int moe_layers = 0;
     for (int is_moe : c.moe_layer_pattern()) moe_layers += is_moe != 0;
     std::string etp_link;
     const double block =
-        etp > 1 ? all_reduce_seconds(act_bytes * etp / l.tp, etp, link_gbps(d, etp, 1, &etp_link))
-                : 0.0;
+        etp > 1 && etp < l.tp
+            ? all_reduce_seconds(act_bytes * etp / l.tp, etp, link_gbps(d, etp, 1, &etp_link))
+            : 0.0;
     const double mlp_pairs = double(M) * slow_layers * moe_layers / c.num_layers * (slow_rc ? 3 : 2);
     t_tp -= mlp_pairs * (all_reduce_seconds(act_bytes, l.tp, tp_bw) - block);
-    block_note = sfmt("; the MoE layers' MLP pairs over their ETP %d block%s", etp,
-                      etp == 1 ? ": none" : sfmt(" (%s of rows)", gib(act_bytes * etp / l.tp).c_str()).c_str());
+    block_note =
+        etp > l.tp ? sfmt("; the MoE layers' MLP pairs: none (ETP %d: each rank's rows whole)", etp)
+                   : sfmt("; the MoE layers' MLP pairs over their ETP %d block%s", etp,
+                          etp == 1 ? ": none"
+                                   : sfmt(" (%s of rows)", gib(act_bytes * etp / l.tp).c_str())
+                                         .c_str());
   }
   tim("TP/SP comm", t_tp,
       l.tp == 1
@@ -693,8 +764,9 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                  gib(act_bytes).c_str(), tp_link.c_str(), block_note.c_str()),
       "per layer: 2 forward + 2 backward all-reduces (SP: all-gather + reduce-scatter, the same "
       "bytes) of b s/CP h, + 2 under full recompute; an MoE layer's as the dense MLP's (its "
-      "input gathered, its experts' partial outputs reduced), except at ETP < TP without a "
-      "shared expert: its MLP's over the ETP block, of ETP/TP of the rows (none at ETP 1); "
+      "input gathered, its experts' partial outputs reduced), except at ETP != TP without a "
+      "shared expert: its MLP's over the ETP block, of ETP/TP of the rows (none at ETP 1), "
+      "none at ETP > TP; "
       "ring: 2 (n-1)/n x bytes / bandwidth; not overlapped");
   const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
   const double cp_bw = link_gbps(d, l.tp * l.cp, l.tp, &cp_link);
@@ -780,43 +852,68 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
            millions(opt_elems).c_str(), d.hbm_gbps),
       "memory-bound: elements x 32 B / memory bandwidth");
   // Expert parallelism: each MoE layer's dispatch and combine, forward and backward (and a
-  // recomputed forward's two), over the expert-parallel group's link. alltoall: the
-  // micro-batch's top-k rows, of which (EP-1)/EP leave the rank; allgather: every rank's
-  // tokens all-gathered (forward: x, backward: dy) and the outputs (input gradients)
-  // reduce-scattered, (EP-1) x b s/CP x h each. Every TP rank moves its whole micro-batch (the
-  // MoE layer routes the tokens SP gathered), its block's TP/ETP-th under ETP < TP, over the
-  // expert grid's EP group (ETP apart, inside a node's TP ranks with ETP 1 and EP <= TP); the
-  // routing's own gather and the output's reduce-scatter over TP (kept under ETP < TP) are
-  // in "TP/SP comm".
-  int moe_layers = 0;
-  {
-    const std::vector<int> moe = c.moe_layer_pattern();
-    for (const LayerRange& r : plan_stage_layers(c, l, slow_stage))
-      for (int i = r.begin; i < r.end; ++i) moe_layers += c.num_moe_experts > 0 && moe[i];
-  }
-  std::string ep_link;
+  // recomputed forward's), as plan_expert_traffic counts the bytes. alltoall: the
+  // micro-batch's top-k rows, of which (EP-1)/EP leave the rank, over the expert grid's EP
+  // group (ETP apart, inside a node's TP ranks with ETP 1 and EP <= TP); allgather: every
+  // rank's tokens and routing all-gathered (forward: x, backward: dy) and the outputs (input
+  // gradients) reduce-scattered, over the EP ranks, or under ETP > TP the ETP x EP ranks of
+  // the expert grid's tp-ep group. Every TP rank moves its whole micro-batch (the MoE layer
+  // routes the tokens SP gathered), its block's ETP/TP-th under ETP < TP, its own 1/TP under
+  // ETP > TP; the routing's own gather and the output's reduce-scatter over TP (kept under
+  // ETP < TP) are in "TP/SP comm".
+  const PlanExpertTraffic et = plan_expert_traffic(c, l, slow_stage, eb);
+  const int moe_layers = et.moe_layers;
+  std::string ep_link, gather_link;
   const double ep_bw = link_gbps(d, l.expert_tp() * l.ep, l.expert_tp(), &ep_link);
+  const double gather_bw =
+      l.expert_gather() > 1 ? link_gbps(d, et.gather_ranks, 1, &gather_link) : ep_bw;
+  if (l.expert_gather() == 1) gather_link = ep_link;
   const bool gathers = c.moe_token_dispatcher_type == "allgather";
-  const double a2a_bytes =
-      tokens / l.routing_blocks() * (gathers ? 1 : c.moe_router_topk) * c.hidden_size * eb;
-  const double sent = gathers ? double(l.ep - 1) : double(l.ep - 1) / l.ep;
-  const int a2a = 4 + (slow_rc ? 2 : 0);
-  const double t_ep =
-      l.ep > 1 ? double(M) * moe_layers * a2a * sent * a2a_bytes / (ep_bw * 1e9) : 0.0;
+  const double rows_bytes = tokens / l.routing_blocks() * c.hidden_size * eb;
+  const double t_ep = et.ep / (ep_bw * 1e9) + et.gather / (gather_bw * 1e9);
   tim("EP dispatch", t_ep,
-      l.ep == 1 ? "none: EP 1"
-      : gathers
-          ? sfmt("allgather: %d micro-batches x %d MoE layers x %d all-gathers/reduce-scatters "
-                 "of %s per rank's tokens, %d other ranks' each, at %s",
-                 M, moe_layers, a2a, gib(a2a_bytes).c_str(), l.ep - 1, ep_link.c_str())
-          : sfmt("alltoall: %d micro-batches x %d MoE layers x %d all-to-alls of %s (top-%d "
-                 "rows), %d/%d of it leaving the rank, at %s",
-                 M, moe_layers, a2a, gib(a2a_bytes).c_str(), c.moe_router_topk, l.ep - 1, l.ep,
-                 ep_link.c_str()),
+      gathers && et.gather_ranks > 1
+          ? sfmt("allgather: %d micro-batches x %d MoE layers, all-gathers/reduce-scatters of %s "
+                 "per rank's tokens (and their routing) over %d ranks%s: %s sent at %s",
+                 M, moe_layers, gib(rows_bytes).c_str(), et.gather_ranks,
+                 l.expert_gather() > 1 ? sfmt(" (ETP %d x EP %d)", l.expert_gather(), l.ep).c_str()
+                                       : "",
+                 gib(et.gather).c_str(), gather_link.c_str())
+      : l.ep == 1 ? "none: EP 1"
+                  : sfmt("alltoall: %d micro-batches x %d MoE layers x 4 all-to-alls%s of %s "
+                         "(top-%d rows), %d/%d of it leaving the rank: %s sent at %s",
+                         M, moe_layers, slow_rc ? " (+2 recomputed)" : "",
+                         gib(rows_bytes * c.moe_router_topk).c_str(), c.moe_router_topk,
+                         l.ep - 1, l.ep, gib(et.ep).c_str(), ep_link.c_str()),
       "per MoE layer and micro-batch: dispatch and combine, forward and backward (+2 when "
       "recomputed); alltoall: b s/CP x top-k x h x bytes, (EP-1)/EP of it sent; allgather: "
-      "all-gather / reduce-scatter of b s/CP x h x bytes per rank, (EP-1) x that received; "
-      "every TP rank its whole micro-batch (ETP < TP: its block's ETP/TP of it); not overlapped");
+      "all-gather / reduce-scatter of b s/CP x h x bytes per rank (+ the routing), (n-1) x that "
+      "sent over its n = EP ranks (ETP x EP under ETP > TP); every TP rank its whole "
+      "micro-batch (ETP < TP: its block's ETP/TP of it; ETP > TP: its own 1/TP); not overlapped");
+  // Expert tensor parallelism above TP under alltoall: ExpertTensorExchange gathers the
+  // experts' rows over the ETP ranks and reduce-scatters the slices' outputs back, forward
+  // and backward, over the expert grid's ETP group (consecutive ranks).
+  std::string etp_link;
+  const double etp_bw = l.expert_gather() > 1 ? link_gbps(d, l.expert_gather(), 1, &etp_link) : 1;
+  const double t_etp = et.expert_tp > 0 ? et.expert_tp / (etp_bw * 1e9) : 0.0;
+  tim("ETP exchange", t_etp,
+      et.expert_tp == 0
+          ? (c.num_moe_experts == 0 ? "none: no experts"
+             : l.expert_gather() == 1
+                 ? sfmt("none: ETP %d within the TP ranks", l.expert_tp())
+                 : "none: allgather gathers the tokens over ETP x EP (EP dispatch)")
+          : sfmt("%d micro-batches x %d MoE layers x 4 gathers/reduce-scatters%s of the %.0f "
+                 "rows at this rank's experts (%s) with %d other ETP rank%s: %s sent at %s",
+                 M, moe_layers, slow_rc ? " (+2 recomputed)" : "",
+                 tokens / l.routing_blocks() * c.moe_router_topk,
+                 gib(tokens / l.routing_blocks() * c.moe_router_topk * c.hidden_size * eb).c_str(),
+                 l.expert_gather() - 1, l.expert_gather() == 2 ? "" : "s",
+                 gib(et.expert_tp).c_str(), etp_link.c_str()),
+      "ETP > TP, alltoall: per MoE layer and micro-batch the rows at this rank's experts "
+      "(top-k x b s/(CP TP) dropless, their mean under EP) gathered over the ETP group and the "
+      "slices' partial outputs reduce-scattered back, forward and backward (+2 when "
+      "recomputed): (ETP-1) x rows x h x bytes each, + the E/EP experts' row counts; not "
+      "overlapped");
   double step = 0;
   for (const PlanFigure& f : p.time) step += f.value;
   tim("step", step,

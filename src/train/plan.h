@@ -81,15 +81,23 @@ struct PlanLayout {
   // (Megatron's default); expert_tp() is the one place the plan reads it. Other than TP (a
   // divisor of it, with SP) the experts have their own grid, ETP x EP x EDP x PP
   // (comm/process_grid.h), and each block of ETP tensor-parallel ranks routes only its
-  // sequence-parallel rows. Above TP (built in training) the plan refuses it (plan.cpp).
+  // sequence-parallel rows. Above TP (a multiple of it, with SP under TP > 1) every rank
+  // routes its own rows and its experts' rows are gathered over the ETP ranks, ETP/TP dense
+  // tensor-parallel groups (model/moe_layer.h).
   int etp = 0;
   int expert_tp() const { return etp > 0 ? etp : tp; }
+  // Over how many ranks an expert's rows are gathered: ETP above TP, else 1 (the rows a rank's
+  // experts run are ETP x its own under alltoall; allgather gathers the tokens over ETP x EP).
+  int expert_gather() const { return expert_tp() > tp ? expert_tp() : 1; }
   // The expert grid's data-parallel size, gpus / (ETP x EP x PP): the ranks holding the same
   // experts, over which their gradients are reduced and their optimizer states sharded.
   int expert_dp() const { return gpus / (expert_tp() * ep * pp); }
   // Into how many blocks a micro-batch's b s/CP tokens split for the routing: 1 when every
-  // TP rank routes them all (ETP = TP), TP / ETP when each block of ETP ranks routes its own.
-  int routing_blocks() const { return expert_tp() < tp ? tp / expert_tp() : 1; }
+  // TP rank routes them all (ETP = TP), TP / ETP when each block of ETP ranks routes its own,
+  // TP when each rank routes its own sequence-parallel rows (ETP > TP).
+  int routing_blocks() const {
+    return expert_tp() < tp ? tp / expert_tp() : expert_tp() > tp ? tp : 1;
+  }
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
   int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too
@@ -142,14 +150,42 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
 // Bytes one MoE layer keeps for its backward per micro-batch on a rank (MoELayer::
 // activation_bytes after a training forward): every TP rank routes the micro-batch's whole
 // b s/CP tokens (gathered under SP) with the replicated router (ETP < TP: its block's
-// 1/routing_blocks() of them, the shared expert still all); its experts' rows are the
-// expected top-k x tokens when dropless (exact for EP 1; under EP the mean over the
-// expert-parallel ranks, the peak rank's depending on the routing balance), E x capacity with
-// --moe-pad-expert-input-to-capacity, each row 1/ETP of the experts' width; the shared expert
-// 1/TP of its width on every token; allgather's gathered tokens (EP x b s/CP rows) or
-// alltoall's returned rows. `element_bytes`: the storage type's size (16-bit: the router's
+// 1/routing_blocks() of them, ETP > TP: its own 1/TP, the shared expert still all); its
+// experts' rows are the expected top-k x tokens when dropless (exact for EP 1; under EP the
+// mean over the expert-parallel ranks, the peak rank's depending on the routing balance),
+// E x capacity with --moe-pad-expert-input-to-capacity, ETP times that under ETP > TP (the
+// ETP ranks' rows gathered), each row 1/ETP of the experts' width; the shared expert 1/TP of
+// its width on every token; allgather's gathered tokens (EP x b s/CP rows, ETP x EP x those
+// of ETP > TP) or alltoall's (and ETP > TP's exchange's) returned rows. `element_bytes`: the storage type's size (16-bit: the router's
 // tensors float, as the model keeps them).
 int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes);
+// The experts' traffic one rank sends per step on pipeline rank `stage` (the algorithmic bytes
+// of comm/counting_communicator.h: (n-1)/n of an all-gather's or reduce-scatter's whole
+// buffer, 2 (n-1)/n of an all-reduce's, what a send sends), per group of the expert grid, with
+// `element_bytes` the storage type's size (the routing travels in the router's type).
+struct PlanExpertTraffic {
+  // alltoall at EP > 1 (the EP group): each MoE layer's dispatch and combine of the rank's
+  // top-k rows, forward and backward, (EP-1)/EP of them leaving (expected when dropless).
+  double ep = 0;
+  // allgather over the expert grid's tp x ep group (EP ranks at ETP <= TP, ETP x EP above):
+  // the routing and tokens gathered and the outputs reduce-scattered forward; the output
+  // gradients gathered, the input and probability gradients reduce-scattered backward.
+  double gather = 0;
+  int gather_ranks = 1;
+  // alltoall at ETP > TP (the expert tensor-parallel group, parallel/expert_dispatch.h's
+  // ExpertTensorExchange): per MoE layer the counts of the rank's E/EP experts all-gathered,
+  // then its rows sent to the other ETP-1 ranks four times (the rows and the output
+  // gradients gathered, the slices' outputs and input gradients reduce-scattered).
+  double expert_tp = 0;
+  // The experts' gradients reduced over the expert-data-parallel group (all-reduce; with the
+  // distributed optimizer reduce-scatter + the parameters' all-gather), when it is not the
+  // dense DP x CP group; P_e x the gradient bytes (4: the reduction's float buffers).
+  double expert_dp = 0;
+  int moe_layers = 0;  // the stage's MoE layers
+};
+PlanExpertTraffic plan_expert_traffic(const TransformerConfig& c, const PlanLayout& l, int stage,
+                                      int element_bytes, double grad_bytes = 4);
+
 // Bytes one multi-latent-attention layer keeps besides the attention's q, k, v (per micro-batch,
 // on a rank: the latents, their norms, the up-projection's keys and values of this rank's
 // heads, the rope key), as GPTModel::allocate_mla allocates them; 0 for other models.
@@ -175,14 +211,15 @@ Plan make_plan(const TransformerConfig& model, const PlanLayout& layout, const P
 // --search: every layout of `gpus` ranks (TP within a node, PP, CP, micro-batch, recompute,
 // interleaving; SP and the distributed optimizer where they apply; for MoE models expert
 // parallelism over the divisors of the experts count that divide DP x CP, unless `keep_ep`:
-// then base.ep, as the user gave it; and the experts' tensor parallelism ETP = TP and ETP 1
-// under TP > 1, unless `keep_etp`: then base.etp) for `global_batch`, the fitting ones fastest
-// first (at most `top`), and how many were tried and did not fit.
+// then base.ep, as the user gave it; and the experts' tensor parallelism ETP = TP, ETP 1
+// under TP > 1 and ETP 2 TP where it fits a node, unless `keep_etp`: then base.etp) for
+// `global_batch`, the fitting ones fastest first (at most `top`), and how many were tried and
+// did not fit.
 struct PlanSearch {
   std::vector<Plan> fitting;
   int tried = 0, too_big = 0;
   bool searched_ep = false;   // the layouts' EP varied
-  bool searched_etp = false;  // ETP 1 was tried beside ETP = TP
+  bool searched_etp = false;  // ETPs other than TP's were tried beside it
   Plan smallest;  // the layout that needs the least memory (for the message when none fits)
 };
 PlanSearch search_plans(const TransformerConfig& model, const PlanLayout& base,

@@ -105,7 +105,9 @@ int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
 
 // MoELayer::Scratch, one set for the model's MoE layers, each buffer grown to the largest use
 // (model/moe_buffer.h): the backward's gradients of the experts' rows, of the shared expert's,
-// the exchange's staging, the router's gradients.
+// the exchange's staging, the router's gradients. Under ETP > TP the experts' rows are the
+// ETP ranks' gathered (alltoall; the staging of the exchange's reduce-scatter as large), or
+// the tokens are gathered over the ETP x EP ranks (allgather).
 int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
   const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb;
   const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;  // the shared expert's tokens
@@ -113,15 +115,18 @@ int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int e
   const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
   const int64_t F = c.moe_ffn_size() / l.expert_tp(), F1 = c.swiglu ? 2 * F : F;
   const int64_t Fs = c.moe_shared_expert_intermediate_size / l.tp, Fs1 = c.swiglu ? 2 * Fs : Fs;
-  const bool ep = l.ep > 1, allgather = ep && c.moe_token_dispatcher_type == "allgather";
+  const int64_t X = l.expert_gather(), gathered = int64_t(l.ep) * X;
+  const bool allgather = gathered > 1 && c.moe_token_dispatcher_type == "allgather";
+  const bool ep = (l.ep > 1 || X > 1) && !allgather;  // alltoall's (and the exchange's) rows
   const MoERows rows = moe_rows(c, Nr);
-  const int64_t R = rows.expert, all = l.ep * Nr;
+  const int64_t R = rows.expert * X, all = gathered * Nr;
   int64_t e = std::max({R * C, Fs > 0 ? N * C : 0, allgather ? all * C : 0});  // rows_out
   e += allgather ? R : rows.own;                                               // row_weight
   e += std::max(R * F, N * Fs) + std::max(R * F1, N * Fs1) + R * C + Nr * K;   // act .. probs
   // allgather: the gathered rows' gradients and probabilities'; alltoall: this rank's rows
   // and the exchange's staging.
   e += allgather ? all * C + all * K : ep ? rows.own * C + R * C : 0;
+  // (ETP > TP under alltoall: `rows` this rank's own, the staging ETP x its experts' rows.)
   int64_t b = e * eb + Nr * E * rb;                              // + the logits' gradient
   if (eb == 2) b += (Nr * C + (allgather ? all : Nr) * K) * rb;  // the router's float copies
   return b;
@@ -244,14 +249,19 @@ int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, in
   if (c.num_moe_experts == 0) return 0;
   const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb, ib = 4;  // storage, router, int32
   // Every TP rank's tokens, for the shared expert; the routed ones: all of them, or under
-  // ETP < TP its block's sequence-parallel rows.
+  // ETP < TP its block's sequence-parallel rows, under ETP > TP its own.
   const int64_t Ns = int64_t(l.micro_batch) * c.seq_length / l.cp;
   const int64_t N = Ns / l.routing_blocks();
   const int64_t E = c.num_moe_experts, K = c.moe_router_topk, C = c.hidden_size;
   const int64_t F = c.moe_ffn_size() / l.expert_tp(), F1 = c.swiglu ? 2 * F : F;
   const int64_t Fs = c.moe_shared_expert_intermediate_size / l.tp, Fs1 = c.swiglu ? 2 * Fs : Fs;
-  const bool ep = l.ep > 1, allgather = ep && c.moe_token_dispatcher_type == "allgather";
-  const MoERows rows = moe_rows(c, N);
+  // Under ETP > TP the experts run the rows of X = ETP ranks: alltoall gathers them over the
+  // ETP group (ExpertTensorExchange), allgather the tokens over the ETP x EP ranks.
+  const int64_t X = l.expert_gather(), gathered = int64_t(l.ep) * X;
+  const bool allgather = gathered > 1 && c.moe_token_dispatcher_type == "allgather";
+  const bool returned = (l.ep > 1 || X > 1) && !allgather;  // alltoall's outputs brought back
+  MoERows rows = moe_rows(c, N);
+  rows.expert *= X;
   // The router: logits, the balancing losses' gradient, probabilities; 16-bit storage keeps
   // its float copies of x and of the router's weights, and the probabilities rounded for the
   // combine (not under allgather, whose gathered probabilities are rounded instead).
@@ -266,8 +276,8 @@ int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, in
   // The experts' rows: input, fc1 output, activation, output; the combine's weights (of the
   // rows the combine reads: this rank's own, or under allgather its experts' of every rank).
   b += rows.expert * (2 * C + F1 + F) * eb + (allgather ? rows.expert : rows.own) * eb;
-  if (ep && !allgather) b += rows.own * C * eb;               // alltoall: the outputs returned
-  if (allgather) b += l.ep * N * C * eb + l.ep * N * K * eb;  // every rank's tokens and probs
+  if (returned) b += rows.own * C * eb;                         // alltoall: the outputs returned
+  if (allgather) b += gathered * N * C * eb + gathered * N * K * eb;  // every rank's tokens, probs
   if (Fs > 0) b += Ns * (Fs1 + Fs + C) * eb + (c.moe_shared_expert_gate ? Ns * eb : 0);
   return b;
 }

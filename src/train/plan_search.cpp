@@ -26,9 +26,18 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
   // gpus / (ETP x PP), the group taking tensor-parallel ranks too).
   const bool vary_ep = !keep_ep && c.num_moe_experts > 0;
   out.searched_ep = vary_ep;
-  // Expert tensor parallelism: base.etp when the user gave it, else TP's and 1 (Megatron's most
-  // used MoE layout, whole experts on each rank) under TP > 1.
+  // Expert tensor parallelism: base.etp when the user gave it, else TP's, 1 (Megatron's most
+  // used MoE layout, whole experts on each rank) under TP > 1, and twice TP where that fits a
+  // node (the experts' rows gathered over two dense tensor-parallel groups' ranks): the sizes
+  // training builds (expert_tensor_parallel_built), with SP as the search sets it under TP > 1.
   const bool vary_etp = !keep_etp && c.num_moe_experts > 0;
+  auto etps = [&](int tp) {
+    if (!vary_etp) return std::vector<int>{base.etp};
+    std::vector<int> e = {0};
+    if (tp > 1) e.push_back(1);
+    if (2 * tp <= device.ranks_per_node) e.push_back(2 * tp);
+    return e;
+  };
   const int gpus = base.gpus;
   double least = -1;
   for (int tp : divisors(gpus)) {
@@ -56,13 +65,13 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
           const int m = base.global_batch / (mb * dp);
           for (int vp : {1, 2, 4}) {
             if (vp > 1 && (pp == 1 || c.num_layers % (pp * vp) || m % pp)) continue;
-            for (int etp : vary_etp ? (tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0})
-                                    : std::vector<int>{base.etp}) {
+            for (int etp : etps(tp)) {
               const int experts_tp = etp > 0 ? etp : tp;
               out.searched_etp = out.searched_etp || (vary_etp && experts_tp != tp);
               for (int ep : vary_ep ? divisors(c.num_moe_experts) : std::vector<int>{base.ep}) {
                 // Training's world rule (data_parallel_size): with ETP = TP, TP x CP x EP x PP
                 // divides the GPUs (EP divides DP); else the experts' grid ETP x EP x PP does.
+                if (experts_tp != tp && gpus % (experts_tp * pp)) continue;
                 if (vary_ep && (experts_tp == tp ? dp : gpus / (experts_tp * pp)) % ep) continue;
                 for (const char* recompute : {"", "full"}) {
                   PlanLayout l = base;

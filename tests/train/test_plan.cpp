@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "comm/local_communicator.h"
@@ -84,6 +85,7 @@ std::vector<Measured> measure(const Case& k) {
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = l.sequence_parallel;
     if (l.ep > 1) mp.ep = &grid.ep();
     if (grid.own_expert_tp()) mp.expert_tp = &grid.expert_tp(), mp.tp_cp = &grid.tp_cp();
+    mp.expert_tp_ep = grid.expert_tp_ep();  // ETP > TP's allgather
     for (const LayerRange& r : pipeline_rank_layers(split, grid.pp_rank()))
       mp.chunks.push_back({r.begin, r.end});
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
@@ -160,6 +162,19 @@ TransformerConfig padded_moe() {
   return c;
 }
 
+// GPT-2-shaped (linear biases) MoE layers.
+TransformerConfig tiny_gpt2_moe() {
+  TransformerConfig c = tiny_gpt2();
+  c.num_moe_experts = 4, c.moe_ffn_hidden_size = 16, c.moe_layer_freq = "2";
+  return c;
+}
+
+TransformerConfig alltoall_moe() {
+  TransformerConfig c = tiny_moe();
+  c.moe_token_dispatcher_type = "alltoall";
+  return c;
+}
+
 PlanLayout with_ep(PlanLayout l, int ep, int etp = 0) {
   l.ep = ep, l.etp = etp;
   return l;
@@ -211,6 +226,15 @@ std::vector<Case> cases() {
       {"MoE layers, TP 2 + SP, ETP 1", tiny_moe(), with_ep(layout(2, 1, 1, 1, 1, 2, true), 1, 1)},
       {"MLA + MoE, TP 2 + SP, ETP 1, EP 2 alltoall", tiny_mla_moe("alltoall"),
        with_ep(layout(2, 1, 1, 1, 1, 2, true), 2, 1)},
+      // Expert tensor parallelism above TP: each rank routes its own rows, its experts run
+      // the ETP ranks' rows gathered (alltoall) or the ETP x EP ranks' tokens (allgather).
+      {"MoE alltoall, ETP 2 over DP 2", alltoall_moe(), with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2)},
+      {"MLA + MoE allgather, ETP 2 over DP 2", tiny_mla_moe("allgather"),
+       with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2)},
+      {"MoE alltoall, TP 2 + SP, ETP 4 over DP 2", alltoall_moe(),
+       with_ep(layout(2, 1, 1, 1, 2, 1, true), 1, 4)},
+      {"MoE alltoall, ETP 2 x EP 2 over DP 4", alltoall_moe(),
+       with_ep(layout(1, 1, 1, 1, 4, 1, false), 2, 2)},
   };
 }
 
@@ -494,7 +518,7 @@ TEST(Plan, SearchSplitsAnMoeModelThatOnlyFitsUnderTensorParallelism) {
 }
 
 // --search varies expert parallelism over the divisors of the experts count (4) that training's
-// world rule lets the layout take, and under TP > 1 the experts' tensor parallelism (TP and 1);
+// world rule lets the layout take, and the experts' tensor parallelism (TP, 1 under TP > 1, 2 TP);
 // a given EP (keep_ep) or ETP (keep_etp) stays in every layout tried.
 TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
   PlanLayout base;
@@ -503,7 +527,7 @@ TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
   EXPECT_TRUE(s.searched_ep);
   std::vector<int> seen;
   EXPECT_TRUE(s.searched_etp);
-  bool etp1 = false;
+  bool etp1 = false, wider = false;
   for (const Plan& p : s.fitting) {
     const PlanLayout& l = p.layout;
     EXPECT_EQ(4 % l.ep, 0) << l.describe();
@@ -512,11 +536,14 @@ TEST(Plan, SearchVariesExpertParallelismUnlessGiven) {
     if (l.expert_tp() == l.tp) {
       EXPECT_EQ(l.dp % l.ep, 0) << l.describe();
     }
-    EXPECT_TRUE(l.expert_tp() == l.tp || l.expert_tp() == 1) << l.describe();
+    EXPECT_TRUE(l.expert_tp() == l.tp || l.expert_tp() == 1 || l.expert_tp() == 2 * l.tp)
+        << l.describe();
     etp1 = etp1 || l.expert_tp() < l.tp;
+    wider = wider || l.expert_tp() > l.tp;
     if (std::find(seen.begin(), seen.end(), l.ep) == seen.end()) seen.push_back(l.ep);
   }
   EXPECT_TRUE(etp1);
+  EXPECT_TRUE(wider);
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(seen, (std::vector<int>{1, 2, 4}));
   // A given ETP (keep_etp) stays: ETP 1 also under TP 1, never TP's above it.
@@ -592,7 +619,7 @@ TEST(Plan, SmallExpertsTakeLongerPerFlopThanADenseMlp) {
 }
 
 // The EP figure: alltoall moves top-k x tokens rows, (EP-1)/EP of them; allgather every
-// rank's tokens, (EP-1) x a rank's.
+// rank's tokens and routing, (EP-1) x a rank's.
 TEST(Plan, ExpertDispatchTimeFollowsTheDispatcher) {
   TransformerConfig c = tiny_moe();
   c.moe_router_topk = 2;
@@ -603,8 +630,17 @@ TEST(Plan, ExpertDispatchTimeFollowsTheDispatcher) {
   c.moe_token_dispatcher_type = "allgather";
   const Plan g = make_plan(c, l, h100());
   ASSERT_EQ(a.time[8].name, "EP dispatch");
-  // allgather / alltoall = (EP - 1) / ((EP - 1)/EP x top-k) = EP / top-k = 2.
-  EXPECT_NEAR(g.time[8].value / a.time[8].value, 2.0, 1e-9);
+  // Per MoE layer (4, one micro-batch of 16 tokens of 32 floats): alltoall 4 x 3/4 x 32 rows;
+  // allgather 3 x (the routing, 1 + 2 x 16 x 2 floats, the tokens, the outputs; the output
+  // and input gradients and the probabilities' 16 x 2), so allgather / alltoall is about
+  // EP / top-k = 2 and a little more for the routing.
+  const double alltoall = 4 * (4 * 0.75 * 32 * 32 * 4);
+  const double allgather = 4 * 3 * ((1 + 2 * 16 * 2) * 4 + (4 * 16 * 32 + 16 * 2) * 4.0);
+  c.moe_token_dispatcher_type = "alltoall";
+  EXPECT_DOUBLE_EQ(plan_expert_traffic(c, l, 0, 4).ep, alltoall);
+  c.moe_token_dispatcher_type = "allgather";
+  EXPECT_DOUBLE_EQ(plan_expert_traffic(c, l, 0, 4).gather, allgather);
+  EXPECT_NEAR(g.time[8].value / a.time[8].value, allgather / alltoall, 1e-9);
 }
 
 // Expert tensor parallelism 1 under TP 2 + SP, EP 2 on 4 GPUs: each rank routes half the
@@ -657,20 +693,78 @@ TEST(Plan, ExpertTensorParallelismOfOne) {
   }
 }
 
-// ETP above TP (TP 1, ETP 2 over DP 2; TP 2 + SP, ETP 4 over DP 2): training runs it, the
-// plan refuses it in one line rather than price it with models written for ETP <= TP.
-TEST(Plan, ExpertTensorParallelismAboveTensorIsRefusedInOneLine) {
-  for (const PlanLayout& l : {with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2),
-                              with_ep(layout(2, 1, 1, 1, 2, 1, true), 1, 4)}) {
+// ETP above TP (TP 1, ETP 2 over DP 2): each expert 1/ETP wide (half ETP 1's expert
+// parameters), their optimizer states over the expert grid's data-parallel ranks (GPUs /
+// (ETP x EP x PP) = 1: not sharded, the dense ones over DP 2), their gradients reduced over
+// those (none here); each MoE layer's experts run both ranks' rows, gathered and their
+// outputs reduce-scattered over the ETP group under alltoall ("ETP exchange"; allgather
+// gathers the tokens over ETP x EP instead, "EP dispatch"); at TP 2 + SP, ETP 4, without a
+// shared expert, the MoE layers move nothing over TP (each rank's rows come back whole).
+// The bytes against a counted step: test_plan_etp.cpp.
+TEST(Plan, ExpertTensorParallelismAboveTensorIsPriced) {
+  auto figure = [](const std::vector<PlanFigure>& f, const std::string& name) {
+    for (const PlanFigure& x : f)
+      if (x.name == name) return x;
+    ADD_FAILURE() << "no figure " << name;
+    return PlanFigure{};
+  };
+  TransformerConfig c = alltoall_moe();
+  const PlanLayout l1 = with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 1);
+  const PlanLayout l2 = with_ep(l1, 1, 2);
+  const Plan e1 = make_plan(c, l1, h100()), e2 = make_plan(c, l2, h100());
+  const int64_t experts1 = plan_rank_expert_parameters(c, l1, 0);
+  EXPECT_EQ(plan_rank_expert_parameters(c, l2, 0) * 2, experts1);
+  const double P2 = double(plan_rank_parameters(c, l2, 0));
+  const double Pe2 = double(plan_rank_expert_parameters(c, l2, 0));
+  // fp32 on a GPU: 8 B of AdamW state per parameter, the dense over DP 2, the experts over
+  // their one expert-data-parallel rank.
+  EXPECT_DOUBLE_EQ(figure(e2.memory, "optimizer").value, (P2 - Pe2) * 8 / 2 + Pe2 * 8);
+  EXPECT_NE(figure(e2.memory, "optimizer").why.find("over the 1 expert-data-parallel ranks"),
+            std::string::npos);
+  // The expert rows: both ranks' top-2 x 16 tokens, 1/2 of the width; ETP 1's its own.
+  EXPECT_NE(figure(e2.memory, "activations").why.find("64 expert rows each (ETP 2 ranks' top-2"),
+            std::string::npos)
+      << figure(e2.memory, "activations").why;
+  const PlanFigure x = figure(e2.time, "ETP exchange");
+  EXPECT_GT(x.value, 0.0);
+  EXPECT_NE(x.why.find("with 1 other ETP rank: "), std::string::npos) << x.why;
+  EXPECT_EQ(figure(e1.time, "ETP exchange").value, 0.0);
+  // Per step: 4 MoE layers x 4 x (ETP-1) x 32 rows x 32 x 4 B + their counts.
+  const PlanExpertTraffic t = plan_expert_traffic(c, l2, 0, 4);
+  EXPECT_DOUBLE_EQ(t.expert_tp, 4 * (4 * 32 * 32 * 4.0 + 4 * 8));
+  const PlanDevice d = h100();  // the ETP group in one node
+  EXPECT_DOUBLE_EQ(x.value, t.expert_tp / (d.intra_gbps * d.link_efficiency * 1e9));
+  // The same FLOPs by the model's count (flops.h); each expert's products run both ranks'
+  // rows (ETP 1: 8 each).
+  EXPECT_NE(figure(e2.time, "compute").why.find("4 experts of 16 rows each"), std::string::npos)
+      << figure(e2.time, "compute").why;
+  // allgather: the tokens over the tp-ep group of ETP x EP = 2 ranks, nothing exchanged.
+  c.moe_token_dispatcher_type = "allgather";
+  const Plan g2 = make_plan(c, l2, h100());
+  EXPECT_EQ(figure(g2.time, "ETP exchange").value, 0.0);
+  EXPECT_GT(figure(g2.time, "EP dispatch").value, 0.0);
+  EXPECT_NE(figure(g2.time, "EP dispatch").why.find("over 2 ranks (ETP 2 x EP 1)"),
+            std::string::npos)
+      << figure(g2.time, "EP dispatch").why;
+  // TP 2 + SP, ETP 4 over DP 2, no shared expert: the MoE layers' (every other) MLP pairs
+  // leave TP, as at ETP 1.
+  TransformerConfig unshared = alltoall_moe();
+  unshared.moe_shared_expert_intermediate_size = 0;
+  const PlanLayout t2 = layout(2, 1, 1, 1, 2, 1, true);
+  const double tp_comm = figure(make_plan(unshared, t2, h100()).time, "TP/SP comm").value;
+  const PlanFigure wide = figure(make_plan(unshared, with_ep(t2, 1, 4), h100()).time, "TP/SP comm");
+  EXPECT_NEAR(wide.value, tp_comm * 0.75, 1e-9 * tp_comm);
+  EXPECT_NE(wide.why.find("none (ETP 4: each rank's rows whole)"), std::string::npos) << wide.why;
+  // Training's refusals: ETP 4 at TP 2 without SP, biased experts split over ETP ranks.
+  for (const auto& [model, lay, needle] :
+       {std::tuple{unshared, with_ep(layout(2, 1, 1, 1, 2, 1, false), 1, 4),
+                   "needs --sequence-parallel"},
+        std::tuple{tiny_gpt2_moe(), l2, "--expert-tensor-parallel-size 2 needs --disable-bias"}}) {
     try {
-      make_plan(tiny_moe(), l, h100());
-      ADD_FAILURE() << "ETP " << l.etp << " above TP " << l.tp << " planned";
+      make_plan(model, lay, h100());
+      ADD_FAILURE() << needle << ": planned";
     } catch (const UsageError& e) {
-      EXPECT_EQ(std::string(e.what()),
-                "omnitron plan: --expert-tensor-parallel-size " + std::to_string(l.etp) +
-                    " above --tensor-model-parallel-size " + std::to_string(l.tp) +
-                    " is not priced yet (its experts' rows gathered over ranks of several "
-                    "data-parallel replicas); omnitron train runs it");
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   }
 }
