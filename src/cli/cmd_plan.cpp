@@ -234,6 +234,7 @@ int plan(const std::vector<std::string>& raw_args) {
   if (flags.ranks_per_node > 0) device.ranks_per_node = flags.ranks_per_node;
   if (flags.efficiency > 0) {  // one fraction of peak for all the compute, as on the CPU
     device.compute_efficiency = flags.efficiency;
+    device.bf16_compute_efficiency = 0;
     device.gemm_efficiency.clear();
   }
 

@@ -228,7 +228,9 @@ std::vector<Product> moe_products(const TransformerConfig& c, const PlanLayout& 
 LayerCost layer_cost(const TransformerConfig& c, const PlanLayout& l, const PlanDevice& d, int eb) {
   LayerCost k;
   if (d.host_memory || d.gemm_efficiency.empty()) {
-    k.gemm_eff = k.logits_eff = d.compute_efficiency;
+    k.gemm_eff = k.logits_eff = l.precision == "bf16" && d.bf16_compute_efficiency > 0
+                                    ? d.bf16_compute_efficiency
+                                    : d.compute_efficiency;
     return k;
   }
   k.flat = false;
@@ -693,7 +695,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
            slow_rc ? sfmt(", %d recomputed", slow_rc).c_str() : "",
            slow_stage == l.pp - 1 ? " + logits" : "");
   tim("compute", t_compute,
-      lc.flat ? sfmt("%s at %.0f%% of %s/s %s", stage_what.c_str(), 100 * d.compute_efficiency,
+      lc.flat ? sfmt("%s at %.0f%% of %s/s %s", stage_what.c_str(), 100 * lc.gemm_eff,
                      flop(peak).c_str(), l.precision.c_str())
               : sfmt("%s at %.0f%% of %s/s %s (%s); + %s of memory-bound traffic (%s) at %.0f "
                      "GB/s",

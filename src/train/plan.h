@@ -42,6 +42,8 @@ struct PlanDevice {
   // On the CPU (and on a GPU given --compute-efficiency or without gemm_efficiency) one
   // sustained fraction of peak for all the compute.
   double compute_efficiency = 0.55;
+  // The CPU's under --bf16 (its bf16 GEMMs' rate; 0: compute_efficiency).
+  double bf16_compute_efficiency = 0;
   double link_efficiency = 0.8;
   // GPUs: the fraction of peak a matrix product of at least `first` GFLOP sustains (largest
   // first; plan_devices.cpp says where each comes from), the elementwise and attention-score

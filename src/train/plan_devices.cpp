@@ -172,7 +172,11 @@ PlanDevice measured_cpu(int ranks_on_host) {
   d.ranks_per_node = ranks;
   // `omnitron train` reports 85-100 % MFU against this same sgemm rate for a 6-layer model
   // of hidden size 512 (docs/plan.md has the runs): the layers' matrix products dominate.
+  // Under --bf16 its elementwise work (fp32 storage, bf16 copies of the operands) weighs more
+  // against GEMMs twice as fast: bench_train_step --bf16's 6-layer rows run at 0.62-0.72 of
+  // the bf16 GEMM's rate.
   d.compute_efficiency = 0.85;
+  d.bf16_compute_efficiency = 0.7;
   d.link_efficiency = 1.0;  // measured, not a nominal rate
   d.host_memory = true;
   char text[320];
