@@ -422,6 +422,25 @@ TEST(Plan, FiguresAddUpAndFollowTheLayout) {
   EXPECT_GT(r.time[6].value / r.time[0].value, p.time[6].value / p.time[0].value);
 }
 
+// The CPU's one fraction of peak: 0.85 of the sgemm rate in fp32, its own (0.70 as
+// plan_devices.cpp measures the CPU) of the bf16 GEMM's rate under --bf16, each named in the
+// compute figure's words. The device is written out here: measuring this machine's takes
+// seconds.
+TEST(Plan, CpuBf16ComputeAtItsOwnFraction) {
+  PlanDevice cpu;
+  cpu.name = "cpu", cpu.host_memory = true;
+  cpu.fp32_tflops = 0.2, cpu.bf16_tflops = 0.4;
+  cpu.compute_efficiency = 0.85, cpu.bf16_compute_efficiency = 0.7;
+  cpu.memory_gib = 24, cpu.hbm_gbps = 50, cpu.intra_gbps = 12, cpu.inter_gbps = 12;
+  PlanLayout l = layout(1, 1, 1, 1, 1, 4, false);
+  const Plan fp32 = make_plan(tiny_llama(), l, cpu);
+  l.precision = "bf16";
+  const Plan bf16 = make_plan(tiny_llama(), l, cpu);
+  EXPECT_NE(fp32.time[0].why.find("at 85%"), std::string::npos) << fp32.time[0].why;
+  EXPECT_NE(bf16.time[0].why.find("at 70%"), std::string::npos) << bf16.time[0].why;
+  EXPECT_NEAR(fp32.time[0].value / bf16.time[0].value, (0.4 * 0.7) / (0.2 * 0.85), 1e-9);
+}
+
 // Narayanan et al. 2021, Table 1 (bench/plan_narayanan.sh prints it): GPT models on DGX A100s,
 // fp16, full recompute, micro-batch 1, Megatron's dropout 0.1, with the two switches for how
 // those runs ran. Their per-GPU teraFLOP/s count the recomputed forward: 96 B s l h^2 (1 +
