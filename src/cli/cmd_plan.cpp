@@ -244,12 +244,15 @@ int plan(const std::vector<std::string>& raw_args) {
   if (flags.search) {
     layout.gpus = gpus;
     // A given --expert-model-parallel-size (flag or config) stays; else the search varies EP.
-    bool given_ep = false, given_etp = false;
+    bool given_ep = false, given_etp = false, given_cp_comm = false;
     for (const std::string& a : *resolved) {
       given_ep = given_ep || a.rfind("--expert-model-parallel-size", 0) == 0;
       given_etp = given_etp || a.rfind("--expert-tensor-parallel-size", 0) == 0;
+      given_cp_comm = given_cp_comm || a.rfind("--cp-comm-type", 0) == 0 ||
+                      a.rfind("--ds-sequence-parallel-size", 0) == 0;
     }
-    const PlanSearch found = search_plans(o.model, layout, device, flags.top, given_ep, given_etp);
+    const PlanSearch found = search_plans(o.model, layout, device, flags.top, given_ep, given_etp,
+                                             given_cp_comm);
     const Plan& least = found.smallest;
     OMNI_REQUIRE(found.tried > 0, "no layout of ", gpus, " GPUs can take this model (",
                  "heads, MLP width and layers must divide among the ranks)");
@@ -270,8 +273,13 @@ int plan(const std::vector<std::string>& raw_args) {
                                  : given_etp && o.model.num_moe_experts > 0
                                      ? ", ETP " + std::to_string(layout.expert_tp()) + " as given"
                                      : "";
-    std::printf("%d layouts of %d x %s tried%s%s, %d do not fit in %.1f GiB; the fastest %zu:\n",
-                found.tried, gpus, device.name.c_str(), ep_note.c_str(), etp_note.c_str(),
+    const std::string cp_note =
+        found.searched_cp_comm ? ", CP by ring and by Ulysses (a2a)"
+        : given_cp_comm        ? ", --cp-comm-type " + layout.cp_comm_type + " as given"
+                               : "";
+    std::printf("%d layouts of %d x %s tried%s%s%s, %d do not fit in %.1f GiB; the fastest %zu:\n",
+                found.tried, gpus, device.name.c_str(), cp_note.c_str(), ep_note.c_str(),
+                etp_note.c_str(),
                 found.too_big, device.memory_gib, found.fitting.size());
     // MoE models: EP in a column of its own (describe() names it only above 1), and ETP
     // beside it when a listed layout's differs from its TP.

@@ -334,7 +334,7 @@ std::string moe_rows_note(const TransformerConfig& c, const PlanLayout& l) {
 }  // namespace
 
 std::string PlanLayout::describe() const {
-  std::string s = sfmt("TP %d x CP %d x PP %d", tp, cp, pp);
+  std::string s = sfmt("TP %d x CP %d%s x PP %d", tp, cp, ulysses() ? " (Ulysses)" : "", pp);
   if (vp > 1) s += sfmt(" (VPP %d)", vp);
   if (first_stage_layers > 0 || last_stage_layers > 0)
     s += sfmt(" (layers: first stage %s, last %s)",
@@ -371,6 +371,7 @@ PlanLayout plan_layout(const Options& o, int gpus) {
   PlanLayout l;
   l.gpus = gpus;
   l.tp = o.tensor_model_parallel_size, l.cp = o.context_parallel_size;
+  l.cp_comm_type = o.cp_comm_type;
   l.pp = o.pipeline_model_parallel_size;
   l.dp = data_parallel_size(gpus, ParallelLayout{.tp = l.tp, .cp = l.cp, .pp = l.pp});
   l.ep = o.expert_model_parallel_size;
@@ -452,6 +453,23 @@ PlanExpertTraffic plan_expert_traffic(const TransformerConfig& c, const PlanLayo
   return t;
 }
 
+double plan_ulysses_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
+                          int element_bytes) {
+  if (!l.ulysses()) return 0;
+  const std::vector<LayerRange> chunks = plan_stage_layers(c, l, stage);
+  int layers = 0;
+  for (const LayerRange& r : chunks) layers += r.size();
+  if (stage == l.pp - 1) layers += c.mtp_num_layers;  // run as decoder layers, not recomputed
+  const int again = recomputed_layers(l, chunks);
+  // One pass's four all-to-alls: q [N, H hd], k [N, G hd], v [N, G vd] and the output
+  // [N, H vd] (backward: their gradients), (CP-1)/CP of each leaving the rank.
+  const double N = double(l.micro_batch) * c.seq_length / l.cp;
+  const double H = c.num_attention_heads / l.tp, G = c.query_groups() / l.tp;
+  const double hd = c.head_dim(), vd = c.value_head_dim();
+  const double pass = double(l.cp - 1) / l.cp * N * (H + G) * (hd + vd) * element_bytes;
+  return double(l.micro_batches()) * (2.0 * layers + again) * pass;
+}
+
 Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice& d) {
   Plan p;
   p.model = c, p.layout = l, p.device = d;
@@ -463,6 +481,16 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                ") must be divisible by --tensor-model-parallel-size (", l.tp, ")");
   OMNI_REQUIRE(l.cp == 1 || c.seq_length % (2 * l.cp) == 0, "--seq-length (", c.seq_length,
                ") must be divisible by twice --context-parallel-size (", l.cp, ")");
+  // Ulysses gives each tensor- and context-parallel rank whole heads (config/options.cpp's
+  // finalize_layout, GPTModel).
+  OMNI_REQUIRE(l.cp_comm_type == "p2p" || l.cp_comm_type == "a2a",
+               "--cp-comm-type: '", l.cp_comm_type, "' is not one of p2p, a2a");
+  OMNI_REQUIRE(!l.ulysses() || (c.num_attention_heads % (l.tp * l.cp) == 0 &&
+                                G % (l.tp * l.cp) == 0),
+               "--cp-comm-type a2a (Ulysses) splits the heads: --num-attention-heads (",
+               c.num_attention_heads, ") and --num-query-groups (", G,
+               ") must divide by --tensor-model-parallel-size (", l.tp,
+               ") x --context-parallel-size (", l.cp, ")");
   OMNI_REQUIRE(!l.sequence_parallel || (int64_t(l.micro_batch) * c.seq_length / l.cp) % l.tp == 0,
                "--sequence-parallel: the micro-batch's tokens must divide among the ", l.tp,
                " tensor-parallel ranks");
@@ -600,10 +628,15 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
            l.pp == 1 ? "" : ", counted in the trainer's schedule", eb,
            rc ? sfmt("; %d of them recomputed keep only their input", rc).c_str() : "",
            l.sequence_parallel ? "; SP: norms and residuals 1/TP" : "") +
+          (l.ulysses()  ? "; Ulysses: q, k, v and output of H/CP heads over the whole sequence"
+           : l.cp > 1 ? "; ring: every CP rank's keys and values"
+                      : "") +
           moe_rows_note(c, l),
       "per layer and micro-batch: N(4 C' + 2 + Hd + Gd + Gv + H + Hv + C' + F' + F) with N = b "
       "s/CP tokens, C' = C/TP under SP, H, G, F per TP rank, d the query/key and v the value "
-      "head width (per-row statistics in float under 16-bit storage); MLA adds the latents "
+      "head width (per-row statistics in float under 16-bit storage); CP > 1 adds the ring's "
+      "gathered keys and values CP N G (d + v), or Ulysses' whole-sequence q, k, v and output "
+      "of H/CP heads N (H + G)(d + v); MLA adds the latents "
       "N(q_lora + kv_lora + rope + kv_lora) (their norms' copies), the up-projected N H (qk + v) "
       "and the rope key; an MoE layer adds its routing "
       "(2 N E + N k router floats), the expert rows (expected k N dropless, E x capacity padded; "
@@ -614,7 +647,8 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
            last ? " + final norm per micro-batch in flight" : "",
            mtp ? " + the MTP depths' activations" : ""),
-      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP)");
+      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP; Ulysses: send and receive blocks 2 N H max(d, v), the whole "
+      "sequence's gradients N (H + G)(d + v), 8 N CP B of gathered first keys)");
   double comm = 0;
   std::string comm_why;
   if (l.pp > 1) {
@@ -772,16 +806,33 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "ring: 2 (n-1)/n x bytes / bandwidth; not overlapped");
   const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
   const double cp_bw = link_gbps(d, l.tp * l.cp, l.tp, &cp_link);
-  const double t_cp = l.cp > 1 ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) * (l.cp - 1) *
-                                     kv_bytes / (cp_bw * 1e9)
-                               : 0.0;
+  // Ulysses: the blocking all-to-alls of plan_ulysses_bytes (training overlaps none of them
+  // with compute), over the same CP group and link as the ring's.
+  const double a2a_bytes = plan_ulysses_bytes(c, l, slow_stage, eb);
+  const double t_cp = l.ulysses() ? a2a_bytes / (cp_bw * 1e9)
+                      : l.cp > 1  ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) *
+                                       (l.cp - 1) * kv_bytes / (cp_bw * 1e9)
+                                  : 0.0;
+  const int mtp_layers = slow_stage == l.pp - 1 ? c.mtp_num_layers : 0;
   tim("CP comm", t_cp,
-      l.cp == 1
-          ? "none: CP 1"
+      l.cp == 1 ? "none: CP 1"
+      : l.ulysses()
+          ? sfmt("Ulysses: %d micro-batches x (%d layers%s x 8%s) all-to-alls of q, k, v, the "
+                 "output and their gradients (this rank's b s/CP rows, %s a pass), (CP-1)/CP "
+                 "of each leaving the rank: %s sent at %s",
+                 M, slow_layers + mtp_layers, mtp_layers ? " with MTP" : "",
+                 slow_rc ? sfmt(" + %d recomputed x 4", slow_rc).c_str() : "",
+                 gib(tokens * (c.num_attention_heads + c.query_groups()) / l.tp *
+                     (c.head_dim() + c.value_head_dim()) * eb)
+                     .c_str(),
+                 gib(a2a_bytes).c_str(), cp_link.c_str())
           : sfmt("ring attention: %d x %d layers x %d passes x (CP-1) blocks of keys and "
                  "values, %s each, at %s",
                  M, slow_layers, 3 + (slow_rc ? 1 : 0), gib(kv_bytes).c_str(), cp_link.c_str()),
-      "forward passes K,V (CP-1) times, backward K,V and their gradients; counted as exposed");
+      "ring (--cp-comm-type p2p): the forward passes K,V (CP-1) times, the backward K,V and "
+      "their gradients; Ulysses (a2a): per layer and micro-batch 4 all-to-alls forward (q, k, v "
+      "to heads, the output back) and 4 backward, + 4 per recomputed forward, of b s/CP x "
+      "(H + G)/TP x (d + v) x bytes in all, (CP-1)/CP of it sent; counted as exposed");
   const int dp_group = l.dp * l.cp;
   const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp, &dp_link);
   // The routed experts' gradients reduce over the expert-data-parallel group instead (each

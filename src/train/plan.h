@@ -100,6 +100,11 @@ struct PlanLayout {
   int routing_blocks() const {
     return expert_tp() < tp ? tp / expert_tp() : expert_tp() > tp ? tp : 1;
   }
+  // --cp-comm-type: "p2p" (ring attention: keys and values passed around the CP ranks) or
+  // "a2a" (DeepSpeed-Ulysses, parallel/ulysses.h: all-to-alls trading the sequence split for a
+  // split of the heads, heads and query groups divisible by TP x CP).
+  std::string cp_comm_type = "p2p";
+  bool ulysses() const { return cp > 1 && cp_comm_type == "a2a"; }
   int micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false, distributed_optimizer = false, overlap_grad_reduce = false;
   int zero_stage = 0;     // 2: gradients sharded too, 3: parameters too
@@ -188,6 +193,16 @@ struct PlanExpertTraffic {
 PlanExpertTraffic plan_expert_traffic(const TransformerConfig& c, const PlanLayout& l, int stage,
                                       int element_bytes, double grad_bytes = 4);
 
+// The bytes one rank sends over the context-parallel group per step on pipeline rank `stage`
+// under Ulysses (--cp-comm-type a2a; 0 otherwise), as comm/counting_communicator.h counts an
+// all-to-all ((CP-1)/CP of the rank's buffer): per layer and micro-batch the forward's four
+// all-to-alls (q, k, v to heads, the output back) and the backward's four (d(out) to heads,
+// d(q), d(k), d(v) back), each of the rank's b s/CP rows of its TP share's H (query, output)
+// or G (key, value) heads; four more for each recomputed forward; `element_bytes` the storage
+// type's size. The last stage's multi-token-prediction depths count as layers.
+double plan_ulysses_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
+                          int element_bytes);
+
 // Bytes one multi-latent-attention layer keeps besides the attention's q, k, v (per micro-batch,
 // on a rank: the latents, their norms, the up-projection's keys and values of this rank's
 // heads, the rope key), as GPTModel::allocate_mla allocates them; 0 for other models.
@@ -211,7 +226,8 @@ double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l);
 Plan make_plan(const TransformerConfig& model, const PlanLayout& layout, const PlanDevice& device);
 
 // --search: every layout of `gpus` ranks (TP within a node, PP, CP, micro-batch, recompute,
-// interleaving; SP and the distributed optimizer where they apply; for MoE models expert
+// interleaving; SP and the distributed optimizer where they apply; under CP > 1 the ring and,
+// unless `keep_cp_comm` (then base.cp_comm_type), Ulysses where the heads split; for MoE models expert
 // parallelism over the divisors of the experts count that divide DP x CP, unless `keep_ep`:
 // then base.ep, as the user gave it; and the experts' tensor parallelism ETP = TP, ETP 1
 // under TP > 1 and ETP 2 TP where it fits a node, unless `keep_etp`: then base.etp) for
@@ -222,10 +238,11 @@ struct PlanSearch {
   int tried = 0, too_big = 0;
   bool searched_ep = false;   // the layouts' EP varied
   bool searched_etp = false;  // ETPs other than TP's were tried beside it
+  bool searched_cp_comm = false;  // Ulysses (a2a) tried beside the ring under CP > 1
   Plan smallest;  // the layout that needs the least memory (for the message when none fits)
 };
 PlanSearch search_plans(const TransformerConfig& model, const PlanLayout& base,
                         const PlanDevice& device, int top, bool keep_ep = false,
-                        bool keep_etp = false);
+                        bool keep_etp = false, bool keep_cp_comm = false);
 
 }  // namespace omni

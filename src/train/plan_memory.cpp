@@ -58,7 +58,10 @@ int64_t layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element
   if (sp) e += 2 * N * C;                     // ln1_full, ln2_full: the gathered rows
   e += N * H * hd + N * G * hd + N * G * vd;  // q, k, v
   if (c.qk_layernorm) e += N * H * hd + N * G * hd, stats += 2 * N * H + 2 * N * G;
-  if (l.cp > 1) e += N * l.cp * G * (hd + vd);  // every rank's keys and values (ring attention)
+  if (l.ulysses())  // this rank's H/CP heads over the whole sequence: q_all, out_all, k_all, v_all
+    e += N * H * (hd + vd) + N * G * (hd + vd);
+  else if (l.cp > 1)
+    e += N * l.cp * G * (hd + vd);  // every rank's keys and values (ring attention)
   stats += N * H;                               // log-sum-exp
   e += N * H * vd;                              // attention output
   e += R * C;                                   // residual stream after attention
@@ -336,7 +339,15 @@ int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, in
   int64_t e = N + N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out + N * H * vd +
               N * H * hd + N * G * hd + N * G * vd;
   if (c.qk_layernorm) e += N * H * hd + N * G * hd;
-  if (l.cp > 1) e += 2 * N * H * hd + N * H + 6 * N * G * hd;
+  // Ulysses (UlyssesAttention's constructor): one exchange's send and receive blocks, the
+  // backward's whole-sequence d(out), d(q), d(k), d(v) of this rank's heads (and the gathered
+  // first keys, int32, below); the ring's blocks in flight otherwise.
+  int64_t key_starts = 0;
+  if (l.ulysses())
+    e += 2 * N * H * std::max(hd, vd) + N * H * (hd + vd) + N * G * (hd + vd),
+        key_starts = 2 * N * l.cp * 4;
+  else if (l.cp > 1)
+    e += 2 * N * H * hd + N * H + 6 * N * G * hd;
   if (c.multi_latent_attention) {  // gpt_mla.cpp's scratch gradients, made once
     const int64_t ql = c.q_lora_rank, kvl = c.kv_lora_rank, pe = c.qk_pos_emb_head_dim;
     e += (c.q_lora_rank > 0 ? 2 * N * ql : 0) + N * H * (c.qk_head_dim + c.v_head_dim) +
@@ -363,7 +374,7 @@ int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, in
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) moe_here = moe_here || moe[i];
   return e * element_bytes + mtp_bytes + (moe_here ? moe_scratch_bytes(c, l, element_bytes) : 0) +
-         int64_t(in_flight) * 5 * N * 4 + mtp_ids;
+         int64_t(in_flight) * 5 * N * 4 + mtp_ids + key_starts;
 }
 
 }  // namespace omni

@@ -1,5 +1,8 @@
 // `omnitron plan --search`: every layout of the GPUs that the model can take, fastest first.
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
 #include "train/plan.h"
@@ -15,10 +18,20 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// Each of the CP attention kinds with each recompute setting the search tries.
+std::vector<std::pair<std::string, const char*>> with_recompute(
+    const std::vector<std::string>& cp_comms) {
+  std::vector<std::pair<std::string, const char*>> v;
+  for (const std::string& c : cp_comms)
+    for (const char* r : {"", "full"}) v.emplace_back(c, r);
+  return v;
+}
+
 }  // namespace
 
 PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
-                        const PlanDevice& device, int top, bool keep_ep, bool keep_etp) {
+                        const PlanDevice& device, int top, bool keep_ep, bool keep_etp,
+                        bool keep_cp_comm) {
   PlanSearch out;
   // Expert parallelism: base.ep when the user gave it (or the model has no experts), else every
   // divisor of the experts count that the layout's ranks can take (ETP = TP: a divisor of DP,
@@ -37,6 +50,12 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
     if (tp > 1) e.push_back(1);
     if (2 * tp <= device.ranks_per_node) e.push_back(2 * tp);
     return e;
+  };
+  // Context parallelism's attention: the ring and, where the heads split over TP x CP (make_plan
+  // refuses the rest), Ulysses; base.cp_comm_type alone when the user gave it.
+  auto cp_comms = [&](int cp) {
+    if (keep_cp_comm || cp == 1) return std::vector<std::string>{base.cp_comm_type};
+    return std::vector<std::string>{"p2p", "a2a"};
   };
   const int gpus = base.gpus;
   double least = -1;
@@ -73,8 +92,9 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
                 // divides the GPUs (EP divides DP); else the experts' grid ETP x EP x PP does.
                 if (experts_tp != tp && gpus % (experts_tp * pp)) continue;
                 if (vary_ep && (experts_tp == tp ? dp : gpus / (experts_tp * pp)) % ep) continue;
-                for (const char* recompute : {"", "full"}) {
+                for (const auto& [cp_comm, recompute] : with_recompute(cp_comms(cp))) {
                   PlanLayout l = base;
+                  l.cp_comm_type = cp_comm;
                   l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.micro_batch = mb;
                   l.ep = ep, l.etp = etp;
                   l.sequence_parallel = tp > 1;
@@ -90,6 +110,7 @@ PlanSearch search_plans(const TransformerConfig& c, const PlanLayout& base,
                     continue;  // a layout the model cannot take
                   }
                   ++out.tried;
+                  out.searched_cp_comm = out.searched_cp_comm || l.ulysses();
                   if (least < 0 || p.memory_bytes() < least)
                     least = p.memory_bytes(), out.smallest = p;
                   if (!p.fits()) {

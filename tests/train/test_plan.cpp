@@ -83,6 +83,7 @@ std::vector<Measured> measure(const Case& k) {
     split.num_layers_per_virtual_pipeline_stage = l.vp > 1 ? cfg.num_layers / (l.pp * l.vp) : 0;
     ModelParallel mp;
     mp.tp = &grid.tp(), mp.cp = &grid.cp(), mp.sequence_parallel = l.sequence_parallel;
+    mp.ulysses = l.cp_comm_type == "a2a";
     if (l.ep > 1) mp.ep = &grid.ep();
     if (grid.own_expert_tp()) mp.expert_tp = &grid.expert_tp(), mp.tp_cp = &grid.tp_cp();
     mp.expert_tp_ep = grid.expert_tp_ep();  // ETP > TP's allgather
@@ -180,6 +181,12 @@ PlanLayout with_ep(PlanLayout l, int ep, int etp = 0) {
   return l;
 }
 
+// Context parallelism by Ulysses' all-to-alls (--cp-comm-type a2a) instead of the ring.
+PlanLayout ulysses(PlanLayout l) {
+  l.cp_comm_type = "a2a";
+  return l;
+}
+
 TransformerConfig tied_llama() {
   TransformerConfig c = tiny_llama();
   c.untie_embeddings_and_output_weights = false;
@@ -201,6 +208,11 @@ std::vector<Case> cases() {
       {"PP 2 x TP 2 + SP, block recompute", tiny_gpt2(),
        layout(2, 1, 2, 1, 1, 4, true, "full", "block", 1)},
       {"CP 2", tiny_llama(), layout(1, 2, 1, 1, 1, 2, false)},
+      // Ulysses: each layer keeps its H/CP heads' q, k, v and output over the whole sequence.
+      {"CP 2 Ulysses", tiny_llama(), ulysses(layout(1, 2, 1, 1, 1, 2, false))},
+      {"TP 2 + SP x CP 2 Ulysses, full recompute", tiny_llama(),
+       ulysses(layout(2, 2, 1, 1, 1, 2, true, "full"))},
+      {"MLA, CP 2 Ulysses", tiny_mla(), ulysses(layout(1, 2, 1, 1, 1, 2, false))},
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
       {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
       {"MoE layers, full recompute", tiny_moe(), layout(1, 1, 1, 1, 1, 2, false, "full")},
