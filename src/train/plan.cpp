@@ -807,9 +807,12 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
   const double kv_bytes = tokens * (c.query_groups() / l.tp) * c.head_dim() * eb * 2;
   const double cp_bw = link_gbps(d, l.tp * l.cp, l.tp, &cp_link);
   // Ulysses: the blocking all-to-alls of plan_ulysses_bytes (training overlaps none of them
-  // with compute), over the same CP group and link as the ring's.
+  // with compute), over the same CP group and link as the ring's; on GPUs (where the plan
+  // counts memory-bound passes) each exchange's two copies of the whole buffer besides, the
+  // packing by destination and the reorder into sequence order (a read and a write each).
   const double a2a_bytes = plan_ulysses_bytes(c, l, slow_stage, eb);
-  const double t_cp = l.ulysses() ? a2a_bytes / (cp_bw * 1e9)
+  const double a2a_copies = l.ulysses() && !lc.flat ? 4.0 * a2a_bytes * l.cp / (l.cp - 1) : 0.0;
+  const double t_cp = l.ulysses() ? a2a_bytes / (cp_bw * 1e9) + a2a_copies / hbm
                       : l.cp > 1  ? double(M) * slow_layers * (3 + (slow_rc ? 1 : 0)) *
                                        (l.cp - 1) * kv_bytes / (cp_bw * 1e9)
                                   : 0.0;
@@ -819,20 +822,26 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       : l.ulysses()
           ? sfmt("Ulysses: %d micro-batches x (%d layers%s x 8%s) all-to-alls of q, k, v, the "
                  "output and their gradients (this rank's b s/CP rows, %s a pass), (CP-1)/CP "
-                 "of each leaving the rank: %s sent at %s",
+                 "of each leaving the rank: %s sent at %s%s",
                  M, slow_layers + mtp_layers, mtp_layers ? " with MTP" : "",
                  slow_rc ? sfmt(" + %d recomputed x 4", slow_rc).c_str() : "",
                  gib(tokens * (c.num_attention_heads + c.query_groups()) / l.tp *
                      (c.head_dim() + c.value_head_dim()) * eb)
                      .c_str(),
-                 gib(a2a_bytes).c_str(), cp_link.c_str())
+                 gib(a2a_bytes).c_str(), cp_link.c_str(),
+                 a2a_copies > 0 ? sfmt("; + %s of packing and reordering copies at %.0f GB/s",
+                                       gib(a2a_copies).c_str(), hbm / 1e9)
+                                      .c_str()
+                                : "")
           : sfmt("ring attention: %d x %d layers x %d passes x (CP-1) blocks of keys and "
                  "values, %s each, at %s",
                  M, slow_layers, 3 + (slow_rc ? 1 : 0), gib(kv_bytes).c_str(), cp_link.c_str()),
       "ring (--cp-comm-type p2p): the forward passes K,V (CP-1) times, the backward K,V and "
       "their gradients; Ulysses (a2a): per layer and micro-batch 4 all-to-alls forward (q, k, v "
       "to heads, the output back) and 4 backward, + 4 per recomputed forward, of b s/CP x "
-      "(H + G)/TP x (d + v) x bytes in all, (CP-1)/CP of it sent; counted as exposed");
+      "(H + G)/TP x (d + v) x bytes in all, (CP-1)/CP of it sent, and on GPUs 4 x the whole in "
+      "copies (pack, reorder: a read and a write each) at the memory bandwidth; counted as "
+      "exposed");
   const int dp_group = l.dp * l.cp;
   const double dp_bw = link_gbps(d, l.tp * l.cp * l.dp, l.tp * l.cp, &dp_link);
   // The routed experts' gradients reduce over the expert-data-parallel group instead (each

@@ -142,6 +142,12 @@ TEST(PlanUlysses, RefusesHeadsThatDoNotSplitAndPricesTheAllToAlls) {
   EXPECT_GT(u_cp->value, 0.0);
   EXPECT_NE(u_cp->value, r_cp->value);
   EXPECT_NE(u_cp->why.find("Ulysses"), std::string::npos) << u_cp->why;
+  // The all-to-alls at the node's link, and the packing and reordering copies (4 x each whole
+  // exchange, CP/(CP-1) x the bytes sent) at the memory bandwidth.
+  const double sent = plan_ulysses_bytes(cfg, a2a, 0, 4);
+  const double expected = sent / (h100.intra_gbps * h100.link_efficiency * 1e9) +
+                          4 * sent * 2 / (h100.hbm_gbps * h100.hbm_efficiency * 1e9);
+  EXPECT_NEAR(u_cp->value, expected, 1e-9 * expected);
   EXPECT_NE(u.layout.describe().find("CP 2 (Ulysses)"), std::string::npos);
   // The same FLOPs per rank: only the CP row (and memory) differ.
   EXPECT_DOUBLE_EQ(u.time[0].value, r.time[0].value);
