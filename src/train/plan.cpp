@@ -647,8 +647,9 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
            last ? " + final norm per micro-batch in flight" : "",
            mtp ? " + the MTP depths' activations" : ""),
-      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP; Ulysses: send and receive blocks 2 N H max(d, v), the whole "
-      "sequence's gradients N (H + G)(d + v), 8 N CP B of gathered first keys)");
+      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP; Ulysses: send "
+      "and receive blocks 2 N H max(d, v), the whole sequence's gradients N (H + G)(d + v), "
+      "8 N CP B of gathered first keys)");
   double comm = 0;
   std::string comm_why;
   if (l.pp > 1) {

@@ -227,12 +227,12 @@ Plan make_plan(const TransformerConfig& model, const PlanLayout& layout, const P
 
 // --search: every layout of `gpus` ranks (TP within a node, PP, CP, micro-batch, recompute,
 // interleaving; SP and the distributed optimizer where they apply; under CP > 1 the ring and,
-// unless `keep_cp_comm` (then base.cp_comm_type), Ulysses where the heads split; for MoE models expert
-// parallelism over the divisors of the experts count that divide DP x CP, unless `keep_ep`:
-// then base.ep, as the user gave it; and the experts' tensor parallelism ETP = TP, ETP 1
-// under TP > 1 and ETP 2 TP where it fits a node, unless `keep_etp`: then base.etp) for
-// `global_batch`, the fitting ones fastest first (at most `top`), and how many were tried and
-// did not fit.
+// unless `keep_cp_comm` (then base.cp_comm_type), Ulysses where the heads split; for MoE
+// models expert parallelism over the divisors of the experts count that divide DP x CP,
+// unless `keep_ep`: then base.ep, as the user gave it; and the experts' tensor parallelism
+// ETP = TP, ETP 1 under TP > 1 and ETP 2 TP where it fits a node, unless `keep_etp`: then
+// base.etp) for `global_batch`, the fitting ones fastest first (at most `top`), and how many
+// were tried and did not fit.
 struct PlanSearch {
   std::vector<Plan> fitting;
   int tried = 0, too_big = 0;

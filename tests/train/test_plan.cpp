@@ -2,8 +2,9 @@
 // at many layouts, every rank's parameter count equals its ParameterSet's size, the activation
 // bytes equal GPTModel::activation_bytes() after a training step (within 1 %, the tolerance this
 // test states; today they agree exactly), and the distributed optimizer's shard is 1/(DP x CP)
-// of the parameters. Also: Korthikanti et al. 2022's Table 2 formulas, the plan's figures
-// adding up, and the search's order.
+// of the parameters; under Ulysses (--cp-comm-type a2a) the bytes a step sends over the cp
+// group equal plan_ulysses_bytes exactly. Also: Korthikanti et al. 2022's Table 2 formulas, the
+// plan's figures adding up, and the search's order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/counting_communicator.h"
 #include "comm/local_communicator.h"
 #include "comm/process_grid.h"
 #include "model/gpt_model.h"
@@ -60,10 +62,13 @@ PlanLayout layout(int tp, int cp, int pp, int vp, int dp, int micro_batches, boo
 struct Measured {
   int pp_rank = 0;
   int64_t params = 0, activation_bytes = 0, shard = 0;
+  // Algorithmic bytes (comm/counting_communicator.h) sent over the cp group during the step:
+  // by all-to-alls (Ulysses), by anything else.
+  double cp_all_to_all = 0, cp_other = 0;
 };
 
 // One training step of the case's layout on local ranks; each rank's ParameterSet size,
-// activation bytes and distributed-optimizer shard.
+// activation bytes, distributed-optimizer shard and bytes sent over its cp group.
 std::vector<Measured> measure(const Case& k) {
   const TransformerConfig& cfg = k.model;
   const PlanLayout& l = k.layout;
@@ -75,7 +80,9 @@ std::vector<Measured> measure(const Case& k) {
     for (int i = 0; i < n; ++i) tokens[m][i] = id(rng), labels[m][i] = id(rng);
   std::vector<Measured> out(l.gpus);
   run_ranks(l.gpus, [&](Communicator& world) {
-    ProcessGrid grid(world,
+    Tally tally;
+    CountingCommunicator counted(world, tally);
+    ProcessGrid grid(counted,
                      ParallelLayout{.tp = l.tp, .cp = l.cp, .ep = l.ep, .pp = l.pp, .etp = l.etp});
     PipelineSplit split;
     split.num_layers = cfg.num_layers;
@@ -103,10 +110,15 @@ std::vector<Measured> measure(const Case& k) {
       local[m].slice(full[m], l.cp, grid.cp_rank());
     }
     PipelineExecutor<float> pipe(model, grid.pp());
+    tally.on = true;
     pipe.run(
         M, [&](int m) -> const MicroBatch& { return l.cp > 1 ? local[m].batch() : full[m]; }, true,
         1.0 / M);
-    Measured r{grid.pp_rank(), model.params().size(), model.activation_bytes(), 0};
+    tally.on = false;
+    Measured r{grid.pp_rank(), model.params().size(), model.activation_bytes()};
+    for (const auto& [key, e] : tally.entries)
+      if (key.first == "cp")
+        (key.second == Call::AllToAll ? r.cp_all_to_all : r.cp_other) += e.algorithmic;
     if (l.distributed_optimizer) {
       DataParallelBuckets<float> ddp(grid.dp_cp(), model.params(), 0, GradReduce::ReduceScatter);
       for (const ShardRange& s : ddp.shard()) r.shard += s.end - s.begin;
@@ -208,11 +220,14 @@ std::vector<Case> cases() {
       {"PP 2 x TP 2 + SP, block recompute", tiny_gpt2(),
        layout(2, 1, 2, 1, 1, 4, true, "full", "block", 1)},
       {"CP 2", tiny_llama(), layout(1, 2, 1, 1, 1, 2, false)},
-      // Ulysses: each layer keeps its H/CP heads' q, k, v and output over the whole sequence.
+      // Ulysses: each layer keeps its H/CP heads' q, k, v and output over the whole sequence;
+      // its all-to-alls' bytes are checked too.
       {"CP 2 Ulysses", tiny_llama(), ulysses(layout(1, 2, 1, 1, 1, 2, false))},
       {"TP 2 + SP x CP 2 Ulysses, full recompute", tiny_llama(),
        ulysses(layout(2, 2, 1, 1, 1, 2, true, "full"))},
       {"MLA, CP 2 Ulysses", tiny_mla(), ulysses(layout(1, 2, 1, 1, 1, 2, false))},
+      {"CP 2 Ulysses x PP 2, MTP 1", with_mtp(tiny_llama(), 1),
+       ulysses(layout(1, 2, 2, 1, 1, 4, false))},
       {"DP 2, distributed optimizer", tiny_gpt2(), layout(1, 1, 1, 1, 2, 2, false)},
       {"PP 2, MoE layers", tiny_moe(), layout(1, 1, 2, 1, 1, 4, false)},
       {"MoE layers, full recompute", tiny_moe(), layout(1, 1, 1, 1, 1, 2, false, "full")},
@@ -240,7 +255,8 @@ std::vector<Case> cases() {
        with_ep(layout(2, 1, 1, 1, 1, 2, true), 2, 1)},
       // Expert tensor parallelism above TP: each rank routes its own rows, its experts run
       // the ETP ranks' rows gathered (alltoall) or the ETP x EP ranks' tokens (allgather).
-      {"MoE alltoall, ETP 2 over DP 2", alltoall_moe(), with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2)},
+      {"MoE alltoall, ETP 2 over DP 2", alltoall_moe(),
+       with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2)},
       {"MLA + MoE allgather, ETP 2 over DP 2", tiny_mla_moe("allgather"),
        with_ep(layout(1, 1, 1, 1, 2, 1, false), 1, 2)},
       {"MoE alltoall, TP 2 + SP, ETP 4 over DP 2", alltoall_moe(),
@@ -271,6 +287,26 @@ TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
           ranks > 1 ? (", mean " + std::to_string(int64_t(measured))).c_str() : "", (long long)act);
       EXPECT_EQ(params, m.params) << "stage " << m.pp_rank;
       EXPECT_NEAR(double(act), measured, 0.01 * measured) << "stage " << m.pp_rank;
+      // Ulysses: the cp group's all-to-alls, exactly as plan_ulysses_bytes counts them (the
+      // time model's bytes). Besides them the group carries only the last stage's small
+      // exchanges, which the plan leaves out (as for the ring): the loss sums over the sequence
+      // (masked loss and token count, one double each per micro-batch, all-reduced: 2 (CP-1)/CP
+      // x 8 B each) and, with MTP, the whole sequence's ids gathered (5 doubles a row, (CP-1)
+      // x b s/CP rows sent) per micro-batch.
+      if (k.layout.ulysses()) {
+        const PlanLayout& l = k.layout;
+        const double planned = plan_ulysses_bytes(k.model, l, m.pp_rank, 4);
+        std::printf("%-40s stage %d: cp all-to-alls %.0f B (plan %.0f), other %.0f B\n", k.name,
+                    m.pp_rank, m.cp_all_to_all, planned, m.cp_other);
+        EXPECT_GT(planned, 0.0);
+        EXPECT_DOUBLE_EQ(m.cp_all_to_all, planned) << "stage " << m.pp_rank;
+        const double rows = double(l.micro_batch) * k.model.seq_length / l.cp;
+        const double loss_sums = 2 * (2.0 * (l.cp - 1) / l.cp * 8);
+        const double mtp_ids = k.model.mtp_num_layers > 0 ? (l.cp - 1) * rows * 5 * 8 : 0.0;
+        EXPECT_DOUBLE_EQ(m.cp_other,
+                         m.pp_rank == l.pp - 1 ? l.micro_batches() * (loss_sums + mtp_ids) : 0.0)
+            << "stage " << m.pp_rank;
+      }
       if (k.layout.distributed_optimizer) {  // buckets split with remainders: within an element
         EXPECT_NEAR(double(m.shard), double(m.params) / (k.layout.dp * k.layout.cp), 1.0);
       }
