@@ -55,6 +55,22 @@ TEST(CliPlan, ZooModelOnAGpuLayoutExplainsEachFigure) {
   EXPECT_TRUE(has(e.output, "(p-1)/(v m)")) << e.output;
 }
 
+// Ulysses context parallelism: the layout names it, the activations and the CP row say what it
+// keeps and sends; heads that do not split over TP x CP are training's one-line error.
+TEST(CliPlan, UlyssesContextParallelism) {
+  const std::string layout =
+      "--machine H100 --gpus 16 --bf16 --global-batch-size 32 --use-distributed-optimizer "
+      "--cp-comm-type a2a --context-parallel-size ";
+  const ProcessResult r = run_omnitron(kLlama8b + layout + "2 --tensor-model-parallel-size 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "TP 2 x CP 2 (Ulysses)")) << r.output;
+  EXPECT_TRUE(has(r.output, "Ulysses: q, k, v and output of H/CP heads")) << r.output;
+  EXPECT_TRUE(has(r.output, "Ulysses: 8 micro-batches x (32 layers x 8) all-to-alls")) << r.output;
+  expect_one_line_error(run_omnitron(kLlama8b + layout + "4 --tensor-model-parallel-size 4"),
+                        "--num-query-groups (8) must divide by --tensor-model-parallel-size (4) "
+                        "x the sequence-parallel size (4)");
+}
+
 TEST(CliPlan, RecomputeShrinksActivations) {
   auto activations = [](const std::string& extra) {
     const ProcessResult r = run_omnitron(kLlama8b +
