@@ -149,6 +149,11 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
       split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc2.weight"))
       split(e, 2, F, false, etp, etp_rank);
+    else if (expert && ends_with(m.name, "linear_fc2.bias"))
+      // Whole on every slice's rank with the same gradient (MoELayer): under ETP = TP that is
+      // the dense tp group's replicated tensor, counted and saved once there; under its own
+      // group counted once over it (train/expert_grads.h), saved as the experts' weights.
+      e.etp_replicated = true, e.tp_replicated = !own;
     else if (ends_with(m.name, "shared_experts.linear_fc1.weight"))
       split(e, 0, Fs, true, tp, r);
     else if (ends_with(m.name, "shared_experts.linear_fc2.weight"))

@@ -266,20 +266,44 @@ TEST(MoELayouts, ExpertTensor4UnderTensor2SequenceParallel) {
                    without_shared_expert(sequence_aux_loss()));
 }
 
-TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
-  TransformerConfig cfg = tiny_moe();
-  cfg.moe_shared_expert_intermediate_size = 0;
+// The experts' linear biases (GPT-2's default, without a shared expert, which Megatron builds
+// without biases): fc1's split with its rows (SwiGLU: gate and up halves), fc2's whole on every
+// slice's rank and added by the first: ETP = TP 2 without and with SP (EP 2, both
+// dispatchers), ETP 1 and 2 under TP 2 and 4 (SP, EP 2), ETP 2 over DP 2 (the exchange and the
+// gather over etp) and ETP 4 over TP 2 + SP.
+TransformerConfig with_biases() {
+  TransformerConfig cfg = without_shared_expert();
   cfg.add_bias_linear = true;
-  const Data data = make_data(cfg, false);
-  std::string error;
-  try {
-    run_layout<double>(cfg, Layout{.tp = 2}, data, [](int) { return ops::Exec{}; });
-  } catch (const UsageError& e) {
-    error = e.what();
+  cfg.validate();
+  return cfg;
+}
+TEST(MoELayouts, ExpertBiasesUnderTensorParallelism) {
+  check_moe_layout({.tp = 2}, with_biases());
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = with_biases();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.tp = 2, .sp = true, .ep = 2}, cfg);
   }
-  EXPECT_NE(error.find("--tensor-model-parallel-size 2 needs --disable-bias-linear"),
-            std::string::npos)
-      << error;
+}
+TEST(MoELayouts, ExpertBiasesUnderExpertTensorBelowTensor) {
+  check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1}, with_biases());
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = with_biases();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2}, cfg);
+  }
+}
+TEST(MoELayouts, ExpertBiasesUnderExpertTensorAboveTensor) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = with_biases();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.ep = 1, .dp = 2, .etp = 2}, cfg);
+    check_moe_layout({.ep = 2, .dp = 4, .etp = 2}, cfg);
+  }
+  check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4}, with_biases());
 }
 
 }  // namespace
