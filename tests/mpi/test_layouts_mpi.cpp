@@ -195,6 +195,21 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
     });
 
+// The experts' linear biases (GPT-2's MoE model): fc2's whole on every slice's rank, added by
+// the first, at ETP = TP 2 + SP and at ETP 2 over DP 2 (the exchange's MPI sends, both ranks
+// writing the bias in the checkpoint).
+const Case kMoeBiasCases[] = {
+    {"tp2_sequence_parallel", 2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+    {"etp2_dp2_alltoall", 2, "--expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall"},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    MpiMoEBiases, Layouts,
+    ::testing::Combine(::testing::Values("moe_gpt2"), ::testing::ValuesIn(kMoeBiasCases)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+    });
+
 // Multi-token prediction (model/mtp.cpp) with its MoE layer: tensor and sequence parallelism
 // (eh_proj replicated), and on the last of two pipeline stages (which then holds a copy of the
 // word embeddings, summed with the first stage's). The first step's gradient norm matches the one-rank run's to 8 digits; over the 20 steps

@@ -4,7 +4,8 @@
 // keeps its own routing for its backward), with and without full recompute; sequences split
 // over cp ranks; experts split by width over tp ranks, or over their own expert
 // tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4; ETP 2 or 4 above TP 1 or 2, over ranks
-// of several data-parallel replicas). The parameters must be the one-rank model's
+// of several data-parallel replicas); the experts' linear biases (set non-zero) under all of
+// these splits. The parameters must be the one-rank model's
 // values, and the gradients (the aux and z losses' included) and the loss equal to rounding.
 #include <gtest/gtest.h>
 
@@ -35,11 +36,14 @@ TransformerConfig tiny_moe() {
 void check_moe_layout(const Layout& layout, const TransformerConfig& cfg = tiny_moe()) {
   const Data data = make_data(cfg, false);
   GPTModel<double> ref(cfg, kBatch, kSeed);
+  if (cfg.add_bias_linear) set_linear_biases(ref);
   double ref_loss = 0;
   for (const MicroBatch& mb : data.batches)
     ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
   const std::vector<RankResult<double>> ranks =
-      run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; });
+      run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; },
+                         cfg.add_bias_linear ? set_linear_biases<double>
+                                             : std::function<void(GPTModel<double>&)>{});
   double loss = NAN, worst_grad = 0;
   size_t seen = 0;  // elements compared
   std::map<std::string, std::vector<bool>> held_by;

@@ -4,7 +4,8 @@
 // both token dispatchers, against one rank: the losses within 1e-5 relative and the final
 // parameters (each rank's experts, the expert bias) the one-rank run's within 1e-5 of the largest.
 // The experts' own tensor-parallel size (ETP 1 under TP 2 + SP, ETP 2 under TP 4 + SP; ETP 2
-// above TP 1, ETP 4 above TP 2 + SP) too.
+// above TP 1, ETP 4 above TP 2 + SP) too, and the experts' linear biases under ETP = TP, below
+// and above it (the parameters and the gradient norm one rank's).
 // ZeRO stages 2 and 3 (the experts' gradients and parameters sharded over their own
 // expert-data-parallel group) at EP 2 x DP 2, EP 4, EP 1 x DP 2 and ETP 1 under TP 2 + SP.
 // Checkpoints: an EP 2 save writes every element once, and state saved at EP 2 loads at one rank
