@@ -245,8 +245,8 @@ TEST(GpuLayoutsMoEExpertTensor, ExpertTensor1And2TensorParallel4WithoutSharedExp
 }
 
 // The experts' linear biases (no shared expert) in device memory: fc2's added by each
-// expert's first slice only, at ETP = TP 2 + SP x EP 2 (alltoall), ETP 2 under TP 4 + SP x EP 2
-// (allgather) and ETP 2 over DP 2 (TP 1: the exchange over etp).
+// expert's first slice only, at ETP = TP 2 + SP x EP 2 and ETP 2 over DP 2 (TP 1: the exchange
+// over etp); ETP < TP: parallel/test_moe_layouts.cpp.
 TEST(GpuLayoutsMoEExpertTensor, ExpertBiasesUnderTensorAndExpertTensorParallelism) {
   TransformerConfig cfg = moe_layout_config("alltoall");
   cfg.moe_shared_expert_intermediate_size = 0;
@@ -254,8 +254,6 @@ TEST(GpuLayoutsMoEExpertTensor, ExpertBiasesUnderTensorAndExpertTensorParallelis
   cfg.validate();
   check_gpu_layout_of(cfg, {.tp = 2, .sp = true, .ep = 2});
   check_gpu_layout_of(cfg, {.ep = 1, .dp = 2, .etp = 2});
-  cfg.moe_token_dispatcher_type = "allgather";
-  check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
 }
 
 // Expert tensor parallelism wider than TP (the group spanning data-parallel replicas): TP 1,

@@ -7,8 +7,8 @@
 // experts' parts over their expert-data-parallel group, tied embeddings across stages) summed.
 #pragma once
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -165,7 +165,8 @@ void set_linear_biases(GPTModel<T>& model) {
     if (!p.name.ends_with("bias") || p.name.find("expert_bias") != std::string::npos) continue;
     std::vector<T> v(size_t(p.numel));
     ParameterSet<T>::for_each_run(p, [&](int64_t local, int64_t global, int64_t run) {
-      for (int64_t i = 0; i < run; ++i) v[local + i] = T(0.1 * std::sin(0.7 * double(global + i) + 1));
+      for (int64_t i = 0; i < run; ++i)
+        v[local + i] = T(0.1 * std::sin(0.7 * double(global + i) + 1));
     });
     ops::upload(model.exec(), model.params().values() + p.offset, v.data(), v.size());
   }

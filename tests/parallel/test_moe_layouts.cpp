@@ -40,10 +40,9 @@ void check_moe_layout(const Layout& layout, const TransformerConfig& cfg = tiny_
   double ref_loss = 0;
   for (const MicroBatch& mb : data.batches)
     ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
-  const std::vector<RankResult<double>> ranks =
-      run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; },
-                         cfg.add_bias_linear ? set_linear_biases<double>
-                                             : std::function<void(GPTModel<double>&)>{});
+  const std::vector<RankResult<double>> ranks = run_layout<double>(
+      cfg, layout, data, [](int) { return ops::Exec{}; },
+      cfg.add_bias_linear ? set_linear_biases<double> : std::function<void(GPTModel<double>&)>{});
   double loss = NAN, worst_grad = 0;
   size_t seen = 0;  // elements compared
   std::map<std::string, std::vector<bool>> held_by;
@@ -271,12 +270,13 @@ TEST(MoELayouts, ExpertTensor4UnderTensor2SequenceParallel) {
 }
 
 // The experts' linear biases (GPT-2's default, without a shared expert, which Megatron builds
-// without biases): fc1's split with its rows (SwiGLU: gate and up halves), fc2's whole on every
-// slice's rank and added by the first: ETP = TP 2 without and with SP (EP 2, both
-// dispatchers), ETP 1 and 2 under TP 2 and 4 (SP, EP 2), ETP 2 over DP 2 (the exchange and the
-// gather over etp) and ETP 4 over TP 2 + SP.
+// without biases) on layout_run.h's four layers: fc1's split with its rows (SwiGLU: gate and up
+// halves), fc2's whole on every slice's rank and added by the first: ETP = TP 2 without and
+// with SP (EP 2, both dispatchers), ETP 1 and 2 under TP 2 and 4 (SP, EP 2), ETP 2 over DP 2
+// and DP 4 (EP 2; the exchange and the gather over etp) and ETP 4 over TP 2 + SP.
 TransformerConfig with_biases() {
-  TransformerConfig cfg = without_shared_expert();
+  TransformerConfig cfg = moe_layout_config(TransformerConfig{}.moe_token_dispatcher_type);
+  cfg.moe_shared_expert_intermediate_size = 0;
   cfg.add_bias_linear = true;
   cfg.validate();
   return cfg;
