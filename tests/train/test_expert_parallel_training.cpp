@@ -637,7 +637,8 @@ TEST(ExpertParallelTraining, NormsAndZerosAtExpertTensorAboveTensorAreOneRanks) 
 // (alltoall; ETP < TP: parallel/test_moe_layouts.cpp); the gradient norm (and, without TP's
 // padded vocabulary, the parameters' norm and the zeros) one rank's at ETP = TP 2 + SP at EP 1
 // (the dense tp group's replicated tensor) and EP 2, and at ETP 2 over DP 2 and ETP 2 x EP 2
-// over DP 4 with the distributed optimizer (the expert grid's sums). (The losses agree within
+// over DP 4 with the distributed optimizer and ETP 2 over DP 4 at ZeRO stage 3 (the expert
+// grid's sums). (The losses agree within
 // 3e-9; in float32 through Adam the parameters come within 2e-5 of the largest, the dense
 // tensors' as far off as the experts': 3e-5 as above.)
 TEST(ExpertParallelTraining, ExpertBiasesMatchOneRank) {
@@ -660,6 +661,7 @@ TEST(ExpertParallelTraining, ExpertBiasesCountOnceInTheNorms) {
             {"--tensor-model-parallel-size", "2", "--sequence-parallel",
              "--expert-model-parallel-size", "2"}},
            {2, {"--expert-tensor-parallel-size", "2"}},
+           {4, {"--expert-tensor-parallel-size", "2", "--zero-stage", "3"}},
            {4,
             {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
              "--use-distributed-optimizer"}}}) {
@@ -768,6 +770,28 @@ TEST(ExpertParallelTraining, CheckpointsReshardFromExpertTensorAboveTensor) {
   expect_same_state(wide, one);
   expect_same_state(wide, back);
   for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+}
+
+// With the experts' linear biases: saved at ETP 2 over DP 2 (fc2's bias written by the first
+// etp rank only), loaded at one rank and saved, loaded at ETP 2 over DP 4 at ZeRO stage 3 and
+// saved: the same state bit for bit, each element written once.
+TEST(ExpertParallelTraining, CheckpointsWithExpertBiasesReshardFromExpertTensorAboveTensor) {
+  const LinearBiases biases;
+  const std::string base = ::testing::TempDir() + "omnitron_etp_bias_ckpt_";
+  const std::string wide = base + "wide", one = base + "one", zero = base + "zero";
+  for (const std::string& d : {wide, one, zero}) fs::remove_all(d);
+  const int64_t written = train(2, {"--expert-tensor-parallel-size", "2", "--save", wide}).written;
+  EXPECT_GT(written, 0);
+  EXPECT_EQ(written, train(1, {"--load", wide, "--save", one}, true).written)
+      << "each element of the model and its states is written once";
+  EXPECT_EQ(written, train(4,
+                           {"--expert-tensor-parallel-size", "2", "--zero-stage", "3", "--load",
+                            one, "--save", zero},
+                           true)
+                         .written);
+  expect_same_state(wide, one);
+  expect_same_state(wide, zero);
+  for (const std::string& d : {wide, one, zero}) fs::remove_all(d);
 }
 
 // Saved at ZeRO stage 3, EP 2 x DP 2, after two steps (each rank its shards of the dense
