@@ -380,8 +380,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
                        offsets[e + n] - offsets[e], F_, cfg_);
     ops::moe_grouped_linear_forward(
         ex, expert_out_.data(), act_.data(), p.fc2_weight + size_t(e) * C * F_,
-        p.fc2_bias && fc2_bias_here_ ? p.fc2_bias + size_t(e) * C : nullptr, offsets + e, n, F_,
-        C);
+        p.fc2_bias && fc2_bias_here_ ? p.fc2_bias + size_t(e) * C : nullptr, offsets + e, n, F_, C);
   };
   if (ex.on_gpu())
     experts_forward(0, El);
