@@ -752,46 +752,41 @@ TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertTensorLayouts) {
   expect_same_state(etp1, back);
 }
 
-// ETP 2 over DP 2 (TP 1: each rank writes its slice of every expert, the first the dense
-// tensors), loaded at one rank and saved, loaded at ETP 2 x EP 2 over DP 4 with the
-// distributed optimizer and saved: the same state bit for bit, each element written once.
-TEST(ExpertParallelTraining, CheckpointsReshardFromExpertTensorAboveTensor) {
-  const std::string base = ::testing::TempDir() + "omnitron_wide_etp_ckpt_";
-  const std::string wide = base + "wide", one = base + "one", back = base + "back";
-  for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+// Saved at ETP 2 over DP 2 (TP 1: each rank writes its slice of every expert, the first the
+// dense tensors), loaded at one rank and saved, loaded at `back` (4 ranks) and saved: the same
+// state bit for bit each time, each element written once (at `back` too with `back_once`).
+void expect_reshards_from_wide_expert_tensor(const std::string& tag, std::vector<std::string> back,
+                                             bool back_once) {
+  const std::string base = ::testing::TempDir() + "omnitron_" + tag + "_ckpt_";
+  const std::string wide = base + "wide", one = base + "one", again = base + "back";
+  for (const std::string& d : {wide, one, again}) fs::remove_all(d);
   const int64_t written = train(2, {"--expert-tensor-parallel-size", "2", "--save", wide}).written;
   EXPECT_GT(written, 0);
   EXPECT_EQ(written, train(1, {"--load", wide, "--save", one}, true).written)
       << "each element of the model and its states is written once";
-  train(4,
-        {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
-         "--use-distributed-optimizer", "--load", one, "--save", back},
-        true);
+  back.insert(back.end(), {"--load", one, "--save", again});
+  const int64_t back_written = train(4, back, true).written;
+  if (back_once) {
+    EXPECT_EQ(written, back_written) << "each element written once at the last layout";
+  }
   expect_same_state(wide, one);
-  expect_same_state(wide, back);
-  for (const std::string& d : {wide, one, back}) fs::remove_all(d);
+  expect_same_state(wide, again);
+  for (const std::string& d : {wide, one, again}) fs::remove_all(d);
 }
-
-// With the experts' linear biases: saved at ETP 2 over DP 2 (fc2's bias written by the first
-// etp rank only), loaded at one rank and saved, loaded at ETP 2 over DP 4 at ZeRO stage 3 and
-// saved: the same state bit for bit, each element written once.
+// Back at ETP 2 x EP 2 over DP 4 with the distributed optimizer.
+TEST(ExpertParallelTraining, CheckpointsReshardFromExpertTensorAboveTensor) {
+  expect_reshards_from_wide_expert_tensor(
+      "wide_etp",
+      {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+       "--use-distributed-optimizer"},
+      false);
+}
+// With the experts' linear biases (fc2's written by the first etp rank only), back at ETP 2
+// over DP 4 at ZeRO stage 3.
 TEST(ExpertParallelTraining, CheckpointsWithExpertBiasesReshardFromExpertTensorAboveTensor) {
   const LinearBiases biases;
-  const std::string base = ::testing::TempDir() + "omnitron_etp_bias_ckpt_";
-  const std::string wide = base + "wide", one = base + "one", zero = base + "zero";
-  for (const std::string& d : {wide, one, zero}) fs::remove_all(d);
-  const int64_t written = train(2, {"--expert-tensor-parallel-size", "2", "--save", wide}).written;
-  EXPECT_GT(written, 0);
-  EXPECT_EQ(written, train(1, {"--load", wide, "--save", one}, true).written)
-      << "each element of the model and its states is written once";
-  EXPECT_EQ(written, train(4,
-                           {"--expert-tensor-parallel-size", "2", "--zero-stage", "3", "--load",
-                            one, "--save", zero},
-                           true)
-                         .written);
-  expect_same_state(wide, one);
-  expect_same_state(wide, zero);
-  for (const std::string& d : {wide, one, zero}) fs::remove_all(d);
+  expect_reshards_from_wide_expert_tensor(
+      "etp_bias", {"--expert-tensor-parallel-size", "2", "--zero-stage", "3"}, true);
 }
 
 // Saved at ZeRO stage 3, EP 2 x DP 2, after two steps (each rank its shards of the dense
