@@ -143,7 +143,6 @@ void finalize_moe(Options& o) {
            n.find(std::string(" ") + v.flag + " ha") != std::string::npos))
         throw NotBuiltError(std::string(v.flag) + " with --num-experts", v.feature);
   }
-  const std::string experts = "--num-experts " + std::to_string(o.model.num_moe_experts);
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel);
   // The zoo at ETP != TP (optimizer_zoo.h): without the distributed optimizer it reduces the
@@ -152,15 +151,7 @@ void finalize_moe(Options& o) {
   // optimizer (train/expert_grads.h) over the expert grid's data- and tensor-parallel groups.
   // Muon steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1 themselves;
   // the others are per element.
-  OMNI_REQUIRE(tp == 1 || !o.model.add_bias_linear, experts, " with --tensor-model-parallel-size ",
-               tp,
-               " needs --disable-bias-linear (the experts' biases under tensor parallelism "
-               "are not built yet)");
   const int etp = o.expert_tensor_parallel_size;
-  OMNI_REQUIRE(etp <= 1 || !o.model.add_bias_linear, experts,
-               " with --expert-tensor-parallel-size ", etp,
-               " needs --disable-bias-linear (the experts' biases under expert tensor "
-               "parallelism are not built yet)");
   // ETP > TP: GaLore and Shampoo keep whole matrices, and an expert's slices lie on ranks of
   // other dense tp groups (at TP 1 their own TP > 1 refusal does not see them).
   if (etp > tp) {

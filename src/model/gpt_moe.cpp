@@ -20,9 +20,11 @@
 // Tensor parallelism (expert tensor parallelism of the same size): every tp rank routes the
 // gathered tokens with the replicated router and holds its slice of each expert's width;
 // layer_forward sums the ranks' outputs as the dense fc2's (reduce-scatter under sequence
-// parallelism), layer_backward their input gradients. Float or double on the CPU, float, bf16
-// or f16 on a GPU (MoELayer's ops run where the model's Exec says; a 16-bit model's router
-// runs in float32).
+// parallelism), layer_backward their input gradients. With linear biases an expert's fc1 bias
+// is split with its rows and its fc2 bias is whole on every rank, added by the first
+// (MoELayer), under every expert tensor-parallel size below. Float or double on the CPU,
+// float, bf16 or f16 on a GPU (MoELayer's ops run where the model's Exec says; a 16-bit
+// model's router runs in float32).
 //
 // Expert tensor parallelism of another size than tp (--expert-tensor-parallel-size ETP
 // dividing TP, the experts' own grid: comm/process_grid.h; sequence parallel): each block of
@@ -149,6 +151,11 @@ void GPTModel<T>::add_moe_parameters(std::vector<ParamInfo>& p, const std::strin
       split(e, 1, F, true, etp, etp_rank);
     else if (expert && ends_with(m.name, "linear_fc2.weight"))
       split(e, 2, F, false, etp, etp_rank);
+    else if (expert && ends_with(m.name, "linear_fc2.bias"))
+      // Whole on every slice's rank with the same gradient (MoELayer): under ETP = TP that is
+      // the dense tp group's replicated tensor, counted and saved once there; under its own
+      // group counted and saved by its first rank (expert_grads.cpp, Trainer::rank_state).
+      e.etp_replicated = true, e.tp_replicated = !own;
     else if (ends_with(m.name, "shared_experts.linear_fc1.weight"))
       split(e, 0, Fs, true, tp, r);
     else if (ends_with(m.name, "shared_experts.linear_fc2.weight"))

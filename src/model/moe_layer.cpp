@@ -214,16 +214,11 @@ MoELayer<T>::MoELayer(const TransformerConfig& config, Communicator* ep, Communi
   OMNI_REQUIRE(cfg_.moe_shared_expert_intermediate_size % tp_ranks == 0,
                "--moe-shared-expert-intermediate-size (", cfg_.moe_shared_expert_intermediate_size,
                ") must be divisible by --tensor-model-parallel-size (", tp_ranks, ")");
-  OMNI_REQUIRE(tp_ranks == 1 || !cfg_.add_bias_linear,
-               "--num-experts with "
-               "--tensor-model-parallel-size ",
-               tp_ranks,
-               " needs --disable-bias-linear (the "
-               "experts' biases under tensor parallelism are not built yet)");
-  OMNI_REQUIRE(expert_ranks == 1 || !cfg_.add_bias_linear,
-               "--num-experts with --expert-tensor-parallel-size ", expert_ranks,
-               " needs --disable-bias-linear (the experts' biases under expert tensor "
-               "parallelism are not built yet)");
+  // fc2's bias, whole on every slice's rank, is added by the first slice's only: the sum of
+  // the slices' partial outputs (the caller's over tp or the block, the exchange's or the
+  // gather's reduce-scatter over etp) then holds it once, as Megatron's row-parallel fc2 adds
+  // it after the reduction.
+  fc2_bias_here_ = (own_rows_ ? (etp_ ? etp_->rank() : block_rank_) : tp_rank_) == 0;
   F_ = cfg_.moe_ffn_size() / expert_ranks;
   F1_ = cfg_.swiglu ? 2 * F_ : F_;
   Fs_ = cfg_.moe_shared_expert_intermediate_size / tp_ranks;
@@ -385,7 +380,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
                        offsets[e + n] - offsets[e], F_, cfg_);
     ops::moe_grouped_linear_forward(
         ex, expert_out_.data(), act_.data(), p.fc2_weight + size_t(e) * C * F_,
-        p.fc2_bias ? p.fc2_bias + size_t(e) * C : nullptr, offsets + e, n, F_, C);
+        p.fc2_bias && fc2_bias_here_ ? p.fc2_bias + size_t(e) * C : nullptr, offsets + e, n, F_, C);
   };
   if (ex.on_gpu())
     experts_forward(0, El);

@@ -160,6 +160,13 @@ class MoELayer {
   // the tokens are gathered over `expert_tp_ep` (the expert grid's tp x ep group; null:
   // expert_tp, which it is at EP 1) and the weighted outputs reduce-scattered over it.
   // Either way a rank's routed rows come back complete (no sum over tp for them).
+  //
+  // Linear biases (add_bias_linear) under any of these splits, as Megatron-Core's experts: fc1's
+  // bias is split with fc1's rows (this rank's slice, its gradient this slice's), fc2's is
+  // whole on every rank and added by each expert's first slice only (tp, block or etp rank 0),
+  // so that the summed partial outputs hold it once; every slice's rank computes its whole
+  // gradient from the complete output gradients of its rows, the same on every one (the
+  // caller counts it once over the expert tensor-parallel ranks and sums it over none).
   explicit MoELayer(const TransformerConfig& config, Communicator* ep = nullptr,
                     Communicator* cp = nullptr, Communicator* tp = nullptr,
                     const ops::Exec& exec = {}, Communicator* expert_tp = nullptr,
@@ -238,6 +245,7 @@ class MoELayer {
   // block_rows_, else whole. etp_: the expert tensor-parallel group under etp > tp.
   bool own_rows_ = false, block_rows_ = false;
   int etp_size_ = 1, block_size_ = 1, block_rank_ = 0;
+  bool fc2_bias_here_ = true;  // this rank's slice is each expert's first: it adds fc2's bias
   int block() const { return tp_rank_ / block_size_; }
   Communicator* etp_ = nullptr;
   Communicator* gather_ = nullptr;

@@ -41,6 +41,9 @@ struct ParamInfo {
   // tp_partial_grad: each rank computes only part of its gradient (sequence-parallel norms,
   // per-head qk-norms), so the ranks' gradients are summed before use.
   bool tp_replicated = false, tp_partial_grad = false;
+  // An expert's tensor held whole by every expert tensor-parallel rank (fc2's bias under
+  // ETP > 1), its gradient the same on each: the gradient norm counts it on the first only.
+  bool etp_replicated = false;
   int64_t offset = 0;  // into the flat buffer, in elements
   int64_t numel = 0;
   ParamInit init = ParamInit::Normal;

@@ -59,8 +59,11 @@ std::vector<ShardRange> ExpertGradients::ranges() const {
 void ExpertGradients::complete_sums(double* sums, const std::vector<Part>& parts) const {
   const size_t n = parts.size();
   std::vector<double> experts(n, 0.0);
+  // fc2's biases, whole on every expert tensor-parallel rank: counted on the first.
+  const bool first_slice = grid_.expert_tp().rank() == 0;
   for (const ShardRange& r : sharded_ ? buckets_.shard() : ranges())
     for (const ParamInfo& p : experts_) {
+      if (p.etp_replicated && !first_slice) continue;
       const int64_t b = std::max(r.begin, p.offset), e = std::min(r.end, p.offset + p.numel);
       if (b < e)
         for (size_t i = 0; i < n; ++i) experts[i] += parts[i].op(parts[i].data + b, size_t(e - b));

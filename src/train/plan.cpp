@@ -523,15 +523,6 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                ") and --moe-shared-expert-intermediate-size (",
                c.moe_shared_expert_intermediate_size,
                ") must be divisible by --tensor-model-parallel-size (", l.tp, ")");
-  OMNI_REQUIRE(c.num_moe_experts == 0 || l.tp == 1 || !c.add_bias_linear, "--num-experts ",
-               c.num_moe_experts, " with --tensor-model-parallel-size ", l.tp,
-               " needs --disable-bias-linear (the experts' biases under tensor parallelism are "
-               "not built yet)");
-  OMNI_REQUIRE(c.num_moe_experts == 0 || l.expert_tp() == 1 || !c.add_bias_linear,
-               "--num-experts ", c.num_moe_experts, " with --expert-tensor-parallel-size ",
-               l.expert_tp(),
-               " needs --disable-bias-linear (the experts' biases under expert tensor "
-               "parallelism are not built yet)");
   OMNI_REQUIRE(c.mtp_num_layers == 0 || l.pp == 1 ||
                    c.position_embedding_type != PositionEmbedding::LearnedAbsolute,
                "--mtp-num-layers ", c.mtp_num_layers,

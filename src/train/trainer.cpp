@@ -324,7 +324,8 @@ ParameterSet<float>& Trainer::optimizer_params() {
 
 RankState Trainer::rank_state(bool with_optimizer) {
   // One replica (the first data- and context-parallel rank) writes each model slice, the
-  // first tensor-parallel rank the tensors all hold whole, the first stage tied embeddings;
+  // first tensor-parallel rank the tensors all hold whole (the first expert tensor-parallel
+  // rank the experts' fc2 biases), the first stage tied embeddings;
   // the distributed optimizer's ranks each write their shard of its states.
   ParameterSet<float>& params = optimizer_params();
   const int64_t n = params.size();
@@ -389,9 +390,10 @@ RankState Trainer::rank_state(bool with_optimizer) {
     state.buffers.push_back(std::move(b));
   }
   const bool tp_lead = grid_->tp_rank() == 0;
+  const bool etp_lead = grid_->expert_tp().rank() == 0;  // experts' fc2 biases (etp_replicated)
   const bool second_copy = shared_embedding_.second > 0 && !grid_->is_first_stage();
-  state.writes = [tp_lead, second_copy](const ParamInfo& p) {
-    return (tp_lead || !p.tp_replicated) &&
+  state.writes = [tp_lead, etp_lead, second_copy](const ParamInfo& p) {
+    return (tp_lead || !p.tp_replicated) && (etp_lead || !p.etp_replicated) &&
            !(second_copy && p.name == "embedding.word_embeddings.weight");
   };
   return state;

@@ -172,8 +172,8 @@ TEST(CliMoE, OneProcessWithExpertTensorParallelismSaysHowManyRanks) {
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.
 // Context parallelism and tensor parallelism with expert tensor parallelism of the same size,
 // or of a divisor or a multiple of it with sequence parallelism, are built; other expert
-// tensor-parallel sizes and the experts' biases under (expert) tensor parallelism are refused
-// by finalize, in one line naming the flags.
+// tensor-parallel sizes are refused by finalize, in one line naming the flags; the experts'
+// linear biases are built under all of them.
 TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--context-parallel-size 2", ""},
@@ -203,12 +203,10 @@ TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
             "--expert-tensor-parallel-size 6 with --tensor-model-parallel-size 4: not built yet: "
             "experts split over a number of ranks that neither divides nor is a multiple of "
             "--tensor-model-parallel-size"},
-           {"--expert-tensor-parallel-size 2",
-            "--num-experts 4 with --expert-tensor-parallel-size 2 needs --disable-bias-linear "
-            "(the experts' biases under expert tensor parallelism are not built yet)"},
-           {"--tensor-model-parallel-size 2",
-            "--num-experts 4 with --tensor-model-parallel-size 2 needs --disable-bias-linear (the "
-            "experts' biases under tensor parallelism are not built yet)"}}) {
+           {"--expert-tensor-parallel-size 2", ""},
+           {"--tensor-model-parallel-size 2", ""},
+           {"--tensor-model-parallel-size 4 --sequence-parallel --expert-tensor-parallel-size 2",
+            ""}}) {
     Options o;
     std::vector<std::string> args = {"--num-experts", "4", "--mock-data", "--vocab-size", "64"};
     std::istringstream in(flags);

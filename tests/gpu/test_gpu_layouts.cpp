@@ -61,14 +61,20 @@ void check_gpu_layout_of(const TransformerConfig& cfg, const Layout& layout,
 #endif
   const Data data = make_data(cfg, layout.packed);
   GPTModel<double> ref(cfg, kBatch, kSeed);
+  // An MoE model with linear biases: every bias non-zero (layout_run.h), on every rank alike.
+  const bool biases = cfg.add_bias_linear && cfg.num_moe_experts > 0;
+  if (biases) set_linear_biases(ref);
   double ref_loss = 0;
   for (const MicroBatch& mb : data.batches)
     ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
 
-  const auto results = run_layout<T>(cfg, layout, data, [](int rank) {
-    gpu::set_device(rank);
-    return ops::Exec{&gpu::backend()};
-  });
+  const auto results = run_layout<T>(
+      cfg, layout, data,
+      [](int rank) {
+        gpu::set_device(rank);
+        return ops::Exec{&gpu::backend()};
+      },
+      biases ? set_linear_biases<T> : std::function<void(GPTModel<T>&)>{});
   Worst worst;
   double loss = NAN;
   std::vector<std::string> seen;
@@ -103,14 +109,15 @@ void check_gpu_layout_of(const TransformerConfig& cfg, const Layout& layout,
   for (const ParamInfo& p : ref.params().infos())
     EXPECT_NE(std::find(seen.begin(), seen.end(), p.name), seen.end()) << p.name;
   // Expert parallelism split the experts: each one is held by its expert-data-parallel group
-  // (tp * cp * dp / (etp * ep) ranks), its width split over the etp ranks.
+  // (tp * cp * dp / (etp * ep) ranks), its width split over the etp ranks (fc2's bias whole on
+  // each: counted as its 1/etp).
   const int etp = layout.etp > 0 ? layout.etp : layout.tp;
   int64_t experts = 0, held = 0;
   for (const ParamInfo& p : ref.params().infos())
     if (is_expert_parameter(p.name)) experts += p.numel;
   for (const RankResult<T>& r : results)
     for (const ParamInfo& p : r.infos)
-      if (is_expert_parameter(p.name)) held += p.numel;
+      if (is_expert_parameter(p.name)) held += p.etp_replicated ? p.numel / etp : p.numel;
   EXPECT_EQ(held, experts * layout.tp * layout.cp * layout.data_parallel() / (etp * layout.ep));
 }
 
@@ -235,6 +242,18 @@ TEST(GpuLayoutsMoEExpertTensor, ExpertTensor1And2TensorParallel4WithoutSharedExp
   check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 1});
   cfg.moe_token_dispatcher_type = "allgather";
   check_gpu_layout_of(cfg, {.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2});
+}
+
+// The experts' linear biases (no shared expert) in device memory: fc2's added by each
+// expert's first slice only, at ETP = TP 2 + SP x EP 2 and ETP 2 over DP 2 (TP 1: the exchange
+// over etp); ETP < TP: parallel/test_moe_layouts.cpp.
+TEST(GpuLayoutsMoEExpertTensor, ExpertBiasesUnderTensorAndExpertTensorParallelism) {
+  TransformerConfig cfg = moe_layout_config("alltoall");
+  cfg.moe_shared_expert_intermediate_size = 0;
+  cfg.add_bias_linear = true;
+  cfg.validate();
+  check_gpu_layout_of(cfg, {.tp = 2, .sp = true, .ep = 2});
+  check_gpu_layout_of(cfg, {.ep = 1, .dp = 2, .etp = 2});
 }
 
 // Expert tensor parallelism wider than TP (the group spanning data-parallel replicas): TP 1,

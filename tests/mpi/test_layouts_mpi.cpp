@@ -97,6 +97,11 @@ struct Case {
 
 class Layouts : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
 
+// "<model>_<case>", each instantiation's test names.
+std::string case_name(const ::testing::TestParamInfo<Layouts::ParamType>& info) {
+  return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+}
+
 TEST_P(Layouts, MatchTheSingleProcessRun) {
   const auto& [model, c] = GetParam();
   const Trained& ref = reference(model);
@@ -137,12 +142,10 @@ const Case kCases[] = {
     {"tp2_pp2_dp2", 8, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Mpi, Layouts,
-    ::testing::Combine(::testing::Values("gpt2", "llama"), ::testing::ValuesIn(kCases)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-    });
+INSTANTIATE_TEST_SUITE_P(Mpi, Layouts,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                                            ::testing::ValuesIn(kCases)),
+                         case_name);
 
 // The tiny MoE model (tiny_models.h) in the layouts its MoE layers build: data parallel
 // (the expert bias's counts summed over the ranks), the distributed optimizer, pipelines,
@@ -188,12 +191,24 @@ const Case kMoeCases[] = {
     {"dp2_zero3", 2, "--zero-stage 3"},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    MpiMoE, Layouts,
-    ::testing::Combine(::testing::Values("moe"), ::testing::ValuesIn(kMoeCases)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-    });
+INSTANTIATE_TEST_SUITE_P(MpiMoE, Layouts,
+                         ::testing::Combine(::testing::Values("moe"),
+                                            ::testing::ValuesIn(kMoeCases)),
+                         case_name);
+
+// The experts' linear biases (GPT-2's MoE model): fc2's whole on every slice's rank, added by
+// the first, at ETP = TP 2 + SP and at ETP 2 over DP 2 (the exchange's MPI sends, both ranks
+// writing the bias in the checkpoint).
+const Case kMoeBiasCases[] = {
+    {"tp2_sequence_parallel", 2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+    {"etp2_dp2_alltoall", 2,
+     "--expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall"},
+};
+
+INSTANTIATE_TEST_SUITE_P(MpiMoEBiases, Layouts,
+                         ::testing::Combine(::testing::Values("moe_gpt2"),
+                                            ::testing::ValuesIn(kMoeBiasCases)),
+                         case_name);
 
 // Multi-token prediction (model/mtp.cpp) with its MoE layer: tensor and sequence parallelism
 // (eh_proj replicated), and on the last of two pipeline stages (which then holds a copy of the
@@ -207,12 +222,10 @@ const Case kMtpCases[] = {
     {"cp2", 2, "--context-parallel-size 2"},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    MpiMTP, Layouts,
-    ::testing::Combine(::testing::Values("moe_mtp"), ::testing::ValuesIn(kMtpCases)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-    });
+INSTANTIATE_TEST_SUITE_P(MpiMTP, Layouts,
+                         ::testing::Combine(::testing::Values("moe_mtp"),
+                                            ::testing::ValuesIn(kMtpCases)),
+                         case_name);
 
 // Dropout 0.1 (Megatron's default, so the layouts above run with it too, given explicitly here)
 // under data parallelism with the distributed optimizer: each rank draws the masks of its

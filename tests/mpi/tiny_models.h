@@ -34,6 +34,15 @@ inline std::string tiny_model_flags(const std::string& model, int train_iters) {
            "--moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 "
            "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 "
            "--moe-shared-expert-intermediate-size 16";
+  // GPT-2 layers (linear biases, GELU), every other one an MoE layer of four sigmoid-scored
+  // top-2 experts without a shared expert: the experts' biases. (With softmax scores a token's
+  // near-tie of experts flips at TP 2 + SP in step 5, after which the loss drifts to 2e-5
+  // relative; with sigmoid scores no step meets one: 1.2e-8.)
+  if (model == "moe_gpt2")
+    return common +
+           "--num-attention-heads 4 --num-experts 4 --moe-ffn-hidden-size 24 "
+           "--moe-layer-freq [0,1,0,1,0,1,0,1] --moe-router-score-function sigmoid "
+           "--moe-aux-loss-coeff 0.01";
   // The MoE model with a multi-token prediction depth (an MoE layer, as its last layer is).
   // Its 20 steps meet near-ties of a token's top-2 experts that rounding flips, after which a
   // layout drifts from one rank (loss 4e-6 relative, parameters 2e-3): not a layout bug. Which

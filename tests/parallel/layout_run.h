@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -156,16 +157,33 @@ struct RankResult {
   std::vector<accum_t<T>> grads;
 };
 
+// Every linear bias's elements set from their index in the one-rank tensor (0.1 sin(0.7 i + 1)),
+// on the model's device: Megatron's zero biases would not show a bias added twice or on no rank.
+template <typename T>
+void set_linear_biases(GPTModel<T>& model) {
+  for (const ParamInfo& p : model.params().infos()) {
+    if (!p.name.ends_with("bias") || p.name.find("expert_bias") != std::string::npos) continue;
+    std::vector<T> v(size_t(p.numel));
+    ParameterSet<T>::for_each_run(p, [&](int64_t local, int64_t global, int64_t run) {
+      for (int64_t i = 0; i < run; ++i)
+        v[local + i] = T(0.1 * std::sin(0.7 * double(global + i) + 1));
+    });
+    ops::upload(model.exec(), model.params().values() + p.offset, v.data(), v.size());
+  }
+}
+
 // Runs the step on tp * cp * pp * dp ranks; `exec(rank)` is the device rank `rank` runs on (it
 // is called on that rank's thread). Every micro-batch's gradient is scaled by 1/kMicroBatches
 // (of the global batch), so the data-parallel sum (Megatron's average of each rank's mean) is
 // the one-rank gradient: dense parameters' summed over data and context parallelism, experts'
 // over their expert-data-parallel group (the ranks holding the same experts), and the loss
 // summed over the data-parallel ranks. Returns every rank's result, in rank order.
+// `prepare` (when given) changes each rank's model before the step (its values, on the host).
 template <typename T>
 std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout& layout,
                                       const Data& data,
-                                      const std::function<ops::Exec(int rank)>& exec) {
+                                      const std::function<ops::Exec(int rank)>& exec,
+                                      const std::function<void(GPTModel<T>&)>& prepare = {}) {
   const int dp = layout.data_parallel(), world = layout.tp * layout.cp * layout.pp * dp;
   OMNI_REQUIRE(kMicroBatches % dp == 0, "layout test: data-parallel size ", dp,
                " does not divide the ", kMicroBatches, " micro-batches");
@@ -192,6 +210,7 @@ std::vector<RankResult<T>> run_layout(const TransformerConfig& cfg, const Layout
     mp.pre_process = grid.is_first_stage(), mp.post_process = grid.is_last_stage();
     GPTModel<T> model(cfg, kBatch, kSeed, mp, x);
     model.set_recompute(Recompute{layout.recompute, 0});
+    if (prepare) prepare(model);
 
     // This data-parallel rank's micro-batches, each this context-parallel rank's part.
     const int first = grid.dp_rank() * per_rank;

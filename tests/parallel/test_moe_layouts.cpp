@@ -4,7 +4,8 @@
 // keeps its own routing for its backward), with and without full recompute; sequences split
 // over cp ranks; experts split by width over tp ranks, or over their own expert
 // tensor-parallel ranks (ETP 1 or 2 under TP 2 or 4; ETP 2 or 4 above TP 1 or 2, over ranks
-// of several data-parallel replicas). The parameters must be the one-rank model's
+// of several data-parallel replicas); the experts' linear biases (set non-zero) under all of
+// these splits. The parameters must be the one-rank model's
 // values, and the gradients (the aux and z losses' included) and the loss equal to rounding.
 #include <gtest/gtest.h>
 
@@ -35,11 +36,13 @@ TransformerConfig tiny_moe() {
 void check_moe_layout(const Layout& layout, const TransformerConfig& cfg = tiny_moe()) {
   const Data data = make_data(cfg, false);
   GPTModel<double> ref(cfg, kBatch, kSeed);
+  if (cfg.add_bias_linear) set_linear_biases(ref);
   double ref_loss = 0;
   for (const MicroBatch& mb : data.batches)
     ref_loss += ref.forward_backward(mb, 1.0 / kMicroBatches);
-  const std::vector<RankResult<double>> ranks =
-      run_layout<double>(cfg, layout, data, [](int) { return ops::Exec{}; });
+  const std::vector<RankResult<double>> ranks = run_layout<double>(
+      cfg, layout, data, [](int) { return ops::Exec{}; },
+      cfg.add_bias_linear ? set_linear_biases<double> : std::function<void(GPTModel<double>&)>{});
   double loss = NAN, worst_grad = 0;
   size_t seen = 0;  // elements compared
   std::map<std::string, std::vector<bool>> held_by;
@@ -266,20 +269,45 @@ TEST(MoELayouts, ExpertTensor4UnderTensor2SequenceParallel) {
                    without_shared_expert(sequence_aux_loss()));
 }
 
-TEST(MoELayouts, ExpertBiasesUnderTensorParallelismAreRefusedByName) {
-  TransformerConfig cfg = tiny_moe();
+// The experts' linear biases (GPT-2's default, without a shared expert, which Megatron builds
+// without biases) on layout_run.h's four layers: fc1's split with its rows (SwiGLU: gate and up
+// halves), fc2's whole on every slice's rank and added by the first: ETP = TP 2 without and
+// with SP (EP 2, both dispatchers), ETP 1 and 2 under TP 2 and 4 (SP, EP 2), ETP 2 over DP 2
+// and DP 4 (EP 2; the exchange and the gather over etp) and ETP 4 over TP 2 + SP.
+TransformerConfig with_biases() {
+  TransformerConfig cfg = moe_layout_config(TransformerConfig{}.moe_token_dispatcher_type);
   cfg.moe_shared_expert_intermediate_size = 0;
   cfg.add_bias_linear = true;
-  const Data data = make_data(cfg, false);
-  std::string error;
-  try {
-    run_layout<double>(cfg, Layout{.tp = 2}, data, [](int) { return ops::Exec{}; });
-  } catch (const UsageError& e) {
-    error = e.what();
+  cfg.validate();
+  return cfg;
+}
+TEST(MoELayouts, ExpertBiasesUnderTensorParallelism) {
+  check_moe_layout({.tp = 2}, with_biases());
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = with_biases();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.tp = 2, .sp = true, .ep = 2}, cfg);
   }
-  EXPECT_NE(error.find("--tensor-model-parallel-size 2 needs --disable-bias-linear"),
-            std::string::npos)
-      << error;
+}
+TEST(MoELayouts, ExpertBiasesUnderExpertTensorBelowTensor) {
+  check_moe_layout({.tp = 2, .sp = true, .ep = 2, .dp = 1, .etp = 1}, with_biases());
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = with_biases();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.tp = 4, .sp = true, .ep = 2, .dp = 1, .etp = 2}, cfg);
+  }
+}
+TEST(MoELayouts, ExpertBiasesUnderExpertTensorAboveTensor) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    TransformerConfig cfg = with_biases();
+    cfg.moe_token_dispatcher_type = dispatcher;
+    check_moe_layout({.ep = 1, .dp = 2, .etp = 2}, cfg);
+    check_moe_layout({.ep = 2, .dp = 4, .etp = 2}, cfg);
+  }
+  check_moe_layout({.tp = 2, .sp = true, .ep = 1, .dp = 2, .etp = 4}, with_biases());
 }
 
 }  // namespace
