@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -558,20 +559,28 @@ TEST(ExpertParallelTraining, Etp2UnderTp4DistributedOptimizerLambAndAdam8bitMatc
 // holds half of every expert's width, and the zoo sums LAMB's norms and takes adam8bit's block
 // maxima over the expert tensor-parallel pair (optimizer_zoo.h), so the parameters are those
 // of the distributed optimizer's run, whose experts' optimizer reduces them over the same pair
-// (kSliceRevealingZoo's flags: a slice's own norms or maxima would show).
+// (kSliceRevealingZoo's flags: a slice's own norms or maxima would show); also with linear
+// biases, the experts' fc2 biases whole on both ranks.
 TEST(ExpertParallelTraining, Etp2OverDp2LambAndAdam8bitMatchDistributedOptimizer) {
-  const std::vector<std::string> etp2 = {"--expert-tensor-parallel-size", "2"};
-  for (const std::vector<std::string>& opt : kSliceRevealingZoo) {
-    std::vector<std::string> whole = etp2;
-    whole.insert(whole.end(), opt.begin(), opt.end());
-    std::vector<std::string> sharded = whole;
-    sharded.insert(sharded.end(), {"--use-distributed-optimizer"});
-    const Difference d = difference(train(2, sharded), train(2, whole));
-    std::printf("%s: ETP 2 over DP 2, without the distributed optimizer vs with: loss %.3g, "
-                "parameter %.3g (of max %.3g)\n",
-                opt[1].c_str(), d.loss, d.param, d.largest);
-    EXPECT_LE(d.loss, 1e-6) << opt[1];
-    EXPECT_LE(d.param, 1e-6 * d.largest) << opt[1];
+  for (const bool with_biases : {false, true}) {
+    std::optional<LinearBiases> biases;
+    std::vector<std::string> etp2 = {"--expert-tensor-parallel-size", "2"};
+    if (with_biases) {
+      biases.emplace();
+      etp2.insert(etp2.end(), {"--moe-shared-expert-intermediate-size", "0"});
+    }
+    for (const std::vector<std::string>& opt : kSliceRevealingZoo) {
+      std::vector<std::string> whole = etp2;
+      whole.insert(whole.end(), opt.begin(), opt.end());
+      std::vector<std::string> sharded = whole;
+      sharded.insert(sharded.end(), {"--use-distributed-optimizer"});
+      const Difference d = difference(train(2, sharded), train(2, whole));
+      std::printf("%s%s: ETP 2 over DP 2, without the distributed optimizer vs with: loss %.3g, "
+                  "parameter %.3g (of max %.3g)\n",
+                  opt[1].c_str(), with_biases ? " with biases" : "", d.loss, d.param, d.largest);
+      EXPECT_LE(d.loss, 1e-6) << opt[1] << with_biases;
+      EXPECT_LE(d.param, 1e-6 * d.largest) << opt[1] << with_biases;
+    }
   }
 }
 
