@@ -32,7 +32,7 @@
 //  - element-wise states update per element, whatever the layout;
 //  - per-tensor quantities (LAMB's norms, adam8bit's block maxima) are reduced over the
 //    data-parallel ranks that hold other pieces of a tensor and over the tensor-parallel
-//    ranks that hold other slices of it;
+//    ranks that hold other slices of it (an expert's, over the expert tensor-parallel ranks);
 //  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
 //    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
 //  - GaLore and Shampoo (under the distributed optimizer) step every tensor they hold a piece
@@ -104,8 +104,8 @@ struct ZooLayout {
                                                                     : tensor_parallel;
   }
   // Sums `per_param` (one value per parameter, this rank's part) over the ranks that hold
-  // other parts of each parameter: the data-parallel group, and the tensor-parallel group for
-  // split tensors.
+  // other parts of each parameter: the data-parallel group, and for split tensors the group
+  // holding their slices (slices_group).
   void sum_over_parts(std::vector<double>& per_param, const std::vector<ParamInfo>& infos,
                       size_t values_per_param = 1) const;
   // The element-wise maximum of `values` over every rank holding parts of the tensors
