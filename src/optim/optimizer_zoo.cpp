@@ -1,6 +1,8 @@
 #include "optim/optimizer_zoo.h"
 
 #include <algorithm>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "base/error.h"
@@ -61,7 +63,10 @@ const char* zoo_optimizer_name(OptimizerKind kind) {
 }
 
 bool is_hidden_matrix(const ParamInfo& p) {
-  return p.shape.size() == 2 && p.name != "embedding.word_embeddings.weight" &&
+  const std::string_view bias = ".bias";
+  const bool is_bias = p.name.size() >= bias.size() &&
+                       std::string_view(p.name).substr(p.name.size() - bias.size()) == bias;
+  return p.shape.size() == 2 && !is_bias && p.name != "embedding.word_embeddings.weight" &&
          p.name != "output_layer.weight";
 }
 

@@ -173,7 +173,9 @@ template <typename T>
 void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 
 // The 2-D weights of the hidden layers (not the word embeddings or the output layer): the
-// matrices Muon orthogonalises and GaLore projects.
+// matrices Muon orthogonalises and GaLore projects. An MoE layer's experts' biases are 2-D
+// here ([experts, width]) but are each expert's own vector, as Megatron-Core holds them: not
+// matrices.
 bool is_hidden_matrix(const ParamInfo& p);
 
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).

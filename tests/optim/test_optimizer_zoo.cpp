@@ -322,6 +322,39 @@ TEST(Adam8bit, QuantisedFirstMomentKeepsItsSign) {
 // GaLore and Shampoo keep per-matrix states whole: tensor parallelism (which a single process
 // cannot start through the binary) is refused at option time, naming both; so is expert
 // parallelism for every zoo optimizer with per-tensor state.
+// An MoE layer's experts' biases are [experts, width] tensors, each row one expert's bias
+// vector: Muon and GaLore step them with their AdamW, as the 1-D biases, not as matrices. Here
+// the same values and gradients as a [4, 12] expert bias and as a 48-element bias come out of
+// five steps equal, beside a hidden matrix that Muon and GaLore do take.
+TEST(OptimizerZoo, ExpertBiasesAreVectorsNotMatrices) {
+  std::vector<ParamInfo> infos = {
+      {"decoder.layers.0.mlp.linear_fc1.weight", {12, 8}},
+      {"decoder.layers.0.mlp.experts.linear_fc2.bias", {4, 12}, ParamInit::Zeros, false},
+      {"decoder.layers.0.mlp.linear_fc2.bias", {48}, ParamInit::Zeros, false}};
+  EXPECT_TRUE(is_hidden_matrix(infos[0]));
+  EXPECT_FALSE(is_hidden_matrix(infos[1]));
+  for (const OptimizerKind kind : {OptimizerKind::Muon, OptimizerKind::GaLoreAdamW}) {
+    ParameterSet<float> params(infos);
+    const ParamInfo &expert = params.infos()[1], &flat = params.infos()[2];
+    for (int64_t i = 0; i < flat.numel; ++i)
+      params.values()[expert.offset + i] = params.values()[flat.offset + i] =
+          float(hashed_value(7, i, 0.5));
+    OptimizerConfig config = base(kind);
+    config.zoo.galore_rank = 2;
+    auto optimizer =
+        make_zoo_optimizer(config, params, ZooLayout<float>::whole(params.infos(), nullptr));
+    for (int step = 1; step <= 5; ++step) {
+      set_gradients(params, step);
+      for (int64_t i = 0; i < flat.numel; ++i)
+        params.grads()[expert.offset + i] = params.grads()[flat.offset + i];
+      optimizer->step(params, kLr, step);
+    }
+    for (int64_t i = 0; i < flat.numel; ++i)
+      ASSERT_EQ(params.values()[expert.offset + i], params.values()[flat.offset + i])
+          << zoo_optimizer_name(kind) << " element " << i;
+  }
+}
+
 TEST(OptimizerZoo, TensorAndExpertParallelismTheyCannotMatchAreRefusedInOneLine) {
   for (const char* opt : {"galoreadamw", "galoreadamw8bitperlayer", "shampoo"}) {
     Options o;
