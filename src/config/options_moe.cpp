@@ -145,15 +145,11 @@ void finalize_moe(Options& o) {
   }
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel);
-  // The zoo at ETP != TP (optimizer_zoo.h): without the distributed optimizer it reduces the
-  // experts' per-tensor quantities (LAMB's norms, adam8bit's block maxima) over the expert
-  // tensor-parallel group (the trainer hands it the group), under it the experts' own
-  // optimizer (train/expert_grads.h) over the expert grid's data- and tensor-parallel groups.
-  // Muon steps the 3-d expert tensors as Adam; GaLore and Shampoo refuse TP > 1 themselves;
-  // the others are per element.
+  // The zoo at ETP != TP reduces the experts' per-tensor quantities over their own slices'
+  // group (optimizer_zoo.h's ZooLayout, train/expert_grads.h) except GaLore and Shampoo, which
+  // keep whole matrices: at ETP > TP an expert's slices lie on ranks of other dense tp groups,
+  // which their own TP > 1 refusal does not see at TP 1.
   const int etp = o.expert_tensor_parallel_size;
-  // ETP > TP: GaLore and Shampoo keep whole matrices, and an expert's slices lie on ranks of
-  // other dense tp groups (at TP 1 their own TP > 1 refusal does not see them).
   if (etp > tp) {
     const OptimizerKind kind = parse_optimizer(o.optimizer);
     if (zoo_whole_only(kind))

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "base/error.h"
@@ -63,11 +62,8 @@ const char* zoo_optimizer_name(OptimizerKind kind) {
 }
 
 bool is_hidden_matrix(const ParamInfo& p) {
-  const std::string_view bias = ".bias";
-  const bool is_bias = p.name.size() >= bias.size() &&
-                       std::string_view(p.name).substr(p.name.size() - bias.size()) == bias;
-  return p.shape.size() == 2 && !is_bias && p.name != "embedding.word_embeddings.weight" &&
-         p.name != "output_layer.weight";
+  return p.shape.size() == 2 && !p.name.ends_with(".bias") &&
+         p.name != "embedding.word_embeddings.weight" && p.name != "output_layer.weight";
 }
 
 template <typename T>

@@ -119,10 +119,9 @@ double link_gbps(const PlanDevice& d, int span, int stride, std::string* which) 
 }
 
 int recomputed_layers(const PlanLayout& l, const std::vector<LayerRange>& chunks) {
-  if (l.recompute != "full") return 0;
   int n = 0;
   for (const LayerRange& r : chunks)
-    n += l.recompute_method == "block" ? std::min(r.size(), l.recompute_num_layers) : r.size();
+    for (int i = 0; i < r.size(); ++i) n += plan_layer_recomputed(l, i);
   return n;
 }
 
@@ -404,9 +403,7 @@ PlanExpertTraffic plan_expert_traffic(const TransformerConfig& c, const PlanLayo
     for (int i = r.begin; i < r.end; ++i) {
       if (!moe[i]) continue;
       ++layers;
-      const int in_chunk = i - r.begin;
-      again += l.recompute == "full" &&
-               (l.recompute_method != "block" || in_chunk < l.recompute_num_layers);
+      again += plan_layer_recomputed(l, i - r.begin);
     }
   if (stage == l.pp - 1)
     for (int k = 0; k < c.mtp_num_layers; ++k) layers += c.is_moe_layer(c.num_layers + k);

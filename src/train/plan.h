@@ -213,6 +213,9 @@ int64_t plan_mla_layer_bytes(const TransformerConfig& c, const PlanLayout& l, in
 std::vector<LayerRange> plan_stage_layers(const TransformerConfig& c, const PlanLayout& l,
                                           int stage);
 std::vector<int> plan_slots_in_flight(const PlanLayout& l, int stage);
+// Whether the `index_in_chunk`-th layer of a model chunk runs its forward again (full
+// recompute: every layer, or under the block method the chunk's first recompute_num_layers).
+bool plan_layer_recomputed(const PlanLayout& l, int index_in_chunk);
 // GPTModel's scratch (allocated once), the last stage's final-norm tensors per micro-batch
 // in flight and each micro-batch's staged token ids: what activation_bytes() leaves out.
 int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,

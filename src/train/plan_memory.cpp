@@ -135,12 +135,12 @@ int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int e
   return b;
 }
 
-bool recomputed(const PlanLayout& l, int index_in_chunk) {
-  if (l.recompute != "full") return false;
-  return l.recompute_method != "block" || index_in_chunk < l.recompute_num_layers;
-}
-
 }  // namespace
+
+bool plan_layer_recomputed(const PlanLayout& l, int index_in_chunk) {
+  return l.recompute == "full" &&
+         (l.recompute_method != "block" || index_in_chunk < l.recompute_num_layers);
+}
 
 std::vector<LayerRange> plan_stage_layers(const TransformerConfig& c, const PlanLayout& l,
                                           int stage) {
@@ -301,7 +301,7 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
     int64_t per_slot = int64_t(chunks[k].size() + 1) * R * c.hidden_size * element_bytes;
     for (int i = 0; i < chunks[k].size(); ++i) {
       const bool is_moe = moe[chunks[k].begin + i] != 0;
-      if (recomputed(l, i)) {
+      if (plan_layer_recomputed(l, i)) {
         any_recomputed = true;
         moe_recomputed = moe_recomputed || is_moe;
       } else {
