@@ -137,16 +137,16 @@ void finalize_optimizer_zoo(Options& o) {
   }
   // Expert parallelism splits the stacked expert tensors over ranks outside the groups the
   // zoo reduces over: per-tensor quantities (LAMB's norms, GaLore's matrices, adam8bit's
-  // blocks, Shampoo's preconditioners) would cover this rank's experts only. Muon takes each
-  // expert's matrix on its own (zoo_muon.cpp), which one rank holds (or its slices' group).
+  // blocks) would cover this rank's experts only. Muon and Shampoo take each expert's matrix on
+  // its own (is_expert_matrices), which one rank holds (or, for Muon, its slices' group).
   const bool per_element = kind == OptimizerKind::Lion || kind == OptimizerKind::SophiaG ||
                            kind == OptimizerKind::AdamWScheduleFree ||
                            kind == OptimizerKind::SGDScheduleFree;
-  const bool per_expert = kind == OptimizerKind::Muon;
+  const bool per_expert = kind == OptimizerKind::Muon || kind == OptimizerKind::Shampoo;
   if (o.expert_model_parallel_size > 1 && !per_element && !per_expert)
     throw NotBuiltError(
         opt + " with --expert-model-parallel-size " + std::to_string(o.expert_model_parallel_size),
-        "its per-tensor state would see this rank's experts only; use muon, lion, "
+        "its per-tensor state would see this rank's experts only; use muon, shampoo, lion, "
         "sophiag or the schedule-free ones, or --expert-model-parallel-size 1");
   const ZooConfig& z = o.optim.zoo;
   OMNI_REQUIRE(z.lion_beta1 >= 0 && z.lion_beta1 <= 1 && z.lion_beta2 >= 0 && z.lion_beta2 < 1,

@@ -422,7 +422,7 @@ TEST(OptimizerZoo, TensorAndExpertParallelismTheyCannotMatchAreRefusedInOneLine)
     }
   }
   // Expert parallelism: only the per-element ones run with it.
-  for (const char* opt : {"lamb", "adam8bit", "shampoo"}) {
+  for (const char* opt : {"lamb", "adam8bit", "galoreadamw"}) {
     Options o;
     parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", opt, "--num-experts", "2",
                    "--expert-model-parallel-size", "2"},
