@@ -356,11 +356,11 @@ TEST(OptimizerZoo, ExpertBiasesAreVectorsNotMatrices) {
 }
 
 // An MoE layer's stacked expert weight [experts, rows, cols] is one matrix per expert under
-// Muon and Shampoo, as Megatron-Core's and DeepSpeed-MoE's per-expert weights: a [3, 6, 4] fc1
-// and fc2 ([3, 4, 6]) come out of five steps equal to three separate [6, 4] (and [4, 6])
-// hidden matrices with the same values and gradients (Muon with the stacked tensor stepped by
-// AdamW, as before: every element differs; Shampoo refused 3-D tensors).
-TEST(OptimizerZoo, MuonAndShampooTakeEachExpertsMatrixOnItsOwn) {
+// Muon, Shampoo and GaLore, as Megatron-Core's and DeepSpeed-MoE's per-expert weights: a
+// [3, 6, 4] fc1 and fc2 ([3, 4, 6]) come out of five steps equal to three separate [6, 4] (and
+// [4, 6]) hidden matrices with the same values and gradients (before, Muon and GaLore stepped
+// the stacked tensors with their AdamW, every element differing, and Shampoo refused them).
+TEST(OptimizerZoo, MuonShampooAndGaLoreTakeEachExpertsMatrixOnItsOwn) {
   std::vector<ParamInfo> infos = {{"decoder.layers.0.mlp.experts.linear_fc1.weight", {3, 6, 4}},
                                   {"decoder.layers.0.mlp.experts.linear_fc2.weight", {3, 4, 6}}};
   for (const char* m : {"fc1", "fc2"})
@@ -370,7 +370,8 @@ TEST(OptimizerZoo, MuonAndShampooTakeEachExpertsMatrixOnItsOwn) {
   EXPECT_TRUE(is_expert_matrices(infos[0]));
   EXPECT_TRUE(is_expert_matrices(infos[1]));
   EXPECT_FALSE(is_expert_matrices(infos[2]));
-  for (const OptimizerKind kind : {OptimizerKind::Muon, OptimizerKind::Shampoo}) {
+  for (const OptimizerKind kind : {OptimizerKind::Muon, OptimizerKind::Shampoo,
+                                    OptimizerKind::GaLoreAdamW, OptimizerKind::GaLoreAdamW8bit}) {
     ParameterSet<float> params(infos);
     const std::vector<ParamInfo>& in = params.infos();
     // Expert e of stacked tensor s is separate matrix 2 + 3 s + e.
@@ -385,6 +386,7 @@ TEST(OptimizerZoo, MuonAndShampooTakeEachExpertsMatrixOnItsOwn) {
     });
     OptimizerConfig config = base(kind);
     config.zoo.shampoo_update_freq = 2;  // preconditioned from step 2 on
+    config.zoo.galore_rank = 2, config.zoo.galore_update_proj_gap = 3;
     auto optimizer =
         make_zoo_optimizer(config, params, ZooLayout<float>::whole(params.infos(), nullptr));
     for (int step = 1; step <= 5; ++step) {
@@ -422,7 +424,7 @@ TEST(OptimizerZoo, TensorAndExpertParallelismTheyCannotMatchAreRefusedInOneLine)
     }
   }
   // Expert parallelism: only the per-element ones run with it.
-  for (const char* opt : {"lamb", "adam8bit", "galoreadamw"}) {
+  for (const char* opt : {"lamb", "adam8bit"}) {
     Options o;
     parse_options({"--mock-data", "--vocab-size", "64", "--optimizer", opt, "--num-experts", "2",
                    "--expert-model-parallel-size", "2"},

@@ -448,17 +448,22 @@ TEST(ExpertParallelTraining, MuonPerExpertMatchesOneRankWhereverTheExpertsLie) {
                            "2", "--use-distributed-optimizer"},
                           muon, {"alltoall"});
 }
-// Shampoo preconditions each expert's matrix apart, so it runs at EP 2 (each rank its own
-// experts' blocks), with the distributed optimizer over EP 2 x DP 2 too (each whole expert
-// tensor stepped by the ranks holding pieces of it): 3e-6 of the largest parameter. The
-// epsilon is the other Shampoo tests' 1e-4: at the default 1e-12 the inverse roots of the
-// rank-deficient factors magnify the layouts' rounding differences to 5.3e-4.
-TEST(ExpertParallelTraining, ShampooPerExpertMatchesOneRankAtExpertParallelism) {
+// Shampoo and GaLore take each expert's matrix apart, so they run at EP 2 (each rank its own
+// experts' blocks and projections), with the distributed optimizer over EP 2 x DP 2 too (each
+// whole expert tensor stepped by the ranks holding pieces of it): 3e-6 of the largest
+// parameter. Shampoo's epsilon is its other tests' 1e-4: at the default 1e-12 the inverse roots
+// of the rank-deficient factors magnify the layouts' rounding differences to 5.3e-4.
+TEST(ExpertParallelTraining, ShampooAndGaLorePerExpertMatchOneRankAtExpertParallelism) {
   const std::vector<std::string> shampoo = {"--optimizer", "shampoo", "--shampoo-update-freq",
                                             "2", "--shampoo-eps", "1e-4"};
   expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, shampoo, {"alltoall"});
   expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
                           shampoo, {"allgather"});
+  const std::vector<std::string> galore = {"--optimizer", "galoreadamw", "--galore-rank", "4",
+                                           "--galore-update-proj-gap", "2"};
+  expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, galore, {"alltoall"});
+  expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
+                          galore, {"alltoall"});
 }
 
 // LAMB and adam8bit under the distributed optimizer (adam8bit through --zero-stage 1, which is
