@@ -368,10 +368,13 @@ int train(const std::vector<std::string>& raw_args) {
       ops::CpuBf16Gemms bf16_gemms(opts.bf16);
       peak = world.rank() == 0 ? measure_gemm_gflops() : 0.0;
     }
-    char text[512];
+    const std::string why = cpu_threads_reason();
+    char text[640];
     std::snprintf(text, sizeof text,
-                  "cpu, %d threads (waiting %s), %s; %s peak %.0f GFLOP/s (MFU is against this)",
-                  cpu_threads(), openmp_wait_policy().c_str(), blas_config().c_str(),
+                  "cpu, %d threads (%s%swaiting %s), %s; %s peak %.0f GFLOP/s (MFU is against "
+                  "this)",
+                  cpu_threads(), why.c_str(), why.empty() ? "" : "; ",
+                  openmp_wait_policy().c_str(), blas_config().c_str(),
                   opts.bf16 ? "bf16 GEMM" : "sgemm", peak);
     device_line = text;
   } else {
