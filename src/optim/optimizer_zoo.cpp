@@ -71,6 +71,12 @@ bool is_expert_matrices(const ParamInfo& p) {
                                  p.name.ends_with("experts.linear_fc2.weight"));
 }
 
+bool is_stacked_experts(const ParamInfo& p) {
+  return is_expert_matrices(p) ||
+         (p.shape.size() == 2 && (p.name.ends_with("experts.linear_fc1.bias") ||
+                                  p.name.ends_with("experts.linear_fc2.bias")));
+}
+
 template <typename T>
 double& ZooOptimizer<T>::scalar(const std::string& name) {
   throw InternalError("[optimizer] no scalar state '" + name + "'");
@@ -93,6 +99,35 @@ int64_t global_numel(const ParamInfo& p) {
   return n;
 }
 
+int64_t zoo_tensor_count(const ParamInfo& p) {
+  if (!is_stacked_experts(p)) return 1;
+  return p.global_shape.empty() ? p.shape[0] : p.global_shape[0];
+}
+
+int64_t zoo_tensor_numel(const ParamInfo& p) {
+  return global_numel(p) / zoo_tensor_count(p);
+}
+
+ZooTensors zoo_tensors(const std::vector<ParamInfo>& infos, const std::vector<ZooPiece>& pieces) {
+  ZooTensors t;
+  t.first.push_back(0);
+  for (const ParamInfo& p : infos)
+    t.first.push_back(t.first.back() + size_t(is_stacked_experts(p) ? p.shape[0] : 1));
+  for (const ZooPiece& piece : pieces) {
+    const ParamInfo& p = infos[piece.param];
+    // An expert's elements on this rank: its slice of the local [experts, ...] tensor.
+    const int64_t each = is_stacked_experts(p) ? p.numel / p.shape[0] : p.numel;
+    for (int64_t begin = piece.begin; begin < piece.end;) {
+      const int64_t e = (begin - p.offset) / each;
+      const int64_t end = std::min(piece.end, p.offset + (e + 1) * each);
+      t.pieces.push_back({{piece.param, begin, end, piece.state + (begin - piece.begin)},
+                          t.first[piece.param] + size_t(e)});
+      begin = end;
+    }
+  }
+  return t;
+}
+
 template <typename T>
 ZooLayout<T> ZooLayout<T>::whole(const std::vector<ParamInfo>& infos,
                                  Communicator* tensor_parallel) {
@@ -107,20 +142,22 @@ ZooLayout<T> ZooLayout<T>::whole(const std::vector<ParamInfo>& infos,
 }
 
 template <typename T>
-void ZooLayout<T>::sum_over_parts(std::vector<double>& per_param,
-                                  const std::vector<ParamInfo>& infos, size_t k) const {
+void ZooLayout<T>::sum_over_parts(std::vector<double>& per_tensor,
+                                  const std::vector<ParamInfo>& infos, const ZooTensors& tensors,
+                                  size_t k) const {
   if (data_parallel && data_parallel->size() > 1)
-    data_parallel->all_reduce(per_param.data(), per_param.size());
+    data_parallel->all_reduce(per_tensor.data(), per_tensor.size());
   // Over each slices' group its split tensors' sums (tensors a group's ranks hold whole are
   // each rank's already).
   for (Communicator* group : {tensor_parallel, expert_tensor_parallel}) {
     if (!group || group->size() == 1) continue;
-    std::vector<double> sums = per_param;
+    std::vector<double> sums = per_tensor;
     group->all_reduce(sums.data(), sums.size());
     for (size_t i = 0; i < infos.size(); ++i)
       if (infos[i].shard_dim >= 0 && slices_group(i) == group)
-        std::copy_n(sums.begin() + std::ptrdiff_t(i * k), k,
-                    per_param.begin() + std::ptrdiff_t(i * k));
+        std::copy(sums.begin() + std::ptrdiff_t(tensors.first[i] * k),
+                  sums.begin() + std::ptrdiff_t(tensors.first[i + 1] * k),
+                  per_tensor.begin() + std::ptrdiff_t(tensors.first[i] * k));
   }
 }
 

@@ -33,6 +33,10 @@
 //  - per-tensor quantities (LAMB's norms, adam8bit's block maxima) are reduced over the
 //    data-parallel ranks that hold other pieces of a tensor and over the tensor-parallel
 //    ranks that hold other slices of it (an expert's, over the expert tensor-parallel ranks);
+//    each expert of a stacked expert tensor ([experts, ...], is_stacked_experts) is a
+//    tensor of its own there, as DeepSpeed-MoE and Megatron-Core's SequentialMLP hold one
+//    tensor per expert: LAMB's trust ratio is per expert and adam8bit's blocks restart at
+//    each expert's first element (zoo_tensors);
 //  - Muon gathers each whole matrix (its pieces over the data-parallel group, its slices over
 //    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
 //  - GaLore and Shampoo (under the distributed optimizer) step every tensor they hold a piece
@@ -71,6 +75,28 @@ struct ZooPiece {
   int64_t state = 0;           // in the state buffers
 };
 
+// The tensors of the zoo's per-tensor quantities: each parameter is one, except a stacked
+// expert tensor (is_stacked_experts), whose every expert is one. The whole (unsplit)
+// tensor's experts (1: not stacked), and the elements of one of its tensors (an expert's, or
+// the whole parameter's): the experts lie one after another, zoo_tensor_numel(p) each.
+int64_t zoo_tensor_count(const ParamInfo& p);
+int64_t zoo_tensor_numel(const ParamInfo& p);
+
+// A run of one of the zoo's tensors' elements that this rank updates (a ZooPiece cut where an
+// expert ends), and that tensor's index among this rank's.
+struct ZooTensorPiece {
+  ZooPiece piece;
+  size_t tensor = 0;
+};
+struct ZooTensors {
+  // Per parameter, the index of its first tensor on this rank (a stacked expert tensor's
+  // shape[0] follow it, each numel / shape[0] elements); back(): the number of tensors.
+  std::vector<size_t> first;
+  std::vector<ZooTensorPiece> pieces;  // in the pieces' order
+};
+// `pieces` (of `infos`' parameters) cut at the experts' boundaries.
+ZooTensors zoo_tensors(const std::vector<ParamInfo>& infos, const std::vector<ZooPiece>& pieces);
+
 // Which elements of the flat parameter buffer this rank updates, and who holds the rest.
 template <typename T>
 struct ZooLayout {
@@ -103,11 +129,11 @@ struct ZooLayout {
     return expert_tensor_parallel && i < expert.size() && expert[i] ? expert_tensor_parallel
                                                                     : tensor_parallel;
   }
-  // Sums `per_param` (one value per parameter, this rank's part) over the ranks that hold
-  // other parts of each parameter: the data-parallel group, and for split tensors the group
-  // holding their slices (slices_group).
-  void sum_over_parts(std::vector<double>& per_param, const std::vector<ParamInfo>& infos,
-                      size_t values_per_param = 1) const;
+  // Sums `per_tensor` (`values_per_tensor` values per tensor of `tensors`, this rank's part)
+  // over the ranks that hold other parts of each tensor: the data-parallel group, and for
+  // split parameters' tensors the group holding their slices (slices_group).
+  void sum_over_parts(std::vector<double>& per_tensor, const std::vector<ParamInfo>& infos,
+                      const ZooTensors& tensors, size_t values_per_tensor = 1) const;
   // The element-wise maximum of `values` over every rank holding parts of the tensors
   // (values laid out by whole tensors, identical where ranks hold the same part).
   void max_over_parts(std::vector<float>& values) const;
@@ -182,6 +208,10 @@ bool is_hidden_matrix(const ParamInfo& p);
 // weight as its own 2-D tensor. Muon orthogonalises each expert's matrix on its own and
 // Shampoo preconditions each apart.
 bool is_expert_matrices(const ParamInfo& p);
+// An MoE layer's stacked expert tensors, [experts, ...]: those weights and the experts' linear
+// biases ([experts, width]). Each expert's slice is a tensor of its own to the zoo's
+// per-tensor quantities (zoo_tensors: LAMB's trust ratio, adam8bit's blocks).
+bool is_stacked_experts(const ParamInfo& p);
 
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);

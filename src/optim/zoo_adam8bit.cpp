@@ -15,7 +15,10 @@
 //
 // Blocks are those of each whole tensor (row-major, before tensor parallelism splits it), so
 // a sharded or split run quantises exactly as one rank does: each rank updates its elements,
-// and the blocks' new maxima are reduced (max) over the ranks holding parts of them.
+// and the blocks' new maxima are reduced (max) over the ranks holding parts of them. A stacked
+// expert tensor's experts are tensors of their own (optimizer_zoo.h's zoo_tensors), as
+// bitsandbytes sees DeepSpeed-MoE's one tensor per expert: the blocks restart at each expert's
+// first element, and min_8bit_size is compared with one expert's elements.
 //
 // The per-element arithmetic is backend/zoo_adam8bit_math.h's, which the CPU's loop and the
 // GPU's kernel (backend/gpu/zoo_adam8bit.cu) both run, in two passes so that no fp32 copy of
@@ -280,15 +283,20 @@ class Adam8bit : public ZooOptimizer<T> {
         infos_(params.infos()),
         layout_(layout) {
     OMNI_REQUIRE(block_ > 0, "[adam8bit] the block size must be positive");
-    // Blocks are the whole (unsplit) tensor's, so every layout quantises the same way.
+    // Blocks are the whole (unsplit) tensor's, each expert's apart, so every layout quantises
+    // the same way: the runs are cut where an expert ends, each with its expert's block 0.
     for (const ParamInfo& p : infos_) {
       Tensor8 t;
-      t.quantized = global_numel(p) >= config.zoo.adam8bit_min_8bit_size;
-      t.block_start = blocks_;
-      if (t.quantized) blocks_ += (global_numel(p) + block_ - 1) / block_;
+      const int64_t size = zoo_tensor_numel(p), blocks = (size + block_ - 1) / block_;
+      t.quantized = size >= config.zoo.adam8bit_min_8bit_size;
       ParameterSet<T>::for_each_run(p, [&](int64_t l, int64_t g, int64_t n) {
-        t.runs.push_back({l, g, n});
+        for (const int64_t end = g + n; g < end;) {
+          const int64_t e = g / size, k = std::min(end, (e + 1) * size) - g;
+          t.runs.push_back({l, g - e * size, k, blocks_ + e * blocks});
+          l += k, g += k;
+        }
       });
+      if (t.quantized) blocks_ += zoo_tensor_count(p) * blocks;
       tensors_.push_back(std::move(t));
     }
     for (size_t k = 0; k < layout_.pieces.size(); ++k) {
@@ -355,13 +363,15 @@ class Adam8bit : public ZooOptimizer<T> {
   }
 
  private:
+  // ParameterSet::for_each_run's runs cut at the experts' boundaries: `global` counts from
+  // the first element of its expert (of the tensor where it stacks none), whose block 0 is
+  // block_start (into absmax1_/absmax2_).
   struct Run {
-    int64_t local, global, count;  // ParameterSet::for_each_run's
+    int64_t local, global, count, block_start;
   };
   struct Tensor8 {
     bool quantized = false;
-    int64_t block_start = 0;  // into absmax1_/absmax2_
-    std::vector<Run> runs;    // where this rank's elements sit in the whole tensor
+    std::vector<Run> runs;  // where this rank's elements sit in the whole tensor
   };
 
   // The step's runs of the piece whose states start at `state`: the piece whole (fp32
@@ -382,7 +392,7 @@ class Adam8bit : public ZooOptimizer<T> {
       if (lo >= hi) continue;
       const int64_t at = runs_.empty() ? 0 : runs_.back().first + runs_.back().count;
       runs_.push_back({at, p.offset + lo, state + (lo - begin), r.global + (lo - r.local),
-                       t.block_start, hi - lo, 1, decay});
+                       r.block_start, hi - lo, 1, decay});
     }
   }
 
@@ -441,7 +451,7 @@ class Adam8bit : public ZooOptimizer<T> {
     for (const Run& r : t.runs) {
       const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
       for (int64_t l = lo; l < hi; ++l)
-        f(l - begin, t.block_start + (r.global + (l - r.local)) / block_);
+        f(l - begin, r.block_start + (r.global + (l - r.local)) / block_);
     }
   }
 
@@ -515,12 +525,12 @@ class Adam8bit : public ZooOptimizer<T> {
     upload_states();  // (frees the host arrays)
   }
 
-  // Whether element i of the piece is the first of block b of its whole tensor.
+  // Whether element i of the piece is the first of block b of its whole tensor (expert).
   bool block_first(const ZooPiece& piece, int64_t i, int64_t b, const Tensor8& t) const {
     const int64_t local = piece.begin - infos_[piece.param].offset + i;
     for (const Run& r : t.runs)
       if (local >= r.local && local < r.local + r.count)
-        return r.global + (local - r.local) == (b - t.block_start) * block_;
+        return r.global + (local - r.local) == (b - r.block_start) * block_;
     return false;
   }
 

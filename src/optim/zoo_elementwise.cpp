@@ -22,7 +22,9 @@ class ElementwiseZoo : public ZooOptimizer<T> {
         layout_(layout),
         states_(names(config.kind), layout.state_size, params.values_tensor().device(),
                 layout.exec.memory()) {
-    if (config.kind == OptimizerKind::Lamb && layout.exec.on_gpu())  // LAMB's u, for its norm
+    if (config.kind != OptimizerKind::Lamb) return;
+    tensors_ = zoo_tensors(params.infos(), layout.pieces);
+    if (layout.exec.on_gpu())  // LAMB's u, for its norm
       lamb_u_ = Tensor::zeros({std::max<int64_t>(layout.state_size, 1)}, dtype_of<T>(),
                               params.values_tensor().device(), layout.exec.memory());
   }
@@ -89,23 +91,12 @@ class ElementwiseZoo : public ZooOptimizer<T> {
     if constexpr (!std::is_same_v<T, float>) {
       ops::detail::gpu_has_no_double("optimizer zoo update");
     } else {
+      if (cfg_.kind == OptimizerKind::Lamb) return gpu_lamb(params, lr, step);
       const std::vector<ParamInfo>& infos = params.infos();
-      const bool lamb = cfg_.kind == OptimizerKind::Lamb;
-      std::vector<double> norms(2 * infos.size(), 0.0);
-      std::vector<std::string> names = states_.names();
-      auto state = [&](size_t k, const ZooPiece& piece) {
-        return k < names.size() ? states_.get(names[k]) + piece.state : nullptr;
-      };
-      auto run = [&](const ops::ZooStep& c, const ZooPiece& piece, float* s2) {
-        layout_.exec.gpu->zoo_update(c, params.values() + piece.begin, params.grads() + piece.begin,
-                                     state(0, piece), state(1, piece), s2,
-                                     size_t(piece.end - piece.begin));
-      };
       for (const ZooPiece& piece : layout_.pieces) {
         const double wd = infos[piece.param].weight_decay ? cfg_.weight_decay : 0.0;
         ops::ZooStep c;
         c.lr = float(lr), c.wd = float(wd), c.decay = float(1.0 - lr * wd);
-        float* s2 = state(2, piece);
         switch (cfg_.kind) {
           case OptimizerKind::Lion:
             c.kind = ops::ZooUpdate::Lion;
@@ -127,35 +118,59 @@ class ElementwiseZoo : public ZooOptimizer<T> {
             c.eps = float(cfg_.adam_eps);
             c.bc2 = float(1.0 - std::pow(cfg_.adam_beta2, double(step)));
             break;
-          case OptimizerKind::Lamb:
-            c.kind = ops::ZooUpdate::LambMoments;
-            c.beta1 = float(cfg_.adam_beta1), c.beta2 = float(cfg_.adam_beta2);
-            c.eps = float(cfg_.adam_eps);
-            s2 = lamb_u_.template data<float>() + piece.state;
-            break;
           default:
             throw InternalError("[optimizer] not an element-wise zoo optimizer");
         }
-        run(c, piece, s2);
-        if (!lamb) continue;
-        const size_t n = size_t(piece.end - piece.begin);
-        norms[2 * piece.param] += ops::sum_squares(layout_.exec, params.values() + piece.begin, n);
-        norms[2 * piece.param + 1] += ops::sum_squares(layout_.exec, s2, n);
-      }
-      if (!lamb) return;
-      layout_.sum_over_parts(norms, infos, 2);
-      const double t = double(step);
-      const double step_size =
-          lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
-      for (const ZooPiece& piece : layout_.pieces) {
-        ops::ZooStep c;
-        c.kind = ops::ZooUpdate::LambApply;
-        c.wd = float(infos[piece.param].weight_decay ? cfg_.weight_decay : 0.0);
-        c.eps = float(cfg_.adam_eps);
-        c.scale = float(step_size * lamb_ratio(norms[2 * piece.param], norms[2 * piece.param + 1]));
-        run(c, piece, nullptr);
+        gpu_run(c, params, piece, state(2, piece));
       }
     }
+  }
+
+  // State k's elements of `piece` (null: the kind has no state k).
+  T* state(size_t k, const ZooPiece& piece) {
+    const std::vector<std::string>& names = states_.names();
+    return k < names.size() ? states_.get(names[k]) + piece.state : nullptr;
+  }
+  void gpu_run(const ops::ZooStep& c, ParameterSet<T>& params, const ZooPiece& piece, T* s2) {
+    layout_.exec.gpu->zoo_update(c, params.values() + piece.begin, params.grads() + piece.begin,
+                                 state(0, piece), state(1, piece), s2,
+                                 size_t(piece.end - piece.begin));
+  }
+
+  // lamb() below on the GPU: the moments and u (into lamb_u_), the norms of w and u per
+  // tensor, then the scaled step.
+  void gpu_lamb(ParameterSet<T>& params, double lr, int64_t step) {
+    const std::vector<ParamInfo>& infos = params.infos();
+    std::vector<double> norms(2 * tensors_.first.back(), 0.0);
+    for (const ZooTensorPiece& tp : tensors_.pieces) {
+      const ZooPiece& piece = tp.piece;
+      const double wd = infos[piece.param].weight_decay ? cfg_.weight_decay : 0.0;
+      ops::ZooStep c;
+      c.lr = float(lr), c.wd = float(wd), c.decay = float(1.0 - lr * wd);
+      c.kind = ops::ZooUpdate::LambMoments;
+      c.beta1 = float(cfg_.adam_beta1), c.beta2 = float(cfg_.adam_beta2);
+      c.eps = float(cfg_.adam_eps);
+      T* u = lamb_u_.template data<T>() + piece.state;
+      gpu_run(c, params, piece, u);
+      const size_t n = size_t(piece.end - piece.begin);
+      norms[2 * tp.tensor] += ops::sum_squares(layout_.exec, params.values() + piece.begin, n);
+      norms[2 * tp.tensor + 1] += ops::sum_squares(layout_.exec, u, n);
+    }
+    layout_.sum_over_parts(norms, infos, tensors_, 2);
+    const double step_size = lamb_step_size(lr, step);
+    for (const ZooTensorPiece& tp : tensors_.pieces) {
+      ops::ZooStep c;
+      c.kind = ops::ZooUpdate::LambApply;
+      c.wd = float(infos[tp.piece.param].weight_decay ? cfg_.weight_decay : 0.0);
+      c.eps = float(cfg_.adam_eps);
+      c.scale = float(step_size * lamb_ratio(norms[2 * tp.tensor], norms[2 * tp.tensor + 1]));
+      gpu_run(c, params, tp.piece, nullptr);
+    }
+  }
+
+  double lamb_step_size(double lr, int64_t step) const {
+    const double t = double(step);
+    return lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
   }
 
   double lamb_ratio(double w2, double u2) const {
@@ -177,15 +192,18 @@ class ElementwiseZoo : public ZooOptimizer<T> {
   // kernel behind Megatron-DeepSpeed's ds.fusedlamb): Adam's moments, the update
   // u = m / (sqrt(v) + eps) + wd * w from the moments without bias correction, the trust
   // ratio ||w|| / ||u|| per tensor (1 where either is 0) clamped to [min_coeff, max_coeff],
-  // and w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * ratio * u. The squared norms are summed over
-  // the tensor's pieces on every rank that holds one (ZooLayout::sum_over_parts).
+  // and w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * ratio * u. A stacked expert tensor's experts
+  // are tensors of their own (zoo_tensors), as DeepSpeed-MoE's: a ratio per expert. The
+  // squared norms are summed over the tensor's pieces on every rank that holds one
+  // (ZooLayout::sum_over_parts).
   void lamb(ParameterSet<T>& params, double lr, int64_t step) {
     const std::vector<ParamInfo>& infos = params.infos();
     T* ms = states_.get("exp_avg");
     T* vs = states_.get("exp_avg_sq");
     const T b1 = T(cfg_.adam_beta1), b2 = T(cfg_.adam_beta2), eps = T(cfg_.adam_eps);
-    std::vector<double> norms(2 * infos.size(), 0.0);  // ||w||^2, ||u||^2 per parameter
-    for (const ZooPiece& piece : layout_.pieces) {
+    std::vector<double> norms(2 * tensors_.first.back(), 0.0);  // ||w||^2, ||u||^2 per tensor
+    for (const ZooTensorPiece& tp : tensors_.pieces) {
+      const ZooPiece& piece = tp.piece;
       const ParamInfo& p = infos[piece.param];
       const T* w = params.values() + piece.begin;
       const T* g = params.grads() + piece.begin;
@@ -200,16 +218,15 @@ class ElementwiseZoo : public ZooOptimizer<T> {
         w2 += double(w[i]) * double(w[i]);
         u2 += double(u) * double(u);
       }
-      norms[2 * piece.param] += w2;
-      norms[2 * piece.param + 1] += u2;
+      norms[2 * tp.tensor] += w2;
+      norms[2 * tp.tensor + 1] += u2;
     }
-    layout_.sum_over_parts(norms, infos, 2);
-    const double t = double(step);
-    const double step_size =
-        lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
-    for (const ZooPiece& piece : layout_.pieces) {
+    layout_.sum_over_parts(norms, infos, tensors_, 2);
+    const double step_size = lamb_step_size(lr, step);
+    for (const ZooTensorPiece& tp : tensors_.pieces) {
+      const ZooPiece& piece = tp.piece;
       const ParamInfo& p = infos[piece.param];
-      const double ratio = lamb_ratio(norms[2 * piece.param], norms[2 * piece.param + 1]);
+      const double ratio = lamb_ratio(norms[2 * tp.tensor], norms[2 * tp.tensor + 1]);
       T* w = params.values() + piece.begin;
       const T* m = ms + piece.state;
       const T* v = vs + piece.state;
@@ -325,6 +342,7 @@ class ElementwiseZoo : public ZooOptimizer<T> {
   OptimizerConfig cfg_;
   ZooLayout<T> layout_;
   ZooStates<T> states_;
+  ZooTensors tensors_;                       // LAMB's
   Tensor lamb_u_;                            // on the GPU
   double weight_sum_ = 0.0, lr_max_ = -1.0;  // the reference's initial values
   double sf_lr_ = 0.0, ckp1_ = 0.0;          // of the current step

@@ -1,7 +1,8 @@
 // The optimizer zoo on the GPU (backend/gpu/zoo_optimizer.cu; Muon's Newton-Schulz through
 // the GPU's GEMM) against the same Optimizer<float> on the CPU, the reference: three steps with
 // new gradients each step on tensors with and without weight decay, every parameter and state
-// within 1e-5 (relative) plus 1e-7. LAMB's norms and Muon's products are sums in another
+// within 1e-5 (relative) plus 1e-7, on tensors that include stacked experts (each expert a
+// tensor of its own to LAMB and adam8bit). LAMB's norms and Muon's products are sums in another
 // order there; the element-wise updates are the same float arithmetic.
 #include <algorithm>
 #include <cmath>
@@ -27,6 +28,14 @@ std::vector<ParamInfo> infos() {
           {"decoder.final_layernorm.weight", {37}, ParamInit::Ones, false}};
 }
 
+// And another layer's stacked experts, three of 210 elements each: adam8bit's 8-bit blocks of
+// 16 restarting at each expert (210 not a multiple of 16), LAMB's trust ratio per expert.
+std::vector<ParamInfo> infos_with_experts() {
+  std::vector<ParamInfo> out = infos();
+  out.push_back({"decoder.layers.0.mlp.experts.linear_fc1.weight", {3, 10, 21}});
+  return out;
+}
+
 std::vector<float> device_to_host(const ops::Exec& x, const float* p, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   ops::download(x, out.data(), p, out.size());
@@ -44,8 +53,8 @@ TEST(GpuOptimizerZoo, ElementwiseStepsMatchCpu) {
     c.weight_decay = 0.1;
     c.zoo.schedulefree_warmup_steps = 2;
     c.zoo.qkv_split_shapes = {4, 2, 2};  // Muon: the QKV matrix's query, key and value rows
-    ParameterSet<float> cpu(infos()),
-        dev(infos(), ::omni::Device{DeviceKind::CUDA, 0}, gpu.memory());
+    ParameterSet<float> cpu(infos_with_experts()),
+        dev(infos_with_experts(), ::omni::Device{DeviceKind::CUDA, 0}, gpu.memory());
     const std::vector<float> start = random_vector(size_t(cpu.size()), 7, -0.5f, 0.5f);
     std::copy(start.begin(), start.end(), cpu.values());
     ops::upload(gpu, dev.values(), start.data(), start.size());
@@ -84,8 +93,9 @@ TEST(GpuOptimizerZoo, Adam8bitMatchesCpu) {
   c.kind = OptimizerKind::Adam8bit;
   c.weight_decay = 0.1;
   c.zoo.adam8bit_block_size = 16;
-  c.zoo.adam8bit_min_8bit_size = 200;  // the two matrices 8-bit, the rest fp32
-  ParameterSet<float> cpu(infos()), dev(infos(), ::omni::Device{DeviceKind::CUDA, 0}, gpu.memory());
+  c.zoo.adam8bit_min_8bit_size = 200;  // the two matrices and the experts 8-bit, the rest fp32
+  ParameterSet<float> cpu(infos_with_experts()),
+      dev(infos_with_experts(), ::omni::Device{DeviceKind::CUDA, 0}, gpu.memory());
   const std::vector<float> start = random_vector(size_t(cpu.size()), 7, -0.5f, 0.5f);
   std::copy(start.begin(), start.end(), cpu.values());
   ops::upload(gpu, dev.values(), start.data(), start.size());
