@@ -170,7 +170,8 @@ class ElementwiseZoo : public ZooOptimizer<T> {
 
   double lamb_step_size(double lr, int64_t step) const {
     const double t = double(step);
-    return lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) / (1.0 - std::pow(cfg_.adam_beta1, t));
+    return lr * std::sqrt(1.0 - std::pow(cfg_.adam_beta2, t)) /
+           (1.0 - std::pow(cfg_.adam_beta1, t));
   }
 
   double lamb_ratio(double w2, double u2) const {
