@@ -66,6 +66,10 @@ struct CheckpointOptimizer {
   std::string name = "none";  // "adamw", "sgd", a zoo name; "none": a model-only checkpoint
   int64_t steps = 0;
   std::vector<std::pair<std::string, double>> scalars;  // Optimizer::scalar_names()'
+  // Whether the zoo's states take each expert of an MoE layer's stacked tensors as a tensor
+  // of its own ("optimizer_experts separate", written since the zoo does): earlier checkpoints
+  // of MoE models hold adam8bit's, Muon's and GaLore's expert states in another layout.
+  bool experts_separate = false;
 };
 
 // The name a checkpoint stores for optimizer kind `k`.

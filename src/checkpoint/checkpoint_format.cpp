@@ -187,6 +187,7 @@ std::string metadata_header(const Options& opts, const TrainingProgress& progres
   if (progress.lr_schedule_samples >= 0)
     md << "lr_schedule_samples " << progress.lr_schedule_samples << "\n";
   md << "optimizer " << optimizer.name << ' ' << optimizer.steps << "\n"
+     << "optimizer_experts separate\n"
      << "rng none\n";
   for (const auto& [name, v] : optimizer.scalars) {
     char value[64];
@@ -256,6 +257,10 @@ Metadata read_metadata(const std::string& root) {
       md.progress.loss_scaler = st;
     } else if (key == "optimizer") {
       ls >> md.optimizer.name >> md.optimizer.steps;
+    } else if (key == "optimizer_experts") {
+      std::string layout;
+      ls >> layout;
+      md.optimizer.experts_separate = layout == "separate";
     } else if (key == "optimizer_scalar") {
       std::string name, value;
       ls >> name >> value;

@@ -562,6 +562,14 @@ void CheckpointReader::check_optimizer(const std::string& name) const {
   OMNI_REQUIRE(md.optimizer.name == name, "--load: '", md.path, "' holds the state of optimizer ",
                md.optimizer.name, " but --optimizer is ", name,
                " (add --no-load-optim to start it afresh)");
+  // Zoo states whose MoE experts' layout changed when each expert became a tensor of its own.
+  const bool expert_layout = name == "adam8bit" || name == "muon" || name.starts_with("galore");
+  if (!expert_layout || md.optimizer.experts_separate) return;
+  const auto at = std::find(md.args.begin(), md.args.end(), "--num-experts");
+  const bool moe = at != md.args.end() && at + 1 != md.args.end() && std::atoi(at[1].c_str()) > 0;
+  OMNI_REQUIRE(!moe, "--load: '", md.path, "' holds ", name,
+               " state from before omnitron stepped each MoE expert as a tensor of its own, in "
+               "another layout (add --no-load-optim to start it afresh)");
 }
 
 double CheckpointReader::optimizer_scalar(const std::string& name) const {
