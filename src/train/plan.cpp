@@ -558,7 +558,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                          double(plan_rank_expert_parameters(c, l, stage)) *
                              (expert_extra + expert_grad_extra + expert_param_extra) +
                          double(plan_activation_bytes(c, l, stage, eb)) +
-                         double(plan_workspace_bytes(c, l, stage, eb));
+                         double(plan_workspace_bytes(c, l, stage, eb, d.host_memory));
     if (total > best) best = total, p.stage = stage;
   }
   const int s = p.stage;
@@ -631,13 +631,17 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "each 2C + F_e'/ETP (x2 SwiGLU) + F_e/ETP) and the shared expert's N (F_s' + F_s + C)/TP, "
       "every TP rank routing all N tokens (EP allgather: + EP N (C + k) gathered); x "
       "micro-batches in flight; recomputed layers keep N C' + one scratch layer");
-  mem("workspace", double(plan_workspace_bytes(c, l, s, eb)),
+  mem("workspace", double(plan_workspace_bytes(c, l, s, eb, d.host_memory)),
       sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
            last ? " + final norm per micro-batch in flight" : "",
            mtp ? " + the MTP depths' activations" : ""),
-      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP; Ulysses: send "
-      "and receive blocks 2 N H max(d, v), the whole sequence's gradients N (H + G)(d + v), "
-      "8 N CP B of gathered first keys)");
+      "N((H+2G)d + 2C + F + F' + H(d+v) + G(d+v)) + 2 N C' + N float losses + 20 N B of staged "
+      "ids per micro-batch in flight + the rope tables (2 s rot/2 floats on a GPU, doubles on "
+      "the CPU); qk-layernorm adds N (H + G) d, MLA its scratch gradients, MoE the layers' shared "
+      "backward scratch, the last stage its final norm per micro-batch in flight; the CP ring "
+      "N H (d + v) + 3 N G (d + v) + N H floats + 8 N B of key bounds; Ulysses its send and "
+      "receive blocks 2 N H max(d, v), the whole sequence's gradients N (H + G)(d + v) and "
+      "8 N CP B of gathered first keys");
   double comm = 0;
   std::string comm_why;
   if (l.pp > 1) {
