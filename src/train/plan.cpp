@@ -632,7 +632,10 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "every TP rank routing all N tokens (EP allgather: + EP N (C + k) gathered); x "
       "micro-batches in flight; recomputed layers keep N C' + one scratch layer");
   mem("workspace", double(plan_workspace_bytes(c, l, s, eb, d.host_memory)),
-      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
+      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s%s",
+           l.ulysses() ? " + Ulysses' exchange blocks and whole-sequence gradients"
+           : l.cp > 1  ? " + the ring's blocks in flight"
+                       : "",
            last ? " + final norm per micro-batch in flight" : "",
            mtp ? " + the MTP depths' activations" : ""),
       "N((H+2G)d + 2C + F + F' + H(d+v) + G(d+v)) + 2 N C' + N float losses + 20 N B of staged "
