@@ -11,8 +11,10 @@ namespace omni {
 // OpenBLAS picks its kernels from OPENBLAS_CORETYPE or its own CPU detection, which chooses
 // a slower kernel set on some AVX-512 machines; libgomp reads how idle threads wait
 // (OMP_WAIT_POLICY), where its spinning default slows small models by orders of magnitude
-// on a busy machine. When the user left them unset, set them (SkylakeX kernels on an
-// AVX-512 CPU, passive waiting) and re-execute this program, so users never need to know.
+// on a busy machine, and how many threads to start (OMP_NUM_THREADS: each rank of an
+// oversubscribed or unbound node its share of the cores). When the user left them unset, set
+// them (SkylakeX kernels on an AVX-512 CPU, passive waiting) and re-execute this program, so
+// users never need to know.
 // Returns only when no re-exec was needed or it failed.
 void ensure_runtime_environment(char** argv);
 // How idle OpenMP threads wait: "passive", "active", "GOMP_SPINCOUNT=N" or libgomp's default.
@@ -20,6 +22,9 @@ std::string openmp_wait_policy();
 
 std::string cpu_model_name();
 int cpu_threads();          // OpenMP threads a parallel region uses
+// Why ensure_runtime_environment chose cpu_threads() ("2 cores shared by 4 ranks on this
+// node"), or "" when the launcher's binding or the user's OMP_NUM_THREADS did.
+std::string cpu_threads_reason();
 std::string blas_config();  // e.g. "OpenBLAS 0.3.21 ... SkylakeX MAX_THREADS=64"
 // Best rate of ops::gemm<float> over a few n x n x n products, in GFLOP/s (the CPU's
 // achievable peak): the fp32 GEMM's, or under an ops::CpuBf16Gemms scope the bf16 GEMM's.

@@ -368,10 +368,13 @@ int train(const std::vector<std::string>& raw_args) {
       ops::CpuBf16Gemms bf16_gemms(opts.bf16);
       peak = world.rank() == 0 ? measure_gemm_gflops() : 0.0;
     }
-    char text[512];
+    const std::string why = cpu_threads_reason();
+    char text[640];
     std::snprintf(text, sizeof text,
-                  "cpu, %d threads (waiting %s), %s; %s peak %.0f GFLOP/s (MFU is against this)",
-                  cpu_threads(), openmp_wait_policy().c_str(), blas_config().c_str(),
+                  "cpu, %d threads (%s%swaiting %s), %s; %s peak %.0f GFLOP/s (MFU is against "
+                  "this)",
+                  cpu_threads(), why.c_str(), why.empty() ? "" : "; ",
+                  openmp_wait_policy().c_str(), blas_config().c_str(),
                   opts.bf16 ? "bf16 GEMM" : "sgemm", peak);
     device_line = text;
   } else {
@@ -392,6 +395,16 @@ int train(const std::vector<std::string>& raw_args) {
       m.swiglu        ? ", SwiGLU"
       : m.openai_gelu ? ", GELU (tanh)"
                       : ", GELU (erf)");
+  if (m.num_moe_experts > 0) {
+    const std::vector<int> pattern = m.moe_layer_pattern();
+    const int moe_layers = static_cast<int>(std::count(pattern.begin(), pattern.end(), 1));
+    std::printf("  MoE: %d of %d layers, %d experts (top %d, ffn %d", moe_layers, m.num_layers,
+                m.num_moe_experts, m.moe_router_topk, m.moe_ffn_size());
+    if (m.moe_shared_expert_intermediate_size > 0)
+      std::printf(", shared expert %d", m.moe_shared_expert_intermediate_size);
+    std::printf("), %s dispatcher | %lld active parameters a token\n",
+                m.moe_token_dispatcher_type.c_str(), (long long)m.num_active_parameters());
+  }
   if (info) std::printf("  data: %s\n", data->describe().c_str());
   std::printf(
       "  batch: %d x %d tokens (micro batch %d, %d accumulation steps), %lld iterations, "
@@ -405,13 +418,24 @@ int train(const std::vector<std::string>& raw_args) {
                 ramp.global_batch_size, ramp.rampup_increment, (long long)ramp.rampup_samples);
   if (info) std::printf("  device: %s\n", device_line.c_str());
   if (!device.note.empty()) std::printf("  %s\n", device.note.c_str());
-  if (world.size() > 1)
+  if (world.size() > 1) {
     std::printf("  layout: %d ranks = tensor %d x context %d%s x pipeline %d x data %d%s%s\n",
                 world.size(), opts.tensor_model_parallel_size, opts.context_parallel_size,
                 opts.context_parallel_size > 1 && opts.cp_comm_type == "a2a" ? " (Ulysses)" : "",
                 opts.pipeline_model_parallel_size, opts.data_parallel_size,
                 opts.sequence_parallel ? ", sequence parallel" : "",
                 opts.use_distributed_optimizer ? ", distributed optimizer" : "");
+    // The experts' own grid (Megatron-Core's: etp x ep x data over each pipeline stage).
+    const int etp = opts.expert_tensor_parallel_size > 0 ? opts.expert_tensor_parallel_size
+                                                         : opts.tensor_model_parallel_size;
+    const int ep = opts.expert_model_parallel_size;
+    if (m.num_moe_experts > 0 && (ep > 1 || etp != opts.tensor_model_parallel_size))
+      std::printf("  experts: %d ranks a stage = expert tensor %d x expert %d x expert data %d "
+                  "(%d experts a rank)\n",
+                  world.size() / opts.pipeline_model_parallel_size, etp, ep,
+                  world.size() / (opts.pipeline_model_parallel_size * etp * ep),
+                  m.num_moe_experts / ep);
+  }
   std::fflush(stdout);
 
   if (tokenizer && info) std::printf("  tokenizer: %s\n", tokenizer->describe().c_str());

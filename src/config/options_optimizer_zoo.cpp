@@ -136,15 +136,21 @@ void finalize_optimizer_zoo(Options& o) {
                                     "--tensor-model-parallel-size 1");
   }
   // Expert parallelism splits the stacked expert tensors over ranks outside the groups the
-  // zoo reduces over: per-tensor quantities (LAMB's norms, Muon's and GaLore's matrices,
-  // adam8bit's blocks, Shampoo's preconditioners) would cover this rank's experts only.
+  // zoo reduces over: per-tensor quantities (LAMB's norms, adam8bit's blocks) would cover this
+  // rank's experts only. Muon, Shampoo and GaLore take each expert's matrix on its own
+  // (is_expert_matrices), which one rank holds (or, for Muon, its slices' group).
   const bool per_element = kind == OptimizerKind::Lion || kind == OptimizerKind::SophiaG ||
                            kind == OptimizerKind::AdamWScheduleFree ||
                            kind == OptimizerKind::SGDScheduleFree;
-  if (o.expert_model_parallel_size > 1 && !per_element)
+  const bool per_expert = kind == OptimizerKind::Muon || kind == OptimizerKind::Shampoo ||
+                          kind == OptimizerKind::GaLoreAdamW ||
+                          kind == OptimizerKind::GaLoreAdamW8bit ||
+                          kind == OptimizerKind::GaLoreAdamW8bitPerLayer;
+  if (o.expert_model_parallel_size > 1 && !per_element && !per_expert)
     throw NotBuiltError(
         opt + " with --expert-model-parallel-size " + std::to_string(o.expert_model_parallel_size),
-        "its per-tensor state would see this rank's experts only; use lion, "
+        "its per-tensor state would see this rank's experts only; use muon, shampoo, galore, "
+        "lion, "
         "sophiag or the schedule-free ones, or --expert-model-parallel-size 1");
   const ZooConfig& z = o.optim.zoo;
   OMNI_REQUIRE(z.lion_beta1 >= 0 && z.lion_beta1 <= 1 && z.lion_beta2 >= 0 && z.lion_beta2 < 1,

@@ -364,7 +364,9 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
   } else if (!cpu_rows) {
     ops::moe_permute(ex, expert_in, x_rows, rows_plan, C);
   }
-  if (exchange_) exchange_->gather(permuted_.data(), own_rows.data(), C, ex);
+  if (exchange_)
+    exchange_->gather(permuted_.data(), own_rows.data(), C, ex,
+                      staging(size_t(exchange_->staging_rows()) * C));
   // Experts [e, e + n) (rows offsets[e] to offsets[e + n]): all at once on a GPU; on the CPU
   // one expert at a time per thread, its rows hot in that core's cache between the steps.
   auto experts_forward = [&](int e, int n) {
@@ -391,7 +393,7 @@ const MoEStats& MoELayer<T>::forward(T* y, const T* x, int tokens, int seq_lengt
     MoEBuffer<T>& own_out = a2a_ ? own_rows : local_out_;
     own_out.resize(static_cast<size_t>(R_own) * C);
     exchange_->reduce_scatter(own_out.data(), expert_out_.data(), C, ex,
-                              staging(size_t(etp_->size()) * R_own * C));
+                              staging(size_t(exchange_->staging_rows()) * C));
     out_rows = own_out.data();
   }
   if (a2a_) {
@@ -556,7 +558,9 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
     ops::moe_unpermute_backward(ex, d_expert_out.data(), d_row_weight.data(), dy,
                                 expert_out_.data(), row_weight_.data(), plan_, C);
   }
-  if (exchange_) exchange_->gather(d_expert_out.data(), d_own.data(), C, ex);
+  if (exchange_)
+    exchange_->gather(d_expert_out.data(), d_own.data(), C, ex,
+                      staging(size_t(exchange_->staging_rows()) * C));
   MoEBuffer<T>&d_act = s.act, &d_fc1 = s.fc1;
   d_act.resize(static_cast<size_t>(R) * F_);
   d_fc1.resize(static_cast<size_t>(R) * F1_);
@@ -611,7 +615,7 @@ void MoELayer<T>::backward(T* dx, const T* dy, const MoEParams<T>& p, const MoEP
       MoEBuffer<T>& d_rows = a2a_ ? s.rows_out : s.rows;  // (rows_out is free here)
       d_rows.resize(static_cast<size_t>(R_own) * C);
       exchange_->reduce_scatter(d_rows.data(), d_permuted.data(), C, ex,
-                                staging(size_t(etp_->size()) * R_own * C));
+                                staging(size_t(exchange_->staging_rows()) * C));
       d_rows_in = d_rows.data();
     }
     if (a2a_) {

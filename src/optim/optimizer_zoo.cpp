@@ -66,6 +66,11 @@ bool is_hidden_matrix(const ParamInfo& p) {
          p.name != "embedding.word_embeddings.weight" && p.name != "output_layer.weight";
 }
 
+bool is_expert_matrices(const ParamInfo& p) {
+  return p.shape.size() == 3 && (p.name.ends_with("experts.linear_fc1.weight") ||
+                                 p.name.ends_with("experts.linear_fc2.weight"));
+}
+
 template <typename T>
 double& ZooOptimizer<T>::scalar(const std::string& name) {
   throw InternalError("[optimizer] no scalar state '" + name + "'");

@@ -177,6 +177,11 @@ void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 // here ([experts, width]) but are each expert's own vector, as Megatron-Core holds them: not
 // matrices.
 bool is_hidden_matrix(const ParamInfo& p);
+// An MoE layer's stacked expert weights, [experts, rows, cols]: one matrix per expert, as
+// Megatron-Core's TEGroupedMLP and SequentialMLP (and DeepSpeed-MoE) hold each expert's
+// weight as its own 2-D tensor. Muon orthogonalises each expert's matrix on its own and
+// Shampoo preconditions each apart.
+bool is_expert_matrices(const ParamInfo& p);
 
 // bitsandbytes' 256-value dynamic quantisation map, sorted (signed: the first moment's).
 std::array<float, 256> dynamic_quantization_map(bool is_signed);

@@ -15,15 +15,19 @@
 //   galoreadamw8bit: bitsandbytes' 8-bit Adam (zoo_adam8bit.h: the same quantisation as
 //     adam8bit) steps a zero tensor shaped like R without decay; that step, projected back
 //     and times scale, is added to W, then W -= lr * wd * W.
-// The moments are not reset when P changes (galore_torch keeps them). The other tensors (the
-// embeddings, the output layer, biases, norms) take the same Adam without projection: AdamW
-// in transformers' arithmetic, or bitsandbytes' 8-bit Adam. galoreadamw8bitperlayer runs
+// An MoE layer's stacked experts [experts, rows, cols] are one matrix per expert
+// (is_expert_matrices), each with its own P, as DeepSpeed-MoE's separate expert tensors are
+// projected apart; their projected moments lie one after another (8-bit blocks run across
+// them). The moments are not reset when P changes (galore_torch keeps them). The other tensors
+// (the embeddings, the output layer, biases, norms) take the same Adam without projection:
+// AdamW in transformers' arithmetic, or bitsandbytes' 8-bit Adam. galoreadamw8bitperlayer runs
 // GaLoreAdamW8bit from a gradient hook per tensor to save the gradient memory: the same math.
 //
 // Megatron-DeepSpeed passes only lr and weight decay, so betas and eps are the --adam-* flags
 // (galore_torch's own AdamW defaults eps to 1e-6, bitsandbytes' to 1e-8).
 //
-// States, laid out like the parameters, a matrix's projected quantity from its first element:
+// States, laid out like the parameters, a matrix's projected quantity from its first element
+// (stacked experts': one expert's after another):
 // projection (P; zeros for the other tensors), and exp_avg and exp_avg_sq (galoreadamw) or
 // adam8bit's state1, state2, absmax1 and absmax2 (the 8-bit variants).
 #include <algorithm>
@@ -42,19 +46,23 @@ namespace omni {
 
 namespace {
 
+// A tensor's projection: a hidden matrix's, or each of an MoE layer's stacked experts'
+// (`matrices` of them, one after another, each with its own P).
 struct Projection {
   bool galore = false, left = false;
-  int64_t rows = 0, cols = 0, rank = 0;
-  int64_t low_size(int64_t numel) const {
-    return !galore ? numel : left ? rank * cols : rows * rank;
-  }
+  int64_t matrices = 1, rows = 0, cols = 0, rank = 0;
+  int64_t matrix_low() const { return left ? rank * cols : rows * rank; }
+  int64_t low_size(int64_t numel) const { return galore ? matrices * matrix_low() : numel; }
+  int64_t p_size() const { return rank * (left ? rows : cols); }  // one matrix's P
 };
 
 Projection plan(const ParamInfo& p, const ZooConfig& z) {
   Projection pr;
-  if (!is_hidden_matrix(p)) return pr;
+  const bool experts = is_expert_matrices(p);
+  if (!is_hidden_matrix(p) && !experts) return pr;
   pr.galore = true;
-  pr.rows = p.shape[0], pr.cols = p.shape[1];
+  pr.matrices = experts ? p.shape[0] : 1;
+  pr.rows = p.shape[p.shape.size() - 2], pr.cols = p.shape.back();
   pr.rank = std::min({z.galore_rank, pr.rows, pr.cols});
   const std::string& type = z.galore_proj_type;
   if (type == "std")
@@ -112,13 +120,19 @@ class GaLore : public ZooOptimizer<T> {
       const int64_t n = pr.low_size(p.numel);
       T* P = projection_ + shards_.at(pi);
       const T* r = g;
+      const int64_t matrix = pr.rows * pr.cols;
       if (pr.galore) {
-        if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, g, P);
         T* low = buffer(low_, n);
-        if (pr.left)  // R = P^T G
-          gemm(true, false, pr.rank, pr.cols, pr.rows, P, pr.rank, g, pr.cols, low, pr.cols);
-        else  // R = G P^T
-          gemm(false, true, pr.rows, pr.rank, pr.cols, g, pr.cols, P, pr.cols, low, pr.rank);
+        for (int64_t e = 0; e < pr.matrices; ++e) {
+          const T* ge = g + e * matrix;
+          T* Pe = P + e * pr.p_size();
+          T* le = low + e * pr.matrix_low();
+          if ((step - 1) % cfg_.zoo.galore_update_proj_gap == 0) project_from(pr, ge, Pe);
+          if (pr.left)  // R = P^T G
+            gemm(true, false, pr.rank, pr.cols, pr.rows, Pe, pr.rank, ge, pr.cols, le, pr.cols);
+          else  // R = G P^T
+            gemm(false, true, pr.rows, pr.rank, pr.cols, ge, pr.cols, Pe, pr.cols, le, pr.rank);
+        }
         r = low;
       }
       T* update = buffer(update_, n);
@@ -135,10 +149,15 @@ class GaLore : public ZooOptimizer<T> {
       const T* u = update;
       if (pr.galore) {
         T* back = buffer(back_, p.numel);
-        if (pr.left)  // P N
-          gemm(false, false, pr.rows, pr.cols, pr.rank, P, pr.rank, u, pr.cols, back, pr.cols);
-        else  // N P
-          gemm(false, false, pr.rows, pr.cols, pr.rank, u, pr.rank, P, pr.cols, back, pr.cols);
+        for (int64_t e = 0; e < pr.matrices; ++e) {
+          const T* Pe = P + e * pr.p_size();
+          const T* ue = u + e * pr.matrix_low();
+          T* be = back + e * matrix;
+          if (pr.left)  // P N
+            gemm(false, false, pr.rows, pr.cols, pr.rank, Pe, pr.rank, ue, pr.cols, be, pr.cols);
+          else  // N P
+            gemm(false, false, pr.rows, pr.cols, pr.rank, ue, pr.rank, Pe, pr.cols, be, pr.cols);
+        }
         const T scale = T(cfg_.zoo.galore_scale);
         if (exec_.on_gpu())
           ops::scale(exec_, back, double(scale), size_t(p.numel));

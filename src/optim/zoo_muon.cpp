@@ -11,8 +11,11 @@
 // X = a X + (b A + c A A) X, A = X X^T, on the shorter side; scale is sqrt(max(rows, cols))
 // (spectral), sqrt(rows / cols) (unit_rms_norm) or sqrt(max(1, rows / cols)) (shape_scaling).
 // Megatron's split: the fused QKV weight's query, key and value rows are orthogonalised as
-// three matrices. The word embeddings, the output layer and every tensor that is not 2-D
-// take AdamW steps (Megatron's scalar optimizer, adam).
+// three matrices. An MoE layer's stacked experts [experts, rows, cols] are one matrix per
+// expert (is_expert_matrices), each orthogonalised and scaled on its own, as Megatron-Core's
+// Muon steps TEGroupedMLP's per-expert weights. The word embeddings, the output layer and every
+// other tensor that is not 2-D (the experts' biases included) take AdamW steps (Megatron's
+// scalar optimizer, adam).
 //
 // States: exp_avg (Muon's momentum buffer for its matrices, Adam's first moment for the
 // rest) and exp_avg_sq (Adam's second moment; zero for the matrices).
@@ -78,7 +81,7 @@ class Muon : public ZooOptimizer<T> {
       T* w = params.values() + piece.begin;
       const T* g = params.grads() + piece.begin;
       const int64_t n = piece.end - piece.begin;
-      if (!is_hidden_matrix(p))
+      if (!orthogonalized(p))
         update_elements(layout_.exec, adam_, step, lr, p.weight_decay, w, g, m + piece.state,
                         v + piece.state, n);
       else
@@ -88,9 +91,12 @@ class Muon : public ZooOptimizer<T> {
     size_t done = infos.size();  // the last parameter orthogonalised
     for (const ZooPiece& piece : layout_.pieces) {
       const ParamInfo& p = infos[piece.param];
-      if (!is_hidden_matrix(p)) continue;
+      if (!orthogonalized(p)) continue;
       if (piece.param != done) {
-        orthogonalize_whole(p, update + p.offset);
+        if (is_expert_matrices(p))
+          orthogonalize_experts(piece.param, p, update + p.offset);
+        else
+          orthogonalize_whole(p, update + p.offset);
         done = piece.param;
       }
       T* w = params.values() + piece.begin;
@@ -109,6 +115,10 @@ class Muon : public ZooOptimizer<T> {
   T* state_buffer(const std::string& name) override { return states_.get(name); }
 
  private:
+  static bool orthogonalized(const ParamInfo& p) {
+    return is_hidden_matrix(p) || is_expert_matrices(p);
+  }
+
   // Decoupled weight decay and the momentum of n elements; u: what gets orthogonalised.
   void momentum(const ParamInfo& p, T* w, const T* g, T* m, T* u, int64_t n, double lr) {
     const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
@@ -140,6 +150,34 @@ class Muon : public ZooOptimizer<T> {
     matrix_update(p, whole, p.global_shape[0], p.global_shape[1]);
     ParameterSet<T>::for_each_run(
         p, [&](int64_t l, int64_t g, int64_t n) { ops::copy(x, local + l, whole + g, size_t(n)); });
+  }
+
+  // local: the momentum of this rank's experts of the stacked expert tensor p (parameter i),
+  // each expert's matrix orthogonalised in place as a slice of that expert's whole matrix.
+  // Collective over the ranks holding the experts' other slices (slices_group) when they are
+  // split by width; the experts themselves are this rank's (expert parallelism splits them
+  // whole), so the matrices are assembled for this rank's experts only.
+  void orthogonalize_experts(size_t i, const ParamInfo& p, T* local) {
+    const Shape& whole_shape = p.global_shape.empty() ? p.shape : p.global_shape;
+    const int64_t experts = p.shape[0], rows = whole_shape[1], cols = whole_shape[2];
+    const int64_t matrix = rows * cols, n = experts * matrix;
+    Communicator* group = layout_.slices_group(i);
+    if (p.shard_dim < 1 || !group || group->size() == 1) {
+      for (int64_t e = 0; e < experts; ++e) orthogonalize(local + e * matrix, rows, cols);
+      return;
+    }
+    const ops::Exec& x = layout_.exec;
+    T* whole = buffer(whole_, n);
+    ops::zero(x, whole, size_t(n));
+    const int64_t first = p.dim0_start * matrix;  // this rank's first expert in the full tensor
+    ParameterSet<T>::for_each_run(p, [&](int64_t l, int64_t g, int64_t k) {
+      ops::copy(x, whole + g - first, local + l, size_t(k));
+    });
+    group->all_reduce(whole, size_t(n));  // the others add zeros
+    for (int64_t e = 0; e < experts; ++e) orthogonalize(whole + e * matrix, rows, cols);
+    ParameterSet<T>::for_each_run(p, [&](int64_t l, int64_t g, int64_t k) {
+      ops::copy(x, local + l, whole + g - first, size_t(k));
+    });
   }
 
   // u [rows, cols], a whole matrix's momentum, := its orthogonalised update.

@@ -16,9 +16,12 @@
 //   D = S * ||A|| / (||S|| + 1e-16) with S = QL M^ QR                (grafting: Adam's norm)
 //   W -= lr * (D + wd * W)                                       (decoupled weight decay)
 // The betas are --adam-beta1/--adam-beta2, the grafting epsilon --adam-eps. Written from the
-// paper and DistributedShampoo's documented defaults; what Megatron-DeepSpeed's call leaves
-// off there (classical momentum, iterate averaging, eigenvalue-corrected Shampoo, other
-// grafting methods) is not built, and eigenvalues a rounding error below zero count as zero.
+// paper and DistributedShampoo's documented defaults. An MoE layer's stacked experts
+// [experts, rows, cols] are one matrix per expert, each cut into its own blocks, as
+// DeepSpeed-MoE's separate expert tensors are preconditioned apart. What Megatron-DeepSpeed's
+// call leaves off there (classical momentum, iterate averaging, eigenvalue-corrected Shampoo,
+// other grafting methods) is not built, and eigenvalues a rounding error below zero count as
+// zero.
 //
 // States: exp_avg (M) and exp_avg_sq (V), laid out like the parameters, and the blocks'
 // factors and inverse roots (L, R, QL, QR of each block in turn), which do not fit the
@@ -90,27 +93,33 @@ class Shampoo : public ZooOptimizer<T> {
       // A later pipeline stage's copy of tied embeddings is not saved (the first stage's is).
       if (p.name != "embedding.word_embeddings.weight" || params.infos().size() == 1)
         for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
-      OMNI_REQUIRE(p.shape.size() <= 2, "[shampoo] ", p.name, " has ", p.shape.size(),
+      // An MoE layer's stacked experts are one matrix per expert (is_expert_matrices), each
+      // with its own blocks.
+      const bool experts = is_expert_matrices(p);
+      OMNI_REQUIRE(p.shape.size() <= 2 || experts, "[shampoo] ", p.name, " has ", p.shape.size(),
                    " dimensions; omnitron's Shampoo preconditions vectors and matrices");
-      const bool matrix = p.shape.size() == 2;
-      const int64_t rows = matrix ? p.shape[0] : 1, cols = matrix ? p.shape[1] : p.numel;
-      for (int64_t r0 = 0; r0 < rows; r0 += dmax)
-        for (int64_t c0 = 0; c0 < cols; c0 += dmax) {
-          Block b;
-          b.offset = p.offset, b.ld = cols, b.matrix = matrix;
-          b.r0 = r0, b.rows = std::min(dmax, rows - r0);
-          b.c0 = c0, b.cols = std::min(dmax, cols - c0);
-          b.decay = p.weight_decay ? config.weight_decay : 0.0;
-          b.pool = pool;
-          b.param = pi;
-          b.state = shards_.at(pi);
-          b.local = local;
-          pool += b.pool_size();
-          if (shards_.held(pi)) local += b.pool_size();
-          blocks_.push_back(b);
-          for (int64_t x : {b.offset, b.r0, b.rows, b.c0, b.cols})
-            hash = (hash ^ uint64_t(x)) * 1099511628211ull;
-        }
+      const bool matrix = p.shape.size() >= 2;
+      const int64_t stacked = experts ? p.shape[0] : 1;
+      const int64_t rows = experts ? p.shape[1] : matrix ? p.shape[0] : 1;
+      const int64_t cols = matrix ? p.shape.back() : p.numel;
+      for (int64_t e = 0; e < stacked; ++e)
+        for (int64_t r0 = 0; r0 < rows; r0 += dmax)
+          for (int64_t c0 = 0; c0 < cols; c0 += dmax) {
+            Block b;
+            b.offset = p.offset + e * rows * cols, b.ld = cols, b.matrix = matrix;
+            b.r0 = r0, b.rows = std::min(dmax, rows - r0);
+            b.c0 = c0, b.cols = std::min(dmax, cols - c0);
+            b.decay = p.weight_decay ? config.weight_decay : 0.0;
+            b.pool = pool;
+            b.param = pi;
+            b.state = shards_.at(pi) + e * rows * cols;
+            b.local = local;
+            pool += b.pool_size();
+            if (shards_.held(pi)) local += b.pool_size();
+            blocks_.push_back(b);
+            for (int64_t x : {b.offset, b.r0, b.rows, b.c0, b.cols})
+              hash = (hash ^ uint64_t(x)) * 1099511628211ull;
+          }
     }
     fingerprint_ = T(double(hash % (1u << 23)) + 1);  // exact in float
     const int64_t per_buffer = int64_t(saved_.size());

@@ -104,7 +104,7 @@ void ExpertAllToAll::combine(T* rows, const T* expert_rows, int width, const ops
 ExpertTensorExchange::ExpertTensorExchange(Communicator& etp, const int32_t* offsets,
                                            int local_experts)
     : etp_(&etp), local_(local_experts), own_(offsets, offsets + local_experts + 1) {
-  const int n = etp.size(), L = local_experts;
+  const int n = etp.size(), me = etp.rank(), L = local_experts;
   // Counts travel as f64 (the communicator's types are floating point; exact below 2^53).
   std::vector<double> mine(L), all(size_t(n) * L);
   for (int l = 0; l < L; ++l) mine[l] = double(offsets[l + 1] - offsets[l]);
@@ -120,6 +120,16 @@ ExpertTensorExchange::ExpertTensorExchange(Communicator& etp, const int32_t* off
     }
     expert_offsets_[l + 1] = row;
   }
+  peer_at_.assign(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    int32_t rows = 0;
+    for (int l = 0; l < L; ++l) rows += counts_[size_t(r) * L + l];
+    peer_at_[r + 1] = peer_at_[r] + (r == me ? 0 : rows);
+  }
+}
+
+int ExpertTensorExchange::staging_rows() const {
+  return peer_at_.back() + std::max(etp_->size() - 2, 0) * own_rows();
 }
 
 namespace {
@@ -127,30 +137,34 @@ constexpr int kExpertTensorTag = 0x6574;
 }  // namespace
 
 template <typename T>
-void ExpertTensorExchange::gather(T* all, const T* mine, int width, const ops::Exec& e) const {
+void ExpertTensorExchange::gather(T* all, const T* mine, int width, const ops::Exec& e,
+                                  T* staging) const {
   const int n = etp_->size(), me = etp_->rank(), L = local_;
-  const size_t w = size_t(width);
-  // Every block of another rank received in place; each of this rank's blocks sent to every
-  // other rank (receives first, then sends in ring order; one tag, matched in posting order).
+  const size_t w = size_t(width), own = size_t(own_rows());
+  // One message each way per other rank: this rank's rows (contiguous) to it, its rows into
+  // staging (receives first, then sends in ring order), then its blocks to their experts.
   std::vector<std::unique_ptr<CommRequest>> pending;
   for (int k = 1; k < n; ++k) {
     const int from = (me - k + n) % n;
-    for (int l = 0; l < L; ++l)
-      if (const size_t c = size_t(counts_[size_t(from) * L + l]); c > 0)
-        pending.push_back(etp_->irecv(all + size_t(at_[size_t(from) * L + l]) * w,
-                                      c * w * sizeof(T), from, kExpertTensorTag));
+    if (const size_t c = size_t(peer_at_[from + 1] - peer_at_[from]); c > 0)
+      pending.push_back(etp_->irecv(staging + size_t(peer_at_[from]) * w, c * w * sizeof(T), from,
+                                    kExpertTensorTag));
   }
-  for (int k = 1; k < n; ++k) {
-    const int to = (me + k) % n;
-    for (int l = 0; l < L; ++l)
-      if (const size_t c = size_t(own_[l + 1] - own_[l]); c > 0)
-        pending.push_back(
-            etp_->isend(mine + size_t(own_[l]) * w, c * w * sizeof(T), to, kExpertTensorTag));
-  }
+  for (int k = 1; k < n && own > 0; ++k)
+    pending.push_back(etp_->isend(mine, own * w * sizeof(T), (me + k) % n, kExpertTensorTag));
   for (int l = 0; l < L; ++l)
     ops::copy(e, all + size_t(at_[size_t(me) * L + l]) * w, mine + size_t(own_[l]) * w,
               size_t(own_[l + 1] - own_[l]) * w);
   for (auto& r : pending) r->wait();
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    size_t from = size_t(peer_at_[r]);
+    for (int l = 0; l < L; ++l) {
+      const size_t i = size_t(r) * L + l, c = size_t(counts_[i]);
+      if (c > 0) ops::copy(e, all + size_t(at_[i]) * w, staging + from * w, c * w);
+      from += c;
+    }
+  }
 }
 
 template <typename T>
@@ -158,31 +172,58 @@ void ExpertTensorExchange::reduce_scatter(T* mine, const T* all, int width, cons
                                           T* staging) const {
   const int n = etp_->size(), me = etp_->rank(), L = local_;
   const size_t w = size_t(width), own = size_t(own_rows()) * w;
-  // Rank r's part of this rank's rows lands in staging block r (this rank's own rows' order);
-  // this rank's part of rank r's rows goes to it.
-  std::vector<std::unique_ptr<CommRequest>> pending;
-  for (int k = 1; k < n; ++k) {
-    const int from = (me - k + n) % n;
+  // This rank's own part of its rows, block l of expert l, stays in `all`.
+  auto own_block = [&](int l) { return all + size_t(at_[size_t(me) * L + l]) * w; };
+  if (n == 1) {
     for (int l = 0; l < L; ++l)
-      if (const size_t c = size_t(own_[l + 1] - own_[l]); c > 0)
-        pending.push_back(etp_->irecv(staging + from * own + size_t(own_[l]) * w, c * w * sizeof(T),
-                                      from, kExpertTensorTag));
+      ops::copy(e, mine + size_t(own_[l]) * w, own_block(l), size_t(own_[l + 1] - own_[l]) * w);
+    return;
+  }
+  // The sum runs in rank order from rank 0's part plus rank 1's: the one of them that is
+  // another rank's (`direct`) lands in `mine`, every other rank's in staging after the
+  // packed sends (this rank's part of each other rank's rows, in gather's staging layout).
+  const int direct = me == 0 ? 1 : 0;
+  T* const received = staging + size_t(peer_at_.back()) * w;
+  auto part = [&](int r) {  // rank r's part of this rank's rows (r neither me nor direct)
+    return received + size_t(r - (r > me) - (r > direct)) * own;
+  };
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    size_t to = size_t(peer_at_[r]);
+    for (int l = 0; l < L; ++l) {
+      const size_t i = size_t(r) * L + l, c = size_t(counts_[i]);
+      if (c > 0) ops::copy(e, staging + to * w, all + size_t(at_[i]) * w, c * w);
+      to += c;
+    }
+  }
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  for (int k = 1; k < n && own > 0; ++k) {
+    const int from = (me - k + n) % n;
+    pending.push_back(
+        etp_->irecv(from == direct ? mine : part(from), own * sizeof(T), from, kExpertTensorTag));
   }
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n;
-    for (int l = 0; l < L; ++l)
-      if (const size_t c = size_t(counts_[size_t(to) * L + l]); c > 0)
-        pending.push_back(etp_->isend(all + size_t(at_[size_t(to) * L + l]) * w, c * w * sizeof(T),
-                                      to, kExpertTensorTag));
+    if (const size_t c = size_t(peer_at_[to + 1] - peer_at_[to]); c > 0)
+      pending.push_back(
+          etp_->isend(staging + size_t(peer_at_[to]) * w, c * w * sizeof(T), to, kExpertTensorTag));
   }
-  for (int l = 0; l < L; ++l)
-    ops::copy(e, staging + me * own + size_t(own_[l]) * w,
-              all + size_t(at_[size_t(me) * L + l]) * w, size_t(own_[l + 1] - own_[l]) * w);
   for (auto& r : pending) r->wait();
-  // The sum in rank order, the same on every rank's rows.
-  if (n == 1) return ops::copy(e, mine, staging, own);
-  ops::add(e, mine, staging, staging + own, own);
-  for (int r = 2; r < n; ++r) ops::add(e, mine, mine, staging + r * own, own);
+  // mine = a + b, a and b each either `mine` itself, a received part, or (null) this rank's
+  // own part, added expert by expert from `all`.
+  auto add = [&](const T* a, const T* b) {
+    if (a && b) return ops::add(e, mine, a, b, own);
+    for (int l = 0; l < L; ++l) {
+      const size_t at = size_t(own_[l]) * w, c = size_t(own_[l + 1] - own_[l]) * w;
+      if (c > 0) ops::add(e, mine + at, a ? a + at : own_block(l), b ? b + at : own_block(l), c);
+    }
+  };
+  // Rank 0's part plus rank 1's (one of them `mine`, the direct one), then the others'.
+  if (me == 0)
+    add(nullptr, mine);
+  else
+    add(mine, me == 1 ? nullptr : part(1));
+  for (int r = 2; r < n; ++r) add(mine, r == me ? nullptr : part(r));
 }
 
 template <typename P>
@@ -253,7 +294,7 @@ ops::MoEDispatchPlan expert_allgather_plan(const int32_t* indices, const T* prob
 #define OMNI_EXPERT_ROWS(T)                                                                      \
   template void ExpertAllToAll::dispatch<T>(T*, const T*, int, const ops::Exec&, T*) const;      \
   template void ExpertAllToAll::combine<T>(T*, const T*, int, const ops::Exec&, T*) const;       \
-  template void ExpertTensorExchange::gather<T>(T*, const T*, int, const ops::Exec&) const;      \
+  template void ExpertTensorExchange::gather<T>(T*, const T*, int, const ops::Exec&, T*) const;  \
   template void ExpertTensorExchange::reduce_scatter<T>(T*, const T*, int, const ops::Exec&, T*) \
       const;
 OMNI_EXPERT_ROWS(float)

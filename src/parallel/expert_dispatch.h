@@ -61,7 +61,9 @@ class ExpertAllToAll {
 // its slice of the experts on all of them, and the partial outputs are summed back to the
 // rows' owners (Megatron's gather and reduce-scatter over the expert tensor-parallel group).
 // Gathered rows are expert-major: local expert after local expert, within one the group's
-// ranks in order, each rank's rows in its own order.
+// ranks in order, each rank's rows in its own order. Each call sends one message to every
+// other rank of the group and receives one from it (its rows for all the local experts
+// together), staged and reordered by device copies where a side's rows are not contiguous.
 class ExpertTensorExchange {
  public:
   // Collective over `etp`: from where each of this rank's `local_experts` starts in its rows
@@ -71,13 +73,18 @@ class ExpertTensorExchange {
   int own_rows() const { return own_.back(); }
   int rows() const { return expert_offsets_.back(); }  // gathered
   const std::vector<int32_t>& expert_offsets() const { return expert_offsets_; }
+  // Rows of the scratch both calls take as `staging` ([staging_rows(), width]): the other
+  // ranks' rows (gather receives them there; reduce_scatter packs its parts of them there), and
+  // for reduce_scatter the parts of this rank's rows from all other ranks but one (that one
+  // lands in `mine`): rows() - own_rows() + max(etp - 2, 0) own_rows().
+  int staging_rows() const;
 
   // Collective: `all` [rows(), width] from every rank's `mine` [own_rows(), width] (the
   // arrays are `e`'s memory, moved by the group's sends and receives).
   template <typename T>
-  void gather(T* all, const T* mine, int width, const ops::Exec& e) const;
+  void gather(T* all, const T* mine, int width, const ops::Exec& e, T* staging) const;
   // Collective, the inverse: `mine` [own_rows(), width] the sum over the group's ranks, in
-  // rank order, of their `all`'s rows that are this rank's; `staging` [size own_rows(), width].
+  // rank order, of their `all`'s rows that are this rank's.
   template <typename T>
   void reduce_scatter(T* mine, const T* all, int width, const ops::Exec& e, T* staging) const;
 
@@ -88,6 +95,9 @@ class ExpertTensorExchange {
   std::vector<int32_t> counts_;          // rank r's rows of expert l at [r local + l]
   std::vector<int32_t> at_;              // where they sit among the gathered rows
   std::vector<int32_t> expert_offsets_;  // gathered [local + 1]
+  // Where rank r's rows start in staging ([ranks + 1]; the other ranks' in rank order, this
+  // rank's empty).
+  std::vector<int32_t> peer_at_;
 };
 
 // The allgather dispatcher's routing of every rank of `ep`, in rank order: probabilities

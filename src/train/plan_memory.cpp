@@ -130,8 +130,12 @@ int64_t plan_moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, 
   e += std::max(R * F, N * Fs) + std::max(R * F1, N * Fs1) + R * C + Nr * K;   // act .. probs
   // allgather: the gathered rows' gradients and probabilities'; alltoall: this rank's rows
   // and the exchange's staging.
-  e += allgather ? all * C + all * K : ep ? rows.own * C + R * C : 0;
-  // (ETP > TP under alltoall: `rows` this rank's own, the staging ETP x its experts' rows.)
+  e += allgather ? all * C + all * K
+       : ep      ? (rows.own + std::max<int64_t>(1, 2 * X - 3) * rows.expert) * C
+                 : 0;
+  // (ETP > TP under alltoall: `rows` this rank's own; the staging the other ETP ranks' rows and
+  // their parts of this rank's but one's: ExpertTensorExchange::staging_rows(), 2 ETP - 3 x
+  // this rank's experts' rows.)
   int64_t b = e * eb + Nr * E * rb;                              // + the logits' gradient
   if (eb == 2) b += (Nr * C + (allgather ? all : Nr) * K) * rb;  // the router's float copies
   return b;

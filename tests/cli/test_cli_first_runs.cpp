@@ -169,6 +169,20 @@ TEST(FirstRuns, OneProcessAskedForTensorParallelismGetsTheMpirunCommand) {
 #endif
 }
 
+#ifdef OMNITRON_MPIRUN
+// Ranks that no launcher binds to their own cores each take a share of the node's cores
+// (at least one thread) instead of a thread per core each, and the start says so.
+TEST(FirstRuns, UnboundRanksShareTheCores) {
+  const ProcessResult r = run_command(
+      "env -u OMP_NUM_THREADS OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "
+      "120 " +
+      std::string(OMNITRON_MPIRUN) + " --oversubscribe --bind-to none -np 4 " + OMNITRON_BINARY +
+      " " + kTiny + "--global-batch-size 8");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, " cores shared by 4 ranks on this node; waiting ")) << r.output;
+}
+#endif
+
 // --- --eod-mask-loss with --mock-data ---
 
 TEST(FirstRuns, MockDocumentsEndWithTheEndOfDocumentToken) {

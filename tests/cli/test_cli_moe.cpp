@@ -167,6 +167,23 @@ TEST(CliMoE, OneProcessWithExpertTensorParallelismSaysHowManyRanks) {
                              "single process"),
             std::string::npos)
       << wide.output;
+#ifdef OMNITRON_MPIRUN
+  // On two ranks it trains, and the start says how the experts lie over them.
+  const ProcessResult two = run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 120 " +
+      std::string(OMNITRON_MPIRUN) + " --oversubscribe -np 2 " + OMNITRON_BINARY +
+      " train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 "
+      "--disable-bias-linear --expert-tensor-parallel-size 2 --micro-batch-size 1 "
+      "--global-batch-size 2 --train-iters 1 --eval-iters 0 --no-progress");
+  EXPECT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("MoE: 1 of 2 layers, 4 experts (top 2, ffn 96), alltoall dispatcher"),
+            std::string::npos)
+      << two.output;
+  EXPECT_NE(two.output.find("experts: 2 ranks a stage = expert tensor 2 x expert 1 x expert data "
+                            "1 (4 experts a rank)"),
+            std::string::npos)
+      << two.output;
+#endif
 }
 
 // Layouts the MoE layers do not build are refused by finalize(), before any rank starts.

@@ -11,7 +11,9 @@
 #include <cmath>
 
 #include "backend/moe_ops.h"
+#include "comm/local_communicator.h"
 #include "gpu/gpu_test.h"
+#include "parallel/expert_dispatch.h"
 
 namespace omni::gpu_test {
 namespace {
@@ -269,6 +271,37 @@ TEST(GpuMoE, SharedExpertGateIsTheCpus) {
   EXPECT_TRUE(close(d_dh.host(), dh, 1e-5, kSumAtol));
   EXPECT_TRUE(close(d_dx.host(), dx, 1e-5, kSumAtol));
   EXPECT_TRUE(close(d_dw.host(), dw, 1e-5, kSumAtol));
+}
+
+// The exchange of expert tensor parallelism wider than TP (parallel/expert_dispatch.h) with its
+// rows in device memory, received and packed by device copies and summed by device adds: 3
+// in-process ranks on their own emulated devices, 2 local experts (rank 0 none of expert 0,
+// rank 1 none of expert 1), the gathered rows and the sums back the same exchange's on the CPU
+// exactly (the same floats copied, the same adds in the same order).
+TEST(GpuMoE, ExpertTensorExchangeInDeviceMemoryIsTheCpus) {
+#if !defined(OMNITRON_GPU_EMULATE)
+  GTEST_SKIP() << "in-process ranks share host memory, which only the emulated device is";
+#endif
+  const int n = 3, L = 2, width = 3;
+  auto rows_of = [](int r, int l) { return r + l + (l == 1 && r == 1 ? -2 : 0); };
+  run_ranks(n, [&](Communicator& w) {
+    gpu::set_device(w.rank());
+    std::vector<int32_t> offsets{0};
+    for (int l = 0; l < L; ++l) offsets.push_back(offsets.back() + rows_of(w.rank(), l));
+    ExpertTensorExchange x(w, offsets.data(), L);
+    const size_t own = size_t(x.own_rows()) * width, all = size_t(x.rows()) * width,
+                 staged = size_t(x.staging_rows()) * width;
+    const std::vector<float> mine = random_vector(own, 10 + w.rank()),
+                             partial = random_vector(all, 20 + w.rank());
+    std::vector<float> cpu_all(all), cpu_back(own), cpu_staging(staged);
+    x.gather(cpu_all.data(), mine.data(), width, ops::Exec{}, cpu_staging.data());
+    x.reduce_scatter(cpu_back.data(), partial.data(), width, ops::Exec{}, cpu_staging.data());
+    Device<float> d_mine(mine), d_partial(partial), d_all(all), d_back(own), d_staging(staged);
+    x.gather(d_all.get(), d_mine.get(), width, gpu_exec(), d_staging.get());
+    EXPECT_EQ(d_all.host(), cpu_all);
+    x.reduce_scatter(d_back.get(), d_partial.get(), width, gpu_exec(), d_staging.get());
+    EXPECT_EQ(d_back.host(), cpu_back);
+  });
 }
 
 }  // namespace

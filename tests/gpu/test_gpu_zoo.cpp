@@ -17,10 +17,12 @@
 namespace omni::gpu_test {
 namespace {
 
-// Muon orthogonalises the wide QKV (three parts) and the tall fc1; the rest take AdamW.
+// Muon orthogonalises the wide QKV (three parts), the tall fc1 and each of two experts' fc2;
+// the rest take AdamW.
 std::vector<ParamInfo> infos() {
   return {{"decoder.layers.0.self_attention.linear_qkv.weight", {16, 20}},
           {"decoder.layers.0.mlp.linear_fc1.weight", {24, 10}},
+          {"decoder.layers.1.mlp.experts.linear_fc2.weight", {2, 6, 8}},
           {"decoder.layers.0.mlp.linear_fc1.bias", {24}, ParamInit::Zeros, false},
           {"decoder.final_layernorm.weight", {37}, ParamInit::Ones, false}};
 }

@@ -10,10 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "comm/counting_communicator.h"
 #include "model/moe_layer.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/layout_run.h"
@@ -151,13 +154,93 @@ TEST(MoEExpertParallel, ExpertTensorExchangeGathersExpertMajorAndSumsBackToTheOw
     ASSERT_EQ(x.own_rows(), offsets.back());
     ASSERT_EQ(x.rows(), int(want.size()));
     EXPECT_EQ(x.expert_offsets(), want_offsets);
-    std::vector<double> all(want.size());
-    x.gather(all.data(), mine.data(), 1, ops::Exec{});
+    std::vector<double> all(want.size()), staging(size_t(x.staging_rows()));
+    x.gather(all.data(), mine.data(), 1, ops::Exec{}, staging.data());
     EXPECT_EQ(all, want);
     for (double& v : all) v *= me + 1;  // this rank's part of every gathered row
-    std::vector<double> back(mine.size()), staging(size_t(n) * mine.size());
+    std::vector<double> back(mine.size());
     x.reduce_scatter(back.data(), all.data(), 1, ops::Exec{}, staging.data());
     for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(back[i], mine[i] * (1 + 2 + 3)) << i;
+  });
+}
+
+// CountingCommunicator with every send's and receive's count and bytes per peer.
+class PeerCountingCommunicator : public CountingCommunicator {
+ public:
+  using CountingCommunicator::CountingCommunicator;
+  struct Messages {
+    int sends = 0, receives = 0;
+    size_t sent = 0, received = 0;  // bytes
+  };
+  std::map<int, Messages> peers;
+  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int peer, int tag) override {
+    ++peers[peer].sends, peers[peer].sent += bytes;
+    return CountingCommunicator::isend(data, bytes, peer, tag);
+  }
+  std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int peer, int tag) override {
+    ++peers[peer].receives, peers[peer].received += bytes;
+    return CountingCommunicator::irecv(data, bytes, peer, tag);
+  }
+};
+
+// The exchange sends one message to each other rank and receives one from each, per gather
+// and per reduce-scatter, whatever the number of local experts (3 here, every rank holding
+// 1 + r + l rows of expert l, 2 values each), with each rank's rows' bytes, and its results are
+// the rows gathered expert-major and their sum back in rank order.
+TEST(MoEExpertParallel, ExpertTensorExchangeSendsOneMessagePerPeer) {
+  const int n = 3, L = 3, width = 2;
+  auto rows_of = [](int r, int l) { return 1 + r + l; };
+  auto total = [&](int r) { return rows_of(r, 0) + rows_of(r, 1) + rows_of(r, 2); };
+  run_ranks(n, [&](Communicator& w) {
+    Tally tally;
+    PeerCountingCommunicator counted(w, tally);
+    const int me = w.rank();
+    std::vector<int32_t> offsets{0};
+    for (int l = 0; l < L; ++l) offsets.push_back(offsets.back() + rows_of(me, l));
+    std::vector<double> mine(size_t(offsets.back()) * width);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = 1000.0 * me + double(i);
+    ExpertTensorExchange x(counted, offsets.data(), L);
+    std::vector<double> all(size_t(x.rows()) * width);
+    std::vector<double> staging(size_t(x.staging_rows()) * width);
+    counted.peers.clear();
+    tally.on = true;
+    // One message to and one from each other rank per call, of this rank's rows one way and
+    // the other rank's the other.
+    auto expect_one_each_way = [&](const char* call, bool to_mine) {
+      const size_t row = width * sizeof(double);
+      for (int r = 0; r < n; ++r) {
+        if (r == me) continue;
+        const PeerCountingCommunicator::Messages& m = counted.peers[r];
+        EXPECT_EQ(m.sends, 1) << call << " to " << r;
+        EXPECT_EQ(m.receives, 1) << call << " from " << r;
+        EXPECT_EQ(m.sent, size_t(total(to_mine ? me : r)) * row) << call << " to " << r;
+        EXPECT_EQ(m.received, size_t(total(to_mine ? r : me)) * row) << call << " from " << r;
+      }
+      EXPECT_EQ(counted.peers.count(me), 0u);
+      counted.peers.clear();
+    };
+    x.gather(all.data(), mine.data(), width, ops::Exec{}, staging.data());
+    expect_one_each_way("gather", true);  // this rank's rows out, the others' in
+    // Expert-major, ranks in order within an expert.
+    size_t at = 0;
+    for (int l = 0; l < L; ++l)
+      for (int r = 0; r < n; ++r) {
+        const int first = l == 0 ? 0 : rows_of(r, 0) + (l == 2 ? rows_of(r, 1) : 0);
+        for (int i = 0; i < rows_of(r, l) * width; ++i)
+          EXPECT_EQ(all[at++], 1000.0 * r + first * width + i) << l << " " << r << " " << i;
+      }
+    for (size_t i = 0; i < all.size(); ++i) all[i] = all[i] / (me + 1) + 0.1 * (me + 1);
+    std::vector<double> back(mine.size());
+    x.reduce_scatter(back.data(), all.data(), width, ops::Exec{}, staging.data());
+    expect_one_each_way("reduce-scatter", false);  // the others' rows out, this rank's in
+    // The tally's count of sends, both calls: one per peer each.
+    ASSERT_EQ(tally.entries.size(), 1u);
+    EXPECT_EQ(tally.entries.begin()->second.calls, 2 * (n - 1));
+    for (size_t i = 0; i < mine.size(); ++i) {  // rank 0's part plus rank 1's, then rank 2's
+      double want = mine[i] / 1 + 0.1 * 1;
+      for (int r = 1; r < n; ++r) want = want + (mine[i] / (r + 1) + 0.1 * (r + 1));
+      EXPECT_EQ(back[i], want) << i;
+    }
   });
 }
 
@@ -181,8 +264,8 @@ TEST(MoEExpertParallel, ExpertTensor2WithCapacityDrops) {
         ParameterSet<double>::for_each_run(p, [&](int64_t local, int64_t global, int64_t run) {
           for (int64_t i = 0; i < run; ++i) {
             const double g = ref.params().grads()[full.offset + global + i];
-            worst = std::max(worst, std::abs(r.grads[p.offset + local + i] - g) /
-                                        (std::abs(g) + 1e-3));
+            worst =
+                std::max(worst, std::abs(r.grads[p.offset + local + i] - g) / (std::abs(g) + 1e-3));
           }
         });
       }

@@ -429,6 +429,43 @@ TEST(ExpertParallelTraining, Etp1UnderTp2SpOptimizerZooMatchesOneRank) {
                           {"--optimizer", "lion", "--lr", "1e-3"}, {"alltoall"});
 }
 
+// Muon orthogonalises each expert's matrix on its own (optim/zoo_muon.cpp), so it runs where
+// the experts are split: whole over EP 2 (each rank its own experts' matrices), by width over
+// TP 2 + SP (each expert assembled over the tp pair), over ETP 2 across data-parallel ranks
+// (over the expert tensor-parallel pair), and ETP 2 x EP 2 over DP 4 under the distributed
+// optimizer (the experts' momentum gathered over their expert-data-parallel group first). With
+// the experts stepped as one [experts, rows, cols] matrix or by AdamW, each layout still
+// matches its own one-rank run: OptimizerZoo.MuonOrthogonalisesEachExpertsMatrixOnItsOwn pins
+// the arithmetic, this the assembly.
+TEST(ExpertParallelTraining, MuonPerExpertMatchesOneRankWhereverTheExpertsLie) {
+  const std::vector<std::string> muon = {"--optimizer", "muon"};
+  expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, muon, {"alltoall"});
+  expect_matches_one_rank(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, muon,
+                          {"alltoall"});
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2"}, muon, {"allgather"});
+  expect_matches_one_rank(4,
+                          {"--expert-tensor-parallel-size", "2", "--expert-model-parallel-size",
+                           "2", "--use-distributed-optimizer"},
+                          muon, {"alltoall"});
+}
+// Shampoo and GaLore take each expert's matrix apart, so they run at EP 2 (each rank its own
+// experts' blocks and projections), with the distributed optimizer over EP 2 x DP 2 too (each
+// whole expert tensor stepped by the ranks holding pieces of it): 3e-6 of the largest
+// parameter. Shampoo's epsilon is its other tests' 1e-4: at the default 1e-12 the inverse roots
+// of the rank-deficient factors magnify the layouts' rounding differences to 5.3e-4.
+TEST(ExpertParallelTraining, ShampooAndGaLorePerExpertMatchOneRankAtExpertParallelism) {
+  const std::vector<std::string> shampoo = {"--optimizer", "shampoo", "--shampoo-update-freq",
+                                            "2", "--shampoo-eps", "1e-4"};
+  expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, shampoo, {"alltoall"});
+  expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
+                          shampoo, {"allgather"});
+  const std::vector<std::string> galore = {"--optimizer", "galoreadamw", "--galore-rank", "4",
+                                           "--galore-update-proj-gap", "2"};
+  expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, galore, {"alltoall"});
+  expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
+                          galore, {"alltoall"});
+}
+
 // LAMB and adam8bit under the distributed optimizer (adam8bit through --zero-stage 1, which is
 // it) at ETP 1 under TP 2 + SP (the whole experts' states sharded over the tp pair) and ETP 2
 // under TP 4 + SP (each slice's over the expert-data-parallel pair), against one rank: LAMB
@@ -575,9 +612,10 @@ TEST(ExpertParallelTraining, Etp2OverDp2LambAndAdam8bitMatchDistributedOptimizer
       std::vector<std::string> sharded = whole;
       sharded.insert(sharded.end(), {"--use-distributed-optimizer"});
       const Difference d = difference(train(2, sharded), train(2, whole));
-      std::printf("%s%s: ETP 2 over DP 2, without the distributed optimizer vs with: loss %.3g, "
-                  "parameter %.3g (of max %.3g)\n",
-                  opt[1].c_str(), with_biases ? " with biases" : "", d.loss, d.param, d.largest);
+      std::printf(
+          "%s%s: ETP 2 over DP 2, without the distributed optimizer vs with: loss %.3g, "
+          "parameter %.3g (of max %.3g)\n",
+          opt[1].c_str(), with_biases ? " with biases" : "", d.loss, d.param, d.largest);
       EXPECT_LE(d.loss, 1e-6) << opt[1] << with_biases;
       EXPECT_LE(d.param, 1e-6 * d.largest) << opt[1] << with_biases;
     }

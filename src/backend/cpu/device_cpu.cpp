@@ -1,5 +1,6 @@
 #include <cblas.h>
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ bool machine_is_idle() {
     total = busy + v[3] + v[4];
     return true;
   };
-  double b0, t0, b1, t1;
+  double b0 = 0, t0 = 0, b1 = 0, t1 = 0;
   if (!busy_and_total(b0, t0)) return false;
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (!busy_and_total(b1, t1) || t1 <= t0) return false;
@@ -82,7 +83,29 @@ void ensure_runtime_environment(char** argv) {
     }
     changed = true;
   }
-  // Both are read when the libraries load, before main: only a fresh start applies them.
+  // How many threads each rank runs. mpirun binds each rank to its own cores when they fit,
+  // and OpenMP then starts a thread per core of the rank's mask; with more ranks than cores
+  // (--oversubscribe), or a launcher that binds none, every rank would start a thread per core
+  // of the node: 4 ranks x 2 threads on 2 cores. Unbound ranks then take an equal share of the
+  // cores they see, at least one (torchrun sets 1 for its ranks). The user's OMP_NUM_THREADS
+  // is kept.
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    const int ranks = launcher_local_size();
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    const long online = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const int usable = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : 0;
+    if (ranks > 1 && usable > 0 && long(usable) * ranks > online) {
+      const std::string share = std::to_string(std::max(1, usable / ranks));
+      setenv("OMP_NUM_THREADS", share.c_str(), 1);
+      setenv("OMNITRON_THREADS_CHOSEN", (std::to_string(usable) + " cores shared by " +
+                                         std::to_string(ranks) + " ranks on this node")
+                                            .c_str(),
+             1);
+      changed = true;
+    }
+  }
+  // All are read when the libraries load, before main: only a fresh start applies them.
   if (changed) execv("/proc/self/exe", argv);  // returns only on failure: carry on as is
 }
 
@@ -106,6 +129,11 @@ std::string cpu_model_name() {
 
 int cpu_threads() {
   return omp_get_max_threads();
+}
+
+std::string cpu_threads_reason() {
+  const char* why = std::getenv("OMNITRON_THREADS_CHOSEN");
+  return why ? why : "";
 }
 
 std::string blas_config() {
