@@ -104,6 +104,17 @@ int64_t GPTModel<T>::mla_activation_bytes(const LayerActivations& l) const {
 }
 
 template <typename T>
+int64_t GPTModel<T>::mla_scratch_bytes() const {
+  if (!mla_scratch_) return 0;
+  int64_t b = 0;
+  const MLAState& m = *mla_scratch_;
+  for (const Tensor* t :
+       {&m.d_cqn, &m.d_cq, &m.d_kv, &m.d_kpe, &m.d_head_pe, &m.d_cn, &m.d_c, &m.d_ckv})
+    if (t->defined()) b += int64_t(t->bytes());
+  return b;
+}
+
+template <typename T>
 void GPTModel<T>::mla_forward(int layer, LayerActivations& a, const T* h, const Geometry& g,
                               const Inputs& in) {
   const int N = g.tokens, C = cfg_.hidden_size, H = heads_;
@@ -161,7 +172,7 @@ const T* GPTModel<T>::mla_backward(int layer, LayerActivations& a, T* dq, T* dk,
   const auto gp =
       mla_tensors<Grad>(prefix, [&](const std::string& n) { return params_.grad_or_null(n); });
   if (!mla_scratch_) {
-    const int64_t Nmax = int64_t(max_batch_) * cfg_.seq_length;
+    const int64_t Nmax = int64_t(max_batch_) * cfg_.seq_length / cp_->size();  // this rank's
     auto m = std::make_shared<MLAState>();
     auto buf = [&](Shape s) { return buffer(std::move(s)); };
     if (ql > 0) m->d_cqn = buf({Nmax, ql}), m->d_cq = buf({Nmax, ql});
@@ -228,6 +239,7 @@ const T* GPTModel<T>::mla_backward(int layer, LayerActivations& a, T* dq, T* dk,
                                                 const AddRows&) const;                      \
   template void GPTModel<T>::allocate_mla(LayerActivations&) const;                         \
   template int64_t GPTModel<T>::mla_activation_bytes(const LayerActivations&) const;        \
+  template int64_t GPTModel<T>::mla_scratch_bytes() const;                                  \
   template void GPTModel<T>::mla_forward(int, LayerActivations&, const T*, const Geometry&, \
                                          const Inputs&);                                    \
   template const T* GPTModel<T>::mla_backward(int, LayerActivations&, T*, T*, T*, T*, T*,   \

@@ -348,6 +348,27 @@ int64_t GPTModel<T>::activation_bytes() const {
 }
 
 template <typename T>
+int64_t GPTModel<T>::workspace_bytes() const {
+  auto bytes = [](const Tensor& t) { return t.defined() ? int64_t(t.bytes()) : 0; };
+  int64_t b = 0;
+  for (const Tensor* t :
+       {&qkv_, &full_, &d_resid_, &d_rows_, &d_full_, &d_ffn_, &d_fc1_, &d_attn_, &dq_, &dk_, &dv_,
+        &dq_raw_, &dk_raw_, &token_losses_, &ones_, &gamma_, &rope_device_})
+    b += bytes(*t);
+  if (!x_.on_gpu()) b += int64_t((rope_cos_.size() + rope_sin_.size()) * sizeof(double));
+  b += ring_.scratch_bytes() + ulysses_.scratch_bytes();
+  for (const auto& slots : acts_)
+    for (const auto& a : slots) {
+      if (!a) continue;
+      for (const Tensor* t : {&a->final_norm, &a->final_mean, &a->final_rstd, &a->d_final})
+        b += bytes(*t);
+      if (sp_) b += bytes(a->final_full);  // else final_norm itself
+      if (a->input_storage) b += int64_t(a->input_storage->bytes());
+    }
+  return b + mla_scratch_bytes() + moe_scratch_bytes() + mtp_bytes();
+}
+
+template <typename T>
 void GPTModel<T>::set_recompute(const Recompute& r) {
   OMNI_CHECK(std::all_of(acts_.begin(), acts_.end(), [](const auto& s) { return s.empty(); }),
              "[gpt] set_recompute before the first forward");

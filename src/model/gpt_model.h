@@ -142,6 +142,11 @@ class GPTModel final : public PipelineChunks<T> {
   void set_recompute(const Recompute& r);
   // Bytes of activation memory allocated so far (every slot, and recompute's scratch).
   int64_t activation_bytes() const;
+  // Bytes of the scratch allocated so far that activation_bytes() leaves out (what `omnitron
+  // plan` calls the workspace, train/plan_memory.cpp): the layers' shared buffers, the ring's
+  // or Ulysses' blocks, each slot's final norm and staged inputs, multi-latent attention's and
+  // the MoE layers' backward scratch, multi-token prediction's state.
+  int64_t workspace_bytes() const;
   // Called during backward with [begin, end) ranges of the flat gradient buffer that this
   // micro-batch's backward will not touch again (for data-parallel buckets); null: none.
   void set_grads_ready_hook(std::function<void(int64_t, int64_t)> hook) override {
@@ -248,6 +253,7 @@ class GPTModel final : public PipelineChunks<T> {
                    const Geometry& g);
   void moe_backward(int layer, LayerActivations& a, const T* dy, T* dx);
   int64_t moe_activation_bytes(const LayerActivations& a) const;
+  int64_t moe_scratch_bytes() const;  // the MoE layers' shared Scratch (workspace_bytes)
   // moe_tp_ for the layout (from the constructor), and the rows of a micro-batch of `tokens`
   // tokens an MoE layer takes.
   void init_moe_rows();
@@ -263,6 +269,7 @@ class GPTModel final : public PipelineChunks<T> {
                           const AddRows& rows) const;
   void allocate_mla(LayerActivations& l) const;
   int64_t mla_activation_bytes(const LayerActivations& l) const;
+  int64_t mla_scratch_bytes() const;  // mla_scratch_ (workspace_bytes)
   void mla_forward(int layer, LayerActivations& a, const T* ln1_full, const Geometry& g,
                    const Inputs& in);
   const T* mla_backward(int layer, LayerActivations& a, T* dq, T* dk, T* dv, T* partial, T* d_rows,
@@ -279,6 +286,7 @@ class GPTModel final : public PipelineChunks<T> {
                           const std::function<void(int)>& add_layer) const;
   const T* mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g,
                                 double grad_scale);
+  int64_t mtp_bytes() const;  // mtp_'s tensors, depths' layers included (workspace_bytes)
   LayerTensors<T> layer_params(int layer) const;
   LayerTensors<Grad> layer_grads(int layer) const;
   // The layer's tensors by name through get (a value or gradient lookup).

@@ -281,6 +281,12 @@ int64_t GPTModel<T>::moe_activation_bytes(const LayerActivations& a) const {
 }
 
 template <typename T>
+int64_t GPTModel<T>::moe_scratch_bytes() const {
+  using Scratch = typename MoELayer<T>::Scratch;
+  return moe_scratch_ ? std::static_pointer_cast<Scratch>(moe_scratch_)->bytes() : 0;
+}
+
+template <typename T>
 typename GPTModel<T>::MoEReport GPTModel<T>::take_moe_report() {
   MoEReport r = std::move(moe_report_);
   moe_report_ = MoEReport{};
@@ -326,6 +332,7 @@ void GPTModel<T>::update_expert_bias() {
                                          const Geometry&);                                        \
   template void GPTModel<T>::moe_backward(int, LayerActivations&, const T*, T*);                  \
   template int64_t GPTModel<T>::moe_activation_bytes(const LayerActivations&) const;              \
+  template int64_t GPTModel<T>::moe_scratch_bytes() const;                                        \
   template GPTModel<T>::MoEReport GPTModel<T>::take_moe_report();                                 \
   template void GPTModel<T>::update_expert_bias();
 OMNI_INSTANTIATE(float)

@@ -24,7 +24,10 @@ class MoEBuffer {
 
   void resize(size_t n) {
     size_ = n;
-    if (!memory_) return host_.resize(n);
+    if (!memory_) {
+      if (n > host_.capacity()) host_.reserve(n);  // exactly n, as on a device
+      return host_.resize(n);
+    }
     if (n <= capacity_) return;
     const DeviceMemory* m = memory_;
     device_ = std::shared_ptr<T>(static_cast<T*>(m->allocate(n * sizeof(T))),
@@ -44,6 +47,8 @@ class MoEBuffer {
   T* data() { return memory_ ? device_.get() : host_.data(); }
   const T* data() const { return memory_ ? device_.get() : host_.data(); }
   size_t size() const { return size_; }
+  // Elements allocated: the largest size held so far.
+  size_t capacity() const { return memory_ ? capacity_ : host_.capacity(); }
   bool empty() const { return size_ == 0; }
   const std::vector<T>& host() const {
     if (memory_) {
@@ -82,6 +87,17 @@ struct MoEScratch {
   // The routing's gradients in its type: the logits', the probabilities' (16-bit storage),
   // the router's input's before its rounding.
   MoEBuffer<Router> logits, probs_wide, x_wide;
+
+  // Bytes allocated (each buffer at the largest size it has held).
+  int64_t bytes() const {
+    int64_t b = 0;
+    for (const MoEBuffer<T>* v :
+         {&rows_out, &row_weight, &act, &fc1, &rows_in, &probs, &rows, &exchange})
+      b += int64_t(v->capacity() * sizeof(T));
+    for (const MoEBuffer<Router>* v : {&logits, &probs_wide, &x_wide})
+      b += int64_t(v->capacity() * sizeof(Router));
+    return b;
+  }
 };
 
 }  // namespace omni

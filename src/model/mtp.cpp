@@ -137,6 +137,21 @@ std::vector<double> GPTModel<T>::take_mtp_losses() {
 }
 
 template <typename T>
+int64_t GPTModel<T>::mtp_bytes() const {
+  if (!mtp_) return 0;
+  const MTPState& s = *mtp_;
+  auto bytes = [](const Tensor& t) { return t.defined() ? int64_t(t.bytes()) : 0; };
+  int64_t b = bytes(s.t) + bytes(s.d_cat) + bytes(s.d_h0) + bytes(s.d_full);
+  for (const auto& d : s.depths) {
+    for (const Tensor* t : {&d.emb, &d.cat, &d.x, &d.out, &d.h, &d.dh, &d.en_mean, &d.en_rstd,
+                            &d.hn_mean, &d.hn_rstd, &d.f_mean, &d.f_rstd})
+      b += bytes(*t);
+    b += layer_bytes(d.layer) + (d.inputs ? int64_t(d.inputs->bytes()) : 0);
+  }
+  return b;
+}
+
+template <typename T>
 const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb, const Geometry& g,
                                            double grad_scale) {
   const int D = cfg_.mtp_num_layers, L = cfg_.num_layers, C = cfg_.hidden_size;
@@ -280,6 +295,7 @@ const T* GPTModel<T>::mtp_forward_backward(Activations& a, const MicroBatch& mb,
   template void GPTModel<T>::add_mtp_parameters(const AddReplicated&,                   \
                                                 const std::function<void(int)>&) const; \
   template std::vector<double> GPTModel<T>::take_mtp_losses();                          \
+  template int64_t GPTModel<T>::mtp_bytes() const;                                      \
   template const T* GPTModel<T>::mtp_forward_backward(Activations&, const MicroBatch&,  \
                                                       const Geometry&, double);
 OMNI_INSTANTIATE(float)

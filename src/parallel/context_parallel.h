@@ -83,6 +83,14 @@ class RingAttention {
   void backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const Grad* lse, const T* q,
                 const T* k_all, const T* v_all, const MicroBatch& mb,
                 const ops::DropoutKey& drop = {});
+  // Bytes of the scratch the constructor allocated (blocks in flight, key bounds).
+  int64_t scratch_bytes() const {
+    int64_t b = bounds_ ? int64_t(bounds_->bytes()) : 0;
+    for (const Tensor* t :
+         {&out_, &lse_, &dq_, &dk_, &dv_, &acc_[0][0], &acc_[0][1], &acc_[1][0], &acc_[1][1]})
+      b += t->defined() ? int64_t(t->bytes()) : 0;
+    return b;
+  }
 
  private:
   // Rows' [first, last] keys within rank `src`'s block of keys, copied to bounds_.

@@ -22,6 +22,7 @@
 // Packing each destination's columns into one block is one strided copy (ops::copy_rows).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "backend/ops.h"
@@ -60,6 +61,15 @@ class UlyssesAttention {
   // them.
   void backward(T* dq, T* dk, T* dv, const T* dout, const Whole& whole, const Grad* lse,
                 const ops::AttentionDims& local);
+  // Bytes of the scratch the constructor allocated (exchange blocks, whole-sequence gradients,
+  // gathered first keys).
+  int64_t scratch_bytes() const {
+    int64_t b = 0;
+    for (const Tensor* t : {&send_, &recv_, &d_whole_[0], &d_whole_[1], &d_whole_[2], &d_whole_[3]})
+      b += t->defined() ? int64_t(t->bytes()) : 0;
+    for (const auto& s : key_starts_) b += s ? int64_t(s->bytes()) : 0;
+    return b;
+  }
 
  private:
   // Rows [batch * local_seq, width * cp] of this rank to [batch * seq, width] of every rank's

@@ -558,7 +558,7 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
                          double(plan_rank_expert_parameters(c, l, stage)) *
                              (expert_extra + expert_grad_extra + expert_param_extra) +
                          double(plan_activation_bytes(c, l, stage, eb)) +
-                         double(plan_workspace_bytes(c, l, stage, eb));
+                         double(plan_workspace_bytes(c, l, stage, eb, d.host_memory));
     if (total > best) best = total, p.stage = stage;
   }
   const int s = p.stage;
@@ -631,13 +631,20 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
       "each 2C + F_e'/ETP (x2 SwiGLU) + F_e/ETP) and the shared expert's N (F_s' + F_s + C)/TP, "
       "every TP rank routing all N tokens (EP allgather: + EP N (C + k) gathered); x "
       "micro-batches in flight; recomputed layers keep N C' + one scratch layer");
-  mem("workspace", double(plan_workspace_bytes(c, l, s, eb)),
-      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s",
+  mem("workspace", double(plan_workspace_bytes(c, l, s, eb, d.host_memory)),
+      sfmt("the model's scratch for one micro-batch (QKV, gradients of the layer in flight)%s%s%s",
+           l.ulysses() ? " + Ulysses' exchange blocks and whole-sequence gradients"
+           : l.cp > 1  ? " + the ring's blocks in flight"
+                       : "",
            last ? " + final norm per micro-batch in flight" : "",
            mtp ? " + the MTP depths' activations" : ""),
-      "N((H+2G)d + 2C + F + F' + 2Hd + 2Gd) + 2 N C' (+ ring buffers under CP; Ulysses: send "
-      "and receive blocks 2 N H max(d, v), the whole sequence's gradients N (H + G)(d + v), "
-      "8 N CP B of gathered first keys)");
+      "N((H+2G)d + 2C + F + F' + H(d+v) + G(d+v)) + 2 N C' + N float losses + 20 N B of staged "
+      "ids per micro-batch in flight + the rope tables (2 s rot/2 floats on a GPU, doubles on "
+      "the CPU); qk-layernorm adds N (H + G) d, MLA its scratch gradients, MoE the layers' shared "
+      "backward scratch, the last stage its final norm per micro-batch in flight; the CP ring "
+      "N H (d + v) + 3 N G (d + v) + N H floats + 8 N B of key bounds; Ulysses its send and "
+      "receive blocks 2 N H max(d, v), the whole sequence's gradients N (H + G)(d + v) and "
+      "8 N CP B of gathered first keys");
   double comm = 0;
   std::string comm_why;
   if (l.pp > 1) {
@@ -647,21 +654,26 @@ Plan make_plan(const TransformerConfig& c, const PlanLayout& l, const PlanDevice
     comm_why = "pipeline send/receive buffers, 4 x [rows, hidden]";
   }
   // On the CPU: the distributed optimizer reduce-scatters into a buffer of its own shard
-  // (DataParallelBuckets; Megatron's reduces inside its gradient buffer), and MPI's collectives
-  // copy a whole bucket (measured: DP 2 runs peak one bucket above the rest).
+  // (DataParallelBuckets; Megatron's reduces inside its gradient buffer), and MPI's
+  // non-blocking collectives copy each bucket they reduce; every bucket's request is started
+  // before the step waits for any, so the copies add up to the whole gradient (measured: DP 2,
+  // CP 2 and the distributed optimizer's runs peak 60-83 MiB above the plan with one bucket of
+  // 10 MiB counted, at a gradient of 81 MiB; one bucket of the whole gradient peaks the same).
+  // ZeRO 2/3 (buckets closed at each layer) keep the one bucket counted before: not measured.
   if (d.host_memory && l.dp * l.cp > 1) {
     const double bucket = std::min(P, double(default_bucket_size(int64_t(P), l.dp * l.cp))) * 4;
-    comm += bucket;
+    const double copies = l.zero_stage >= 2 ? bucket : P * 4;
+    comm += copies;
     if (l.distributed_optimizer && l.zero_stage < 2) comm += P / (l.dp * l.cp) * 4;
-    comm_why +=
-        sfmt("%sMPI's copy of one gradient bucket (%s)%s", comm_why.empty() ? "" : "; ",
-             gib(bucket).c_str(),
-             l.distributed_optimizer ? "; this rank's reduce-scattered gradient shard" : "");
+    comm_why += sfmt(
+        "%sMPI's copies of %s (%s)%s", comm_why.empty() ? "" : "; ",
+        l.zero_stage >= 2 ? "one gradient bucket" : "every gradient bucket", gib(copies).c_str(),
+        l.distributed_optimizer ? "; this rank's reduce-scattered gradient shard" : "");
   }
   mem("comm buffers", comm,
       comm_why.empty() ? "none: no pipeline, gradients reduced in place" : comm_why,
-      "PP: 4 x rows x hidden x bytes; on the CPU with DP x CP > 1, min(P_rank, bucket) x 4 B "
-      "(+ P_rank/(DP x CP) x 4 B with the distributed optimizer)");
+      "PP: 4 x rows x hidden x bytes; on the CPU with DP x CP > 1, P_rank x 4 B (ZeRO 2/3: "
+      "min(P_rank, bucket) x 4 B) (+ P_rank/(DP x CP) x 4 B with the distributed optimizer)");
   // The CPU's: `omnitron train` of a one-layer model of hidden size 16 peaks at 64 MiB of RSS.
   const double reserve = d.host_memory ? 64.0 * (1 << 20) : 2.0 * kGiB;
   mem("runtime", reserve,

@@ -166,6 +166,11 @@ int64_t plan_activation_bytes(const TransformerConfig& c, const PlanLayout& l, i
 // of ETP > TP) or alltoall's (and ETP > TP's exchange's) returned rows. `element_bytes`: the storage type's size (16-bit: the router's
 // tensors float, as the model keeps them).
 int64_t plan_moe_layer_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes);
+// MoELayer::Scratch (model/moe_buffer.h): the one set of backward temporaries a model's MoE
+// layers share, each buffer at its largest use; with the expected rows at a rank's experts
+// (plan_moe_layer_bytes' rows), exact for EP 1 and capacity padding, under EP a rank's grows to
+// the most rows its experts receive in any layer and micro-batch of the step.
+int64_t plan_moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes);
 // The experts' traffic one rank sends per step on pipeline rank `stage` (the algorithmic bytes
 // of comm/counting_communicator.h: (n-1)/n of an all-gather's or reduce-scatter's whole
 // buffer, 2 (n-1)/n of an all-reduce's, what a send sends), per group of the expert grid, with
@@ -217,9 +222,11 @@ std::vector<int> plan_slots_in_flight(const PlanLayout& l, int stage);
 // recompute: every layer, or under the block method the chunk's first recompute_num_layers).
 bool plan_layer_recomputed(const PlanLayout& l, int index_in_chunk);
 // GPTModel's scratch (allocated once), the last stage's final-norm tensors per micro-batch
-// in flight and each micro-batch's staged token ids: what activation_bytes() leaves out.
+// in flight and each micro-batch's staged token ids: what activation_bytes() leaves out, as
+// GPTModel::workspace_bytes() reports it after a step. `host_tables`: the rope tables are the
+// CPU's (double) rather than a GPU's (float).
 int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
-                             int element_bytes);
+                             int element_bytes, bool host_tables = false);
 // Megatron's activation memory per layer in bytes (Korthikanti et al. 2022, Table 2: 16-bit
 // activations, dropout masks, attention scores kept unless recomputed), for comparison.
 double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l);

@@ -106,12 +106,14 @@ int64_t moe_rank_numel(const MoEParamInfo& p, const PlanLayout& l) {
   return split ? n / l.tp : n;
 }
 
+}  // namespace
+
 // MoELayer::Scratch, one set for the model's MoE layers, each buffer grown to the largest use
 // (model/moe_buffer.h): the backward's gradients of the experts' rows, of the shared expert's,
 // the exchange's staging, the router's gradients. Under ETP > TP the experts' rows are the
 // ETP ranks' gathered (alltoall; the staging of the exchange's reduce-scatter as large), or
 // the tokens are gathered over the ETP x EP ranks (allgather).
-int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
+int64_t plan_moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int element_bytes) {
   const int64_t eb = element_bytes, rb = eb == 2 ? 4 : eb;
   const int64_t N = int64_t(l.micro_batch) * c.seq_length / l.cp;  // the shared expert's tokens
   const int64_t Nr = N / l.routing_blocks();                       // the routed ones
@@ -138,8 +140,6 @@ int64_t moe_scratch_bytes(const TransformerConfig& c, const PlanLayout& l, int e
   if (eb == 2) b += (Nr * C + (allgather ? all : Nr) * K) * rb;  // the router's float copies
   return b;
 }
-
-}  // namespace
 
 bool plan_layer_recomputed(const PlanLayout& l, int index_in_chunk) {
   return l.recompute == "full" &&
@@ -335,23 +335,34 @@ double korthikanti_layer_bytes(const TransformerConfig& c, const PlanLayout& l) 
 
 // Scratch that GPTModel allocates once per model (its constructor's buffers) plus the
 // final norm's tensors per micro-batch in flight on the last stage, and the micro-batch's
-// staged token ids: what activation_bytes() leaves out.
+// staged token ids: what activation_bytes() leaves out. GPTModel::workspace_bytes() counts the
+// same tensors (tests/train/test_plan.cpp checks the two agree).
 int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, int stage,
-                             int element_bytes) {
+                             int element_bytes, bool host_tables) {
   const auto [N, R, C, hd, vd, H, G, F, fc1_out, sp] = rank_shape(c, l);
-  // token losses, qkv, full, d_full, d_resid, d_rows, d_ffn, d_fc1, d_attn, dq, dk, dv
-  int64_t e = N + N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out + N * H * vd +
+  // e: elements of the storage type; stats: of the gradient type (per-row statistics, losses,
+  // the attention's log-sum-exp); ints: bytes of int32 arrays.
+  // qkv, full, d_full, d_resid, d_rows, d_ffn, d_fc1, d_attn, dq, dk, dv; token losses
+  int64_t e = N * (H + 2 * G) * hd + 2 * N * C + 2 * R * C + N * F + N * fc1_out + N * H * vd +
               N * H * hd + N * G * hd + N * G * vd;
-  if (c.qk_layernorm) e += N * H * hd + N * G * hd;
+  int64_t stats = N, ints = 0, tables = 0;
+  if (c.qk_layernorm) e += N * H * hd + N * G * hd;  // dq_raw, dk_raw
+  if (c.layernorm_zero_centered_gamma) e += 2 * C;   // ones, gamma (w + 1)
+  // The rope tables: cos and sin of S x rotary/2 angles, double on the host (CPU), float in a
+  // GPU's memory (the host's copies are not the device's).
+  if (c.position_embedding_type == PositionEmbedding::Rope)
+    tables =
+        2 * int64_t(c.seq_length) * int64_t(c.rotary_inv_freq().size()) * (host_tables ? 8 : 4);
   // Ulysses (UlyssesAttention's constructor): one exchange's send and receive blocks, the
-  // backward's whole-sequence d(out), d(q), d(k), d(v) of this rank's heads (and the gathered
-  // first keys, int32, below); the ring's blocks in flight otherwise.
-  int64_t key_starts = 0;
+  // backward's whole-sequence d(out), d(q), d(k), d(v) of this rank's heads and the gathered
+  // first keys (two int32 copies); the ring (RingAttention's): one block's output, dq and
+  // log-sum-exp, dk, dv and two key/value gradient accumulators in flight, each row's key
+  // bounds (two int32).
   if (l.ulysses())
     e += 2 * N * H * std::max(hd, vd) + N * H * (hd + vd) + N * G * (hd + vd),
-        key_starts = 2 * N * l.cp * 4;
+        ints += 2 * N * l.cp * 4;
   else if (l.cp > 1)
-    e += 2 * N * H * hd + N * H + 6 * N * G * hd;
+    e += N * H * (vd + hd) + 3 * N * G * (hd + vd), stats += N * H, ints += 2 * N * 4;
   if (c.multi_latent_attention) {  // gpt_mla.cpp's scratch gradients, made once
     const int64_t ql = c.q_lora_rank, kvl = c.kv_lora_rank, pe = c.qk_pos_emb_head_dim;
     e += (c.q_lora_rank > 0 ? 2 * N * ql : 0) + N * H * (c.qk_head_dim + c.v_head_dim) +
@@ -360,25 +371,28 @@ int64_t plan_workspace_bytes(const TransformerConfig& c, const PlanLayout& l, in
   const std::vector<int> slots = plan_slots_in_flight(l, stage);
   int in_flight = 0;
   for (int s : slots) in_flight += s;
-  if (stage == l.pp - 1) e += slots.back() * (2 * R * C + 2 * R + (sp ? N * C : 0));
-  int64_t mtp_ids = 0, mtp_bytes = 0;
+  ints += int64_t(in_flight) * 5 * N * 4;  // each slot's staged tokens, labels, positions, ...
+  const bool last = stage == l.pp - 1;
+  if (last)  // final_norm, d_final (final_full: all rows under SP); mean and rstd
+    e += slots.back() * (2 * R * C + (sp ? N * C : 0)), stats += slots.back() * 2 * R;
+  int64_t mtp_bytes = 0;
   bool moe_here = false;
-  if (stage == l.pp - 1 && c.mtp_num_layers > 0) {  // model/mtp.cpp's MTPState, made once
-    e += 5 * N * C;                                 // shared scratch: t, d_h0, d_full, d_cat
+  if (last && c.mtp_num_layers > 0) {  // model/mtp.cpp's MTPState, made once
+    e += 5 * N * C;                    // shared scratch: t, d_h0, d_full, d_cat
     for (int k = 0; k < c.mtp_num_layers; ++k) {
       // emb, x, out, h, dh, cat [N, 2C], six norm statistics and the depth's layer
-      e += 7 * N * C + 6 * N;
+      e += 7 * N * C, stats += 6 * N;
       mtp_bytes += layer_bytes(c, l, element_bytes);
       if (c.is_moe_layer(c.num_layers + k))
         mtp_bytes += plan_moe_layer_bytes(c, l, element_bytes), moe_here = true;
-      mtp_ids += 4 * N * 4;  // rolled ids, labels, mask, positions
+      ints += 4 * N * 4;  // rolled ids, labels, mask, positions
     }
   }
   const std::vector<int> moe = c.moe_layer_pattern();
   for (const LayerRange& r : plan_stage_layers(c, l, stage))
     for (int i = r.begin; i < r.end; ++i) moe_here = moe_here || moe[i];
-  return e * element_bytes + mtp_bytes + (moe_here ? moe_scratch_bytes(c, l, element_bytes) : 0) +
-         int64_t(in_flight) * 5 * N * 4 + mtp_ids + key_starts;
+  return e * element_bytes + stats * stat_bytes(element_bytes) + ints + tables + mtp_bytes +
+         (moe_here ? plan_moe_scratch_bytes(c, l, element_bytes) : 0);
 }
 
 }  // namespace omni

@@ -3,7 +3,8 @@
 // DeepSeek-shaped model, multi-latent attention and MoE layers with a gated shared expert, one
 // micro-batch's training forward and backward on the device. 16-bit activations, float
 // per-row statistics, the MoE router's float logits, probabilities and its copies of x and of
-// its weights: the plan's figure within 1 % (the CPU test's tolerance; they agree exactly).
+// its weights: the plan's figure within 1 % (the CPU test's tolerance; they agree exactly);
+// the workspace exactly.
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -43,6 +44,12 @@ TEST(GpuModel, MoEAndLatentAttentionBf16ActivationBytesAreThePlans) {
               (long long)planned);
   EXPECT_NEAR(double(planned), double(model.activation_bytes()),
               0.01 * double(model.activation_bytes()));
+  // The workspace (the scratch, MLA's and the MoE layers' backward scratch, the final norm's
+  // float statistics, the float rope table in device memory): exactly the plan's.
+  const int64_t workspace = plan_workspace_bytes(cfg, l, 0, 2);
+  std::printf("workspace %lld B (plan %lld)\n", (long long)model.workspace_bytes(),
+              (long long)workspace);
+  EXPECT_EQ(workspace, model.workspace_bytes());
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // `omnitron plan`'s memory model against what the trainer really allocates: for small models
 // at many layouts, every rank's parameter count equals its ParameterSet's size, the activation
 // bytes equal GPTModel::activation_bytes() after a training step (within 1 %, the tolerance this
-// test states; today they agree exactly), and the distributed optimizer's shard is 1/(DP x CP)
-// of the parameters; under Ulysses (--cp-comm-type a2a) the bytes a step sends over the cp
-// group equal plan_ulysses_bytes exactly. Also: Korthikanti et al. 2022's Table 2 formulas, the
-// plan's figures adding up, and the search's order.
+// test states; today they agree exactly), the workspace equals GPTModel::workspace_bytes()
+// (exactly; under EP > 1 within the bounds the test states), and the distributed optimizer's
+// shard is 1/(DP x CP) of the parameters; under Ulysses (--cp-comm-type a2a) the bytes a step sends
+// over the cp group equal plan_ulysses_bytes exactly. Also: Korthikanti et al. 2022's Table 2
+// formulas, the plan's figures adding up, and the search's order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,6 +63,7 @@ PlanLayout layout(int tp, int cp, int pp, int vp, int dp, int micro_batches, boo
 struct Measured {
   int pp_rank = 0;
   int64_t params = 0, activation_bytes = 0, shard = 0;
+  int64_t workspace_bytes = 0;  // GPTModel::workspace_bytes() after the step
   // Algorithmic bytes (comm/counting_communicator.h) sent over the cp group during the step:
   // by all-to-alls (Ulysses), by anything else.
   double cp_all_to_all = 0, cp_other = 0;
@@ -116,6 +118,7 @@ std::vector<Measured> measure(const Case& k) {
         1.0 / M);
     tally.on = false;
     Measured r{grid.pp_rank(), model.params().size(), model.activation_bytes()};
+    r.workspace_bytes = model.workspace_bytes();
     for (const auto& [key, e] : tally.entries)
       if (key.first == "cp")
         (key.second == Call::AllToAll ? r.cp_all_to_all : r.cp_other) += e.algorithmic;
@@ -270,6 +273,12 @@ std::vector<Case> cases() {
   };
 }
 
+// How many ranks share `m`'s pipeline stage.
+int ranks_on_stage(const std::vector<Measured>& all, const Measured& m) {
+  return int(std::count_if(all.begin(), all.end(),
+                           [&](const Measured& o) { return o.pp_rank == m.pp_rank; }));
+}
+
 TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
   for (const Case& k : cases()) {
     SCOPED_TRACE(k.name);
@@ -290,6 +299,26 @@ TEST(Plan, MemoryModelMatchesWhatTheTrainerAllocates) {
           m.pp_rank, (long long)m.params, (long long)params, (long long)m.activation_bytes,
           ranks > 1 ? (", mean " + std::to_string(int64_t(measured))).c_str() : "", (long long)act);
       EXPECT_EQ(params, m.params) << "stage " << m.pp_rank;
+      // The workspace (GPTModel::workspace_bytes: the model's scratch, the ring's or Ulysses'
+      // blocks, the final norm and staged inputs per slot, MLA's, MTP's and the MoE layers'
+      // scratch): exact, but under EP > 1, where the MoE layers' shared scratch grows to the
+      // most rows a rank's experts receive in any layer and micro-batch, and the plan takes
+      // the expected rows. There the mean over the stage's ranks is at least the plan's (each
+      // buffer's size is a maximum of terms linear in the rows, whose mean over the ranks is
+      // the expected; Jensen) and at most EP x its scratch (every rank's rows at one rank).
+      const int64_t ws = plan_workspace_bytes(k.model, k.layout, m.pp_rank, 4, true);
+      double ws_mean = 0;
+      for (const Measured& o : all)
+        if (o.pp_rank == m.pp_rank) ws_mean += double(o.workspace_bytes) / ranks_on_stage(all, o);
+      std::printf("%-40s stage %d: workspace %lld B (plan %lld)\n", k.name, m.pp_rank,
+                  (long long)m.workspace_bytes, (long long)ws);
+      if (k.layout.ep == 1) {
+        EXPECT_EQ(ws, m.workspace_bytes) << "stage " << m.pp_rank;
+      } else {
+        const double scratch = double(plan_moe_scratch_bytes(k.model, k.layout, 4));
+        EXPECT_GE(ws_mean, double(ws)) << "stage " << m.pp_rank;
+        EXPECT_LE(ws_mean, double(ws) + (k.layout.ep - 1) * scratch) << "stage " << m.pp_rank;
+      }
       EXPECT_NEAR(double(act), measured, 0.01 * measured) << "stage " << m.pp_rank;
       // Ulysses: the cp group's all-to-alls, exactly as plan_ulysses_bytes counts them (the
       // time model's bytes). Besides them the group carries only the last stage's small
