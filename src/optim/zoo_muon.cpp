@@ -13,9 +13,9 @@
 // Megatron's split: the fused QKV weight's query, key and value rows are orthogonalised as
 // three matrices. An MoE layer's stacked experts [experts, rows, cols] are one matrix per
 // expert (is_expert_matrices), each orthogonalised and scaled on its own, as Megatron-Core's
-// Muon steps TEGroupedMLP's per-expert weights. The word embeddings, the output layer and every
-// other tensor that is not 2-D (the experts' biases included) take AdamW steps (Megatron's
-// scalar optimizer, adam).
+// Muon steps TEGroupedMLP's per-expert weights. The word embeddings, the output layer, the
+// experts' [experts, width] biases (each expert's vector) and every other tensor that is not
+// 2-D take AdamW steps (Megatron's scalar optimizer, adam).
 //
 // States: exp_avg (Muon's momentum buffer for its matrices, Adam's first moment for the
 // rest) and exp_avg_sq (Adam's second moment; zero for the matrices).
