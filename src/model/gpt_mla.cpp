@@ -99,7 +99,7 @@ int64_t GPTModel<T>::mla_activation_bytes(const LayerActivations& l) const {
   const MLAState& m = *l.mla;
   for (const Tensor* t : {&m.cq, &m.cqn, &m.cq_mean, &m.cq_rstd, &m.ckv, &m.c, &m.cn, &m.c_mean,
                           &m.c_rstd, &m.kv, &m.kpe})
-    if (t->defined()) b += int64_t(t->bytes());
+    b += t->held_bytes();
   return b;
 }
 
@@ -110,7 +110,7 @@ int64_t GPTModel<T>::mla_scratch_bytes() const {
   const MLAState& m = *mla_scratch_;
   for (const Tensor* t :
        {&m.d_cqn, &m.d_cq, &m.d_kv, &m.d_kpe, &m.d_head_pe, &m.d_cn, &m.d_c, &m.d_ckv})
-    if (t->defined()) b += int64_t(t->bytes());
+    b += t->held_bytes();
   return b;
 }
 

@@ -330,7 +330,7 @@ int64_t GPTModel<T>::layer_bytes(const LayerActivations& l) const {
        {&l.ln1,     &l.ln1_mean, &l.ln1_rstd, &l.q,        &l.k,   &l.v,     &l.q_raw, &l.k_raw,
         &l.qn_mean, &l.qn_rstd,  &l.kn_mean,  &l.kn_rstd,  &l.lse, &l.k_all, &l.v_all, &l.attn,
         &l.mid,     &l.ln2,      &l.ln2_mean, &l.ln2_rstd, &l.fc1, &l.act,   &l.q_all, &l.out_all})
-    if (t->defined()) b += int64_t(t->bytes());
+    b += t->held_bytes();
   if (sp_ && l.ln1_full.defined()) b += int64_t(l.ln1_full.bytes() + l.ln2_full.bytes());
   return b + moe_activation_bytes(l) + mla_activation_bytes(l);
 }
@@ -349,20 +349,19 @@ int64_t GPTModel<T>::activation_bytes() const {
 
 template <typename T>
 int64_t GPTModel<T>::workspace_bytes() const {
-  auto bytes = [](const Tensor& t) { return t.defined() ? int64_t(t.bytes()) : 0; };
   int64_t b = 0;
   for (const Tensor* t :
        {&qkv_, &full_, &d_resid_, &d_rows_, &d_full_, &d_ffn_, &d_fc1_, &d_attn_, &dq_, &dk_, &dv_,
         &dq_raw_, &dk_raw_, &token_losses_, &ones_, &gamma_, &rope_device_})
-    b += bytes(*t);
+    b += t->held_bytes();
   if (!x_.on_gpu()) b += int64_t((rope_cos_.size() + rope_sin_.size()) * sizeof(double));
   b += ring_.scratch_bytes() + ulysses_.scratch_bytes();
   for (const auto& slots : acts_)
     for (const auto& a : slots) {
       if (!a) continue;
       for (const Tensor* t : {&a->final_norm, &a->final_mean, &a->final_rstd, &a->d_final})
-        b += bytes(*t);
-      if (sp_) b += bytes(a->final_full);  // else final_norm itself
+        b += t->held_bytes();
+      if (sp_) b += a->final_full.held_bytes();  // else final_norm itself
       if (a->input_storage) b += int64_t(a->input_storage->bytes());
     }
   return b + mla_scratch_bytes() + moe_scratch_bytes() + mtp_bytes();

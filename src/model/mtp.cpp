@@ -140,12 +140,11 @@ template <typename T>
 int64_t GPTModel<T>::mtp_bytes() const {
   if (!mtp_) return 0;
   const MTPState& s = *mtp_;
-  auto bytes = [](const Tensor& t) { return t.defined() ? int64_t(t.bytes()) : 0; };
-  int64_t b = bytes(s.t) + bytes(s.d_cat) + bytes(s.d_h0) + bytes(s.d_full);
+  int64_t b = s.t.held_bytes() + s.d_cat.held_bytes() + s.d_h0.held_bytes() + s.d_full.held_bytes();
   for (const auto& d : s.depths) {
     for (const Tensor* t : {&d.emb, &d.cat, &d.x, &d.out, &d.h, &d.dh, &d.en_mean, &d.en_rstd,
                             &d.hn_mean, &d.hn_rstd, &d.f_mean, &d.f_rstd})
-      b += bytes(*t);
+      b += t->held_bytes();
     b += layer_bytes(d.layer) + (d.inputs ? int64_t(d.inputs->bytes()) : 0);
   }
   return b;

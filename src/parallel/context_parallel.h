@@ -88,7 +88,7 @@ class RingAttention {
     int64_t b = bounds_ ? int64_t(bounds_->bytes()) : 0;
     for (const Tensor* t :
          {&out_, &lse_, &dq_, &dk_, &dv_, &acc_[0][0], &acc_[0][1], &acc_[1][0], &acc_[1][1]})
-      b += t->defined() ? int64_t(t->bytes()) : 0;
+      b += t->held_bytes();
     return b;
   }
 

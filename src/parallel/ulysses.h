@@ -66,7 +66,7 @@ class UlyssesAttention {
   int64_t scratch_bytes() const {
     int64_t b = 0;
     for (const Tensor* t : {&send_, &recv_, &d_whole_[0], &d_whole_[1], &d_whole_[2], &d_whole_[3]})
-      b += t->defined() ? int64_t(t->bytes()) : 0;
+      b += t->held_bytes();
     for (const auto& s : key_starts_) b += s ? int64_t(s->bytes()) : 0;
     return b;
   }

@@ -65,6 +65,8 @@ class Tensor {
   const DeviceMemory* memory() const { return storage_ ? storage_->memory() : nullptr; }
   bool defined() const { return storage_ != nullptr; }
   size_t bytes() const { return numel() * dtype_size(dtype_); }
+  // The bytes it holds: 0 for a tensor never allocated (whose empty shape is a scalar's).
+  int64_t held_bytes() const { return defined() ? int64_t(bytes()) : 0; }
 
   template <typename T>
   T* data() const {
