@@ -183,6 +183,14 @@ TEST(FirstRuns, UnboundRanksShareTheCores) {
 }
 #endif
 
+// A Slurm batch script's one process sees SLURM_NTASKS_PER_NODE too: it keeps every core.
+TEST(FirstRuns, ASlurmBatchScriptsProcessKeepsItsCores) {
+  const ProcessResult r = run_omnitron_env("env -u OMP_NUM_THREADS SLURM_NTASKS_PER_NODE=4", kTiny);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "device: cpu, ")) << r.output;
+  EXPECT_FALSE(contains(r.output, "shared by")) << r.output;
+}
+
 // --- --eod-mask-loss with --mock-data ---
 
 TEST(FirstRuns, MockDocumentsEndWithTheEndOfDocumentToken) {

@@ -88,9 +88,11 @@ void ensure_runtime_environment(char** argv) {
   // (--oversubscribe), or a launcher that binds none, every rank would start a thread per core
   // of the node: 4 ranks x 2 threads on 2 cores. Unbound ranks then take an equal share of the
   // cores they see, at least one (torchrun sets 1 for its ranks). The user's OMP_NUM_THREADS
-  // is kept.
-  if (!std::getenv("OMP_NUM_THREADS")) {
-    const int ranks = launcher_local_size();
+  // is kept. Slurm's count is left out: SLURM_NTASKS_PER_NODE is set in a batch script too,
+  // where one process runs (and srun binds its tasks by default).
+  std::string source;
+  const int ranks = launcher_local_size(&source);
+  if (!std::getenv("OMP_NUM_THREADS") && !source.starts_with("SLURM_")) {
     cpu_set_t mask;
     CPU_ZERO(&mask);
     const long online = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
