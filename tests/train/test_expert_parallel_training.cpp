@@ -435,8 +435,8 @@ TEST(ExpertParallelTraining, Etp1UnderTp2SpOptimizerZooMatchesOneRank) {
 // (over the expert tensor-parallel pair), and ETP 2 x EP 2 over DP 4 under the distributed
 // optimizer (the experts' momentum gathered over their expert-data-parallel group first). With
 // the experts stepped as one [experts, rows, cols] matrix or by AdamW, each layout still
-// matches its own one-rank run: OptimizerZoo.MuonOrthogonalisesEachExpertsMatrixOnItsOwn pins
-// the arithmetic, this the assembly.
+// matches its own one-rank run: OptimizerZoo.MuonShampooAndGaLoreTakeEachExpertsMatrixOnItsOwn
+// pins the arithmetic, this the assembly.
 TEST(ExpertParallelTraining, MuonPerExpertMatchesOneRankWhereverTheExpertsLie) {
   const std::vector<std::string> muon = {"--optimizer", "muon"};
   expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, muon, {"alltoall"});
