@@ -2,8 +2,10 @@
 // for GPT-2 124M and a 6-layer GPT, beside the machine's sgemm rate measured in the
 // same run; then the 6-layer GPT as mixtures of experts of the same active FLOPs (GFLOP/s
 // count the active parameters, as Megatron's formula does): Mixtral-shaped (8 experts,
-// top 2, each half the dense MLP) and DeepSeek-shaped (16 fine-grained experts, top 4, and
-// a shared expert; without linear biases, which Megatron's shared experts refuse).
+// top 2, each half the dense MLP) and DeepSeek-shaped (16 fine-grained experts, top 4, a
+// shared expert, and multi-latent attention with rope on its decoupled part: q through a
+// 192 latent, k and v through a 128 one, heads of 64 + 32; without linear biases, which
+// Megatron's shared experts refuse).
 // bench/pytorch_moe_cpu.py measures PyTorch on the same shapes. Prints figures; never passes or
 // fails on time.
 //
@@ -182,9 +184,12 @@ int main(int argc, char** argv) {
       {"6 layers, 6 heads, 384, seq 256", 6, 6, 384, 256, 4},
       {"  MoE 8 experts, top 2, ffn 768", 6, 6, 384, 256, 4,
        with({"--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "768"})},
-      {"  MoE 16 top 4 ffn 192 + shared 768", 6, 6, 384, 256, 4,
+      {"  MoE 16 top 4, shared 768, MLA", 6, 6, 384, 256, 4,
        with({"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "192",
-             "--moe-shared-expert-intermediate-size", "768", "--disable-bias-linear"})},
+             "--moe-shared-expert-intermediate-size", "768", "--disable-bias-linear",
+             "--multi-latent-attention", "--q-lora-rank", "192", "--kv-lora-rank", "128",
+             "--qk-head-dim", "64", "--qk-pos-emb-head-dim", "32", "--v-head-dim", "64",
+             "--position-embedding-type", "rope"})},
   };
   auto chosen = [&only](const BenchConfig& c) {
     return only.empty() || std::any_of(only.begin(), only.end(), [&c](const std::string& o) {

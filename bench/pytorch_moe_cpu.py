@@ -13,7 +13,9 @@ active FLOPs, written as PyTorch users write one without a grouped GEMM: a loop 
 experts, each taking its tokens by index (as Megatron's SequentialMLP and Mixtral's
 Hugging Face block do):
   - 8 experts, top 2, each 768 wide (Mixtral-shaped);
-  - 16 experts, top 4, each 192 wide, plus a shared expert 768 wide (DeepSeek-shaped).
+  - 16 experts, top 4, each 192 wide, plus a shared expert 768 wide, with multi-latent
+    attention (DeepSeek-shaped: q through a 192-wide latent, k and v through a 128-wide one,
+    heads of 64 + 32 with rope on the 32, no position embedding table; no linear biases).
 The router is Megatron's default: softmax over the top-k logits, with the aux loss (0.01).
 Prints tokens/s and GFLOP/s by Megatron's formula (active parameters), the median step of
 the steps after the first. --bf16 runs the forward pass and the loss under
@@ -75,47 +77,105 @@ class Experts(nn.Module):
         return y.reshape(shape)
 
 
-class Block(nn.Module):
-    def __init__(self, mlp):
+MASK = torch.full((S, S), float("-inf")).triu(1)
+
+
+def attend(q, k, v):
+    """Causal attention of [B, H, S, d] heads: the [B, S, H * dv] outputs."""
+    a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + MASK, dim=-1) @ v
+    return a.transpose(1, 2).reshape(B, S, -1)
+
+
+class MHA(nn.Module):
+    def __init__(self):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
         self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.mlp = mlp
-        self.register_buffer("mask", torch.full((S, S), float("-inf")).triu(1))
 
     def forward(self, x):
-        q, k, v = self.qkv(self.ln1(x)).view(B, S, 3, H, C // H).permute(2, 0, 3, 1, 4)
-        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(C // H) + self.mask, dim=-1) @ v
-        x = x + self.proj(a.transpose(1, 2).reshape(B, S, C))
+        q, k, v = self.qkv(x).view(B, S, 3, H, C // H).permute(2, 0, 3, 1, 4)
+        return self.proj(attend(q, k, v))
+
+
+def rope(x):
+    """Rotary embedding (base 10000) of the last dimension of [B, H, S, d]: halves rotated."""
+    d = x.shape[-1]
+    angle = torch.arange(S).unsqueeze(1) * 10000.0 ** (-torch.arange(0, d, 2) / d)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class MLA(nn.Module):
+    """DeepSeek-V2/V3's multi-latent attention, as Megatron-Core's MLASelfAttention computes
+    it: q and the joint k/v each through a normed low-rank latent, a decoupled rope part of
+    the key shared by the heads."""
+    QL, KVL, QK, PE, DV = 192, 128, 64, 32, 64
+
+    def __init__(self):
+        super().__init__()
+        self.q_down, self.q_norm = nn.Linear(C, self.QL, bias=False), nn.LayerNorm(self.QL)
+        self.q_up = nn.Linear(self.QL, H * (self.QK + self.PE), bias=False)
+        self.kv_down = nn.Linear(C, self.KVL + self.PE, bias=False)
+        self.kv_norm = nn.LayerNorm(self.KVL)
+        self.kv_up = nn.Linear(self.KVL, H * (self.QK + self.DV), bias=False)
+        self.proj = nn.Linear(H * self.DV, C, bias=False)
+
+    def forward(self, x):
+        q = self.q_up(self.q_norm(self.q_down(x))).view(B, S, H, -1).transpose(1, 2)
+        q = torch.cat((q[..., : self.QK], rope(q[..., self.QK:])), dim=-1)
+        latent, k_pe = self.kv_down(x).split((self.KVL, self.PE), dim=-1)
+        kv = self.kv_up(self.kv_norm(latent)).view(B, S, H, -1).transpose(1, 2)
+        k_pe = rope(k_pe.unsqueeze(1)).expand(B, H, S, self.PE)
+        k = torch.cat((kv[..., : self.QK], k_pe), dim=-1)
+        return self.proj(attend(q, k, kv[..., self.QK:]))
+
+
+class Block(nn.Module):
+    def __init__(self, mlp, attention):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.attention, self.mlp = attention, mlp
+
+    def forward(self, x):
+        x = x + self.attention(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, make_mlp):
+    def __init__(self, make_mlp, mla):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(S, C)
-        self.blocks = nn.ModuleList(Block(make_mlp()) for _ in range(L))
+        self.wte = nn.Embedding(V, C)
+        self.wpe = None if mla else nn.Embedding(S, C)  # MLA's rope gives the positions
+        self.blocks = nn.ModuleList(Block(make_mlp(), MLA() if mla else MHA()) for _ in range(L))
         self.lnf = nn.LayerNorm(C)
 
     def forward(self, tokens, labels):
-        x = self.wte(tokens) + self.wpe(torch.arange(S))
+        x = self.wte(tokens)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(S))
         for b in self.blocks:
             x = b(x)
         loss = F.cross_entropy((self.lnf(x) @ self.wte.weight.T).view(-1, V), labels.view(-1))
         return loss + sum(b.mlp.aux for b in self.blocks if isinstance(b.mlp, Experts))
 
 
-def megatron_flops(ffn_active):
+def megatron_flops(ffn_active, mla):
     """Megatron's per-iteration formula (as src/train/flops.h: causal attention halved) with
-    the MLP's active width, multi-head attention, no gated MLP, the vocabulary padded to 50304
-    as omnitron pads it."""
-    per_token = L * (4 * C * C + 2 * C * ffn_active) + C * 50304
-    return 6.0 * B * S * (per_token + S * L * C)
+    the MLP's active width, multi-head or multi-latent attention, no gated MLP, the vocabulary
+    padded to 50304 as omnitron pads it."""
+    projections, core = 4 * C * C, C
+    if mla:
+        m = MLA
+        projections = (m.QL * (C + H * (m.QK + m.PE) + 1) + m.KVL * (C + H * (m.QK + m.DV) + 1)
+                       + C * m.PE + H * m.DV * C)
+        core = H * (m.QK + m.PE) / 2 + H * m.DV / 2
+    per_token = L * (projections + 2 * C * ffn_active) + C * 50304
+    return 6.0 * B * S * (per_token + S * L * core)
 
 
-def run(name, make_mlp, ffn_active, steps, bf16):
+def run(name, make_mlp, ffn_active, steps, bf16, mla=False):
     torch.manual_seed(0)
-    model = GPT(make_mlp)
+    model = GPT(make_mlp, mla)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     tokens = torch.randint(0, V, (B, S))
     labels = torch.randint(0, V, (B, S))
@@ -130,7 +190,7 @@ def run(name, make_mlp, ffn_active, steps, bf16):
         times.append(time.perf_counter() - t0)
     sec = sorted(times[1:])[len(times[1:]) // 2]
     print(f"{name:<40} {B * S / sec:10.0f} {sec * 1e3:12.1f} "
-          f"{megatron_flops(ffn_active) / sec / 1e9:10.1f}", flush=True)
+          f"{megatron_flops(ffn_active, mla) / sec / 1e9:10.1f}", flush=True)
 
 
 def main():
@@ -152,7 +212,8 @@ def main():
     run("dense, ffn 1536", lambda: nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(),
                                                  nn.Linear(4 * C, C)), 4 * C, steps, bf16)
     run("  MoE 8 experts, top 2, ffn 768", lambda: Experts(8, 2, 768), 1536, steps, bf16)
-    run("  MoE 16 top 4 ffn 192 + shared 768", lambda: Experts(16, 4, 192, 768), 1536, steps, bf16)
+    run("  MoE 16 top 4, shared 768, MLA", lambda: Experts(16, 4, 192, 768), 1536, steps, bf16,
+        mla=True)
 
 
 if __name__ == "__main__":
