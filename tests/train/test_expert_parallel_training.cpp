@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -167,8 +168,11 @@ void expect_matches_one_rank(int ranks, const std::vector<std::string>& layout,
                              const std::vector<const char*>& dispatchers = {"alltoall",
                                                                             "allgather"},
                              double tolerance = 1e-5) {
-  const Run own = model.empty() ? Run{} : train(1, model);
-  const Run& ref = model.empty() ? reference() : own;
+  // One reference run per model (its flags, with or without linear biases).
+  static std::map<std::pair<bool, std::vector<std::string>>, Run> references;
+  const auto key = std::make_pair(bool(g_linear_biases), model);
+  if (!model.empty() && !references.count(key)) references[key] = train(1, model);
+  const Run& ref = model.empty() ? reference() : references[key];
   for (const char* dispatcher : dispatchers) {
     std::vector<std::string> flags = model;
     flags.insert(flags.end(), layout.begin(), layout.end());
@@ -464,6 +468,33 @@ TEST(ExpertParallelTraining, ShampooAndGaLorePerExpertMatchOneRankAtExpertParall
   expect_matches_one_rank(2, {"--expert-model-parallel-size", "2"}, galore, {"alltoall"});
   expect_matches_one_rank(4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"},
                           galore, {"alltoall"});
+}
+
+// GaLore and Shampoo on tensor-parallel slices: each split tensor's whole gradient assembled
+// over the ranks holding its slices (an expert's over the expert tensor-parallel ranks),
+// stepped whole and identically on each, its slice kept (WholeTensorStates,
+// optim/optimizer_zoo.h): TP 2 + SP (the dense matrices, the shared expert and the experts split
+// by width over the tp pair), TP 2 + SP with the distributed optimizer over DP 2, and ETP 2
+// across data-parallel ranks (the experts' slices over the expert tensor-parallel pair).
+// galoreadamw8bit's blocks are the whole tensors' too (every split tensor assembled).
+void expect_whole_matrix_zoo_matches_one_rank(const std::vector<std::string>& optimizer) {
+  const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+  std::vector<std::string> tp2_dp2 = tp2;
+  tp2_dp2.push_back("--use-distributed-optimizer");
+  expect_matches_one_rank(2, tp2, optimizer, {"alltoall"});
+  expect_matches_one_rank(4, tp2_dp2, optimizer, {"alltoall"});
+  expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2"}, optimizer, {"allgather"});
+}
+TEST(ExpertParallelTraining, ShampooOnTensorParallelSlicesMatchesOneRank) {
+  expect_whole_matrix_zoo_matches_one_rank(
+      {"--optimizer", "shampoo", "--shampoo-update-freq", "2", "--shampoo-eps", "1e-4"});
+}
+TEST(ExpertParallelTraining, GaLoreOnTensorParallelSlicesMatchesOneRank) {
+  expect_whole_matrix_zoo_matches_one_rank(
+      {"--optimizer", "galoreadamw", "--galore-rank", "4", "--galore-update-proj-gap", "2"});
+  expect_whole_matrix_zoo_matches_one_rank({"--optimizer", "galoreadamw8bit", "--galore-rank", "4",
+                                            "--galore-update-proj-gap", "2",
+                                            "--adam8bit-min-8bit-size", "256"});
 }
 
 // LAMB and adam8bit under the distributed optimizer (adam8bit through --zero-stage 1, which is
@@ -946,23 +977,19 @@ TEST(ExpertParallelTraining, BadLayoutsAreOneLineNamingTheFlagsAndNumbers) {
             "--expert-tensor-parallel-size 6 with --tensor-model-parallel-size 4: not built yet: "
             "experts split over a number of ranks that neither divides nor is a multiple of "
             "--tensor-model-parallel-size");
-  // ETP above TP: sequence parallelism under TP > 1; GaLore and Shampoo refused (their
-  // whole matrices), LAMB with and without the distributed optimizer built.
+  // ETP above TP: sequence parallelism under TP > 1; GaLore, Shampoo (each expert's matrix
+  // assembled over its slices) and LAMB, with and without the distributed optimizer, built.
   EXPECT_EQ(error_of(with({"--expert-tensor-parallel-size", "8"})),
             "--expert-tensor-parallel-size 8 with --tensor-model-parallel-size 4 needs "
             "--sequence-parallel (Megatron's MoE under tensor parallelism: each rank routes its "
             "sequence-parallel tokens)");
-  EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "8",
-                           "--optimizer", "shampoo"})),
-            "--optimizer shampoo with --expert-tensor-parallel-size 8 above "
-            "--tensor-model-parallel-size 4: not built yet: its whole-matrix state would see a "
-            "slice of each expert");
-  for (const std::string sharded : {"", "--use-distributed-optimizer"}) {
-    std::vector<std::string> lamb = {"--sequence-parallel", "--expert-tensor-parallel-size", "8",
-                                     "--optimizer", "lamb"};
-    if (!sharded.empty()) lamb.insert(lamb.end(), sharded);
-    EXPECT_EQ(error_of(with(lamb)), "");
-  }
+  for (const std::string opt : {"lamb", "shampoo", "galoreadamw8bit"})
+    for (const std::string sharded : {"", "--use-distributed-optimizer"}) {
+      std::vector<std::string> zoo = {"--sequence-parallel", "--expert-tensor-parallel-size", "8",
+                                      "--optimizer", opt};
+      if (!sharded.empty()) zoo.insert(zoo.end(), sharded);
+      EXPECT_EQ(error_of(with(zoo)), "") << opt << " " << sharded;
+    }
   EXPECT_EQ(error_of(with({"--sequence-parallel", "--expert-tensor-parallel-size", "2",
                            "--moe-ffn-hidden-size", "15"})),
             "--moe-ffn-hidden-size (15) must be divisible by --expert-tensor-parallel-size (2)");
