@@ -29,7 +29,11 @@
 // tensors, which checkpoints skip, nor the word embeddings) of preconditioners.0,
 // preconditioners.1, ... as one stream, whose last element is a fingerprint of this rank's blocks.
 // A checkpoint therefore resumes Shampoo under the pipeline layout that saved it; another is
-// refused by name.
+// refused by name. Under tensor parallelism each split tensor is assembled and preconditioned
+// whole on every rank of its slices group (WholeTensorStates, optimizer_zoo.h), the stream laid
+// over the whole tensors as at one rank, each rank's checkpoint view its slices: so it
+// resumes across tensor-parallel sizes too, where they pad the vocabulary alike (otherwise the
+// embeddings' blocks differ, and the fingerprint refuses it).
 //
 // Under the distributed optimizer Shampoo shards by whole tensors, as GaLore does
 // (zoo_galore.cpp): each rank steps every tensor it holds a piece of whole, from the gathered
@@ -398,8 +402,10 @@ class Shampoo : public ZooOptimizer<T> {
     if (exec_.on_gpu()) pool_.resize(size_t(pool_size_));
     OMNI_REQUIRE(views_.back()[size_t(saved_.back())] == fingerprint_,
                  "--optimizer shampoo: the checkpoint's preconditioners were laid out for other "
-                 "tensors (another model or pipeline layout); resume with the layout that saved "
-                 "them, or with --no-load-optim");
+                 "tensors (another model, pipeline layout, or padded vocabulary: tensor "
+                 "parallelism pads it to a multiple of --make-vocab-size-divisible-by times "
+                 "--tensor-model-parallel-size); resume with the layout that saved them, or with "
+                 "--no-load-optim");
     for (const Block& b : blocks_)
       if (shards_.held(b.param))
         for (int64_t j = 0; j < b.pool_size(); ++j) {

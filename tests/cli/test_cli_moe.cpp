@@ -144,7 +144,7 @@ TEST(CliMoE, ZooStatesOfTheEarlierExpertLayoutAreRefusedOnResume) {
   std::stringstream text;
   text << in.rdbuf();
   std::string lines = text.str();
-  const std::string line = "optimizer_experts separate\n";
+  const std::string line = "optimizer_experts separate blocks\n";
   ASSERT_NE(lines.find(line), std::string::npos) << lines.substr(0, 200);
   lines.erase(lines.find(line), line.size());
   in.close();
