@@ -520,7 +520,8 @@ TEST(ExpertParallelTraining, GaLoreAndShampooResumeAcrossTensorParallelLayouts) 
 // stepped whole and identically on each, its slice kept (WholeTensorStates,
 // optim/optimizer_zoo.h): TP 2 + SP (the dense matrices, the shared expert and the experts split
 // by width over the tp pair), TP 2 + SP with the distributed optimizer over DP 2, and ETP 2
-// across data-parallel ranks (the experts' slices over the expert tensor-parallel pair).
+// across data-parallel ranks (the experts' slices over the expert tensor-parallel pair), and
+// ETP 4 under TP 2 + SP (the experts' slices over 4 ranks, across the dense tp pairs).
 // galoreadamw8bit's blocks are the whole tensors' too (every split tensor assembled).
 void expect_whole_matrix_zoo_matches_one_rank(const std::vector<std::string>& optimizer) {
   const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel"};
@@ -529,6 +530,10 @@ void expect_whole_matrix_zoo_matches_one_rank(const std::vector<std::string>& op
   expect_matches_one_rank(2, tp2, optimizer, {"alltoall"});
   expect_matches_one_rank(4, tp2_dp2, optimizer, {"alltoall"});
   expect_matches_one_rank(2, {"--expert-tensor-parallel-size", "2"}, optimizer, {"allgather"});
+  expect_matches_one_rank(4,
+                          {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                           "--expert-tensor-parallel-size", "4"},
+                          optimizer, {"alltoall"});
 }
 TEST(ExpertParallelTraining, ShampooOnTensorParallelSlicesMatchesOneRank) {
   expect_whole_matrix_zoo_matches_one_rank(
