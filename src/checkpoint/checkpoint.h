@@ -70,6 +70,10 @@ struct CheckpointOptimizer {
   // of its own ("optimizer_experts separate", written since the zoo does): earlier checkpoints
   // of MoE models hold adam8bit's, Muon's and GaLore's expert states in another layout.
   bool experts_separate = false;
+  // Whether galoreadamw8bit's 8-bit blocks restart at each expert too ("optimizer_experts
+  // separate blocks", written since they do): the checkpoints between hold them run across
+  // the experts of a stacked tensor.
+  bool expert_blocks = false;
 };
 
 // The name a checkpoint stores for optimizer kind `k`.

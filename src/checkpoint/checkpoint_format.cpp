@@ -187,7 +187,7 @@ std::string metadata_header(const Options& opts, const TrainingProgress& progres
   if (progress.lr_schedule_samples >= 0)
     md << "lr_schedule_samples " << progress.lr_schedule_samples << "\n";
   md << "optimizer " << optimizer.name << ' ' << optimizer.steps << "\n"
-     << "optimizer_experts separate\n"
+     << "optimizer_experts separate blocks\n"
      << "rng none\n";
   for (const auto& [name, v] : optimizer.scalars) {
     char value[64];
@@ -258,9 +258,10 @@ Metadata read_metadata(const std::string& root) {
     } else if (key == "optimizer") {
       ls >> md.optimizer.name >> md.optimizer.steps;
     } else if (key == "optimizer_experts") {
-      std::string layout;
-      ls >> layout;
+      std::string layout, blocks;
+      ls >> layout >> blocks;
       md.optimizer.experts_separate = layout == "separate";
+      md.optimizer.expert_blocks = md.optimizer.experts_separate && blocks == "blocks";
     } else if (key == "optimizer_scalar") {
       std::string name, value;
       ls >> name >> value;

@@ -564,11 +564,17 @@ void CheckpointReader::check_optimizer(const std::string& name) const {
                " (add --no-load-optim to start it afresh)");
   // Zoo states whose MoE experts' layout changed when each expert became a tensor of its own.
   const bool expert_layout = name == "adam8bit" || name == "muon" || name.starts_with("galore");
-  if (!expert_layout || md.optimizer.experts_separate) return;
+  // galoreadamw8bit's (and its per-layer variant's) 8-bit blocks restarted at each expert later.
+  const bool blocks = name.starts_with("galoreadamw8bit");
+  if (!expert_layout || (md.optimizer.experts_separate && (!blocks || md.optimizer.expert_blocks)))
+    return;
   const auto at = std::find(md.args.begin(), md.args.end(), "--num-experts");
   const bool moe = at != md.args.end() && at + 1 != md.args.end() && std::atoi(at[1].c_str()) > 0;
-  OMNI_REQUIRE(!moe, "--load: '", md.path, "' holds ", name,
+  OMNI_REQUIRE(!moe || md.optimizer.experts_separate, "--load: '", md.path, "' holds ", name,
                " state from before omnitron stepped each MoE expert as a tensor of its own, in "
+               "another layout (add --no-load-optim to start it afresh)");
+  OMNI_REQUIRE(!moe, "--load: '", md.path, "' holds ", name,
+               " state from before omnitron restarted its 8-bit blocks at each MoE expert, in "
                "another layout (add --no-load-optim to start it afresh)");
 }
 

@@ -145,19 +145,6 @@ void finalize_moe(Options& o) {
   }
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel);
-  // The zoo at ETP != TP reduces the experts' per-tensor quantities over their own slices'
-  // group (optimizer_zoo.h's ZooLayout, train/expert_grads.h) except GaLore and Shampoo, which
-  // keep whole matrices: at ETP > TP an expert's slices lie on ranks of other dense tp groups,
-  // which their own TP > 1 refusal does not see at TP 1.
-  const int etp = o.expert_tensor_parallel_size;
-  if (etp > tp) {
-    const OptimizerKind kind = parse_optimizer(o.optimizer);
-    if (zoo_whole_only(kind))
-      throw NotBuiltError("--optimizer " + o.optimizer + " with --expert-tensor-parallel-size " +
-                              std::to_string(etp) + " above --tensor-model-parallel-size " +
-                              std::to_string(tp),
-                          "its whole-matrix state would see a slice of each expert");
-  }
 }
 
 void add_moe_options(std::vector<OptionDef>& t) {

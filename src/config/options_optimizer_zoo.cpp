@@ -119,21 +119,13 @@ void finalize_optimizer_zoo(Options& o) {
   const std::string opt = "--optimizer " + o.optimizer;
   if (zoo_whole_only(kind)) {  // GaLore and Shampoo keep per-matrix states whole
     // Both shard by whole tensors under the distributed optimizer (zoo_galore.cpp,
-    // zoo_shampoo.cpp); with ZeRO's sharded gradients and parameters they are not built.
-    const bool shampoo = kind == OptimizerKind::Shampoo;
+    // zoo_shampoo.cpp) and assemble tensor-parallel slices' whole matrices
+    // (WholeTensorStates); with ZeRO's sharded gradients and parameters they are not built.
     if (o.use_distributed_optimizer && o.zero_stage >= 2)
       throw NotBuiltError(opt + " with --zero-stage " + std::to_string(o.zero_stage),
                           "its whole-matrix steps are not built on ZeRO's sharded "
                           "gradients and parameters; use --zero-stage 1 (the "
                           "distributed optimizer)");
-    if (o.tensor_model_parallel_size > 1)
-      throw NotBuiltError(opt + " with --tensor-model-parallel-size " +
-                              std::to_string(o.tensor_model_parallel_size),
-                          shampoo ? "a slice's preconditioners are not a slice of the whole "
-                                    "matrix's; use --tensor-model-parallel-size 1"
-                                  : "the top singular vectors of a slice's gradient are not a "
-                                    "slice of the whole matrix's; use "
-                                    "--tensor-model-parallel-size 1");
   }
   // Expert parallelism needs no refusal: every zoo optimizer's per-tensor quantities take each
   // expert of a stacked expert tensor on its own (LAMB's norms, adam8bit's blocks: zoo_tensors;

@@ -176,15 +176,6 @@ bool ZooLayout<T>::parts_elsewhere() const {
 }
 
 template <typename T>
-void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout) {
-  const std::string what = std::string("--optimizer ") + zoo_optimizer_name(kind);
-  OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, what,
-               " with --tensor-model-parallel-size ", layout.tensor_parallel->size(),
-               ": not built yet: a slice's preconditioners are not a slice of the whole matrix's; "
-               "use --tensor-model-parallel-size 1");
-}
-
-template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_zoo_optimizer(const OptimizerConfig& config,
                                                     const ParameterSet<T>& params,
                                                     const ZooLayout<T>& layout) {
@@ -220,23 +211,48 @@ T* ZooStates<T>::get(const std::string& name) {
 }
 
 template <typename T>
-WholeTensorStates<T>::WholeTensorStates(const ParameterSet<T>& params, const ZooLayout<T>& layout)
-    : layout_(layout), whole_size_(params.size()), device_(params.values_tensor().device()) {
-  const std::vector<ParamInfo>& infos = params.infos();
-  const bool whole = !sharded();
-  held_.assign(infos.size(), whole);
+WholeTensorStates<T>::WholeTensorStates(const ParameterSet<T>& params, const ZooLayout<T>& layout,
+                                        const std::function<bool(const ParamInfo&)>& whole)
+    : layout_(layout), local_(params.infos()), device_(params.values_tensor().device()) {
+  const std::vector<ParamInfo>& infos = local_;
+  held_.assign(infos.size(), !sharded());
   owned_ = held_;
   for (const ZooPiece& piece : layout.pieces) {
     held_[piece.param] = true;
     if (piece.begin == infos[piece.param].offset) owned_[piece.param] = true;
   }
+  // The tensors as the optimizer steps them: an assembled one whole (an expert tensor: this
+  // rank's experts, each whole), laid out as ParameterSet lays out the parameters.
+  int64_t offset = 0;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    ParamInfo p = infos[i];
+    Communicator* group = layout.slices_group(i);
+    const bool split = group && group->size() > 1 &&
+                       (is_stacked_experts(p) ? p.shard_dim >= 1 : p.shard_dim >= 0);
+    assembled_.push_back(split && whole && whole(p));
+    first_.push_back(0);
+    if (assembled_.back()) {
+      assembling_ = true;
+      first_.back() = p.dim0_start * (global_numel(p) / p.global_shape[0]);
+      Shape shape = p.global_shape;
+      if (p.shard_dim >= 1) shape[0] = p.shape[0];  // this rank's experts (dim0_start on)
+      p.shape = p.global_shape = shape;
+      p.shard_dim = -1, p.segments.clear(), p.dim0_start = 0;
+      p.numel = 1;
+      for (int64_t d : shape) p.numel *= d;
+    }
+    p.offset = offset;
+    offset += (p.numel + 15) / 16 * 16;
+    infos_.push_back(p);
+  }
+  whole_size_ = assembling_ ? offset : params.size();
+  if (!assembling_) infos_ = local_;  // (the same offsets)
   int64_t n = 0;
   for (size_t pi = 0; pi < infos.size(); ++pi) {
-    offsets_.push_back(infos[pi].offset), numels_.push_back(infos[pi].numel);
-    at_.push_back(whole ? infos[pi].offset : n);
-    if (!whole && held_[pi]) n += infos[pi].numel;
+    at_.push_back(sharded() ? n : infos_[pi].offset);
+    if (held_[pi]) n += infos_[pi].numel;
   }
-  size_ = whole ? params.size() : std::max<int64_t>(n, 1);
+  size_ = sharded() ? std::max<int64_t>(n, 1) : whole_size_;
 }
 
 template <typename T>
@@ -247,12 +263,35 @@ T* WholeTensorStates<T>::buffer(Tensor& t, int64_t n) {
 }
 
 template <typename T>
+template <typename F>
+void WholeTensorStates<T>::runs(size_t i, int64_t lo, int64_t hi, F&& f) const {
+  if (!assembled_[i]) return f(lo, lo, hi - lo);
+  ParameterSet<T>::for_each_run(local_[i], [&](int64_t l, int64_t g, int64_t n) {
+    const int64_t a = std::max(l, lo), b = std::min(l + n, hi);
+    if (a < b) f(a, g - first_[i] + (a - l), b - a);
+  });
+}
+
+template <typename T>
+void WholeTensorStates<T>::assemble(size_t i, const T* local, T* whole) {
+  const ops::Exec& x = layout_.exec;
+  const size_t n = size_t(infos_[i].numel);
+  ops::zero(x, whole, n);
+  runs(i, 0, local_[i].numel,
+       [&](int64_t l, int64_t w, int64_t k) { ops::copy(x, whole + w, local + l, size_t(k)); });
+  layout_.slices_group(i)->all_reduce(whole, n);  // the others add zeros
+}
+
+template <typename T>
 T* WholeTensorStates<T>::view(const std::string& name, const T* from, bool compact) {
   T* v = buffer(views_[name], layout_.state_size);
   for (const ZooPiece& piece : layout_.pieces) {
-    const int64_t at =
-        compact ? at_[piece.param] + piece.begin - offsets_[piece.param] : piece.begin;
-    ops::copy(layout_.exec, v + piece.state, from + at, size_t(piece.end - piece.begin));
+    const size_t i = piece.param;
+    const int64_t o = local_[i].offset;
+    const T* base = from + (compact ? at_[i] : infos_[i].offset);
+    runs(i, piece.begin - o, piece.end - o, [&](int64_t l, int64_t w, int64_t k) {
+      ops::copy(layout_.exec, v + piece.state + (l - (piece.begin - o)), base + w, size_t(k));
+    });
   }
   return v;
 }
@@ -262,27 +301,85 @@ const T* WholeTensorStates<T>::gather_gradients(
     const ParameterSet<T>& params, const std::function<T*(const std::string&)>& compact,
     const std::function<void(const std::string&, const T*)>& whole) {
   const ops::Exec& e = layout_.exec;
-  auto gather = [&](Tensor& into, const T* pieces, bool state) {
-    T* full = buffer(into, whole_size_);
+  // A buffer laid out like the parameters from this rank's pieces (gathered over the
+  // data-parallel ranks when sharded).
+  auto gather = [&](Tensor& into, const T* pieces, bool state) -> const T* {
+    if (!sharded()) return pieces;  // (a whole layout's views are the parameters' layout)
+    T* full = buffer(into, params.size());
     for (const ZooPiece& piece : layout_.pieces)
       ops::copy(e, full + piece.begin, pieces + (state ? piece.state : piece.begin),
                 size_t(piece.end - piece.begin));
     layout_.gather_pieces(full);
     return full;
   };
+  // `flat` (laid out like the parameters) laid out like infos_: every tensor (`all`) or the
+  // held ones, the assembled ones assembled (all of them: collectives in the same order on
+  // every rank of a group).
+  auto lay_out = [&](const T* flat, T* out, bool all) {
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      if (assembled_[i]) {
+        T* w = held_[i] || all ? out + infos_[i].offset : buffer(scratch_, infos_[i].numel);
+        assemble(i, flat + local_[i].offset, w);
+      } else if (held_[i] || all) {
+        ops::copy(e, out + infos_[i].offset, flat + local_[i].offset, size_t(local_[i].numel));
+      }
+    }
+  };
   const T* full = gather(full_, params.grads(), false);
   for (auto& [name, v] : views_) {
     const T* state = gather(gathered_, v.template data<T>(), true);
     T* to = compact(name);
     if (!to) {
-      whole(name, state);
+      if (!assembling_) {
+        whole(name, state);
+        continue;
+      }
+      T* laid = buffer(assembled_values_, whole_size_);  // (scratch until values())
+      lay_out(state, laid, true);
+      whole(name, laid);
       continue;
     }
+    if (!assembling_) {
+      for (size_t pi = 0; pi < held_.size(); ++pi)
+        if (held_[pi])
+          ops::copy(e, to + at_[pi], state + local_[pi].offset, size_t(local_[pi].numel));
+      continue;
+    }
+    T* laid = buffer(assembled_values_, whole_size_);
+    lay_out(state, laid, false);
     for (size_t pi = 0; pi < held_.size(); ++pi)
-      if (held_[pi]) ops::copy(e, to + at_[pi], state + offsets_[pi], size_t(numels_[pi]));
+      if (held_[pi]) ops::copy(e, to + at_[pi], laid + infos_[pi].offset, size_t(infos_[pi].numel));
   }
   views_.clear();
-  return full;
+  if (!assembling_) return full;
+  T* grads = buffer(assembled_grads_, whole_size_);
+  lay_out(full, grads, false);
+  return grads;
+}
+
+template <typename T>
+T* WholeTensorStates<T>::values(ParameterSet<T>& params) {
+  if (!assembling_) return params.values();
+  T* out = buffer(assembled_values_, whole_size_);
+  for (size_t i = 0; i < infos_.size(); ++i)
+    if (held_[i])
+      runs(i, 0, local_[i].numel, [&](int64_t l, int64_t w, int64_t k) {
+        ops::copy(layout_.exec, out + infos_[i].offset + w, params.values() + local_[i].offset + l,
+                  size_t(k));
+      });
+  return out;
+}
+
+template <typename T>
+void WholeTensorStates<T>::keep_values(ParameterSet<T>& params) {
+  if (!assembling_) return;
+  const T* from = assembled_values_.template data<T>();
+  for (size_t i = 0; i < infos_.size(); ++i)
+    if (held_[i])
+      runs(i, 0, local_[i].numel, [&](int64_t l, int64_t w, int64_t k) {
+        ops::copy(layout_.exec, params.values() + local_[i].offset + l, from + infos_[i].offset + w,
+                  size_t(k));
+      });
 }
 
 template class ZooOptimizer<float>;
@@ -293,8 +390,6 @@ template class WholeTensorStates<double>;
 template class ZooStates<double>;
 template struct ZooLayout<float>;
 template struct ZooLayout<double>;
-template void require_whole_layout(OptimizerKind, const ZooLayout<float>&);
-template void require_whole_layout(OptimizerKind, const ZooLayout<double>&);
 template std::shared_ptr<ZooOptimizer<float>> make_zoo_optimizer(const OptimizerConfig&,
                                                                  const ParameterSet<float>&,
                                                                  const ZooLayout<float>&);

@@ -41,7 +41,8 @@
 //    the tensor-parallel group), orthogonalises it, and keeps the elements it owns.
 //  - GaLore and Shampoo (under the distributed optimizer) step every tensor they hold a piece
 //    of whole, from the gathered gradient, with that tensor's whole state: sharded by whole
-//    tensors.
+//    tensors; a tensor-parallel slice's (an expert's, over the expert tensor-parallel ranks)
+//    whole matrix is assembled as Muon's is, and stepped whole on every rank holding a slice.
 #pragma once
 
 #include <array>
@@ -64,8 +65,8 @@ std::string zoo_optimizer_names();
 // The canonical name of a zoo kind (what checkpoints record).
 const char* zoo_optimizer_name(OptimizerKind kind);
 bool is_zoo_optimizer(OptimizerKind kind);
-// Whether the zoo's kind needs every matrix whole on a rank: GaLore and Shampoo refuse tensor
-// parallelism (under the distributed optimizer they shard by whole tensors).
+// Whether the zoo's kind steps every matrix whole on a rank: GaLore and Shampoo (under the
+// distributed optimizer they shard by whole tensors; tensor-parallel slices are assembled).
 bool zoo_whole_only(OptimizerKind kind);
 
 // A run of one parameter's elements that this rank updates, and where its states start.
@@ -182,8 +183,8 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_adam8bit(const OptimizerConfig& config,
                                                const ParameterSet<T>& params,
                                                const ZooLayout<T>& layout);
-// GaLore and Shampoo run on whole tensors: a whole layout or the distributed optimizer's;
-// require_whole_layout refuses tensor-parallel slices.
+// GaLore and Shampoo step whole tensors: a whole layout or the distributed optimizer's, the
+// tensors tensor parallelism splits assembled (WholeTensorStates).
 template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
@@ -192,11 +193,6 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ParameterSet<T>& params,
                                               const ZooLayout<T>& layout);
-
-// Refuses, in one line naming the optimizer and the setting, a layout of tensor-parallel
-// slices (Shampoo's).
-template <typename T>
-void require_whole_layout(OptimizerKind kind, const ZooLayout<T>& layout);
 
 // The 2-D weights of the hidden layers (not the word embeddings or the output layer): the
 // matrices Muon orthogonalises and GaLore projects. An MoE layer's experts' biases are 2-D
@@ -225,37 +221,72 @@ std::array<float, 256> dynamic_quantization_map(bool is_signed);
 // rank's pieces. Those tensors' states ("compact" ones) then lie one after another, so they
 // take memory for the held tensors only (the ones a shard boundary cuts on both ranks), and
 // checkpoints see this rank's pieces of the one-rank layout through views.
+//
+// A tensor that tensor parallelism splits (over its slices_group; an MoE layer's experts split
+// by width over the expert tensor-parallel ranks) and that `whole` asks for is assembled, as
+// Muon assembles its matrices: every rank of the group sums the group's zero-padded slices
+// of its gradient into the whole tensor's (an expert tensor's: this rank's experts, each
+// whole), steps the whole tensor redundantly and identically with the whole tensor's state,
+// and keeps its own slice of the result. The optimizer then sees infos(): the tensors as it
+// steps them (an assembled one with its whole shape, unsplit), one after another in a flat
+// buffer of whole_size() elements (16-element aligned as ParameterSet lays them out, so with
+// nothing assembled it is the parameters' own layout, and at TP 1 the one-rank offsets);
+// its states are compact, and a checkpoint sees this rank's slice of each whole state, the
+// one-rank state's slice as the checkpoint stores any state laid out like the parameters, so
+// checkpoints resume across tensor-parallel layouts.
 template <typename T>
 class WholeTensorStates {
  public:
-  WholeTensorStates(const ParameterSet<T>& params, const ZooLayout<T>& layout);
+  WholeTensorStates(const ParameterSet<T>& params, const ZooLayout<T>& layout,
+                    const std::function<bool(const ParamInfo&)>& whole = nullptr);
   bool sharded() const { return layout_.data_parallel != nullptr; }
+  // Whether some tensor is assembled from its slices.
+  bool assembling() const { return assembling_; }
+  // Whether checkpoints see the states through views (sharded or assembling).
+  bool viewed() const { return sharded() || assembling_; }
   bool held(size_t param) const { return held_[param]; }
   // Whether this rank holds the tensor's first element (one owner per tensor).
   bool owned(size_t param) const { return owned_[param]; }
   // Where the tensor's compact state starts; the elements of each compact state.
   int64_t at(size_t param) const { return at_[param]; }
   int64_t size() const { return size_; }
+  // The tensors as the optimizer steps them, and their flat buffer's elements.
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  int64_t whole_size() const { return whole_size_; }
   // The distributed optimizer's view of a state: this rank's pieces of its whole layout,
-  // read from `from`, a compact state (`compact`) or one laid out like the whole buffer.
+  // read from `from`, a compact state (`compact`) or one laid out like infos().
   T* view(const std::string& name, const T* from, bool compact);
-  // The whole reduced gradient of every tensor (this rank's pieces gathered from all ranks).
+  // The whole reduced gradient of every tensor, laid out like infos() (this rank's pieces
+  // gathered from all ranks, the assembled tensors assembled: collective over their groups).
   // First, the views a checkpoint's load wrote are gathered likewise and handed back: into
-  // compact(name) where that is a compact state, else to whole(name) as the whole layout.
+  // compact(name) where that is a compact state, else to whole(name) laid out like infos().
   const T* gather_gradients(const ParameterSet<T>& params,
                             const std::function<T*(const std::string&)>& compact,
                             const std::function<void(const std::string&, const T*)>& whole);
+  // The parameters laid out like infos() (this rank's elements of the assembled tensors; the
+  // rest is scratch), and this rank's elements of them back into `params` after the step.
+  T* values(ParameterSet<T>& params);
+  void keep_values(ParameterSet<T>& params);
 
  private:
   T* buffer(Tensor& t, int64_t n);
+  // f(local, whole, n) for the runs of parameter i's local elements [lo, hi) and where they
+  // lie in its assembled tensor.
+  template <typename F>
+  void runs(size_t i, int64_t lo, int64_t hi, F&& f) const;
+  // `whole` := tensor i assembled from `local` (its elements on this rank): collective.
+  void assemble(size_t i, const T* local, T* whole);
 
   ZooLayout<T> layout_;
-  std::vector<bool> held_, owned_;
-  std::vector<int64_t> at_, offsets_, numels_;  // per tensor: its state's start, own start, size
+  std::vector<ParamInfo> local_, infos_;  // the parameters; as the optimizer steps them
+  std::vector<bool> held_, owned_, assembled_;
+  std::vector<int64_t> first_;  // an assembled tensor's first element in the full tensor
+  bool assembling_ = false;
+  std::vector<int64_t> at_;     // per tensor: its state's start
   int64_t size_ = 0, whole_size_ = 0;
   Device device_;
   std::map<std::string, Tensor> views_;  // while a checkpoint asks for them
-  Tensor full_, gathered_;
+  Tensor full_, gathered_, assembled_grads_, assembled_values_, scratch_;
 };
 
 // The zoo's states: named buffers of `size` zeros on `device` (`memory`: its allocator).

@@ -17,11 +17,20 @@
 //     and times scale, is added to W, then W -= lr * wd * W.
 // An MoE layer's stacked experts [experts, rows, cols] are one matrix per expert
 // (is_expert_matrices), each with its own P, as DeepSpeed-MoE's separate expert tensors are
-// projected apart; their projected moments lie one after another (8-bit blocks run across
-// them). The moments are not reset when P changes (galore_torch keeps them). The other tensors
+// projected apart; their projected moments lie one after another, the 8-bit ones' blocks
+// restarting at each expert (as the experts' biases' do: each expert a tensor of its own). The
+// moments are not reset when P changes (galore_torch keeps them). The other tensors
 // (the embeddings, the output layer, biases, norms) take the same Adam without projection:
 // AdamW in transformers' arithmetic, or bitsandbytes' 8-bit Adam. galoreadamw8bitperlayer runs
 // GaLoreAdamW8bit from a gradient hook per tensor to save the gradient memory: the same math.
+//
+// Under tensor parallelism (and an MoE layer's experts split by width over expert tensor
+// parallelism) each projected matrix is assembled whole over the ranks holding its slices
+// (WholeTensorStates, optimizer_zoo.h), as Muon assembles its: every rank of the group
+// computes the whole matrix's SVD, P, projected moments and update, redundantly and
+// identically, and keeps its own slice; the 8-bit variants assemble every split tensor (the
+// blocks are the whole tensor's). The one-rank arithmetic on the one-rank inputs, and the
+// states are the whole matrix's on each rank of the group.
 //
 // Megatron-DeepSpeed passes only lr and weight decay, so betas and eps are the --adam-* flags
 // (galore_torch's own AdamW defaults eps to 1e-6, bitsandbytes' to 1e-8).
@@ -82,10 +91,10 @@ class GaLore : public ZooOptimizer<T> {
  public:
   GaLore(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
-        shards_(params, layout),
+        shards_(params, layout, whole_tensors(config)),
         eight_bit_(config.kind != OptimizerKind::GaLoreAdamW),
-        infos_(params.infos()),
-        size_(params.size()),
+        infos_(shards_.infos()),
+        size_(shards_.whole_size()),
         exec_(layout.exec),
         device_(params.values_tensor().device()),
         states_(eight_bit_ ? std::vector<std::string>{"projection"}
@@ -94,27 +103,35 @@ class GaLore : public ZooOptimizer<T> {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[galore] the GPU steps float");
     projection_ = states_.get("projection");
     if (!eight_bit_) exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
-    std::vector<int64_t> sizes;  // the 8-bit moments of the tensors this rank steps
+    // The 8-bit moments of the tensors this rank steps: a segment per tensor, and per expert
+    // of a stacked expert tensor (is_stacked_experts), whose blocks thus restart at each
+    // expert's first element as separate tensors' do.
+    std::vector<int64_t> sizes;
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
       plans_.push_back(plan(infos_[pi], config.zoo));
-      sizes.push_back(shards_.held(pi) ? plans_.back().low_size(infos_[pi].numel) : 0);
+      segment_.push_back(sizes.size());
+      const int64_t each = segment_numel(pi);
+      for (int64_t e = 0; e < segments(pi); ++e) sizes.push_back(shards_.held(pi) ? each : 0);
     }
     if (eight_bit_) moments_ = std::make_unique<Adam8bitMoments>(config, sizes, exec_, device_);
   }
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     const T* grads = params.grads();
-    if (shards_.sharded()) grads = gather_gradients(params);
+    if (shards_.viewed()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
+    T* values = shards_.values(params);
     for (size_t pi = 0; pi < infos_.size(); ++pi) {
       if (!shards_.held(pi)) continue;
       const ParamInfo& p = infos_[pi];
       const Projection& pr = plans_[pi];
-      T* w = params.values() + p.offset;
+      T* w = values + p.offset;
       const T* g = grads + p.offset;
       const double wd = p.weight_decay ? cfg_.weight_decay : 0.0;
+      const int64_t each = segment_numel(pi);
       if (!pr.galore && eight_bit_) {  // bitsandbytes' Adam8bit, its decay included
-        moments_->step(pi, w, g, lr, wd, step);
+        for (int64_t e = 0; e < segments(pi); ++e)
+          moments_->step(segment_[pi] + size_t(e), w + e * each, g + e * each, lr, wd, step);
         continue;
       }
       const int64_t n = pr.low_size(p.numel);
@@ -139,7 +156,8 @@ class GaLore : public ZooOptimizer<T> {
       ops::zero(exec_, update, size_t(n));
       T step_scale = T(1);
       if (eight_bit_) {
-        moments_->step(pi, update, r, lr, 0.0, step);
+        for (int64_t e = 0; e < segments(pi); ++e)
+          moments_->step(segment_[pi] + size_t(e), update + e * each, r + e * each, lr, 0.0, step);
       } else {
         adam_direction(r, exp_avg_ + shards_.at(pi), exp_avg_sq_ + shards_.at(pi), update, n);
         const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
@@ -178,6 +196,7 @@ class GaLore : public ZooOptimizer<T> {
         if (wd > 0) w[i] += decay * w[i];
       }
     }
+    shards_.keep_values(params);
   }
 
   int64_t state_bytes() const override {
@@ -190,7 +209,7 @@ class GaLore : public ZooOptimizer<T> {
     return {"projection", "state1", "state2", "absmax1", "absmax2"};
   }
   T* state_buffer(const std::string& name) override {
-    if (!shards_.sharded()) return whole_state(name);
+    if (!shards_.viewed()) return whole_state(name);
     const bool held = compact(name);
     return shards_.view(name, held ? states_.get(name) : whole_state(name), held);
   }
@@ -205,6 +224,23 @@ class GaLore : public ZooOptimizer<T> {
         [&](const std::string& name, const T* whole) {  // import_views reads it
           ops::copy(exec_, whole_state(name), whole, size_t(size_));
         });
+  }
+
+  // The tensors GaLore steps whole when tensor parallelism splits them: the projected
+  // matrices, and under the 8-bit variant every tensor (its blocks are the whole tensor's).
+  static std::function<bool(const ParamInfo&)> whole_tensors(const OptimizerConfig& config) {
+    const bool eight_bit = config.kind != OptimizerKind::GaLoreAdamW;
+    const ZooConfig z = config.zoo;
+    return [eight_bit, z](const ParamInfo& p) { return eight_bit || plan(p, z).galore; };
+  }
+
+  // The 8-bit moments' segments of tensor pi (one per expert of a stacked expert tensor) and
+  // the elements of each (the projected ones' for a projected tensor).
+  int64_t segments(size_t pi) const {
+    return is_stacked_experts(infos_[pi]) ? infos_[pi].shape[0] : 1;
+  }
+  int64_t segment_numel(size_t pi) const {
+    return plans_[pi].low_size(infos_[pi].numel) / segments(pi);
   }
 
   // Whether state `name` lives in states_ (compact under the distributed optimizer), not in
@@ -282,11 +318,12 @@ class GaLore : public ZooOptimizer<T> {
   void export_views() {
     moments_->download();
     views_.assign(4, std::vector<T>(size_t(size_), T(0)));
-    for (size_t pi = 0; pi < infos_.size(); ++pi) {
-      const int64_t o = infos_[pi].offset;
-      moments_->save<T>(pi, {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o,
-                             views_[3].data() + o});
-    }
+    for (size_t pi = 0; pi < infos_.size(); ++pi)
+      for (int64_t e = 0; e < segments(pi); ++e) {
+        const int64_t o = infos_[pi].offset + e * segment_numel(pi);
+        moments_->save<T>(segment_[pi] + size_t(e), {views_[0].data() + o, views_[1].data() + o,
+                                                     views_[2].data() + o, views_[3].data() + o});
+      }
     if (!exec_.on_gpu()) return;
     gpu_views_.clear();
     for (const std::vector<T>& v : views_) {
@@ -299,13 +336,14 @@ class GaLore : public ZooOptimizer<T> {
     for (size_t i = 0; i < gpu_views_.size(); ++i)
       ops::download(exec_, views_[i].data(), gpu_views_[i].template data<T>(), views_[i].size());
     gpu_views_.clear();
-    for (size_t pi = 0; pi < infos_.size(); ++pi) {
-      const int64_t o = infos_[pi].offset;
-      moments_->load<T>(
-          pi,
-          {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o, views_[3].data() + o},
-          infos_[pi].name);
-    }
+    for (size_t pi = 0; pi < infos_.size(); ++pi)
+      for (int64_t e = 0; e < segments(pi); ++e) {
+        const int64_t o = infos_[pi].offset + e * segment_numel(pi);
+        moments_->load<T>(segment_[pi] + size_t(e),
+                          {views_[0].data() + o, views_[1].data() + o, views_[2].data() + o,
+                           views_[3].data() + o},
+                          infos_[pi].name);
+      }
     views_.clear();
     moments_->upload();
   }
@@ -320,6 +358,7 @@ class GaLore : public ZooOptimizer<T> {
   ops::Exec exec_;
   Device device_;
   std::vector<Projection> plans_;
+  std::vector<size_t> segment_;  // per tensor, its first 8-bit segment
   ZooStates<T> states_;
   T *projection_ = nullptr, *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // looked up once
   std::unique_ptr<Adam8bitMoments> moments_;
@@ -334,11 +373,6 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_galore(const OptimizerConfig& config,
                                              const ParameterSet<T>& params,
                                              const ZooLayout<T>& layout) {
-  OMNI_REQUIRE(!layout.tensor_parallel || layout.tensor_parallel->size() == 1, "--optimizer ",
-               zoo_optimizer_name(config.kind), " with --tensor-model-parallel-size ",
-               layout.tensor_parallel ? layout.tensor_parallel->size() : 1,
-               ": not built yet: the top singular vectors of a slice's gradient are not a slice of "
-               "the whole matrix's; use --tensor-model-parallel-size 1");
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.galore_rank >= 1, "--galore-rank must be at least 1 (got ", z.galore_rank, ")");
   OMNI_REQUIRE(z.galore_update_proj_gap >= 1, "--galore-update-proj-gap must be at least 1 (got ",

@@ -29,7 +29,11 @@
 // tensors, which checkpoints skip, nor the word embeddings) of preconditioners.0,
 // preconditioners.1, ... as one stream, whose last element is a fingerprint of this rank's blocks.
 // A checkpoint therefore resumes Shampoo under the pipeline layout that saved it; another is
-// refused by name.
+// refused by name. Under tensor parallelism each split tensor is assembled and preconditioned
+// whole on every rank of its slices group (WholeTensorStates, optimizer_zoo.h), the stream laid
+// over the whole tensors as at one rank, each rank's checkpoint view its slices: so it
+// resumes across tensor-parallel sizes too, where they pad the vocabulary alike (otherwise the
+// embeddings' blocks differ, and the fingerprint refuses it).
 //
 // Under the distributed optimizer Shampoo shards by whole tensors, as GaLore does
 // (zoo_galore.cpp): each rank steps every tensor it holds a piece of whole, from the gathered
@@ -77,21 +81,21 @@ class Shampoo : public ZooOptimizer<T> {
   Shampoo(const OptimizerConfig& config, const ParameterSet<T>& params, const ZooLayout<T>& layout)
       : cfg_(config),
         layout_(layout),
-        size_(params.size()),
         exec_(layout.exec),
         device_(params.values_tensor().device()),
-        shards_(params, layout),
+        shards_(params, layout, [](const ParamInfo&) { return true; }),
+        size_(shards_.whole_size()),
         states_({"exp_avg", "exp_avg_sq"}, shards_.size(), device_, exec_.memory()) {
     OMNI_REQUIRE(!exec_.on_gpu() || (std::is_same_v<T, float>), "[shampoo] the GPU steps float");
     exp_avg_ = states_.get("exp_avg"), exp_avg_sq_ = states_.get("exp_avg_sq");
     const int64_t dmax = config.zoo.shampoo_max_preconditioner_dim;
     int64_t pool = 0, local = 0;
     uint64_t hash = 1469598103934665603ull;
-    const std::vector<ParamInfo>& infos = params.infos();
+    const std::vector<ParamInfo>& infos = shards_.infos();
     for (size_t pi = 0; pi < infos.size(); ++pi) {
       const ParamInfo& p = infos[pi];
       // A later pipeline stage's copy of tied embeddings is not saved (the first stage's is).
-      if (p.name != "embedding.word_embeddings.weight" || params.infos().size() == 1)
+      if (p.name != "embedding.word_embeddings.weight" || infos.size() == 1)
         for (int64_t i = 0; i < p.numel; ++i) saved_.push_back(p.offset + i);
       // An MoE layer's stacked experts are one matrix per expert (is_expert_matrices), each
       // with its own blocks.
@@ -134,16 +138,17 @@ class Shampoo : public ZooOptimizer<T> {
 
   void step(ParameterSet<T>& params, double lr, int64_t step) override {
     const T* grads = params.grads();
-    if (shards_.sharded()) grads = gather_gradients(params);
+    if (shards_.viewed()) grads = gather_gradients(params);
     if (!views_.empty()) import_views();
+    T* values = shards_.values(params);
     const double b1 = cfg_.adam_beta1, b2 = cfg_.adam_beta2;
     const double c1 = 1.0 - std::pow(b1, double(step)), c2 = 1.0 - std::pow(b2, double(step));
     const int64_t freq = cfg_.zoo.shampoo_update_freq;
     const bool roots = step % freq == 0, precondition = step >= freq;
     if (exec_.on_gpu()) {
       for (const Block& b : blocks_)
-        if (shards_.held(b.param)) gpu_step(b, grads, params, lr, c1, c2, roots, precondition);
-      return;
+        if (shards_.held(b.param)) gpu_step(b, grads, values, lr, c1, c2, roots, precondition);
+      return shards_.keep_values(params);
     }
     for (const Block& b : blocks_) {
       if (!shards_.held(b.param)) continue;
@@ -196,8 +201,9 @@ class Shampoo : public ZooOptimizer<T> {
         for (T& x : s_) x *= graft;
         direction = &s_;
       }
-      apply(b, *direction, params.values(), lr);
+      apply(b, *direction, values, lr);
     }
+    shards_.keep_values(params);
   }
 
   std::vector<std::string> state_names() const override {
@@ -206,7 +212,7 @@ class Shampoo : public ZooOptimizer<T> {
     return names;
   }
   T* state_buffer(const std::string& name) override {
-    if (!shards_.sharded()) return whole_state(name);
+    if (!shards_.viewed()) return whole_state(name);
     const bool held = compact(name);
     return shards_.view(name, held ? states_.get(name) : whole_state(name), held);
   }
@@ -241,7 +247,7 @@ class Shampoo : public ZooOptimizer<T> {
   // kernels (backend/gpu/zoo_optimizer.cu), the products through the GPU's GEMM. The inverse
   // roots copy the factor to the host, decompose it there in float64 (zoo_linalg.cpp) and copy
   // the root back, every update_freq steps.
-  void gpu_step(const Block& b, const T* grads, ParameterSet<T>& params, double lr, double c1,
+  void gpu_step(const Block& b, const T* grads, T* values, double lr, double c1,
                 double c2, bool roots, bool precondition) {
     if constexpr (!std::is_same_v<T, float>) {
       ops::detail::gpu_has_no_double("shampoo");
@@ -306,12 +312,12 @@ class Shampoo : public ZooOptimizer<T> {
         graft = double(T(std::sqrt(adam_norm) / (std::sqrt(s_norm) + 1e-16)));
         direction = s;
       }
-      T* w = block_of(params.values(), wb_, b.offset);
+      T* w = block_of(values, wb_, b.offset);
       ops::ZooStep apply;
       apply.kind = ops::ZooUpdate::ShampooApply;
       apply.lr = float(T(lr)), apply.wd = float(T(b.decay)), apply.scale = float(graft);
       e.gpu->zoo_update(apply, w, direction, direction, nullptr, nullptr, size_t(n));
-      store(w, params.values(), b.offset);
+      store(w, values, b.offset);
     }
   }
 
@@ -396,8 +402,10 @@ class Shampoo : public ZooOptimizer<T> {
     if (exec_.on_gpu()) pool_.resize(size_t(pool_size_));
     OMNI_REQUIRE(views_.back()[size_t(saved_.back())] == fingerprint_,
                  "--optimizer shampoo: the checkpoint's preconditioners were laid out for other "
-                 "tensors (another model or pipeline layout); resume with the layout that saved "
-                 "them, or with --no-load-optim");
+                 "tensors (another model, pipeline layout, or padded vocabulary: tensor "
+                 "parallelism pads it to a multiple of --make-vocab-size-divisible-by times "
+                 "--tensor-model-parallel-size); resume with the layout that saved them, or with "
+                 "--no-load-optim");
     for (const Block& b : blocks_)
       if (shards_.held(b.param))
         for (int64_t j = 0; j < b.pool_size(); ++j) {
@@ -430,10 +438,10 @@ class Shampoo : public ZooOptimizer<T> {
 
   OptimizerConfig cfg_;
   ZooLayout<T> layout_;
-  int64_t size_;
   ops::Exec exec_;
   Device device_;
   WholeTensorStates<T> shards_;  // which tensors this rank steps, where their moments lie
+  int64_t size_;                 // the flat buffer's elements, as shards_.infos() lay it out
   ZooStates<T> states_;
   T *exp_avg_ = nullptr, *exp_avg_sq_ = nullptr;  // states_'s, looked up once
   std::vector<Block> blocks_;
@@ -455,7 +463,6 @@ template <typename T>
 std::shared_ptr<ZooOptimizer<T>> make_shampoo(const OptimizerConfig& config,
                                               const ParameterSet<T>& params,
                                               const ZooLayout<T>& layout) {
-  require_whole_layout(config.kind, layout);
   const ZooConfig& z = config.zoo;
   OMNI_REQUIRE(z.shampoo_update_freq >= 1, "--shampoo-update-freq must be at least 1 (got ",
                z.shampoo_update_freq, ")");

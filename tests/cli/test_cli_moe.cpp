@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/error.h"
@@ -128,34 +129,48 @@ TEST(CliMoE, TheExpertBiasIsSavedAndAResumedRunGoesOnAsTheStraightOne) {
 // A checkpoint of an MoE model holds the zoo's states with each expert a tensor of its own,
 // and says so ("optimizer_experts separate"); one without that line came from before, when
 // adam8bit's blocks ran across the experts (and Muon and GaLore stepped them with AdamW), and
-// resuming its states is refused rather than read in the wrong layout.
+// resuming its states is refused rather than read in the wrong layout. galoreadamw8bit's
+// projected 8-bit moments restarted their blocks at each expert later ("optimizer_experts
+// separate blocks"): its checkpoints saying only "separate" are refused likewise, adam8bit's
+// resume.
 TEST(CliMoE, ZooStatesOfTheEarlierExpertLayoutAreRefusedOnResume) {
-  const std::string dir = ::testing::TempDir() + "omnitron_cli_moe_zoo_layout";
-  fs::remove_all(dir);
-  const std::string run =
-      "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 --optimizer "
-      "adam8bit --eval-iters 0 --no-progress ";
-  ASSERT_EQ(run_omnitron(run + "--train-iters 2 --save " + dir).exit_code, 0);
-  const ProcessResult resumed = run_omnitron(run + "--train-iters 3 --load " + dir);
-  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
-  // The same checkpoint as an earlier omnitron wrote it.
-  const std::string md = dir + "/iter_0000002/metadata.txt";
-  std::ifstream in(md);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string lines = text.str();
-  const std::string line = "optimizer_experts separate\n";
-  ASSERT_NE(lines.find(line), std::string::npos) << lines.substr(0, 200);
-  lines.erase(lines.find(line), line.size());
-  in.close();
-  std::ofstream(md) << lines;
-  const ProcessResult refused = run_omnitron(run + "--train-iters 3 --load " + dir);
-  EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find("holds adam8bit state from before omnitron stepped each MoE "
-                                "expert as a tensor of its own"),
-            std::string::npos)
-      << refused.output;
-  EXPECT_EQ(run_omnitron(run + "--train-iters 3 --no-load-optim --load " + dir).exit_code, 0);
+  for (const auto& [optimizer, earlier, refusal] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"adam8bit", "", "stepped each MoE expert as a tensor of its own"},
+           {"adam8bit", "optimizer_experts separate\n", ""},
+           {"galoreadamw8bit --galore-rank 4 --adam8bit-min-8bit-size 16",
+            "optimizer_experts separate\n", "restarted its 8-bit blocks at each MoE expert"}}) {
+    const std::string dir = ::testing::TempDir() + "omnitron_cli_moe_zoo_layout";
+    fs::remove_all(dir);
+    const std::string run =
+        "train --model tiny_mixtral --mock-data --vocab-size 64 --seq-length 16 --optimizer " +
+        optimizer + " --eval-iters 0 --no-progress ";
+    ASSERT_EQ(run_omnitron(run + "--train-iters 2 --save " + dir).exit_code, 0);
+    const ProcessResult resumed = run_omnitron(run + "--train-iters 3 --load " + dir);
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    // The same checkpoint as an earlier omnitron wrote it.
+    const std::string md = dir + "/iter_0000002/metadata.txt";
+    std::ifstream in(md);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string lines = text.str();
+    const std::string line = "optimizer_experts separate blocks\n";
+    ASSERT_NE(lines.find(line), std::string::npos) << lines.substr(0, 200);
+    lines.replace(lines.find(line), line.size(), earlier);
+    in.close();
+    std::ofstream(md) << lines;
+    const ProcessResult again = run_omnitron(run + "--train-iters 3 --load " + dir);
+    if (refusal.empty()) {
+      EXPECT_EQ(again.exit_code, 0) << optimizer << " " << earlier << again.output;
+      continue;
+    }
+    EXPECT_EQ(again.exit_code, 2) << again.output;
+    const std::string name = optimizer.substr(0, optimizer.find(' '));
+    EXPECT_NE(again.output.find("holds " + name + " state from before omnitron " + refusal),
+              std::string::npos)
+        << again.output;
+    EXPECT_EQ(run_omnitron(run + "--train-iters 3 --no-load-optim --load " + dir).exit_code, 0);
+  }
 }
 
 TEST(CliMoE, WhatIsNotBuiltIsRefusedInOneLineNamingTheFlags) {

@@ -348,6 +348,17 @@ TEST_F(GpuTraining, ShampooDataParallel2DistributedOptimizerMatchesOneCpuRank) {
                                             "2",           "--shampoo-eps", "1e-4"};
   expect_same_losses(shampoo, {"--use-distributed-optimizer"}, 2);
 }
+// GaLore and Shampoo on tensor-parallel slices: each split tensor assembled on the device over
+// the tp pair and stepped whole (optim/optimizer_zoo.h's WholeTensorStates).
+TEST_F(GpuTraining, GaLoreAndShampooTensorParallel2MatchOneCpuRank) {
+  const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+  expect_same_losses({"--optimizer", "shampoo", "--shampoo-update-freq", "2", "--shampoo-eps",
+                      "1e-4"},
+                     tp2, 2, 1e-6);
+  expect_same_losses({"--optimizer", "galoreadamw8bit", "--galore-rank", "4",
+                      "--galore-update-proj-gap", "2", "--adam8bit-min-8bit-size", "256"},
+                     tp2, 2, 1e-6);
+}
 TEST_F(GpuTraining, SgdWithMomentumMatchesTheCpu) {
   expect_same_losses({"--optimizer", "sgd", "--sgd-momentum", "0.9"}, {}, 1);
 }

@@ -5,7 +5,9 @@
 // optimizer sharded by whole tensors), and a multi-rank run stopped after 3
 // steps and resumed from its checkpoint (the one-rank model's, with the optimizer's state
 // buffers and schedule-free's scalar state) ends with the weights of the run that was not
-// stopped, bit for bit. Shampoo takes its roots every 2 steps, with epsilon 1e-4: at 1e-12 the
+// stopped, bit for bit. Under tensor parallelism GaLore and Shampoo assemble each split
+// matrix over the tp pair and step it whole (optim/optimizer_zoo.h's WholeTensorStates).
+// Shampoo takes its roots every 2 steps, with epsilon 1e-4: at 1e-12 the
 // roots of its rank-deficient early factors turn the layouts' rounding differences into 1e-5.
 #ifdef OMNITRON_MPI_CHECK
 
@@ -106,7 +108,10 @@ INSTANTIATE_TEST_SUITE_P(Mpi, ZooLayouts,
                                            Case{"shampoo", "--pipeline-model-parallel-size 2"},
                                            Case{"adamwschedulefree", ""}, Case{"lamb", ""},
                                            Case{"adamwschedulefree", "--use-distributed-optimizer"},
-                                           Case{"shampoo", "--use-distributed-optimizer"}),
+                                           Case{"shampoo", "--use-distributed-optimizer"},
+                                           Case{"shampoo", "--tensor-model-parallel-size 2"},
+                                           Case{"galoreadamw8bit",
+                                                "--tensor-model-parallel-size 2"}),
                          [](const auto& info) { return name_of(info.param); });
 
 }  // namespace
