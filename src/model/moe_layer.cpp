@@ -1,6 +1,7 @@
 #include "model/moe_layer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <type_traits>
 
@@ -21,9 +22,21 @@ void validate_moe_config(const TransformerConfig& c) {
   OMNI_REQUIRE(!(k == 1 && softmax && !c.moe_router_pre_softmax),
                "--moe-router-topk 1 with --moe-router-score-function softmax needs "
                "--moe-router-pre-softmax (a softmax over one expert is constant)");
-  OMNI_REQUIRE(c.moe_router_topk_scaling_factor >= 0,
-               "--moe-router-topk-scaling-factor must be positive (got ",
-               c.moe_router_topk_scaling_factor, ")");
+  // The real-valued flags: NaN fails every comparison and would slip past a `< 0` test
+  // (a NaN or negative capacity factor read as dropless, an infinite loss weight as a
+  // non-finite gradient at the first step), so each is asked to be finite and not negative.
+  const auto finite_not_negative = [](const char* flag, double v, const char* zero) {
+    OMNI_REQUIRE(std::isfinite(v) && v >= 0, flag, " must be a finite number, 0 or more (", zero,
+                 "; got ", v, ")");
+  };
+  finite_not_negative("--moe-router-topk-scaling-factor", c.moe_router_topk_scaling_factor,
+                      "0: no scaling");
+  finite_not_negative("--moe-expert-capacity-factor", c.moe_expert_capacity_factor,
+                      "0: dropless");
+  finite_not_negative("--moe-aux-loss-coeff", c.moe_aux_loss_coeff, "0: off");
+  finite_not_negative("--moe-z-loss-coeff", c.moe_z_loss_coeff, "0: off");
+  finite_not_negative("--moe-router-bias-update-rate", c.moe_router_bias_update_rate,
+                      "0: a fixed bias");
   if (c.moe_router_group_topk > 0) {
     const int G = c.moe_router_num_groups, g = c.moe_router_group_topk;
     OMNI_REQUIRE(G > 0, "--moe-router-group-topk (", g, ") needs --moe-router-num-groups");
@@ -39,15 +52,13 @@ void validate_moe_config(const TransformerConfig& c) {
   OMNI_REQUIRE(!c.moe_router_enable_expert_bias || !softmax,
                "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid "
                "(Megatron's aux-loss-free balancing biases sigmoid scores only)");
-  OMNI_REQUIRE(c.moe_router_bias_update_rate >= 0,
-               "--moe-router-bias-update-rate must not be negative (got ",
-               c.moe_router_bias_update_rate, ")");
-  OMNI_REQUIRE(c.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff must not be negative (got ",
-               c.moe_aux_loss_coeff, ")");
-  OMNI_REQUIRE(c.moe_z_loss_coeff >= 0, "--moe-z-loss-coeff must not be negative (got ",
-               c.moe_z_loss_coeff, ")");
   OMNI_REQUIRE(!c.moe_pad_expert_input_to_capacity || c.moe_expert_capacity_factor > 0,
                "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  // Megatron ignores the gate without a shared expert; a run asking for it would silently
+  // train without the gated shared expert it names.
+  OMNI_REQUIRE(!c.moe_shared_expert_gate || c.moe_shared_expert_intermediate_size != 0,
+               "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (there is "
+               "no shared expert to gate)");
   if (c.moe_shared_expert_intermediate_size != 0) {
     OMNI_REQUIRE(c.moe_shared_expert_intermediate_size > 0,
                  "--moe-shared-expert-intermediate-size must be positive (got ",

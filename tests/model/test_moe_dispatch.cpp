@@ -6,7 +6,9 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/moe_ops.h"
@@ -316,6 +318,35 @@ TEST(MoEConfig, TopOneSoftmaxNeedsPreSoftmax) {
   c.moe_router_topk = 1;
   expect_refused(c, "--moe-router-pre-softmax");
   c.moe_router_pre_softmax = true;
+  EXPECT_NO_THROW(validate_moe_config(c));
+}
+// NaN passes no comparison: a NaN or negative capacity factor was read as dropless and an
+// infinite loss weight failed at the first step's gradient norm; each is refused up front.
+TEST(MoEConfig, RealValuedFlagsMustBeFiniteAndNotNegative) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const auto& [flag, field] : std::vector<std::pair<std::string, double TransformerConfig::*>>{
+           {"--moe-expert-capacity-factor", &TransformerConfig::moe_expert_capacity_factor},
+           {"--moe-aux-loss-coeff", &TransformerConfig::moe_aux_loss_coeff},
+           {"--moe-z-loss-coeff", &TransformerConfig::moe_z_loss_coeff},
+           {"--moe-router-topk-scaling-factor", &TransformerConfig::moe_router_topk_scaling_factor},
+           {"--moe-router-bias-update-rate", &TransformerConfig::moe_router_bias_update_rate}}) {
+    for (const double v : {-1.0, nan, inf}) {
+      TransformerConfig c = valid_moe();
+      c.*field = v;
+      expect_refused(c, flag + " must be a finite number, 0 or more");
+    }
+    TransformerConfig c = valid_moe();
+    c.*field = 0.5;
+    EXPECT_NO_THROW(validate_moe_config(c)) << flag;
+  }
+}
+TEST(MoEConfig, SharedExpertGateWithoutSharedExpertIsRefused) {
+  TransformerConfig c = valid_moe();
+  c.moe_shared_expert_gate = true;
+  expect_refused(c, "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+  c.moe_shared_expert_intermediate_size = 16;
+  c.add_bias_linear = false;
   EXPECT_NO_THROW(validate_moe_config(c));
 }
 TEST(MoEConfig, GroupTopKWithoutGroupsIsRefused) {
