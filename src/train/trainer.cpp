@@ -322,7 +322,7 @@ ParameterSet<float>& Trainer::optimizer_params() {
   return std::get<std::unique_ptr<Staged<float>>>(model_)->model.params();
 }
 
-RankState Trainer::rank_state(bool with_optimizer) {
+RankState Trainer::rank_state(bool with_optimizer, bool reading) {
   // One replica (the first data- and context-parallel rank) writes each model slice, the
   // first tensor-parallel rank the tensors all hold whole (the first expert tensor-parallel
   // rank the experts' fc2 biases), the first stage tied embeddings;
@@ -332,7 +332,9 @@ RankState Trainer::rank_state(bool with_optimizer) {
   const bool replica = grid_->dp_rank() == 0 && grid_->cp_rank() == 0;
   // What a replica writes: all it holds, less the experts where another rank of its expert
   // data-parallel group writes them (a tp rank past the first, with whole experts: ETP 1).
-  const bool other_writes_experts = expert_grads_ && grid_->expert_dp().rank() != 0;
+  // A read fills all the rank holds: each rank holding the same experts reads them (and
+  // their optimizer states), not only the one that writes them.
+  const bool other_writes_experts = expert_grads_ && grid_->expert_dp().rank() != 0 && !reading;
   auto replica_spans = [&](float* data) {
     if (!other_writes_experts) return std::vector<FlatSpan>{{0, n, data}};
     std::vector<FlatSpan> spans;
@@ -358,7 +360,8 @@ RankState Trainer::rank_state(bool with_optimizer) {
   }
   // Expert parallelism: the first expert-data-parallel rank of each expert-parallel rank
   // writes its experts (the first data-parallel rank writes all it holds above).
-  const bool expert_writer = expert_grads_ && grid_->expert_dp().rank() == 0 && !replica && !zero_;
+  const bool expert_writer =
+      expert_grads_ && grid_->expert_dp().rank() == 0 && !replica && !zero_ && !reading;
   auto expert_spans = [&](float* data) {
     std::vector<FlatSpan> spans;
     for (const ShardRange& r : expert_grads_->ranges())
@@ -417,7 +420,7 @@ void Trainer::load(const std::string& dir) {
     const bool states = with_optimizer && reader.optimizer().name != "none";
     const OptimizerKind kind = optimizer_ ? optimizer_->kind() : dist_optimizer_->kind();
     if (states) reader.check_optimizer(checkpoint_optimizer_name(kind));
-    reader.read(rank_state(states));
+    reader.read(rank_state(states, true));
     if (states) {
       if (optimizer_) {
         optimizer_->set_steps(reader.optimizer().steps);

@@ -162,7 +162,8 @@ class Trainer {
   std::function<double(const float*, size_t)> sum_squares_op() const;
   // What this rank holds and writes of the model and (with_optimizer) its optimizer's
   // states, for sharded checkpoints (checkpoint/sharded_checkpoint.h).
-  RankState rank_state(bool with_optimizer);
+  // reading: what a --load fills, all this rank holds (writing: its share of the one copy).
+  RankState rank_state(bool with_optimizer, bool reading = false);
   // --async-save: publishes the pending save once every rank's files are durable (`wait`:
   // waits for them). Collective.
   void finish_save(MetricsSink& sink, bool wait);

@@ -935,6 +935,62 @@ TEST(ExpertParallelTraining, CheckpointsReshardBetweenExpertTensorLayouts) {
   expect_same_state(etp1, back);
 }
 
+// The largest difference between any rank's copy of any parameter after `flags` and the
+// one-rank model `ref` (each rank's values, not one assembled copy: ranks holding the same
+// experts must all hold them).
+double worst_rank_param_difference(int ranks, const std::vector<std::string>& flags,
+                                   const Run& ref) {
+  double worst = 0;
+  std::mutex mu;
+  run_ranks(ranks, [&](Communicator& world) {
+    const Options o = options(ranks, flags);
+    Trainer t(o, make_mock_data(o.model.vocab_size, uint64_t(o.seed)), 0, std::nullopt, &world);
+    MetricsSink sink("", false, nullptr);
+    t.run(sink);
+    std::lock_guard<std::mutex> lock(mu);
+    const ParameterSet<float>& ps = t.model().params();
+    for (const ParamInfo& p : ps.infos()) {
+      auto it = std::find_if(ref.params.begin(), ref.params.end(),
+                             [&](const auto& e) { return e.first == p.name; });
+      if (it == ref.params.end()) continue;
+      const int64_t whole = int64_t(it->second.size());
+      ParameterSet<float>::for_each_run(p, [&](int64_t local, int64_t global, int64_t n) {
+        for (int64_t i = 0; i < n && global + i < whole; ++i)
+          worst = std::max(worst, double(std::abs(ps.values()[p.offset + local + i] -
+                                                  it->second[size_t(global + i)])));
+      });
+    }
+  });
+  return worst;
+}
+
+// Resumed at layouts where several ranks hold the same experts (ETP 1 under TP 2: each tp
+// rank whole experts; EP 2 x DP 2: each expert-parallel rank's experts on two replicas):
+// every such rank reads them and their optimizer states, not only the one that writes them,
+// so one more step lands where the straight one-rank run does. (Each rank past the writer
+// kept its initial experts and moments: its tokens saw stale experts, its Adam a fresh start.)
+TEST(ExpertParallelTraining, EveryRankHoldingTheExpertsReadsThemOnResume) {
+  const std::string one = ::testing::TempDir() + "omnitron_ep_every_reader_one";
+  fs::remove_all(one);
+  const auto straight = train(1, {"--lr-decay-style", "constant", "--train-iters", "4"});
+  train(1, {"--lr-decay-style", "constant", "--save", one});
+  double largest = 0;
+  for (const auto& [name, values] : straight.params)
+    for (float v : values) largest = std::max(largest, double(std::abs(v)));
+  for (const auto& [ranks, layout] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {2, with_tp2_etp1({})}, {4, {"--expert-model-parallel-size", "2"}}}) {
+    for (const bool distributed : {false, true}) {
+      std::vector<std::string> flags = {"--lr-decay-style", "constant", "--train-iters", "4",
+                                        "--load", one};
+      flags.insert(flags.begin(), layout.begin(), layout.end());
+      if (distributed) flags.push_back("--use-distributed-optimizer");
+      const double worst = worst_rank_param_difference(ranks, flags, straight);
+      EXPECT_LE(worst, 1e-5 * largest) << layout[0] << (distributed ? " distributed" : "");
+    }
+  }
+  fs::remove_all(one);
+}
+
 // Saved at ETP 2 over DP 2 (TP 1: each rank writes its slice of every expert, the first the
 // dense tensors), loaded at one rank and saved, loaded at `back` (4 ranks) and saved: the same
 // state bit for bit each time, each element written once (at `back` too with `back_once`).
