@@ -3,6 +3,7 @@
 // (model/moe_layer.h checks them). In the group "model": stored with a checkpoint's weights.
 // What is not built (expert tensor parallelism that does not divide TP, other score functions
 // and balancing losses) is refused naming the flag.
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -145,6 +146,29 @@ void finalize_moe(Options& o) {
   }
   const int tp = o.tensor_model_parallel_size;
   check_expert_tensor_parallel(o.model, tp, o.expert_tensor_parallel_size, o.sequence_parallel);
+  // A capacity factor where each rank routes its own share of a micro-batch (context
+  // parallelism; ETP below TP, each block of ETP ranks its sequence-parallel rows) counts the
+  // capacity over that rank's tokens, as Megatron-Core's router does: not a one-rank run's
+  // drops. Where the ranks route whole micro-batches (TP = ETP gathers them, ETP above TP, EP,
+  // PP) the drops are one rank's.
+  const int etp_set = o.expert_tensor_parallel_size;
+  if (o.model.moe_expert_capacity_factor > 0 &&
+      (o.context_parallel_size > 1 || (etp_set > 0 && etp_set < tp))) {
+    std::string layout;
+    if (o.context_parallel_size > 1)
+      layout = "--context-parallel-size " + std::to_string(o.context_parallel_size);
+    if (etp_set > 0 && etp_set < tp)
+      layout += (layout.empty() ? "" : " and ") + std::string("--expert-tensor-parallel-size ") +
+                std::to_string(etp_set) + " below --tensor-model-parallel-size " +
+                std::to_string(tp);
+    const std::string note =
+        "note: --moe-expert-capacity-factor " + format_number(o.model.moe_expert_capacity_factor) +
+        " with " + layout +
+        ": each rank counts its capacity over the tokens it routes (its share of each "
+        "micro-batch), as Megatron-Core does, so which tokens an expert drops differs from a "
+        "one-rank run";
+    if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end()) o.notes.push_back(note);
+  }
 }
 
 void add_moe_options(std::vector<OptionDef>& t) {

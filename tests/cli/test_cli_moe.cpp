@@ -5,6 +5,7 @@
 // what is not built is refused in one line naming the flags.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -284,6 +285,41 @@ TEST(CliMoE, WhatTensorParallelismDoesNotBuildIsRefusedByFinalize) {
       error = e.what();
     }
     EXPECT_EQ(error, message) << flags;
+  }
+}
+
+// A capacity factor where ranks route their own share of each micro-batch (context
+// parallelism; expert tensor parallelism below the tensor-parallel size) counts each rank's
+// capacity over its own tokens, as Megatron-Core does: the drops are not one rank's, and the
+// start says so in one note. Where the ranks route the whole micro-batch (TP = ETP, ETP above
+// TP, EP, PP) they are one rank's, and there is no note.
+TEST(CliMoE, ACapacityFactorOverRanksRoutingTheirOwnTokensIsNoted) {
+  const std::string tail =
+      ": each rank counts its capacity over the tokens it routes (its share of each "
+      "micro-batch), as Megatron-Core does, so which tokens an expert drops differs from a "
+      "one-rank run";
+  const std::string head = "note: --moe-expert-capacity-factor 1.5 with ";
+  for (const auto& [flags, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"--context-parallel-size 2", "--context-parallel-size 2"},
+           {"--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1",
+            "--expert-tensor-parallel-size 1 below --tensor-model-parallel-size 2"},
+           {"--tensor-model-parallel-size 2 --sequence-parallel", ""},
+           {"--expert-tensor-parallel-size 2", ""},
+           {"--expert-model-parallel-size 2", ""}}) {
+    Options o;
+    std::vector<std::string> args = {"--num-experts", "4", "--mock-data", "--vocab-size", "64",
+                                     "--disable-bias-linear", "--moe-expert-capacity-factor",
+                                     "1.5"};
+    std::istringstream in(flags);
+    for (std::string a; in >> a;) args.push_back(a);
+    parse_options(args, o);
+    finalize(o);
+    const auto noted = [&](const std::string& n) { return n.rfind(head, 0) == 0; };
+    EXPECT_EQ(std::count_if(o.notes.begin(), o.notes.end(), noted), layout.empty() ? 0 : 1)
+        << flags;
+    if (!layout.empty()) {
+      EXPECT_EQ(*std::find_if(o.notes.begin(), o.notes.end(), noted), head + layout + tail);
+    }
   }
 }
 
