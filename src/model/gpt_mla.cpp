@@ -40,10 +40,6 @@ MLATensors<P> mla_tensors(const std::string& a, Get get) {
           get(a + "linear_kv_up_proj.weight")};
 }
 
-std::string attention_prefix(int layer) {
-  return "decoder.layers." + std::to_string(layer) + ".self_attention.";
-}
-
 }  // namespace
 
 template <typename T>
@@ -120,7 +116,7 @@ void GPTModel<T>::mla_forward(int layer, LayerActivations& a, const T* h, const 
   const int N = g.tokens, C = cfg_.hidden_size, H = heads_;
   const int qk = cfg_.qk_head_dim, pe = cfg_.qk_pos_emb_head_dim, vd = cfg_.v_head_dim;
   const int ql = cfg_.q_lora_rank, kvl = cfg_.kv_lora_rank, hd = qk + pe, kvw = qk + vd;
-  const auto p = mla_tensors<T>(attention_prefix(layer),
+  const auto p = mla_tensors<T>(layer_prefix(layer) + "self_attention.",
                                 [&](const std::string& n) { return params_.value_or_null(n); });
   MLAState& m = *a.mla;
   T *q = a.q.template data<T>(), *k = a.k.template data<T>(), *v = a.v.template data<T>();
@@ -166,7 +162,7 @@ const T* GPTModel<T>::mla_backward(int layer, LayerActivations& a, T* dq, T* dk,
   const int N = g.tokens, C = cfg_.hidden_size, H = heads_;
   const int qk = cfg_.qk_head_dim, pe = cfg_.qk_pos_emb_head_dim, vd = cfg_.v_head_dim;
   const int ql = cfg_.q_lora_rank, kvl = cfg_.kv_lora_rank, hd = qk + pe, kvw = qk + vd;
-  const std::string prefix = attention_prefix(layer);
+  const std::string prefix = layer_prefix(layer) + "self_attention.";
   const auto p =
       mla_tensors<T>(prefix, [&](const std::string& n) { return params_.value_or_null(n); });
   const auto gp =

@@ -165,6 +165,16 @@ TEST(MoEModelGradient, MatchesFiniteDifferencesWithMultiTokenPrediction) {
   check_moe_model_gradients(tiny_deepseek_mtp(), 0.5);
 }
 
+// DeepSeek-V3's whole shape: multi-latent attention in the decoder and in the prediction
+// depth's layer too (its tensors under mtp.layers.0.mtp_model_layer.self_attention; the
+// depth's attention once looked them up under decoder.layers.2 and read null weights).
+TEST(MoEModelGradient, MatchesFiniteDifferencesWithMultiTokenPredictionAndLatentAttention) {
+  TransformerConfig c = tiny_deepseek_mtp();
+  c.multi_latent_attention = true, c.q_lora_rank = 6, c.kv_lora_rank = 8;
+  c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4, c.v_head_dim = 6;
+  check_moe_model_gradients(c, 0.5);
+}
+
 TEST(MoEModel, MultiTokenPredictionLayersAreMoELayersReportedAfterTheDecoders) {
   const TransformerConfig c = tiny_deepseek_mtp();
   GPTModel<double> model(c, kBatch, kSeed);
