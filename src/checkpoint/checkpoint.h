@@ -3,7 +3,8 @@
 //
 // An iteration directory holds:
 //   metadata.txt   "omnitron-checkpoint 2", then `key value` lines: iteration,
-//                  consumed_samples, lr_schedule_iteration and lr_schedule_samples (the
+//                  consumed_samples, consumed_valid_samples, lr_schedule_iteration and
+//                  lr_schedule_samples (the
 //                  schedule's position in updates and in samples),
 //                  optimizer (name and step count), rng (none: see below), loss_scaler
 //                  (fp16's scale and trackers, when there is one), the resolved
@@ -52,6 +53,9 @@ namespace omni {
 struct TrainingProgress {
   int64_t iteration = 0;         // completed optimizer steps
   int64_t consumed_samples = 0;  // training samples read (the data position)
+  // Validation samples read (Megatron's consumed_valid_samples): each evaluation continues
+  // through the validation set where the last one stopped.
+  int64_t consumed_valid_samples = 0;
   // The learning-rate schedule's position: the iteration, less the steps fp16 skipped
   // (Megatron advances the schedule only on a successful update). -1: the iteration.
   int64_t lr_schedule_iteration = -1;

@@ -181,6 +181,7 @@ std::string metadata_header(const Options& opts, const TrainingProgress& progres
   md << kMagicSharded << "\n"
      << "iteration " << progress.iteration << "\n"
      << "consumed_samples " << progress.consumed_samples << "\n"
+     << "consumed_valid_samples " << progress.consumed_valid_samples << "\n"
      << "lr_schedule_iteration "
      << (progress.lr_schedule_iteration >= 0 ? progress.lr_schedule_iteration : progress.iteration)
      << "\n";
@@ -247,6 +248,8 @@ Metadata read_metadata(const std::string& root) {
       ls >> md.progress.iteration;
     } else if (key == "consumed_samples") {
       ls >> md.progress.consumed_samples;
+    } else if (key == "consumed_valid_samples") {
+      ls >> md.progress.consumed_valid_samples;
     } else if (key == "lr_schedule_iteration") {
       ls >> md.progress.lr_schedule_iteration;
     } else if (key == "lr_schedule_samples") {

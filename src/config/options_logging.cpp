@@ -14,7 +14,8 @@ void add_logging_options(std::vector<OptionDef>& t) {
   t.push_back(number<int>("--eval-interval", "N", G,
                           "validation every N steps (0: only at the end)",
                           [](Options& o) -> int& { return o.eval_interval; }));
-  t.push_back(number<int>("--eval-iters", "N", G, "validation micro-batches per evaluation",
+  t.push_back(number<int>("--eval-iters", "N", G,
+                          "validation iterations of a global batch each per evaluation",
                           [](Options& o) -> int& { return o.eval_iters; }));
   t.push_back(number<int64_t>("--start-eval-at-iter", "N", G, "no validation before iteration N",
                               [](Options& o) -> int64_t& { return o.start_eval_at_iter; }));

@@ -448,6 +448,7 @@ void Trainer::load(const std::string& dir) {
     lr_samples_ =
         p.lr_schedule_samples >= 0 ? p.lr_schedule_samples : lr_steps_ * opts_.global_batch_size;
     consumed_samples_ = p.consumed_samples;
+    consumed_valid_samples_ = p.consumed_valid_samples;
     if (scaler_ && p.loss_scaler) scaler_->load_state(*p.loss_scaler);
   }
 }
@@ -459,6 +460,7 @@ std::string Trainer::save(MetricsSink& sink) {
              "[zero] a parameter all-gather in flight into a checkpoint's read");
   TrainingProgress progress;
   progress.iteration = iteration_, progress.consumed_samples = consumed_samples_;
+  progress.consumed_valid_samples = consumed_valid_samples_;
   progress.lr_schedule_iteration = lr_steps_;
   progress.lr_schedule_samples = lr_samples_;
   if (scaler_) progress.loss_scaler = scaler_->state();
@@ -713,11 +715,21 @@ void Trainer::add_step_statistics(StepMetrics& m, bool skipped) {
 double Trainer::evaluate() {
   const int mb = opts_.micro_batch_size, n = opts_.eval_iters;
   if (n == 0) return NAN;
-  // Validation micro-batch i of data-parallel rank r: samples (i * dp + r) * mb ...
-  for (int i = 0; i < n; ++i)
-    read_batch(i, (int64_t(i) * grid_->dp_size() + grid_->dp_rank()) * mb, false);
+  // As Megatron's evaluate: --eval-iters iterations of one global batch each (its
+  // --eval-global-batch-size, the training one), read as training reads its batches from
+  // where the last evaluation stopped (consumed_valid_samples, kept in checkpoints), so the
+  // loss is that of the same samples at every layout.
+  const int dp = grid_->dp_size(), accum = opts_.global_batch_size / (mb * dp);
   auto batch = [this](int m) -> const MicroBatch& { return this->batch(m); };
-  return reduce_loss(run_pipeline(n, batch, false, 0.0), n);
+  double loss_sum = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int m = 0; m < accum; ++m)
+      read_batch(m, micro_batch_first_sample(consumed_valid_samples_, m, mb, grid_->dp_rank(), dp),
+                 false);
+    loss_sum += run_pipeline(accum, batch, false, 0.0);
+    consumed_valid_samples_ += opts_.global_batch_size;
+  }
+  return reduce_loss(loss_sum, n * accum);
 }
 
 TrainResult Trainer::run(MetricsSink& sink) {

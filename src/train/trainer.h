@@ -205,6 +205,7 @@ class Trainer {
   int64_t lr_samples_ = 0;        // their samples: the schedule's position (Megatron's num_steps)
   BatchSchedule batch_schedule_;  // the global batch of each step (--rampup-batch-size)
   int64_t consumed_samples_ = 0;
+  int64_t consumed_valid_samples_ = 0;  // Megatron's consumed_valid_samples
   int64_t last_saved_ = -1;
   std::unique_ptr<CheckpointWriter> checkpoint_writer_;
   bool signal_handler_installed_ = false;
