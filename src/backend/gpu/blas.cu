@@ -490,6 +490,7 @@ std::string check_groupable(const GemmProblem* problems, int count) {
   return nonempty == 0 ? "no non-empty problem" : "";
 }
 
+#if defined(OMNITRON_GPU_EMULATE) || defined(OMNI_BLAS_GROUPED)
 // The A, B and C pointer arrays, in that order, in device memory by one copy on the stream (no
 // wait: the runtime stages pageable host memory before it returns; the stream orders the copy
 // after the previous call that read this scratch).
@@ -503,6 +504,7 @@ const void* const* upload_pointers(const GroupedGemmArgs& g, Stream stream) {
                                 static_cast<gpuStream_t>(stream)));
   return static_cast<const void* const*>(device);
 }
+#endif
 
 #if defined(OMNITRON_GPU_EMULATE)
 std::string device_support() {

@@ -25,10 +25,10 @@ namespace blas {
 
 // gpu::scratch() slots the matmul ops use; each is live at the same time as the others within
 // one op call, so they must differ.
-constexpr int kWorkspaceSlot = 8;       // cuBLASLt / hipBLASLt workspace
-constexpr int kColumnSumSlot = 9;       // linear_backward: per-block column sums of dy
-constexpr int kLogitsSlot = 10;         // classifier_cross_entropy: a chunk of float logits
-constexpr int kRowStatisticsSlot = 11;  // classifier_cross_entropy: per-row float64 values
+constexpr int kWorkspaceSlot = 8;         // cuBLASLt / hipBLASLt workspace
+constexpr int kColumnSumSlot = 9;         // linear_backward: per-block column sums of dy
+constexpr int kLogitsSlot = 10;           // classifier_cross_entropy: a chunk of float logits
+constexpr int kRowStatisticsSlot = 11;    // classifier_cross_entropy: per-row float64 values
 constexpr int kGroupedPointersSlot = 13;  // grouped_gemm: the A, B and C pointer arrays
 
 enum class Epilogue {
@@ -94,7 +94,7 @@ void accumulate_weight_grad(float* dw, const void* dy, int ld_dy, const void* x,
 // D = op(A) op(B) is the column-major D^T = op(B)^T op(A)^T), one group of one problem per
 // non-empty GemmProblem. Pointers index a, b and c (device memory on the call: copied there).
 struct GroupedGemmArgs {
-  DType type = DType::F32;  // A, B and C
+  DType type = DType::F32;             // A, B and C
   std::vector<char> trans_a, trans_b;  // 'N' or 'T', of the library's A (our B) and B (our A)
   std::vector<int> m, n, k, lda, ldb, ldc;
   std::vector<float> alpha, beta;

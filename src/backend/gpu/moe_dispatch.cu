@@ -15,8 +15,8 @@ OMNI_GPU_NAMESPACE_BEGIN
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kScratchSlot = 21;   // the shared gate's per-token gradients
-constexpr int kOffsetsSlot = 22;   // the experts' row offsets, for their biases
+constexpr int kScratchSlot = 21;  // the shared gate's per-token gradients
+constexpr int kOffsetsSlot = 22;  // the experts' row offsets, for their biases
 
 inline unsigned grid_of(size_t items) {
   const size_t blocks = (items + kThreads - 1) / kThreads;
@@ -275,9 +275,8 @@ void moe_grouped_linear_backward(T* dx, float* dw, float* dbias, const T* dy, co
     const T* dy_e = dy + size_t(r0) * N;
     const T* w_e = w + size_t(e) * N * K;
     if (dx)
-      dx_problems.push_back(
-          expert_problem(rows, K, N, false, false, dy_e, N, w_e, K, dx + size_t(r0) * K, K, false,
-                         0.0f));
+      dx_problems.push_back(expert_problem(rows, K, N, false, false, dy_e, N, w_e, K,
+                                           dx + size_t(r0) * K, K, false, 0.0f));
     dw_problems.push_back(expert_problem(N, K, rows, true, false, dy_e, N, x + size_t(r0) * K, K,
                                          dw + size_t(e) * N * K, K, true, 1.0f));
   }
