@@ -2,8 +2,8 @@
 // permutation of tokens into the experts' rows and back with the combine weights, read from a
 // plan the host built (MoEDevicePlan), the experts' GEMMs on their rows of one buffer (one
 // grouped library call where blas::grouped_gemm has one, else one linear op per expert), and
-// the shared expert's gate. Gathers only (each output element is written by
-// one thread, summing its token's rows in row order): no atomics, the same bits on every run.
+// the shared expert's gate. Gathers only (each output element is written by one thread, summing
+// its token's rows in row order): no atomics, the same bits on every run.
 #include <cmath>
 #include <vector>
 
