@@ -1,7 +1,8 @@
 // GPU op throughput at the shapes of GPT-2 124M and Llama 3.2 1B training, bf16: TFLOP/s for
 // matmuls and flash attention (causal, FlashAttention's FLOP convention: forward 4*B*H*S^2*D
 // halved for causality, backward 2.5x the forward), GB/s of memory traffic for the
-// bandwidth-bound kernels. Prints figures; never passes or fails.
+// bandwidth-bound kernels; and a Qwen3-MoE-like layer's routed experts as grouped GEMMs against
+// one GEMM per expert. Prints figures; never passes or fails.
 //
 //   build/bench_gpu_ops [--reps N]
 #include <algorithm>
@@ -14,7 +15,9 @@
 #include <vector>
 
 #if defined(OMNITRON_GPU)
+#include "backend/gpu/blas.h"
 #include "backend/gpu/gpu_ops.h"
+#include "backend/gpu/moe_kernels.h"
 
 namespace {
 
@@ -68,14 +71,72 @@ void bench_linear(const char* name, int M, int K, int N) {
   gpu::fill_zero(dw.data(), dw.size() * sizeof(float));
   auto dx = random_device<bf16>(size_t(M) * K);
   const double f = 2.0 * M * K * N;
-  report((std::string(name) + " forward").c_str(),
-         time_ms([&] { gpu::linear_forward<bf16>(y.data(), x.data(), w.data(), nullptr, M, K, N); }), f,
-         0);
+  report((std::string(name) + " forward").c_str(), time_ms([&] {
+           gpu::linear_forward<bf16>(y.data(), x.data(), w.data(), nullptr, M, K, N);
+         }),
+         f, 0);
   report((std::string(name) + " backward (dx, dw)").c_str(), time_ms([&] {
-           gpu::linear_backward<bf16>(dx.data(), dw.data(), nullptr, y.data(), x.data(), w.data(), M, K,
-                                N);
+           gpu::linear_backward<bf16>(dx.data(), dw.data(), nullptr, y.data(), x.data(), w.data(),
+                                      M, K, N);
          }),
          2 * f, 0);
+}
+
+// The routed experts of one MoE layer, forward and backward (dx, dw) of fc1 and fc2, as one
+// grouped GEMM per product (blas::grouped_gemm) and as one GEMM per expert. Qwen3-MoE-like:
+// 16 local experts, hidden 2048, expert FFN 768 (fc1 2 x 768 for SwiGLU), 4096 routed rows
+// spread unevenly (a fixed draw, one expert empty).
+void bench_moe_experts(int experts, int hidden, int ffn, int routed_rows) {
+  std::mt19937 rng(7);
+  std::vector<double> share(experts);
+  for (auto& s : share) s = std::exponential_distribution<double>(1.0)(rng);
+  share[experts / 2] = 0;
+  double total = 0;
+  for (double s : share) total += s;
+  std::vector<int32_t> offsets = {0};
+  for (int e = 0; e < experts; ++e)
+    offsets.push_back(e + 1 == experts ? routed_rows
+                                       : offsets.back() + int(routed_rows * share[e] / total));
+  const int R = routed_rows;
+  auto x = random_device<bf16>(size_t(R) * hidden), h = random_device<bf16>(size_t(R) * 2 * ffn),
+       a = random_device<bf16>(size_t(R) * ffn), y = random_device<bf16>(size_t(R) * hidden);
+  auto w1 = random_device<bf16>(size_t(experts) * 2 * ffn * hidden, 0.02f),
+       w2 = random_device<bf16>(size_t(experts) * hidden * ffn, 0.02f);
+  auto dx = random_device<bf16>(size_t(R) * hidden), da = random_device<bf16>(size_t(R) * ffn);
+  DeviceArray<float> dw1(w1.size()), dw2(w2.size());
+  gpu::fill_zero(dw1.data(), dw1.size() * sizeof(float));
+  gpu::fill_zero(dw2.data(), dw2.size() * sizeof(float));
+  const double f = 2.0 * R * hidden * 3 * ffn;  // fc1 (2 ffn) and fc2 (ffn), forward
+  const int32_t* o = offsets.data();
+  const auto forward = [&] {
+    gpu::moe_grouped_linear_forward<bf16>(h.data(), x.data(), w1.data(), nullptr, o, experts,
+                                          hidden, 2 * ffn);
+    gpu::moe_grouped_linear_forward<bf16>(y.data(), a.data(), w2.data(), nullptr, o, experts, ffn,
+                                          hidden);
+  };
+  const auto backward = [&] {
+    gpu::moe_grouped_linear_backward<bf16>(da.data(), dw2.data(), nullptr, y.data(), a.data(),
+                                           w2.data(), o, experts, ffn, hidden);
+    gpu::moe_grouped_linear_backward<bf16>(dx.data(), dw1.data(), nullptr, h.data(), x.data(),
+                                           w1.data(), o, experts, hidden, 2 * ffn);
+  };
+  const std::string shape = "MoE experts " + std::to_string(experts) + "x(" +
+                            std::to_string(hidden) + "->2x" + std::to_string(ffn) + "->" +
+                            std::to_string(hidden) + ") " + std::to_string(R) + " rows, ";
+  for (bool grouped : {false, true}) {
+    gpu::blas::set_grouped_gemm(grouped);
+    const std::string name = shape + (grouped ? "grouped" : "per expert");
+    report((name + " forward").c_str(), time_ms(forward), f, 0);
+    report((name + " backward (dx, dw)").c_str(), time_ms(backward), 2 * f, 0);
+  }
+  // fc1 and fc2: forward, dx and dw; dw of bf16 into float dW runs per expert (mixed types).
+  const long calls = gpu::blas::grouped_gemm_calls();
+  forward(), backward();
+  std::printf(
+      "  grouped calls in one forward + backward: %ld of 6 products (4 where the device "
+      "has the grouped call)\n",
+      gpu::blas::grouped_gemm_calls() - calls);
+  gpu::blas::set_grouped_gemm(true);
 }
 
 void bench_attention(int batch, int heads, int groups, int seq, int hd) {
@@ -201,6 +262,7 @@ int main(int argc, char** argv) {
     bench_linear("linear 8192x4096x4096", 8192, 4096, 4096);
     bench_linear("GPT-2 qkv 32768x768x2304", 32768, 768, 2304);
     bench_linear("Llama-1B fc1 8192x2048x16384", 8192, 2048, 16384);
+    bench_moe_experts(16, 2048, 768, 4096);
     bench_attention(4, 16, 16, 4096, 128);
     bench_attention(32, 12, 12, 1024, 64);  // GPT-2 124M, micro-batch 32
     bench_attention(4, 32, 8, 2048, 64);    // Llama 3.2 1B, micro-batch 4

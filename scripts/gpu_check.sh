@@ -141,6 +141,11 @@ if [[ -x "$tests" ]]; then
     status=1
   fi
   note "gpu op tests" "$line"
+  # Whether the MoE experts' GEMMs ran as one grouped cuBLAS call here (the GroupedGemm tests
+  # print it; they compare the grouped call with one GEMM per expert either way).
+  grouped=$(grep -m1 '^\[grouped gemm\] this device: ' "$logs/gpu_tests.log" |
+            sed 's/^\[grouped gemm\] this device: //')
+  note "grouped gemm" "${grouped:-not reported (GroupedGemm tests did not run)}"
 else
   note "gpu op tests" "not built"
   status=1

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,7 +70,11 @@
 #endif
 #else
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #define OMNI_BLAS_LT 1
+#if CUBLAS_VERSION >= 120500  // cublasGemmGroupedBatchedEx came with cuBLAS 12.5
+#define OMNI_BLAS_GROUPED 1
+#endif
 #define OMNI_BLAS_NAME "cuBLASLt"
 #define OMNI_BLAS_HAS_ALIGNMENT_PREFERENCES 1
 #define blasStatus_t cublasStatus_t
@@ -456,6 +461,181 @@ void Gemm::run(const GemmProblem& p, void*, size_t, Stream) {
   missing(p);
 }
 #endif
+
+// ---- Grouped GEMM ---------------------------------------------------------------------------
+namespace {
+
+std::atomic<bool> grouped_enabled{true};
+std::atomic<long> grouped_calls{0};
+
+// The grouped call's own rules, the same in every build (the emulator keeps them, so the
+// fallbacks run in tests as they would on a GPU).
+std::string check_groupable(const GemmProblem* problems, int count) {
+  if (!grouped_enabled) return "turned off (set_grouped_gemm)";
+  int nonempty = 0;
+  for (int i = 0; i < count; ++i) {
+    const GemmProblem& p = problems[i];
+    if (const std::string why = check_arguments(p); !why.empty()) return describe(p) + ": " + why;
+    if (p.M == 0 || p.N == 0) continue;
+    ++nonempty;
+    if (p.epilogue != Epilogue::None) return describe(p) + ": the grouped call has no epilogue";
+    if (p.ab_type != problems[0].ab_type || p.d_type != p.ab_type)
+      return describe(p) + ": the grouped call takes one type for A, B and C";
+    if (p.allow_tf32 && p.ab_type == DType::F32) return describe(p) + ": TF32 asked for";
+    // cuBLAS's rule for 16-bit inputs (and every pointer here): 16-byte aligned matrices.
+    for (const void* ptr : {p.A, p.B, static_cast<const void*>(p.D)})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+        return describe(p) + ": a matrix not 16-byte aligned";
+  }
+  return nonempty == 0 ? "no non-empty problem" : "";
+}
+
+#if defined(OMNITRON_GPU_EMULATE) || defined(OMNI_BLAS_GROUPED)
+// The A, B and C pointer arrays, in that order, in device memory by one copy on the stream (no
+// wait: the runtime stages pageable host memory before it returns; the stream orders the copy
+// after the previous call that read this scratch).
+const void* const* upload_pointers(const GroupedGemmArgs& g, Stream stream) {
+  std::vector<const void*> host(g.a);
+  host.insert(host.end(), g.b.begin(), g.b.end());
+  host.insert(host.end(), g.c.begin(), g.c.end());
+  const size_t bytes = host.size() * sizeof(void*);
+  void* device = scratch(bytes, kGroupedPointersSlot);
+  OMNI_GPU_CHECK(gpuMemcpyAsync(device, host.data(), bytes, gpuMemcpyHostToDevice,
+                                static_cast<gpuStream_t>(stream)));
+  return static_cast<const void* const*>(device);
+}
+#endif
+
+#if defined(OMNITRON_GPU_EMULATE)
+std::string device_support() {
+  return {};
+}
+
+// The grouped call on the CPU: reads the arrays as cuBLAS does (the pointers from device
+// memory) and multiplies each group with the emulated Gemm. A column-major C[m, n] = op(A) op(B)
+// is the row-major C^T[n, m] = op(B)^T op(A)^T.
+std::string run_grouped(const GroupedGemmArgs& g, Stream stream) {
+  const void* const* pointers = upload_pointers(g, stream);
+  const int groups = g.groups();
+  for (int i = 0; i < groups; ++i) {
+    GemmProblem p;
+    p.M = g.n[i], p.N = g.m[i], p.K = g.k[i];
+    p.ab_type = p.d_type = g.type;
+    p.A = pointers[groups + i], p.lda = g.ldb[i], p.trans_a = g.trans_b[i] == 'T';
+    p.B = pointers[i], p.ldb = g.lda[i], p.trans_b = g.trans_a[i] == 'T';
+    p.D = const_cast<void*>(pointers[2 * groups + i]), p.ldd = g.ldc[i];
+    p.alpha = g.alpha[i], p.beta = g.beta[i];
+    Gemm::run(p, nullptr, 0, stream);
+  }
+  return {};
+}
+
+#elif defined(OMNI_BLAS_GROUPED)
+// The grouped path is for the GPUs the MoE shapes train on, Ampere (8.0) and later (bf16 needs
+// 8.0): older GPUs keep the per-problem path.
+std::string device_support() {
+  int device = 0, major = 0;
+  OMNI_GPU_CHECK(gpuGetDevice(&device));
+  OMNI_GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8 ? "" : "compute capability below 8.0";
+}
+
+cublasHandle_t grouped_handle() {
+  static std::vector<cublasHandle_t> handles;  // per device, for the life of the process
+  int device = 0;
+  OMNI_GPU_CHECK(gpuGetDevice(&device));
+  if (handles.size() <= static_cast<size_t>(device)) handles.resize(device + 1, nullptr);
+  if (!handles[device]) OMNI_BLAS_CHECK(cublasCreate(&handles[device]));
+  return handles[device];
+}
+
+std::string run_grouped(const GroupedGemmArgs& g, Stream stream) {
+  const int groups = g.groups();
+  std::vector<cublasOperation_t> trans_a(groups), trans_b(groups);
+  for (int i = 0; i < groups; ++i) {
+    trans_a[i] = g.trans_a[i] == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+    trans_b[i] = g.trans_b[i] == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  }
+  const std::vector<int> group_size(groups, 1);
+  const void* const* pointers = upload_pointers(g, stream);
+  const cudaDataType_t type = library_type(g.type);
+  // The handle's stream and workspace are set per call; a fixed workspace of our own keeps the
+  // kernels' choice the same on every call (cuBLAS's pool differs per stream otherwise).
+  static std::mutex mutex;
+  const std::lock_guard lock(mutex);
+  const cublasHandle_t handle = grouped_handle();
+  OMNI_BLAS_CHECK(cublasSetStream(handle, static_cast<gpuStream_t>(stream)));
+  OMNI_BLAS_CHECK(
+      cublasSetWorkspace(handle, scratch(kMaxWorkspaceBytes, kWorkspaceSlot), kMaxWorkspaceBytes));
+  const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+      handle, trans_a.data(), trans_b.data(), g.m.data(), g.n.data(), g.k.data(), g.alpha.data(),
+      pointers, type, g.lda.data(), pointers + groups, type, g.ldb.data(), g.beta.data(),
+      const_cast<void* const*>(pointers + 2 * groups), type, g.ldc.data(), groups,
+      group_size.data(), CUBLAS_COMPUTE_32F);
+  // Refusals are found before anything is enqueued: the caller runs the problems one by one.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_ARCH_MISMATCH ||
+      status == CUBLAS_STATUS_INVALID_VALUE)
+    return "cublasGemmGroupedBatchedEx refused them (status " +
+           std::to_string(static_cast<int>(status)) + ")";
+  OMNI_BLAS_CHECK(status);
+  return {};
+}
+
+#else
+std::string device_support() {
+#if defined(OMNI_BLAS_LT) && !defined(__HIPCC__) && !defined(OMNITRON_HIP)
+  return "cuBLAS older than 12.5 has no grouped GEMM";
+#else
+  return "HIP builds run one GEMM per problem";
+#endif
+}
+std::string run_grouped(const GroupedGemmArgs&, Stream) {
+  return device_support();
+}
+#endif
+
+}  // namespace
+
+GroupedGemmArgs marshal_grouped(const GemmProblem* problems, int count) {
+  GroupedGemmArgs g;
+  if (count > 0) g.type = problems[0].ab_type;
+  for (int i = 0; i < count; ++i) {
+    const GemmProblem& p = problems[i];
+    if (p.M == 0 || p.N == 0) continue;
+    g.trans_a.push_back(p.trans_b ? 'T' : 'N');
+    g.trans_b.push_back(p.trans_a ? 'T' : 'N');
+    g.m.push_back(p.N), g.n.push_back(p.M), g.k.push_back(p.K);
+    g.a.push_back(p.B), g.lda.push_back(p.ldb);
+    g.b.push_back(p.A), g.ldb.push_back(p.lda);
+    g.c.push_back(p.D), g.ldc.push_back(p.ldd);
+    g.alpha.push_back(p.alpha), g.beta.push_back(p.beta);
+  }
+  return g;
+}
+
+std::string can_group(const GemmProblem* problems, int count) {
+  std::string why = check_groupable(problems, count);
+  return why.empty() ? device_support() : why;
+}
+
+std::string grouped_gemm(const GemmProblem* problems, int count, Stream stream) {
+  std::string why = can_group(problems, count);
+  if (why.empty()) why = run_grouped(marshal_grouped(problems, count), stream);
+  if (why.empty()) {
+    ++grouped_calls;
+    return why;
+  }
+  for (int i = 0; i < count; ++i) gemm(problems[i], stream);
+  return why;
+}
+
+void set_grouped_gemm(bool enabled) {
+  grouped_enabled = enabled;
+}
+
+long grouped_gemm_calls() {
+  return grouped_calls;
+}
 
 void gemm(const GemmProblem& p, Stream stream) {
   if (p.M == 0 || p.N == 0) return;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "backend/gpu/gpu_ops.h"
 #include "base/dtype.h"
@@ -24,10 +25,11 @@ namespace blas {
 
 // gpu::scratch() slots the matmul ops use; each is live at the same time as the others within
 // one op call, so they must differ.
-constexpr int kWorkspaceSlot = 8;       // cuBLASLt / hipBLASLt workspace
-constexpr int kColumnSumSlot = 9;       // linear_backward: per-block column sums of dy
-constexpr int kLogitsSlot = 10;         // classifier_cross_entropy: a chunk of float logits
-constexpr int kRowStatisticsSlot = 11;  // classifier_cross_entropy: per-row float64 values
+constexpr int kWorkspaceSlot = 8;         // cuBLASLt / hipBLASLt workspace
+constexpr int kColumnSumSlot = 9;         // linear_backward: per-block column sums of dy
+constexpr int kLogitsSlot = 10;           // classifier_cross_entropy: a chunk of float logits
+constexpr int kRowStatisticsSlot = 11;    // classifier_cross_entropy: per-row float64 values
+constexpr int kGroupedPointersSlot = 13;  // grouped_gemm: the A, B and C pointer arrays
 
 enum class Epilogue {
   None,
@@ -77,6 +79,47 @@ void gemm(const GemmProblem& p, Stream stream);
 // nothing.
 void accumulate_weight_grad(float* dw, const void* dy, int ld_dy, const void* x, int ld_x, int M,
                             int N, int K, DType type, Stream stream);
+
+// ---- Grouped GEMM: independent problems in one library call -----------------------------------
+// Megatron's --moe-grouped-gemm: the local experts' matmuls as one launch, which keeps a GPU
+// busy where each of 16-32 small experts alone would not. On CUDA (cuBLAS >= 12.5, compute
+// capability >= 8.0) it is one cublasGemmGroupedBatchedEx; the emulated build interprets the
+// same argument arrays on the CPU; HIP builds and older cuBLAS run one gemm() per problem.
+//
+// The grouped call has no epilogue and one type for A, B and C (f32, bf16 or f16; arithmetic
+// f32, no TF32): problems beyond that (a bias, bf16 inputs into a float dW) run one gemm()
+// each, the same bits as before.
+
+// The arguments of cublasGemmGroupedBatchedEx, column-major as cuBLAS reads them (the row-major
+// D = op(A) op(B) is the column-major D^T = op(B)^T op(A)^T), one group of one problem per
+// non-empty GemmProblem. Pointers index a, b and c (device memory on the call: copied there).
+struct GroupedGemmArgs {
+  DType type = DType::F32;             // A, B and C
+  std::vector<char> trans_a, trans_b;  // 'N' or 'T', of the library's A (our B) and B (our A)
+  std::vector<int> m, n, k, lda, ldb, ldc;
+  std::vector<float> alpha, beta;
+  std::vector<const void*> a, b;
+  std::vector<void*> c;
+  int groups() const { return static_cast<int>(m.size()); }
+};
+
+// Pure host: the problems as the grouped call's arrays (problems with M or N == 0 dropped).
+GroupedGemmArgs marshal_grouped(const GemmProblem* problems, int count);
+
+// Empty when grouped_gemm() will try these problems as one grouped call; otherwise why not
+// (this build or GPU has no grouped call, an epilogue, mixed types, K == 0, a pointer not
+// 16-byte aligned, turned off by set_grouped_gemm()).
+std::string can_group(const GemmProblem* problems, int count);
+
+// Enqueues the problems: one grouped call when can_group() says so, else (or when the library
+// refuses them) one gemm() each. Returns why they did not run grouped (empty: they did).
+std::string grouped_gemm(const GemmProblem* problems, int count, Stream stream);
+
+// Process-wide switch (on by default): off, grouped_gemm() always runs one gemm() per problem
+// (the reference the tests and bench_gpu_ops compare with).
+void set_grouped_gemm(bool enabled);
+// Grouped calls run so far in this process (tests and bench_gpu_ops read it).
+long grouped_gemm_calls();
 
 // "[gemm] 64x50304x768 bf16 x bf16 -> f32 (T,N), bias" for error messages.
 std::string describe(const GemmProblem& p);

@@ -1,10 +1,13 @@
 // Token dispatch on the device (moe_kernels.h; backend/moe_ops.h for the meaning): the
 // permutation of tokens into the experts' rows and back with the combine weights, read from a
-// plan the host built (MoEDevicePlan), the grouped GEMM as one linear op per expert on its rows
-// of one buffer, and the shared expert's gate. Gathers only (each output element is written by
-// one thread, summing its token's rows in row order): no atomics, the same bits on every run.
+// plan the host built (MoEDevicePlan), the experts' GEMMs on their rows of one buffer (one
+// grouped library call where blas::grouped_gemm has one, else one linear op per expert), and
+// the shared expert's gate. Gathers only (each output element is written by one thread, summing
+// its token's rows in row order): no atomics, the same bits on every run.
 #include <cmath>
+#include <vector>
 
+#include "backend/gpu/blas.h"
 #include "backend/gpu/gpu_runtime.h"
 #include "backend/gpu/moe_kernels.h"
 
@@ -13,6 +16,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kScratchSlot = 21;  // the shared gate's per-token gradients
+constexpr int kOffsetsSlot = 22;  // the experts' row offsets, for their biases
 
 inline unsigned grid_of(size_t items) {
   const size_t blocks = (items + kThreads - 1) / kThreads;
@@ -111,6 +115,24 @@ __global__ void shared_gate_backward_kernel(T* dh, T* dx, float* dz_out, const T
     dx[t * C + c] = from_float<T>(to_float(dx[t * C + c]) + dz * to_float(w[c]));
 }
 
+// y[r, :] = bias[expert of r] for every routed row, before the grouped GEMM adds x w^T with
+// beta = 1: y is rounded once, as by the per-expert path's fused bias epilogue.
+template <typename T>
+__global__ void expert_bias_rows_kernel(T* y, const T* bias, const int32_t* offsets, int experts,
+                                        int N) {
+  const size_t r0 = offsets[0], n = size_t(offsets[experts] - offsets[0]) * N;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int r = int(r0 + i / N);
+    int lo = 0, hi = experts;  // the last expert whose rows start at or before r
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      (offsets[mid] <= r ? lo : hi) = mid;
+    }
+    y[r0 * N + i] = bias[size_t(lo) * N + i % N];
+  }
+}
+
 // dw[c] += sum_t dz[t] x[t, c], tokens in order (one thread per column).
 template <typename T>
 __global__ void shared_gate_dw_kernel(float* dw, const float* dz, const T* x, int tokens, int C) {
@@ -166,10 +188,11 @@ void moe_unpermute_backward(T* dexpert_out, T* drow_weight, const T* dy, const T
          plan, C);
 }
 
+namespace {
+
 template <typename T>
-void moe_grouped_linear_forward(T* y, const T* x, const T* w, const T* bias,
-                                const int32_t* host_offsets, int experts, int K, int N,
-                                Stream stream) {
+void per_expert_forward(T* y, const T* x, const T* w, const T* bias, const int32_t* host_offsets,
+                        int experts, int K, int N, Stream stream) {
   for (int e = 0; e < experts; ++e) {
     const int r0 = host_offsets[e], rows = host_offsets[e + 1] - r0;
     if (rows == 0) continue;
@@ -179,9 +202,8 @@ void moe_grouped_linear_forward(T* y, const T* x, const T* w, const T* bias,
 }
 
 template <typename T>
-void moe_grouped_linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x,
-                                 const T* w, const int32_t* host_offsets, int experts, int K, int N,
-                                 Stream stream) {
+void per_expert_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x, const T* w,
+                         const int32_t* host_offsets, int experts, int K, int N, Stream stream) {
   for (int e = 0; e < experts; ++e) {
     const int r0 = host_offsets[e], rows = host_offsets[e + 1] - r0;
     if (rows == 0) continue;
@@ -189,6 +211,77 @@ void moe_grouped_linear_backward(T* dx, float* dw, float* dbias, const T* dy, co
                     dbias ? dbias + size_t(e) * N : nullptr, dy + size_t(r0) * N,
                     x + size_t(r0) * K, w + size_t(e) * N * K, rows, K, N, false, stream);
   }
+}
+
+// The problems linear_forward / linear_backward pose for expert e's `rows` rows (blas.cu's
+// accumulate_weight_grad for dw): y = x w^T, dx = dy w, dw += dy^T x.
+template <typename T>
+blas::GemmProblem expert_problem(int M, int N, int K, bool trans_a, bool trans_b, const T* a,
+                                 int lda, const T* b, int ldb, void* d, int ldd, bool float_d,
+                                 float beta) {
+  blas::GemmProblem p;
+  p.M = M, p.N = N, p.K = K;
+  p.trans_a = trans_a, p.trans_b = trans_b;
+  p.ab_type = dtype_of<T>();
+  p.d_type = float_d ? DType::F32 : p.ab_type;
+  p.A = a, p.lda = lda, p.B = b, p.ldb = ldb, p.D = d, p.ldd = ldd;
+  p.beta = beta;
+  return p;
+}
+
+}  // namespace
+
+// A bias is written into y first and the grouped GEMM adds onto it; where the problems cannot
+// run grouped (blas::can_group), the per-expert path as before (bias in the GEMM's epilogue).
+template <typename T>
+void moe_grouped_linear_forward(T* y, const T* x, const T* w, const T* bias,
+                                const int32_t* host_offsets, int experts, int K, int N,
+                                Stream stream) {
+  std::vector<blas::GemmProblem> problems;
+  for (int e = 0; e < experts; ++e) {
+    const int r0 = host_offsets[e], rows = host_offsets[e + 1] - r0;
+    if (rows > 0)
+      problems.push_back(expert_problem(rows, N, K, false, true, x + size_t(r0) * K, K,
+                                        w + size_t(e) * N * K, K, y + size_t(r0) * N, N, false,
+                                        bias ? 1.0f : 0.0f));
+  }
+  const int count = static_cast<int>(problems.size());
+  if (!blas::can_group(problems.data(), count).empty())
+    return per_expert_forward(y, x, w, bias, host_offsets, experts, K, N, stream);
+  const auto s = static_cast<gpuStream_t>(stream);
+  if (bias) {
+    const size_t bytes = size_t(experts + 1) * sizeof(int32_t);
+    auto* offsets = static_cast<int32_t*>(scratch(bytes, kOffsetsSlot));
+    OMNI_GPU_CHECK(gpuMemcpyAsync(offsets, host_offsets, bytes, gpuMemcpyHostToDevice, s));
+    const size_t n = size_t(host_offsets[experts] - host_offsets[0]) * N;
+    launch(expert_bias_rows_kernel<T>, grid_of(n), kThreads, 0, s, y, bias, offsets, experts, N);
+  }
+  blas::grouped_gemm(problems.data(), count, stream);
+}
+
+// dx and dw each as one grouped call where blas::grouped_gemm can (dw of bf16 / f16 activations
+// accumulates into float: mixed types, so one GEMM per expert, as accumulate_weight_grad). With
+// a bias gradient, or an empty K or N, the per-expert path (linear_backward) as before.
+template <typename T>
+void moe_grouped_linear_backward(T* dx, float* dw, float* dbias, const T* dy, const T* x,
+                                 const T* w, const int32_t* host_offsets, int experts, int K, int N,
+                                 Stream stream) {
+  if (dbias || K == 0 || N == 0)
+    return per_expert_backward(dx, dw, dbias, dy, x, w, host_offsets, experts, K, N, stream);
+  std::vector<blas::GemmProblem> dx_problems, dw_problems;
+  for (int e = 0; e < experts; ++e) {
+    const int r0 = host_offsets[e], rows = host_offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    const T* dy_e = dy + size_t(r0) * N;
+    const T* w_e = w + size_t(e) * N * K;
+    if (dx)
+      dx_problems.push_back(expert_problem(rows, K, N, false, false, dy_e, N, w_e, K,
+                                           dx + size_t(r0) * K, K, false, 0.0f));
+    dw_problems.push_back(expert_problem(N, K, rows, true, false, dy_e, N, x + size_t(r0) * K, K,
+                                         dw + size_t(e) * N * K, K, true, 1.0f));
+  }
+  blas::grouped_gemm(dx_problems.data(), static_cast<int>(dx_problems.size()), stream);
+  blas::grouped_gemm(dw_problems.data(), static_cast<int>(dw_problems.size()), stream);
 }
 
 template <typename T>
