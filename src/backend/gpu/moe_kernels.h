@@ -57,8 +57,9 @@ template <typename T>
 void moe_unpermute_backward(T* dexpert_out, T* drow_weight, const T* dy, const T* expert_out,
                             const T* row_weight, const MoEDevicePlan& plan, int C,
                             Stream stream = nullptr);
-// One linear_forward / linear_backward per non-empty expert on its rows of one buffer;
-// host_offsets [experts + 1] is host memory.
+// Every non-empty expert's linear on its rows of one buffer: one grouped GEMM where blas.h's
+// grouped_gemm can take the products (moe_dispatch.cu says which), else one linear_forward /
+// linear_backward per expert; host_offsets [experts + 1] is host memory.
 template <typename T>
 void moe_grouped_linear_forward(T* y, const T* x, const T* w, const T* bias,
                                 const int32_t* host_offsets, int experts, int K, int N,
