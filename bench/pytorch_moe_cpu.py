@@ -121,10 +121,11 @@ class MLA(nn.Module):
         self.proj = nn.Linear(H * self.DV, C, bias=False)
 
     def forward(self, x):
-        q = self.q_up(self.q_norm(self.q_down(x))).view(B, S, H, -1).transpose(1, 2)
+        # (.float(): under bf16 autocast the norms take fp32 input, as the blocks' norms do)
+        q = self.q_up(self.q_norm(self.q_down(x).float())).view(B, S, H, -1).transpose(1, 2)
         q = torch.cat((q[..., : self.QK], rope(q[..., self.QK:])), dim=-1)
         latent, k_pe = self.kv_down(x).split((self.KVL, self.PE), dim=-1)
-        kv = self.kv_up(self.kv_norm(latent)).view(B, S, H, -1).transpose(1, 2)
+        kv = self.kv_up(self.kv_norm(latent.float())).view(B, S, H, -1).transpose(1, 2)
         k_pe = rope(k_pe.unsqueeze(1)).expand(B, H, S, self.PE)
         k = torch.cat((kv[..., : self.QK], k_pe), dim=-1)
         return self.proj(attend(q, k, kv[..., self.QK:]))
