@@ -40,6 +40,10 @@ bool takes_list(const std::string& metavar) {
 
 }  // namespace
 
+void add_note_once(std::vector<std::string>& notes, const std::string& note) {
+  if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
+}
+
 void add_alias(std::vector<OptionDef>& t, const std::string& flag, const std::string& target) {
   auto to = std::find_if(t.begin(), t.end(), [&](const OptionDef& d) { return d.flag == target; });
   OMNI_CHECK(to != t.end(), "[options] alias ", flag, " of a flag not yet in the table: ", target);

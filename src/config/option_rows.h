@@ -88,6 +88,8 @@ struct ListedFlag {
   const char* flag;
   const char* metavar;
 };
+// Appends `note` unless it is there already (finalize runs again over a checkpoint's options).
+void add_note_once(std::vector<std::string>& notes, const std::string& note);
 // Noted, each with the same reason.
 void add_noted(std::vector<OptionDef>& t, const std::string& why,
                std::initializer_list<ListedFlag> flags);

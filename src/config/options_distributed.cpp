@@ -177,7 +177,7 @@ void finalize_zero(Options& o) {
                                std::to_string(stage) +
                                " is not built with it; "
                                "the same results, parameters and gradients held whole";
-      if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end()) o.notes.push_back(note);
+      add_note_once(o.notes, note);
     }
   }
   if (o.zero_stage >= 2 && !with.empty())

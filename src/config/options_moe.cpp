@@ -3,7 +3,6 @@
 // (model/moe_layer.h checks them). In the group "model": stored with a checkpoint's weights.
 // What is not built (expert tensor parallelism that does not divide TP, other score functions
 // and balancing losses) is refused naming the flag.
-#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -167,7 +166,7 @@ void finalize_moe(Options& o) {
         ": each rank counts its capacity over the tokens it routes (its share of each "
         "micro-batch), as Megatron-Core does, so which tokens an expert drops differs from a "
         "one-rank run";
-    if (std::find(o.notes.begin(), o.notes.end(), note) == o.notes.end()) o.notes.push_back(note);
+    add_note_once(o.notes, note);
   }
 }
 

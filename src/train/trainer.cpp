@@ -719,7 +719,7 @@ double Trainer::evaluate() {
   // --eval-global-batch-size, the training one), read as training reads its batches from
   // where the last evaluation stopped (consumed_valid_samples, kept in checkpoints), so the
   // loss is that of the same samples at every layout.
-  const int dp = grid_->dp_size(), accum = opts_.global_batch_size / (mb * dp);
+  const int dp = grid_->dp_size(), accum = opts_.grad_accumulation_steps();
   auto batch = [this](int m) -> const MicroBatch& { return this->batch(m); };
   double loss_sum = 0;
   for (int i = 0; i < n; ++i) {
