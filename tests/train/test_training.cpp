@@ -1,5 +1,6 @@
 // The training loop's contracts: determinism, the metrics file, gradient accumulation.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -64,9 +65,12 @@ TEST(Determinism, DifferentSeedsGiveDifferentLosses) {
   EXPECT_NE(train(tiny_options()).train_losses, train(tiny_options(seed)).train_losses);
 }
 
-// 100 steps on byte-level text that repeats one sentence.
+// 100 steps on byte-level text that repeats one sentence. The text is this process's own
+// file: three tests train on it, and under ctest -j2 one's rewrite (truncated, then filled)
+// was read as 0 bytes by another ("has 0 training bytes", 3 of 300 runs of two loops).
 omni::TrainResult train_repetitive(const std::vector<std::string>& extra = {}) {
-  const std::string path = ::testing::TempDir() + "omnitron_repetitive.txt";
+  const std::string path =
+      ::testing::TempDir() + "omnitron_repetitive_" + std::to_string(::getpid()) + ".txt";
   {
     std::ofstream out(path);
     for (int i = 0; i < 400; ++i) out << "the quick brown fox jumps over the lazy dog. ";
@@ -82,7 +86,9 @@ omni::TrainResult train_repetitive(const std::vector<std::string>& extra = {}) {
   omni::finalize(o);
   omni::Trainer t(o, omni::make_byte_text_data(path, o.split, o.model.seq_length, 1));
   omni::MetricsSink sink("", false, nullptr);
-  return t.run(sink);
+  omni::TrainResult r = t.run(sink);
+  std::filesystem::remove(path);
+  return r;
 }
 
 TEST(Training, LearnsARepetitiveText) {
