@@ -4,8 +4,7 @@
 // An iteration directory holds:
 //   metadata.txt   "omnitron-checkpoint 2", then `key value` lines: iteration,
 //                  consumed_samples, consumed_valid_samples, lr_schedule_iteration and
-//                  lr_schedule_samples (the
-//                  schedule's position in updates and in samples),
+//                  lr_schedule_samples (the schedule's position in updates and in samples),
 //                  optimizer (name and step count), rng (none: see below), loss_scaler
 //                  (fp16's scale and trackers, when there is one), the resolved
 //                  options one argument per line after `args N`, one line per stored piece
