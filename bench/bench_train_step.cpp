@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,7 @@ class OptimizerTime : public omni::TraceSink {
  public:
   void span(const char* name, const char*, int, Clock::time_point begin,
             Clock::time_point end) override {
-    if (std::string(name) != "optimizer" || ++steps_ == 1) return;
+    if (std::strcmp(name, "optimizer") != 0 || ++steps_ == 1) return;
     seconds_ += std::chrono::duration<double>(end - begin).count();
   }
   double per_step() const { return steps_ > 1 ? seconds_ / double(steps_ - 1) : 0.0; }
