@@ -31,6 +31,7 @@
 
 #include "backend/device.h"
 #include "backend/ops.h"
+#include "bench_stats.h"
 #include "config/options.h"
 #include "model/moe_layer.h"
 
@@ -38,6 +39,7 @@ namespace {
 
 namespace ops = omni::ops;
 using Clock = std::chrono::steady_clock;
+using omni::bench::median;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -75,12 +77,6 @@ std::vector<std::string> words(const std::string& s) {
   std::vector<std::string> out;
   for (std::string w; in >> w;) out.push_back(w);
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 constexpr int kHidden = 384, kDenseFfn = 1536;

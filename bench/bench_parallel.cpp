@@ -49,6 +49,7 @@
 
 #include "backend/device.h"
 #include "base/error.h"
+#include "bench_stats.h"
 #include "comm/communicator.h"
 #include "comm/counting_communicator.h"
 #include "comm/process_grid.h"
@@ -63,6 +64,7 @@ using omni::call_name;
 using omni::Communicator;
 using omni::CountingCommunicator;
 using omni::Tally;
+using omni::bench::median;
 
 struct Layout {
   int tp = 1, dp = 1, sp = 1;  // sp: Ulysses (--context-parallel-size with --cp-comm-type a2a)
@@ -167,12 +169,6 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 struct Args {

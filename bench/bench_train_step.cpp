@@ -16,7 +16,8 @@
 // --rounds N runs the chosen ones N times in turn (dense, MoE, dense, MoE, ...), so that on
 // a loaded machine the MoE-to-dense ratio compares runs of the same moment. Each MoE row is
 // followed by its GFLOP/s as a fraction of the dense row run just before it, and by that ratio
-// again without both rows' optimizer time (the "optim ms" column).
+// again without both rows' optimizer time (the "optim ms" column); after the last round, each
+// MoE row's median of those ratios and their range.
 //
 // The model takes `omnitron train`'s defaults, Megatron's dropout of 0.1 among them; flags
 // given here are added to every configuration's.
@@ -38,12 +39,15 @@
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "base/trace.h"
+#include "bench_stats.h"
 #include "config/options.h"
 #include "data/datasets/dataset.h"
 #include "train/flops.h"
 #include "train/trainer.h"
 
 namespace {
+
+using omni::bench::median;
 
 struct BenchConfig {
   const char* name;
@@ -73,6 +77,13 @@ struct RowTimes {
   double without_optimizer() const { return gflops * step / (step - optimizer); }
 };
 
+std::string range(const std::vector<double>& v) {
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f-%.3f", *lo, *hi);
+  return text;
+}
+
 double peak_rss_mib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -97,7 +108,7 @@ bool in_child(F&& body) {
 }
 
 RowTimes run_config(const BenchConfig& b, int steps, double sgemm_gflops,
-                   const std::vector<std::string>& extra) {
+                    const std::vector<std::string>& extra) {
   omni::Options o;
   std::vector<std::string> args = {"--mock-data",
                                    "--vocab-size",
@@ -231,8 +242,11 @@ int main(int argc, char** argv) {
   // once a step, a cost that follows the total parameter count (the experts' all of them),
   // not the active FLOPs, and is amortised over the micro-batches of a larger global batch.
   RowTimes dense;
+  // Per MoE row, its rounds' two ratios, for the summary after the last round.
+  std::vector<std::vector<double>> ratios(std::size(configs)), ratios_without(std::size(configs));
   for (int round = 0; round < rounds; ++round)
-    for (const BenchConfig& c : configs) {
+    for (size_t i = 0; i < std::size(configs); ++i) {
+      const BenchConfig& c = configs[i];
       if (!chosen(c)) continue;
       RowTimes t;
       const bool ok = in_child([&] {
@@ -254,7 +268,18 @@ int main(int argc, char** argv) {
         std::printf("%-34s %10s %12s %9.3fx without the optimizer (%.1f ms against %.1f)\n", "",
                     "", "", t.without_optimizer() / dense.without_optimizer(), t.optimizer * 1000,
                     dense.optimizer * 1000);
+        ratios[i].push_back(t.gflops / dense.gflops);
+        ratios_without[i].push_back(t.without_optimizer() / dense.without_optimizer());
       }
     }
+  // On a machine whose speed drifts between rows, one round's ratio is noisy: the median of
+  // the rounds', with their range, is the figure to read.
+  if (rounds > 1 && std::any_of(ratios.begin(), ratios.end(), [](auto& r) { return !r.empty(); }))
+    std::printf("\nof the dense row's GFLOP/s over %d rounds: median (lowest-highest)\n", rounds);
+  for (size_t i = 0; i < std::size(configs); ++i)
+    if (rounds > 1 && !ratios[i].empty())
+      std::printf("%-34s %.3fx (%s); without the optimizer %.3fx (%s)\n", configs[i].name,
+                  median(ratios[i]), range(ratios[i]).c_str(), median(ratios_without[i]),
+                  range(ratios_without[i]).c_str());
   return 0;
 }
