@@ -17,36 +17,38 @@ constexpr bool finite_bits(float x) {
   return (std::bit_cast<uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
 }
 
-// dst := src rounded, and with kScaled scaled := the rounded values times scale, in one pass;
-// whether any rounded value is inf or NaN. Written so that the loop vectorises: the flag
-// or-ed without a branch (a short-circuit || kept it scalar) and the second store decided at
-// compile time (a pointer tested in the loop, or one written by a lambda, kept it scalar too:
-// 2-3x slower over 51M floats, and a --bf16 step runs two of these passes).
-template <bool kScaled, typename Round>
+// dst := src rounded (with kZero: zeros instead), and with kScaled scaled := the rounded
+// values times scale, in one pass; whether any rounded value is inf or NaN. Written so that
+// the loop vectorises: the flag or-ed without a branch (a short-circuit || kept it scalar) and
+// the stores decided at compile time (a pointer tested in the loop, or one written by a
+// lambda, kept it scalar too: 2-3x slower over 51M floats, and a --bf16 step runs two of
+// these passes).
+template <bool kScaled, bool kZero, typename Round>
 bool round_all(const float* src, float* dst, int64_t n, Round round, float* scaled, float scale) {
   unsigned nonfinite = 0;
 #pragma omp parallel for simd reduction(| : nonfinite) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float r = round(src[i]);
-    dst[i] = r;
+    dst[i] = kZero ? 0.0f : r;
     if constexpr (kScaled) scaled[i] = r * scale;
     nonfinite |= unsigned(!finite_bits(r));
   }
   return nonfinite != 0;
 }
 
-template <bool kScaled = false>
+template <bool kScaled = false, bool kZero = false>
 bool round_to(DType dtype, const float* src, float* dst, int64_t n, float* scaled = nullptr,
               float scale = 1.0f) {
   switch (dtype) {
     case DType::BF16:
-      return round_all<kScaled>(
+      return round_all<kScaled, kZero>(
           src, dst, n, [](float x) { return bf16_to_f32(f32_to_bf16(x)); }, scaled, scale);
     case DType::F16:
-      return round_all<kScaled>(
+      return round_all<kScaled, kZero>(
           src, dst, n, [](float x) { return f16_to_f32(f32_to_f16(x)); }, scaled, scale);
     case DType::F32:
-      return round_all<kScaled>(src, dst, n, [](float x) { return x; }, scaled, scale);
+      return round_all<kScaled, kZero>(
+          src, dst, n, [](float x) { return x; }, scaled, scale);
     case DType::F64:
       break;
   }
@@ -96,10 +98,13 @@ MixedPrecision::MixedPrecision(const Stored& model, std::vector<ParamInfo> infos
   ranges_ = {{0, master_.size()}};
 }
 
-bool MixedPrecision::unscale_and_check(float loss_scale) {
+bool MixedPrecision::unscale_and_check(float loss_scale, bool* zeroed) {
   OMNI_CHECK(loss_scale > 0 && finite_bits(loss_scale), "[mixed precision] loss scale ",
              loss_scale);
   const auto inv_scale = static_cast<float>(1.0 / double(loss_scale));
+  const bool zero = zeroed && model_ && ranges_.size() == 1 && ranges_[0].begin == 0 &&
+                    ranges_[0].end == model_->size();
+  if (zeroed) *zeroed = zero;
   bool found_inf = false;
   for (const ShardRange& r : ranges_) {
     float* master_g = master_.grads() + r.begin;
@@ -111,8 +116,10 @@ bool MixedPrecision::unscale_and_check(float loss_scale) {
       continue;
     }
     float* g = model_->grads() + r.begin;
-    // Rounded in place, and times 1/loss_scale into the master's, in one pass.
-    found_inf = round_to<true>(grad_dtype_, g, g, n, master_g, inv_scale) || found_inf;
+    // Rounded in place (or zeroed), and times 1/loss_scale into the master's, in one pass.
+    found_inf = (zero ? round_to<true, true>(grad_dtype_, g, g, n, master_g, inv_scale)
+                      : round_to<true>(grad_dtype_, g, g, n, master_g, inv_scale)) ||
+                found_inf;
   }
   return found_inf;
 }

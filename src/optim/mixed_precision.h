@@ -76,8 +76,10 @@ class MixedPrecision {
   // After backward of loss * loss_scale: rounds the model's gradients to grad_dtype (as they
   // are stored, after accumulation over micro-batches) and writes them times 1/loss_scale
   // (an fp32 multiply, exact for powers of two) into the master's gradients. Returns whether
-  // any rounded gradient is inf or NaN, in which case the step must be skipped.
-  bool unscale_and_check(float loss_scale);
+  // any rounded gradient is inf or NaN, in which case the step must be skipped. Given
+  // `zeroed`, the model's gradients are zeroed instead of rounded in place where they are the
+  // CPU's and this pass reads them all (no keep_only shards), and *zeroed says whether they were.
+  bool unscale_and_check(float loss_scale, bool* zeroed = nullptr);
   // After the optimizer step: the model's values := the master's, rounded to dtype.
   void copy_master_to_model();
   // From now on only `ranges` (sorted, disjoint) of the master's values and gradients are

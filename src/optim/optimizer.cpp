@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/ops.h"
@@ -73,29 +74,44 @@ double& Optimizer<T>::scalar(const std::string& name) const {
   throw InternalError("[optimizer] no scalar state '" + name + "'");
 }
 
+namespace {
+// AdamW over n elements. kZeroGrads: each gradient is zeroed once read (`zero` is g), the next
+// step's zeroing done while its line is in the cache.
+template <bool kZeroGrads, typename T>
+void adamw_elements(const OptimizerConfig& cfg, int64_t step, double lr, double wd, T* w,
+                    const T* g, T* m, T* v, int64_t n, T gs, T* zero) {
+  const double b1 = cfg.adam_beta1, b2 = cfg.adam_beta2;
+  const double bc1 = 1.0 - std::pow(b1, double(step)), bc2 = 1.0 - std::pow(b2, double(step));
+  const T tb1 = T(b1), tb2 = T(b2), tlr = T(lr), twd = T(wd), eps = T(cfg.adam_eps);
+  const T step_size = T(lr / bc1), inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    // Decay applied to the weights directly, not folded into the gradient (Loshchilov &
+    // Hutter, "Decoupled Weight Decay"; torch.optim.AdamW's order: decay, then Adam).
+    const T grad = g[i] * gs;
+    if constexpr (kZeroGrads) zero[i] = T(0);
+    w[i] -= tlr * twd * w[i];
+    m[i] = tb1 * m[i] + (T(1) - tb1) * grad;
+    v[i] = tb2 * v[i] + (T(1) - tb2) * grad * grad;
+    w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+  }
+}
+}  // namespace
+
 template <typename T>
 void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
-                     const T* g, T* m, T* v, int64_t n, double grad_scale) {
+                     const T* g, T* m, T* v, int64_t n, double grad_scale, T* zero_grads) {
   const double wd = decay ? cfg.weight_decay : 0.0;
   const T gs = T(grad_scale);  // x * 1 is x: an unscaled update is unchanged
+  OMNI_CHECK(!zero_grads || (zero_grads == g && cfg.kind == OptimizerKind::AdamW),
+             "[optimizer] only AdamW zeroes its own gradients");
   switch (cfg.kind) {
-    case OptimizerKind::AdamW: {
-      const double b1 = cfg.adam_beta1, b2 = cfg.adam_beta2;
-      const double bc1 = 1.0 - std::pow(b1, double(step)), bc2 = 1.0 - std::pow(b2, double(step));
-      const T tb1 = T(b1), tb2 = T(b2), tlr = T(lr), twd = T(wd), eps = T(cfg.adam_eps);
-      const T step_size = T(lr / bc1), inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        // Decay applied to the weights directly, not folded into the gradient (Loshchilov &
-        // Hutter, "Decoupled Weight Decay"; torch.optim.AdamW's order: decay, then Adam).
-        const T grad = g[i] * gs;
-        w[i] -= tlr * twd * w[i];
-        m[i] = tb1 * m[i] + (T(1) - tb1) * grad;
-        v[i] = tb2 * v[i] + (T(1) - tb2) * grad * grad;
-        w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
-      }
+    case OptimizerKind::AdamW:
+      if (zero_grads)
+        adamw_elements<true>(cfg, step, lr, wd, w, g, m, v, n, gs, zero_grads);
+      else
+        adamw_elements<false>(cfg, step, lr, wd, w, g, m, v, n, gs, zero_grads);
       break;
-    }
     case OptimizerKind::SGD: {
       OMNI_CHECK(grad_scale == 1.0, "[optimizer] SGD takes its gradients clipped beforehand");
       const T mom = T(cfg.sgd_momentum), tlr = T(lr), twd = T(wd);
@@ -114,24 +130,34 @@ void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool d
 }
 
 template <typename T>
-void Optimizer<T>::step(ParameterSet<T>& params, double lr, double grad_scale) {
+bool Optimizer<T>::step(ParameterSet<T>& params, double lr, double grad_scale, bool zero_grads) {
   // AdamW on the CPU reads the gradients only through products, so the scale folded into
   // its loop rounds as a pass of its own would. SGD (its sum could contract into another
   // FMA), the zoo and the GPU's kernels read clipped gradients: scaled in place first.
   const bool fused = cfg_.kind == OptimizerKind::AdamW && !zoo_ && !x_.on_gpu();
   if (grad_scale != 1.0 && !fused) scale_gradients(params, grad_scale, x_);
   ++step_;
-  if (zoo_) return zoo_->step(params, lr, step_);
+  if (zoo_) {
+    zoo_->step(params, lr, step_);
+    return false;
+  }
   T* m = m_.template data<T>();
   T* v = v_.defined() ? v_.template data<T>() : nullptr;
+  zero_grads = zero_grads && fused;
+  int64_t zeroed = 0;  // the flat buffer's elements before here, the alignment's gaps too
   for (const ParamInfo& p : params.infos()) {
     T *w = params.values() + p.offset, *mp = m + p.offset, *vp = v ? v + p.offset : nullptr;
-    const T* g = params.grads() + p.offset;
+    T* g = params.grads() + p.offset;
+    if (zero_grads) std::fill(params.grads() + zeroed, g, T(0));
+    zeroed = p.offset + p.numel;
     if (fused)
-      update_elements(cfg_, step_, lr, p.weight_decay, w, g, mp, vp, p.numel, grad_scale);
+      update_elements(cfg_, step_, lr, p.weight_decay, w, g, mp, vp, p.numel, grad_scale,
+                      zero_grads ? g : nullptr);
     else
       update_elements(x_, cfg_, step_, lr, p.weight_decay, w, g, mp, vp, p.numel);
   }
+  if (zero_grads) std::fill(params.grads() + zeroed, params.grads() + params.size(), T(0));
+  return zero_grads;
 }
 
 template <typename T>
@@ -162,9 +188,9 @@ template void update_elements<float>(const ops::Exec&, const OptimizerConfig&, i
 template void update_elements<double>(const ops::Exec&, const OptimizerConfig&, int64_t, double,
                                       bool, double*, const double*, double*, double*, int64_t);
 template void update_elements<float>(const OptimizerConfig&, int64_t, double, bool, float*,
-                                     const float*, float*, float*, int64_t, double);
+                                     const float*, float*, float*, int64_t, double, float*);
 template void update_elements<double>(const OptimizerConfig&, int64_t, double, bool, double*,
-                                      const double*, double*, double*, int64_t, double);
+                                      const double*, double*, double*, int64_t, double, double*);
 template class Optimizer<float>;
 template class Optimizer<double>;
 

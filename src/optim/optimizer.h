@@ -55,10 +55,11 @@ void scale_gradients(ParameterSet<T>& params, double scale, const ops::Exec& exe
 // it, so a sharded update does the same arithmetic per element as the whole one.
 // AdamW's `grad_scale` multiplies each gradient as it is read, as g * T(grad_scale): the
 // clipping scale_gradients would do in a pass of its own, with the same rounding (SGD's must
-// be 1).
+// be 1). AdamW's `zero_grads`, where given, is g itself: each gradient is zeroed once read.
 template <typename T>
 void update_elements(const OptimizerConfig& cfg, int64_t step, double lr, bool decay, T* w,
-                     const T* g, T* m, T* v, int64_t n, double grad_scale = 1.0);
+                     const T* g, T* m, T* v, int64_t n, double grad_scale = 1.0,
+                     T* zero_grads = nullptr);
 // The same update on `exec`'s device (AdamW only on a GPU).
 template <typename T>
 void update_elements(const ops::Exec& exec, const OptimizerConfig& cfg, int64_t step, double lr,
@@ -80,7 +81,9 @@ class Optimizer {
   // One update with learning rate `lr` from the current gradients (already clipped), or
   // from the gradients times `grad_scale`: the clipping applied as the update reads them
   // (the gradients are left as they are); the same update as scale_gradients then step.
-  void step(ParameterSet<T>& params, double lr, double grad_scale = 1.0);
+  // `zero_grads`: where the update can (AdamW on the CPU), it zeroes every gradient once read,
+  // the flat buffer's padding too, and returns true: the next step needs no zeroing pass.
+  bool step(ParameterSet<T>& params, double lr, double grad_scale = 1.0, bool zero_grads = false);
   int64_t steps() const { return step_; }
   // The state buffers by PyTorch's names ("exp_avg", "exp_avg_sq"; "momentum_buffer"),
   // each laid out like the parameters' flat buffer. Checkpoints save and restore these

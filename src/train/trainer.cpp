@@ -572,8 +572,9 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   float* grads = model_grads().data<float>();
   if (zero_)
     zero_->begin_step();
-  else
+  else if (!grads_zeroed_)
     ops::zero(exec_, grads, size_t(model_grads().numel()));
+  grads_zeroed_ = false;
   for (int m = 0; m < accum; ++m)
     read_batch(
         m, micro_batch_first_sample(consumed_samples_, m, mb, grid_->dp_rank(), grid_->dp_size()),
@@ -632,7 +633,8 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   if (mixed_) {
     // Round the gradients to their storage type, unscale them into the master's; an
     // overflow on any rank skips the step everywhere (Megatron all-reduces found_inf).
-    double found_inf = mixed_->unscale_and_check(float(loss_scale)) ? 1.0 : 0.0;
+    // The model's gradients are not read again: zeroed by this pass where it can.
+    double found_inf = mixed_->unscale_and_check(float(loss_scale), &grads_zeroed_) ? 1.0 : 0.0;
     grid_->world().all_reduce(&found_inf, 1, ReduceOp::Max);
     if (scaler_) {
       scaler_->update(found_inf > 0);
@@ -676,8 +678,12 @@ Trainer::Step Trainer::train_step(int64_t iteration) {
   if (dist_optimizer_) {
     dist_optimizer_->step(master, step.lr);
     if (expert_grads_) expert_grads_->optimizer()->step(master, step.lr);
-  } else
-    optimizer_->step(master, step.lr, clip);
+  } else {
+    // Where nothing reads the gradients after the update (they are the model's own, and no
+    // count of their zeros follows), the update zeroes them as it reads them.
+    if (optimizer_->step(master, step.lr, clip, !mixed_ && !opts_.log_num_zeros_in_grad))
+      grads_zeroed_ = true;
+  }
   if (mixed_) mixed_->copy_master_to_model();
   if (zero_) zero_->params_updated();
   ++lr_steps_;

@@ -194,6 +194,7 @@ class Trainer {
   std::unique_ptr<Optimizer<float>> optimizer_;                  // or:
   std::unique_ptr<DistributedOptimizer<float>> dist_optimizer_;  // --use-distributed-optimizer
   std::unique_ptr<ZeroSharding> zero_;                           // --zero-stage 2, 3
+  bool grads_zeroed_ = false;  // the last update left the gradients zero (Optimizer::step)
   // Under ZeRO 2/3 with --moe-router-enable-expert-bias: the expert biases' flat ranges, which
   // every rank's bias update writes whole (train_step backs them first).
   std::vector<std::pair<int64_t, int64_t>> zero_expert_bias_;

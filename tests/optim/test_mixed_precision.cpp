@@ -124,6 +124,36 @@ TEST(MixedPrecision, GradientThatOverflowsF16IsFound) {
   EXPECT_FALSE(f16_fp32_grads.unscale_and_check(1.0f));
 }
 
+// Asked to, the unscaling zeroes the model's gradients instead of rounding them in place: the
+// master's gradients and the inf/NaN flag are the same; with only a shard of the master kept
+// (keep_only) it leaves them rounded and says so.
+TEST(MixedPrecision, UnscalingCanZeroTheModelsGradients) {
+  for (DType grads : {DType::F16, DType::F32}) {
+    ParameterSet<float> a = vector_params(1000), b = vector_params(1000);
+    MixedPrecision plain(a, DType::F16, grads), zeroing(b, DType::F16, grads);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 300.0f);
+    std::generate_n(a.grads(), 1000, [&] { return normal(rng); });
+    std::copy_n(a.grads(), 1000, b.grads());
+    b.grads()[999] = a.grads()[999] = 1e6f;  // inf in fp16
+    bool zeroed = false;
+    EXPECT_EQ(plain.unscale_and_check(8.0f), grads == DType::F16);
+    EXPECT_EQ(zeroing.unscale_and_check(8.0f, &zeroed), grads == DType::F16);
+    EXPECT_TRUE(zeroed);
+    for (int i = 0; i < 1000; ++i) {
+      ASSERT_EQ(b.grads()[i], 0.0f) << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(zeroing.master().grads()[i]),
+                std::bit_cast<uint32_t>(plain.master().grads()[i]))
+          << i;
+    }
+    zeroing.keep_only({{0, 500}});
+    std::copy_n(a.grads(), 1000, b.grads());
+    EXPECT_FALSE(zeroing.unscale_and_check(8.0f, &zeroed));
+    EXPECT_FALSE(zeroed);
+    EXPECT_EQ(b.grads()[3], a.grads()[3]);  // rounded in place already: unchanged
+  }
+}
+
 TEST(MixedPrecision, UnscalingByAPowerOfTwoIsExact) {
   for (DType grads : {DType::F16, DType::BF16, DType::F32}) {
     const DType params = grads == DType::F32 ? DType::BF16 : grads;

@@ -135,18 +135,21 @@ TEST(Optimizer, SgdWithMomentumAccumulatesVelocity) {
   EXPECT_NEAR(p.value("w")[0], 1.0 - 0.1 * 2.5 * 0.1, 1e-15);
 }
 
+// A weight of 1003 elements (the vector loop and its remainder) and a bias of 17, each followed
+// by padding in the flat buffer; values sin(0.7 i).
+omni::ParameterSet<float> weight_and_bias() {
+  omni::ParameterSet<float> p({{"w", {1003}, omni::ParamInit::Zeros, true},
+                               {"b", {17}, omni::ParamInit::Zeros, false}});
+  for (int64_t i = 0; i < p.size(); ++i) p.values()[i] = float(std::sin(0.7 * double(i)));
+  return p;
+}
+
 // The trainer's clipping folded into the update (Optimizer::step's grad_scale) gives the
 // bits scale_gradients then step gives, for AdamW (fused) and SGD (scaled first); 1003
 // elements take the vector loop and its remainder.
 TEST(GradientClipping, ScaleInTheUpdateEqualsScalingTheGradientsFirst) {
   for (omni::OptimizerKind kind : {omni::OptimizerKind::AdamW, omni::OptimizerKind::SGD}) {
-    auto make = [] {
-      omni::ParameterSet<float> p({{"w", {1003}, omni::ParamInit::Zeros, true},
-                                   {"b", {17}, omni::ParamInit::Zeros, false}});
-      for (int64_t i = 0; i < p.size(); ++i) p.values()[i] = float(std::sin(0.7 * double(i)));
-      return p;
-    };
-    omni::ParameterSet<float> a = make(), b = make();
+    omni::ParameterSet<float> a = weight_and_bias(), b = weight_and_bias();
     omni::OptimizerConfig c;
     c.kind = kind;
     c.weight_decay = 0.1;
@@ -160,6 +163,33 @@ TEST(GradientClipping, ScaleInTheUpdateEqualsScalingTheGradientsFirst) {
       fused.step(b, 1e-2, scales[step]);
       for (int64_t i = 0; i < a.size(); ++i)
         ASSERT_EQ(a.values()[i], b.values()[i]) << "element " << i << ", step " << step;
+    }
+  }
+}
+
+// Optimizer::step's zero_grads: AdamW on the CPU leaves the same values and states and every
+// gradient zero, the padding after each parameter too (to the next 16-element boundary), and
+// says so; SGD updates as before and leaves its gradients.
+TEST(Optimizer, AdamWZeroesTheGradientsItReadWhenAsked) {
+  for (omni::OptimizerKind kind : {omni::OptimizerKind::AdamW, omni::OptimizerKind::SGD}) {
+    omni::ParameterSet<float> a = weight_and_bias(), b = weight_and_bias();
+    ASSERT_GT(b.info("b").offset, 1003);  // a gap the zeroing covers
+    omni::OptimizerConfig c;
+    c.kind = kind;
+    omni::Optimizer<float> plain(c, a), zeroing(c, b);
+    for (int step = 0; step < 3; ++step) {
+      for (int64_t i = 0; i < a.size(); ++i)
+        a.grads()[i] = b.grads()[i] = float(std::cos(1.3 * double(i) + step) * (1 + i % 7));
+      EXPECT_FALSE(plain.step(a, 1e-2, 0.5));
+      const bool zeroed = zeroing.step(b, 1e-2, 0.5, true);
+      EXPECT_EQ(zeroed, kind == omni::OptimizerKind::AdamW);
+      for (int64_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a.values()[i], b.values()[i]) << "element " << i << ", step " << step;
+        ASSERT_EQ(b.grads()[i], zeroed ? 0.0f : a.grads()[i]) << "element " << i;
+      }
+      for (const std::string& state : plain.state_names())
+        for (int64_t i = 0; i < a.size(); ++i)
+          ASSERT_EQ(plain.state_buffer(state)[i], zeroing.state_buffer(state)[i]) << state;
     }
   }
 }
