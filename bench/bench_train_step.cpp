@@ -263,13 +263,13 @@ int main(int argc, char** argv) {
       if (c.name[0] != ' ') {
         dense = t;
       } else if (dense.gflops > 0 && t.gflops > 0) {
-        std::printf("%-34s %10s %12s %9.3fx of the dense row's GFLOP/s\n", "", "", "",
-                    t.gflops / dense.gflops);
+        const double ratio = t.gflops / dense.gflops,
+                     without = t.without_optimizer() / dense.without_optimizer();
+        std::printf("%-34s %10s %12s %9.3fx of the dense row's GFLOP/s\n", "", "", "", ratio);
         std::printf("%-34s %10s %12s %9.3fx without the optimizer (%.1f ms against %.1f)\n", "",
-                    "", "", t.without_optimizer() / dense.without_optimizer(), t.optimizer * 1000,
-                    dense.optimizer * 1000);
-        ratios[i].push_back(t.gflops / dense.gflops);
-        ratios_without[i].push_back(t.without_optimizer() / dense.without_optimizer());
+                    "", "", without, t.optimizer * 1000, dense.optimizer * 1000);
+        ratios[i].push_back(ratio);
+        ratios_without[i].push_back(without);
       }
     }
   // On a machine whose speed drifts between rows, one round's ratio is noisy: the median of
