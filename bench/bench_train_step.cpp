@@ -274,12 +274,13 @@ int main(int argc, char** argv) {
     }
   // On a machine whose speed drifts between rows, one round's ratio is noisy: the median of
   // the rounds', with their range, is the figure to read.
-  if (rounds > 1 && std::any_of(ratios.begin(), ratios.end(), [](auto& r) { return !r.empty(); }))
+  if (rounds > 1 && std::any_of(ratios.begin(), ratios.end(), [](auto& r) { return !r.empty(); })) {
     std::printf("\nof the dense row's GFLOP/s over %d rounds: median (lowest-highest)\n", rounds);
-  for (size_t i = 0; i < std::size(configs); ++i)
-    if (rounds > 1 && !ratios[i].empty())
-      std::printf("%-34s %.3fx (%s); without the optimizer %.3fx (%s)\n", configs[i].name,
-                  median(ratios[i]), range(ratios[i]).c_str(), median(ratios_without[i]),
-                  range(ratios_without[i]).c_str());
+    for (size_t i = 0; i < std::size(configs); ++i)
+      if (!ratios[i].empty())
+        std::printf("%-34s %.3fx (%s); without the optimizer %.3fx (%s)\n", configs[i].name,
+                    median(ratios[i]), range(ratios[i]).c_str(), median(ratios_without[i]),
+                    range(ratios_without[i]).c_str());
+  }
   return 0;
 }
